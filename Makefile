@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint system-deps clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Debian packages the tests need (real Prometheus, sshd, Chromium ...). Needs root; CI runs it via .ci/run.
+system-deps:
+	bash scripts/install-system-deps.sh
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,49 @@
+"""The `servesweep` command. Each subcommand lives in the module that owns its work and is imported lazily,
+so `servesweep sim` never imports Locust and `servesweep run` never imports gevent."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# subcommand -> (module, attribute holding a click.Command, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
+    "load": ("servesweep.load", "command", "Run one load point or a concurrency sweep against a server."),
+    "plan": ("servesweep.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
+    "run": ("servesweep.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return [name for name, (mod, _, _) in SUBCOMMANDS.items() if importlib.util.find_spec(mod) is not None]
+
+    def get_command(self, ctx, name):
+        if name not in SUBCOMMANDS:
+            return None
+        mod, attr, _ = SUBCOMMANDS[name]
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                return None
+            raise
+
+    def format_commands(self, ctx, formatter):
+        rows = [(n, SUBCOMMANDS[n][2]) for n in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="servesweep")
+def main():
+    """servesweep: benchmark matrices for LLM serving."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
