@@ -4,6 +4,7 @@ so `servesweep sim` never imports Locust and `servesweep run` never imports geve
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click
@@ -17,9 +18,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return [name for name, (mod, _, _) in SUBCOMMANDS.items() if importlib.util.find_spec(mod) is not None]
+        return [name for name, (mod, _, _) in SUBCOMMANDS.items() if _exists(mod)]
 
     def get_command(self, ctx, name):
         if name not in SUBCOMMANDS:
