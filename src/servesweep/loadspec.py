@@ -1,0 +1,144 @@
+"""What one load point is: the contract between `servesweep load`, the orchestrator and the Locust user.
+
+Pure pydantic, no Locust or gevent import, so the orchestrator can build and validate points in a process that
+must never be monkey-patched. Validation errors name the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_POINT_ID = re.compile(r"^[A-Za-z0-9._=-]{1,120}$")
+# Headers that carry secrets; they must come through api_key_env, never through the point (which is written to disk).
+_SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+# Body keys the load generator owns: a point that overrode them would no longer measure what it says it does.
+_OWNED_BODY_KEYS = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens"}
+
+
+class LoadPoint(BaseModel):
+    """One load point: a closed loop of `concurrency` users streaming fixed-size requests at one server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(description="server root, e.g. http://127.0.0.1:30000 (no /v1)")
+    model: str | None = Field(
+        None, description="model name sent in each body; None: the first of GET /v1/models"
+    )
+    endpoint: Literal["chat", "completions"] = "chat"
+    concurrency: int = Field(ge=1, le=100_000, description="number of Locust users (closed loop, no wait)")
+    prompt_tokens: int = Field(ge=1, description="target prompt length as the server counts it")
+    output_tokens: int = Field(ge=1, description="fixed output length (max_tokens with ignore_eos)")
+    requests: int | None = Field(None, ge=1, description="measured requests to complete, then stop")
+    duration_s: float | None = Field(None, gt=0, description="measured time; running streams still finish")
+    warmup_s: float = Field(0.0, ge=0, description="requests scheduled before start+warmup_s are warmup")
+    tokenizer: str | None = None
+    cache_bust: bool = True
+    seed: int = 0
+    pool_size: int | None = Field(None, ge=1, description="distinct prompts in the pool; None: derived")
+    api_key_env: str | None = Field(None, description="NAME of the environment variable holding the API key")
+    connect_s: float = Field(10.0, gt=0)
+    first_token_s: float = Field(900.0, gt=0, description="a 100k prefill under load is legitimate")
+    stall_s: float = Field(
+        120.0, gt=0, description="longest gap allowed between chunks after the first token"
+    )
+    total_s: float = Field(3600.0, gt=0, description="longest whole request")
+    stop_timeout_s: float | None = Field(
+        None, ge=0, description="None: long enough for a running stream to end"
+    )
+    template_overhead: int | None = Field(None, ge=0, description="None: probe the live server once")
+    continuous_usage: bool | None = Field(None, description="send continuous_usage_stats; None: probe")
+    ignore_eos: bool = True
+    extra_body: dict = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
+    point_id: str | None = Field(None, description="None: derived from the load axes")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"base_url {v!r} must start with http:// or https:// followed by a host")
+        v = v.rstrip("/")
+        if v.endswith("/v1"):
+            v = v[:-3]
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError(
+                f"api_key_env must be the NAME of an environment variable (letters, digits, _), not {len(v)} chars "
+                "of something else; never put the key itself here"
+            )
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(k for k in v if k.lower() in _SECRET_HEADERS)
+        if bad:
+            raise ValueError(f"headers {bad} carry secrets; give the key through api_key_env instead")
+        return v
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra(cls, v: dict) -> dict:
+        bad = sorted(k for k in v if k in _OWNED_BODY_KEYS)
+        if bad:
+            raise ValueError(
+                f"extra_body keys {bad} are set by the load generator from the point's own fields"
+            )
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"extra_body is not JSON-serialisable: {e}") from None
+        return v
+
+    @field_validator("point_id")
+    @classmethod
+    def _pid(cls, v: str | None) -> str | None:
+        if v is not None and not _POINT_ID.match(v):
+            raise ValueError(f"point_id {v!r} must be 1-120 chars of letters, digits, '.', '_', '=', '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _stop_rule(self) -> LoadPoint:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("requests or duration_s: give at least one (how the point stops)")
+        return self
+
+    # -- derived values (no state: the point is frozen) --
+
+    @property
+    def id(self) -> str:
+        """point_id, or one derived from the axes (readable, stable, unique enough within a run)."""
+        if self.point_id:
+            return self.point_id
+        stop = f"n{self.requests}" if self.requests else f"d{self.duration_s:g}s"
+        base = f"c{self.concurrency}-p{self.prompt_tokens}-o{self.output_tokens}-{self.endpoint}-{stop}"
+        return base + "-" + self.digest()[:6]
+
+    def digest(self) -> str:
+        """Hash of everything that changes what is measured (not the labels or the id)."""
+        d = self.model_dump(exclude={"point_id", "labels"})
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+    def effective_pool_size(self) -> int:
+        if self.pool_size is not None:
+            return self.pool_size
+        # Enough distinct prompts that concurrent users rarely send the same one; the nonce busts the cache anyway.
+        n = self.requests if self.requests is not None else 64
+        return max(1, min(64, max(self.concurrency, n)))
+
+    def effective_stop_timeout(self) -> float:
+        """Seconds Locust waits at the end of a duration point for running streams (they are measured, not dropped)."""
+        if self.stop_timeout_s is not None:
+            return self.stop_timeout_s
+        return min(self.total_s, self.first_token_s + self.stall_s * 4 + 60.0)
