@@ -1,0 +1,803 @@
+"""Experiment files: the YAML a user writes to describe a benchmark matrix, and its expansion into server
+configurations and load points.
+
+Parsed with ruamel.yaml (round-trip mode keeps each key's line) and typed with pydantic, so every error names the
+file, the line, the key and what is wrong: ``experiment.yaml:14: server.axes.tp_size: expected a list of integers,
+got 'four'``. Unknown keys are errors with a did-you-mean.
+
+Server flags use SGLang's argparse dest names (``tp_size``, ``context_length``, ...). Older or aliased names are
+mapped to the current ones here (``mamba_scheduler_strategy`` -> ``mamba_radix_cache_strategy``); the Ansible role
+renders them back into the flag names of the SGLang version the experiment targets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+# --------------------------------------------------------------------------------------------------------------
+# SGLang flags we know the type of (dest names, reference sglang.md §1). Other flags are accepted as they are
+# (forked builds add their own), unless they are one typo away from a known one.
+INT, FLOAT, STR, BOOL, HINT = "int", "float", "str", "bool", "hint"  # HINT: integer that accepts 128k / 32Ki
+SGLANG_FLAGS: dict[str, str] = {
+    "tp_size": INT,
+    "dp_size": INT,
+    "pp_size": INT,
+    "attn_dp_size": INT,
+    "ep_size": INT,
+    "context_length": HINT,
+    "mem_fraction_static": FLOAT,
+    "max_running_requests": INT,
+    "max_queued_requests": INT,
+    "max_total_tokens": HINT,
+    "chunked_prefill_size": HINT,
+    "max_prefill_tokens": HINT,
+    "page_size": INT,
+    "kv_cache_dtype": STR,
+    "attention_backend": STR,
+    "prefill_attention_backend": STR,
+    "decode_attention_backend": STR,
+    "linear_attn_backend": STR,
+    "speculative_algorithm": STR,
+    "speculative_num_steps": INT,
+    "speculative_eagle_topk": INT,
+    "speculative_num_draft_tokens": INT,
+    "speculative_draft_model_path": STR,
+    "speculative_dflash_block_size": INT,
+    "mamba_radix_cache_strategy": STR,
+    "mamba_full_memory_ratio": FLOAT,
+    "max_mamba_cache_size": INT,
+    "mamba_ssm_dtype": STR,
+    "mamba_track_interval": INT,
+    "mamba_backend": STR,
+    "disable_radix_cache": BOOL,
+    "radix_eviction_policy": STR,
+    "enable_metrics": BOOL,
+    "enable_cache_report": BOOL,
+    "served_model_name": STR,
+    "tokenizer_path": STR,
+    "reasoning_parser": STR,
+    "tool_call_parser": STR,
+    "stream_interval": INT,
+    "stream_response_default_include_usage": BOOL,
+    "allow_auto_truncate": BOOL,
+    "watchdog_timeout": FLOAT,
+    "skip_server_warmup": BOOL,
+    "schedule_policy": STR,
+    "disable_overlap_schedule": BOOL,
+    "enable_mixed_chunk": BOOL,
+    "trust_remote_code": BOOL,
+    "cuda_graph_max_bs_decode": INT,
+    "cuda_graph_max_bs_prefill": INT,
+    "disable_cuda_graph": BOOL,
+    "disable_decode_cuda_graph": BOOL,
+    "json_model_override_args": STR,
+    "quantization": STR,
+    "dtype": STR,
+    "load_format": STR,
+    "random_seed": INT,
+    "log_level": STR,
+}
+# Aliases and renamed flags -> the current dest name (sglang.md §0-1). The role renders version-specific names.
+FLAG_ALIASES = {
+    "tp": "tp_size",
+    "tensor_parallel_size": "tp_size",
+    "dp": "dp_size",
+    "data_parallel_size": "dp_size",
+    "mamba_scheduler_strategy": "mamba_radix_cache_strategy",
+    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+    "speculative_algo": "speculative_algorithm",
+    "speculative_draft_model": "speculative_draft_model_path",
+}
+# Set by servesweep itself from other parts of the experiment; an experiment must not set them as flags.
+RESERVED_FLAGS = {
+    "model_path": "model.path",
+    "host": "target.address",
+    "port": "target.port",
+    "api_key": "secrets",
+}
+
+WORKLOADS = ("chat", "completions")
+LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|K|Ki|M|Mi)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+
+
+class ExperimentError(ValueError):
+    """One or more problems in an experiment file; str() gives one 'file:line: key: what' line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def human_int(v: Any) -> int:
+    """128k -> 128000, 32Ki -> 32768, 1M -> 1000000 (as SGLang's human_readable_int); ints pass through."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        m = _HUMAN_INT.match(v)
+        if m:
+            mult = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1_000_000, "Mi": 1 << 20}[m.group(2)]
+            n = float(m.group(1)) * mult
+            if n.is_integer():
+                return int(n)
+    raise ValueError(f"expected an integer (e.g. 4096, 128k, 32Ki), got {v!r}")
+
+
+def duration_s(v: Any) -> float:
+    """'2h' -> 7200, '90m' -> 5400, '30s' / 30 -> 30."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if m:
+            return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Target(_Strict):
+    """Where the server runs. `base_url`: an existing server servesweep does not manage (one configuration, checked
+    but never restarted). Otherwise Ansible manages it on `host_group` of `inventory` ('local' = this machine)."""
+
+    base_url: str | None = None
+    inventory: str | None = None
+    host_group: str = "gpu"
+    address: str = Field("127.0.0.1", description="where the load generator reaches the server")
+    port: int = Field(30000, ge=0, le=65535, description="0: pick a free port at run time (local only)")
+
+    @model_validator(mode="after")
+    def _one(self) -> Target:
+        if self.base_url is None and self.inventory is None:
+            raise ValueError(
+                "give either target.base_url (an existing server) or target.inventory ('local' or a path)"
+            )
+        if self.base_url is not None and self.inventory is not None:
+            raise ValueError("give target.base_url or target.inventory, not both")
+        if self.base_url is not None and not re.match(r"^https?://[^/\s]+", self.base_url):
+            raise ValueError(f"target.base_url {self.base_url!r} must start with http:// or https://")
+        if self.port == 0 and self.inventory != "local":
+            raise ValueError(
+                "target.port 0 (a free port picked at run time) works only with inventory 'local'"
+            )
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.base_url is None
+
+    def url(self, port: int | None = None) -> str:
+        if self.base_url:
+            return self.base_url.rstrip("/")
+        return f"http://{self.address}:{port if port is not None else self.port}"
+
+
+class Model(_Strict):
+    path: str = Field(description="HF id or a local directory (the server's --model-path)")
+    tokenizer: str | None = Field(None, description="for sizing prompts; None: servesweep's default")
+    served_model_name: str | None = None
+
+
+class Launcher(_Strict):
+    kind: Literal["process", "systemd", "docker"] = "process"
+    emulator: bool = Field(False, description="launch `servesweep sim` with the same flags instead of SGLang")
+    gpu: str | None = Field(
+        None, description="GPU profile for the planner and the emulator (e.g. H200, RTX-A6000)"
+    )
+    gpus_per_host: int = Field(8, ge=1)
+    python: str | None = Field(
+        None, description="interpreter on the host; None: python3 (emulator: this venv's)"
+    )
+    workdir: str = "/tmp/servesweep-server"
+    image: str | None = Field(None, description="docker image; None: lmsysorg/sglang:v<sglang_version>")
+    unit: str = "servesweep-sglang"
+    become: bool = False
+    startup_timeout_s: float = Field(1800.0, gt=0, description="model load + warmup, bounded")
+    stop_timeout_s: float = Field(120.0, gt=0)
+    extra_spec_algorithms: list[str] = Field(
+        default_factory=list, description="speculative algorithms of a fork"
+    )
+    sim_args: dict[str, Any] = Field(default_factory=dict, description="extra --sim-* flags (emulator only)")
+    api_key_env: str | None = Field(None, description="NAME of the env var holding the server's API key")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, v):
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError("must be the NAME of an environment variable, never the key itself")
+        return v
+
+    @field_validator("sim_args")
+    @classmethod
+    def _sim(cls, v):
+        bad = [k for k in v if not k.replace("-", "_").startswith("sim_")]
+        if bad:
+            raise ValueError(f"keys must start with sim_ (emulator-only flags), got {bad}")
+        return v
+
+
+class Bundle(_Strict):
+    name: str
+    flags: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _NAME.match(v):
+            raise ValueError(f"bundle name {v!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+
+class Server(_Strict):
+    base: dict[str, Any] = Field(default_factory=dict)
+    axes: dict[str, list[Any]] = Field(default_factory=dict)
+    bundles: list[Bundle] = Field(default_factory=list)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    env_axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
+
+
+class Load(_Strict):
+    concurrency: list[int] = Field(min_length=1)
+    prompt_tokens: list[int] = Field(min_length=1)
+    output_tokens: list[int] = Field(min_length=1)
+    workload: list[Literal["chat", "completions"]] = Field(default_factory=lambda: ["chat"], min_length=1)
+    requests: int | None = Field(None, ge=1, description="measured requests per point")
+    duration_s: float | None = Field(None, gt=0, description="measured seconds per point")
+    warmup_s: float = Field(0.0, ge=0)
+    seed: int = 0
+    cache_bust: bool = True
+    first_token_timeout_s: float = Field(900.0, gt=0)
+    workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
+
+    @field_validator("concurrency", "prompt_tokens", "output_tokens", "workload", mode="before")
+    @classmethod
+    def _listify(cls, v, info):
+        v = v if isinstance(v, list) else [v]
+        if info.field_name in ("prompt_tokens", "output_tokens"):
+            # 3k / 100k as people write them; a bad string is left for the int check to name
+            out = []
+            for x in v:
+                try:
+                    out.append(human_int(x) if isinstance(x, str) else x)
+                except ValueError:
+                    out.append(x)
+            v = out
+        return v
+
+    @field_validator("concurrency", "prompt_tokens", "output_tokens")
+    @classmethod
+    def _positive(cls, v):
+        bad = [x for x in v if x < 1]
+        if bad:
+            raise ValueError(f"values must be ≥ 1, got {bad}")
+        return v
+
+    @field_validator("duration_s", "warmup_s", mode="before")
+    @classmethod
+    def _dur(cls, v):
+        return None if v is None else duration_s(v)
+
+    @model_validator(mode="after")
+    def _stop(self) -> Load:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("give load.requests or load.duration_s (how each point stops)")
+        return self
+
+
+class Budget(_Strict):
+    wall_time_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wall(cls, v):
+        if isinstance(v, dict) and "wall_time" in v:
+            v = dict(v)
+            v["wall_time_s"] = duration_s(v.pop("wall_time"))
+        return v
+
+
+class Experiment(_Strict):
+    name: str
+    description: str | None = None
+    sglang_version: str
+    target: Target
+    model: Model
+    launcher: Launcher = Field(default_factory=Launcher)
+    server: Server = Field(default_factory=Server)
+    load: Load
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    flush_cache_between_points: bool = True
+    slo: dict[str, float] = Field(default_factory=dict, description="summary metric -> upper bound")
+    budget: Budget = Field(default_factory=Budget)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _NAME.match(v):
+            raise ValueError(
+                f"name {v!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the run folder)"
+            )
+        return v
+
+    @field_validator("sglang_version", mode="before")
+    @classmethod
+    def _version(cls, v):
+        v = str(v)
+        if not _VERSION.match(v):
+            raise ValueError(f"expected a version like 0.5.23 or 0.5.15.post1, got {v!r}")
+        return v
+
+    # ---- expansion ----------------------------------------------------------------------------------------
+
+    def server_configs(self) -> tuple[list[ServerConfig], list[tuple[ServerConfig, int]]]:
+        """Every server configuration (axes × env axes × bundles), minus those excluded by a server-only rule.
+        Returns (kept, [(excluded, rule index)])."""
+        axes = list(self.server.axes.items())
+        env_axes = list(self.server.env_axes.items())
+        bundles = self.server.bundles or [Bundle(name="base")]
+        kept: list[ServerConfig] = []
+        dropped: list[tuple[ServerConfig, int]] = []
+        combos = itertools.product(
+            itertools.product(*[v for _, v in axes]), itertools.product(*[v for _, v in env_axes]), bundles
+        )
+        for idx, (avals, evals, bundle) in enumerate(combos):
+            flags = dict(self.server.base)
+            flags.update(dict(zip([k for k, _ in axes], avals, strict=True)))
+            flags.update(bundle.flags)
+            env = {k: _env_str(v) for k, v in self.server.env.items()}
+            env.update({k: _env_str(v) for k, v in zip([k for k, _ in env_axes], evals, strict=True)})
+            env.update({k: _env_str(v) for k, v in bundle.env.items()})
+            # what tells this configuration from its siblings: the multi-valued axes and the bundle
+            labels: dict[str, Any] = {k: v for (k, vs), v in zip(axes, avals, strict=True) if len(vs) > 1}
+            labels.update({k: v for (k, vs), v in zip(env_axes, evals, strict=True) if len(vs) > 1})
+            if len(self.server.bundles) > 1:
+                labels["bundle"] = bundle.name
+            cfg = ServerConfig(
+                id=_config_id(idx, labels), index=idx, flags=flags, env=env, bundle=bundle.name, labels=labels
+            )
+            rule = self._excluded_by(cfg.match_values(), server_only=True)
+            if rule is None:
+                kept.append(cfg)
+            else:
+                dropped.append((cfg, rule))
+        return kept, dropped
+
+    def points_for(self, cfg: ServerConfig) -> tuple[list[PointSpec], list[tuple[PointSpec, int]]]:
+        kept: list[PointSpec] = []
+        dropped: list[tuple[PointSpec, int]] = []
+        ld = self.load
+        for wl, p, o, c in itertools.product(ld.workload, ld.prompt_tokens, ld.output_tokens, ld.concurrency):
+            pt = PointSpec(
+                id=f"{cfg.id}.{wl}-p{p}-o{o}-c{c}",
+                config_id=cfg.id,
+                workload=wl,
+                prompt_tokens=p,
+                output_tokens=o,
+                concurrency=c,
+            )
+            values = cfg.match_values() | {
+                "workload": wl,
+                "prompt_tokens": p,
+                "output_tokens": o,
+                "concurrency": c,
+            }
+            rule = self._excluded_by(values, server_only=False)
+            if rule is None:
+                kept.append(pt)
+            else:
+                dropped.append((pt, rule))
+        return kept, dropped
+
+    def _excluded_by(self, values: dict[str, Any], *, server_only: bool) -> int | None:
+        for i, rule in enumerate(self.exclude):
+            if server_only and any(k in LOAD_AXES for k in rule):
+                continue
+            if all(_rule_matches(v, values.get(k, _MISSING)) for k, v in rule.items()):
+                return i
+        return None
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[
+            :12
+        ]
+
+
+_MISSING = object()
+
+
+def _rule_matches(want: Any, have: Any) -> bool:
+    if have is _MISSING:
+        return want is None
+    options = want if isinstance(want, list) else [want]
+    return any(str(o) == str(have) for o in options)
+
+
+def _env_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+_ABBREV = {
+    "tp_size": "tp",
+    "dp_size": "dp",
+    "context_length": "ctx",
+    "mem_fraction_static": "mem",
+    "max_running_requests": "mrr",
+    "speculative_algorithm": "spec",
+    "speculative_num_steps": "steps",
+    "speculative_num_draft_tokens": "draft",
+    "mamba_radix_cache_strategy": "mamba",
+    "chunked_prefill_size": "chunk",
+}
+
+
+def _config_id(idx: int, labels: dict[str, Any]) -> str:
+    parts = [f"s{idx + 1:02d}"]
+    for k, v in labels.items():
+        if k == "bundle":
+            parts.append(str(v))
+        else:
+            parts.append(f"{_ABBREV.get(k, k.lower())}{v}")
+    slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+    return slug[:60]
+
+
+@dataclass
+class ServerConfig:
+    """One server configuration: the flags (dest names) and environment the server is launched with."""
+
+    id: str
+    index: int
+    flags: dict[str, Any]
+    env: dict[str, str]
+    bundle: str
+    labels: dict[str, Any] = field(default_factory=dict)
+
+    def match_values(self) -> dict[str, Any]:
+        """What exclusion rules can match on: every flag, env var and the bundle name."""
+        return {**self.flags, **self.env, "bundle": self.bundle}
+
+    def key(self) -> str:
+        """Identity of the launched server: two configurations with the same key need no restart between them."""
+        return json.dumps({"flags": self.flags, "env": self.env}, sort_keys=True, default=str)
+
+
+@dataclass
+class PointSpec:
+    """One load point of one server configuration."""
+
+    id: str
+    config_id: str
+    workload: str
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading with line numbers
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Parse and validate an experiment file; raises ExperimentError naming file, line, key and problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ExperimentError([f"{path}: cannot read: {e.strerror}"]) from None
+    return parse_experiment(text, str(path))
+
+
+def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment:
+    yaml = YAML(typ="rt")
+    try:
+        doc = yaml.load(text)
+    except MarkedYAMLError as e:
+        line = (e.problem_mark.line + 1) if e.problem_mark else 0
+        raise ExperimentError([f"{filename}:{line}: YAML syntax error: {e.problem}"]) from None
+    if not isinstance(doc, CommentedMap):
+        raise ExperimentError(
+            [f"{filename}:1: expected a mapping of keys (name, target, model, ...) at the top"]
+        )
+    plain = _plain(doc)
+    problems: list[tuple[tuple, str]] = []
+    plain = _normalise_flags(plain, problems)
+    exp: Experiment | None = None
+    # validate the rest even after flag problems, so one pass reports everything
+    try:
+        exp = Experiment.model_validate(plain)
+    except ValidationError as e:
+        problems.extend(_translate(err) for err in e.errors())
+    if exp is not None:
+        _check_semantics(exp, problems)
+    if problems:
+        lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
+        raise ExperimentError([f"{filename}:{n}: {key}: {msg}" for n, key, msg in lines])
+    assert exp is not None
+    return exp
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, CommentedMap):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [_plain(v) for v in node]
+    if hasattr(node, "value") and type(node).__name__.endswith("ScalarFloat"):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return node
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top)"
+
+
+def _line_of(doc: Any, loc: tuple) -> int:
+    """1-based line of the deepest key of `loc` present in the YAML tree."""
+    node, line = doc, 1
+    for part in loc:
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+            node = node[part]
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
+            line = node.lc.item(part)[0] + 1
+            node = node[part]
+        else:
+            break
+    return line
+
+
+_TYPE_WORDS = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+}
+_LIST_OF = {"concurrency": "integers", "prompt_tokens": "integers", "output_tokens": "integers"}
+
+
+def _translate(err: dict) -> tuple[tuple, str]:
+    loc, typ, inp = tuple(err["loc"]), err["type"], err.get("input")
+    if typ == "extra_forbidden":
+        parent_fields = _fields_at(loc[:-1])
+        return loc, f"unknown key '{loc[-1]}'{_did_you_mean(str(loc[-1]), parent_fields)}"
+    if typ == "missing":
+        return loc, "required key is missing"
+    if typ == "list_type":
+        inner = _LIST_OF.get(str(loc[-1]), "values")
+        return loc, f"expected a list of {inner}, got {inp!r}"
+    if typ == "literal_error":
+        return loc, f"{err['msg'][0].lower()}{err['msg'][1:]}, got {inp!r}"
+    if typ in _TYPE_WORDS:
+        # an element of a list: name the list, say what its elements must be
+        if loc and isinstance(loc[-1], int) and str(loc[-2]) in _LIST_OF:
+            return loc[:-1], f"expected a list of {_LIST_OF[str(loc[-2])]}, got {inp!r}"
+        return loc, f"expected {_TYPE_WORDS[typ]}, got {inp!r}"
+    msg = err["msg"]
+    msg = msg.removeprefix("Value error, ")
+    return loc, msg
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    model: Any = Experiment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        f = getattr(model, "model_fields", {}).get(part)
+        if f is None:
+            return []
+        ann = f.annotation
+        inner = getattr(ann, "__args__", None)
+        model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _normalise_flags(plain: dict, problems: list) -> dict:
+    """Map flag aliases to dest names and check flag values by type, wherever flags appear."""
+    server = plain.get("server")
+    if not isinstance(server, dict):
+        return plain
+
+    def fix_flags(d: Any, loc: tuple, is_axis: bool) -> Any:
+        if not isinstance(d, dict):
+            return d
+        out = {}
+        for raw_key, val in d.items():
+            key = raw_key.replace("-", "_")
+            key = FLAG_ALIASES.get(key, key)
+            kloc = loc + (raw_key,)
+            if key in RESERVED_FLAGS:
+                problems.append(
+                    (kloc, f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag")
+                )
+                continue
+            if key in out:
+                problems.append((kloc, f"'{raw_key}' is the same flag as '{key}', given twice"))
+                continue
+            if key not in SGLANG_FLAGS:
+                hint = _did_you_mean(key, SGLANG_FLAGS)
+                if hint:
+                    problems.append((kloc, f"unknown SGLang flag '{raw_key}'{hint}"))
+                    continue
+            typ = SGLANG_FLAGS.get(key)
+            if is_axis:
+                if not isinstance(val, list):
+                    problems.append((kloc, f"expected a list of {_plural(typ)}, got {val!r}"))
+                    continue
+                vals = []
+                for v in val:
+                    ok, cv = _coerce(v, typ)
+                    if not ok:
+                        problems.append((kloc, f"expected a list of {_plural(typ)}, got {v!r}"))
+                        break
+                    vals.append(cv)
+                else:
+                    if not vals:
+                        problems.append((kloc, "an axis needs at least one value"))
+                    out[key] = vals
+            else:
+                ok, cv = _coerce(val, typ)
+                if not ok:
+                    problems.append((kloc, f"expected {_singular(typ)}, got {val!r}"))
+                    continue
+                out[key] = cv
+        return out
+
+    server = dict(server)
+    if "base" in server:
+        server["base"] = fix_flags(server["base"], ("server", "base"), False)
+    if "axes" in server:
+        server["axes"] = fix_flags(server["axes"], ("server", "axes"), True)
+    if isinstance(server.get("bundles"), list):
+        bundles = []
+        for i, b in enumerate(server["bundles"]):
+            if isinstance(b, dict) and "flags" in b:
+                b = dict(b)
+                b["flags"] = fix_flags(b["flags"], ("server", "bundles", i, "flags"), False)
+            bundles.append(b)
+        server["bundles"] = bundles
+    return {**plain, "server": server}
+
+
+def _plural(typ: str | None) -> str:
+    return {INT: "integers", HINT: "integers", FLOAT: "numbers", STR: "strings", BOOL: "booleans"}.get(
+        typ, "values"
+    )
+
+
+def _singular(typ: str | None) -> str:
+    return {
+        INT: "an integer",
+        HINT: "an integer",
+        FLOAT: "a number",
+        STR: "a string",
+        BOOL: "true or false",
+    }.get(typ, "a value")
+
+
+def _coerce(v: Any, typ: str | None) -> tuple[bool, Any]:
+    if typ is None:
+        ok = v is None or isinstance(v, str | int | float | bool | list | dict)
+        return ok, v
+    if v is None:
+        return True, None  # None = leave the flag unset (SGLang's default)
+    try:
+        if typ == INT:
+            if isinstance(v, bool) or not isinstance(v, int):
+                return False, v
+            return True, v
+        if typ == HINT:
+            return True, human_int(v)
+        if typ == FLOAT:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return False, v
+            return True, float(v)
+        if typ == BOOL:
+            return isinstance(v, bool), v
+        if typ == STR:
+            return isinstance(v, str | int | float) and not isinstance(v, bool), str(v)
+    except ValueError:
+        return False, v
+    return False, v
+
+
+def _check_semantics(exp: Experiment, problems: list) -> None:
+    srv = exp.server
+    for name in list(srv.env) + list(srv.env_axes):
+        if not _ENV_NAME.match(name):
+            loc = ("server", "env" if name in srv.env else "env_axes", name)
+            problems.append((loc, f"'{name}' is not a valid environment variable name"))
+    for name, vals in srv.env_axes.items():
+        if not vals:
+            problems.append((("server", "env_axes", name), "an axis needs at least one value"))
+    names = [b.name for b in srv.bundles]
+    for i, b in enumerate(srv.bundles):
+        if names.count(b.name) > 1:
+            problems.append((("server", "bundles", i, "name"), f"bundle name '{b.name}' is used twice"))
+        for k in b.flags:
+            if k in srv.axes:
+                problems.append(
+                    (
+                        ("server", "bundles", i, "flags", k),
+                        f"'{k}' is also a server axis; a bundle may not override it",
+                    )
+                )
+    for k in srv.axes:
+        if k in srv.base:
+            problems.append(
+                (("server", "axes", k), f"'{k}' is both in server.base and server.axes; keep one")
+            )
+    if not exp.target.managed and (srv.axes or srv.env_axes or len(srv.bundles) > 1):
+        problems.append(
+            (
+                ("server", "axes"),
+                "target.base_url is a server servesweep does not restart: no server axes or bundles",
+            )
+        )
+    known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
+    for b in srv.bundles:
+        known |= set(b.flags) | set(b.env)
+    for i, rule in enumerate(exp.exclude):
+        if not rule:
+            problems.append((("exclude", i), "an empty rule would exclude everything"))
+        for k in rule:
+            if k not in known:
+                problems.append(
+                    (
+                        ("exclude", i, k),
+                        f"'{k}' is not an axis, flag or env var of this experiment{_did_you_mean(k, known)}",
+                    )
+                )
