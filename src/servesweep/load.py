@@ -1,0 +1,552 @@
+"""One load point as a real headless Locust subprocess (`run_point`), and `servesweep load` (points and sweeps).
+
+This module never imports Locust or gevent at module level: the orchestrator calls `run_point` from a process that
+must stay unpatched. Locust runs `servesweep/locustfile.py` in a child process; the records it writes, not its exit
+status, decide what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from servesweep.loadspec import LoadPoint
+
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+
+
+# ---------------------------------------------------------------- small HTTP helpers (stdlib: no gevent here)
+
+
+def api_key_for(point: LoadPoint) -> str | None:
+    """The API key from the environment variable the point names (never from the point itself)."""
+    name = point.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ValueError(f"api_key_env: the environment variable {name} is not set or empty")
+    return key
+
+
+def _request(point: LoadPoint, path: str, body: dict | None = None, timeout: float = 30.0):
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    headers.update(point.headers)
+    key = api_key_for(point)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        point.base_url + path, data=data, headers=headers, method="POST" if data else "GET"
+    )
+    return urllib.request.urlopen(req, timeout=timeout)
+
+
+def fetch_model(point: LoadPoint) -> str:
+    """The first model the server lists at GET /v1/models."""
+    try:
+        with _request(point, "/v1/models", timeout=point.connect_s + 20) as r:
+            d = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{point.base_url}/v1/models answered HTTP {e.code}: {e.read()[:200]!r}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise RuntimeError(f"{point.base_url}/v1/models: cannot reach the server ({e})") from None
+    models = d.get("data") or []
+    if not models or not models[0].get("id"):
+        raise RuntimeError(f"{point.base_url}/v1/models lists no model; give --model")
+    return models[0]["id"]
+
+
+def probe_continuous_usage(point: LoadPoint) -> bool:
+    """Whether the server adds per-chunk usage with stream_options.continuous_usage_stats (SGLang, vLLM do)."""
+    body = {
+        "model": point.model,
+        "stream": True,
+        "max_tokens": 2,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if point.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": "Say hi."}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = "Say hi."
+        path = "/v1/completions"
+    try:
+        with _request(point, path, body, timeout=point.first_token_s) as r:
+            for raw in r:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                try:
+                    ev = json.loads(line[5:])
+                except ValueError:
+                    continue
+                for ch in ev.get("choices") or ():
+                    d = ch.get("delta") or {}
+                    if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get("usage"):
+                        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return False
+
+
+def resolve_point(point: LoadPoint) -> LoadPoint:
+    """Fill what the point leaves to the server: model name, chat template overhead, continuous usage support."""
+    upd: dict = {}
+    if point.model is None:
+        upd["model"] = fetch_model(point)
+        point = point.model_copy(update=upd)
+    if point.template_overhead is None and point.endpoint == "chat":
+        from servesweep.prompts import probe_template_overhead
+
+        upd["template_overhead"] = int(
+            probe_template_overhead(
+                point.base_url,
+                point.model,
+                api_key=api_key_for(point),
+                endpoint="chat",
+                tokenizer=point.tokenizer,
+            )
+        )
+    if point.continuous_usage is None:
+        upd["continuous_usage"] = probe_continuous_usage(point.model_copy(update=upd))
+    return point.model_copy(update=upd) if upd else point
+
+
+def request_extra(point: LoadPoint) -> dict:
+    """Body fields besides model/messages/max tokens: streaming with usage, fixed output length, the user's extras."""
+    so = {"include_usage": True}
+    if point.continuous_usage:
+        so["continuous_usage_stats"] = True
+    extra = {"stream": True, "stream_options": so}
+    if point.ignore_eos:
+        extra["ignore_eos"] = True
+    extra.update(point.extra_body)
+    return extra
+
+
+def build_bodies(point: LoadPoint) -> tuple[list[tuple[bytes, bytes]], int]:
+    """Pre-encoded request bodies from the prompt pool: per prompt (head, tail) around the nonce, and the nonce
+    length in digits (0 when cache busting is off)."""
+    from servesweep.prompts import build_pool
+
+    pool = build_pool(
+        point.prompt_tokens,
+        point.effective_pool_size(),
+        tokenizer=point.tokenizer,
+        seed=point.seed,
+        endpoint=point.endpoint,
+        template_overhead=point.template_overhead if point.endpoint == "chat" else None,
+        cache_bust=point.cache_bust,
+    )
+    extra = request_extra(point)
+    bodies = [p.body_parts(point.model, point.output_tokens, point.endpoint, extra) for p in pool.prompts]
+    digits = int(pool.nonce_digits) if point.cache_bust else 0
+    return bodies, digits
+
+
+# ---------------------------------------------------------------- one point
+
+
+class PointFailed(RuntimeError):
+    """The Locust process produced no records (it crashed or could not start)."""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--host",
+        point.base_url,
+        "-u",
+        str(point.concurrency),
+        "-r",
+        str(max(point.concurrency, 1000)),  # all users within ~0.1 s: a closed loop at full concurrency
+        "--stop-timeout",
+        f"{point.effective_stop_timeout():g}",
+        "--exit-code-on-error",
+        "0",  # failures are data (classified in the records), not a crashed point
+        "--only-summary",
+        "--html",
+        str(work / "locust-report.html"),
+        "--csv",
+        str(work / "locust"),
+        "--point-json",
+        str(work / "point.json"),
+        "--records",
+        str(work / "records.parquet"),
+        "--progress-file",
+        str(work / "progress.json"),
+    ]
+    if point.duration_s is not None:
+        cmd += ["-t", f"{point.warmup_s + point.duration_s:.3f}s"]
+    if workers:
+        cmd += ["--processes", str(workers)]
+    return cmd
+
+
+def run_point(
+    point: LoadPoint,
+    out_dir: Path,
+    *,
+    workers: int = 0,
+    progress: Callable[[dict], None] | None = None,
+    slos: str | None = None,
+) -> dict:
+    """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
+    out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
+    {"point_id", "elapsed_s", "completed", "issued", "failed"}.
+    """
+    from servesweep.records import read_parquet
+    from servesweep.results import write_json_atomic
+    from servesweep.summary import parse_slos, summarize
+
+    if workers:
+        raise NotImplementedError(
+            "workers > 0 (distributed Locust) is issue 5; run_point drives one process now"
+        )
+    parsed_slos = parse_slos(slos)  # fail on a bad SLO before any load
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    point = resolve_point(point)
+    build_bodies(
+        point
+    )  # builds (and caches on disk) the pool here, so the child's start is quick and errors show early
+    work = out_dir / ".work"
+    work.mkdir(exist_ok=True)
+    for stale in ("records.parquet", "progress.json"):
+        (work / stale).unlink(missing_ok=True)
+    (work / "point.json").write_text(point.model_dump_json(indent=2))
+    cmd = locust_command(point, work, workers=workers)
+    log_path = out_dir / "locust.log"
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if progress is not None:
+                    progress(_read_progress(work, point, time.monotonic() - started))
+        except BaseException:
+            _kill_group(proc)
+            raise
+    rc = proc.returncode
+    rec_path = work / "records.parquet"
+    if not rec_path.is_file():
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise PointFailed(
+            f"point {point.id}: Locust exited with {rc} and wrote no records; locust.log ends:\n{tail}"
+        )
+    table = read_parquet(rec_path)
+    summary = {
+        "point_id": point.id,
+        "point": point.model_dump(mode="json"),
+        "locust_exit_code": rc,
+        "started_unix": t0,
+        "wall_s": time.time() - t0,
+        **summarize(table, slos=parsed_slos),
+    }
+    os.replace(rec_path, out_dir / "records.parquet")
+    for name in ("locust-report.html", "locust_stats.csv", "locust_failures.csv"):
+        if (work / name).is_file():
+            os.replace(work / name, out_dir / name)
+    write_json_atomic(out_dir / "summary.json", summary)
+    if progress is not None:
+        progress(_read_progress(work, point, time.monotonic() - started))
+    return summary
+
+
+def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
+    d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0}
+    try:
+        d.update(json.loads((work / "progress.json").read_text()))
+    except (FileNotFoundError, ValueError):
+        pass
+    return d
+
+
+# ---------------------------------------------------------------- `servesweep load`
+
+_DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(text: str, what: str) -> float:
+    m = _DUR.match(text or "")
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 2m, 1.5h or 500ms", param_hint=what)
+    v = float(m[1])
+    return v * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m[2]]
+
+
+def parse_concurrency(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise click.BadParameter(
+                f"{part!r} in {text!r} is not a positive integer", param_hint="--concurrency"
+            )
+        out.append(int(part))
+    return out
+
+
+def _fmt(v, spec=".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _p(summary: dict, metric: str, q: str) -> float | None:
+    st = summary.get(metric)
+    return None if st is None else st[q]
+
+
+def results_table(summaries: list[dict], title: str = "servesweep load"):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in (
+        "concurrency",
+        "output tok/s",
+        "per-req tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+        "ok",
+        "failures",
+        "prompt tok Δ%",
+    ):
+        t.add_column(col, justify="right")
+    for s in summaries:
+        fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
+        dec = s.get("decode_tokens_per_s")
+        t.add_row(
+            str(s["point"]["concurrency"]),
+            _fmt(s["output_tokens_per_s"]),
+            _fmt(dec["mean"] if dec else None),
+            _fmt(_p(s, "ttft_ms", "p50")),
+            _fmt(_p(s, "ttft_ms", "p99")),
+            _fmt(_p(s, "itl_ms", "p50"), ".2f"),
+            _fmt(_p(s, "itl_ms", "p99"), ".2f"),
+            str(s["requests"]["ok"]),
+            fails,
+            _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
+        )
+    return t
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--base-url", default=None, help="server root (http://HOST:PORT); omitted: start the emulator")
+@click.option("--model", default=None, help="model name; default: the first of /v1/models")
+@click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option(
+    "--concurrency", "concurrency_text", default="8", show_default=True, help="N or a sweep: 1,2,4,8"
+)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--output-tokens", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--requests", type=click.IntRange(min=1), default=None, help="measured requests per point")
+@click.option(
+    "--duration", default=None, help="measured time per point (e.g. 60s); streams still running finish"
+)
+@click.option(
+    "--warmup", default="0s", show_default=True, help="requests scheduled in this first time are warmup"
+)
+@click.option("--tokenizer", default=None, help="tokenizer.json, model dir, or qwen3.6 (default)")
+@click.option("--no-cache-bust", is_flag=True, help="let requests share prefixes (no per-request nonce)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--api-key-env",
+    default=None,
+    help=f"NAME of the env var holding the API key (default {DEFAULT_KEY_ENV} if set)",
+)
+@click.option("--first-token-timeout", default="900s", show_default=True)
+@click.option("--stall-timeout", default="120s", show_default=True)
+@click.option(
+    "--slo", default=None, help="e.g. 'ttft_p99<=2s,itl_p99<=50ms' or per request 'ttft<=2s' (goodput)"
+)
+@click.option("--sim-args", default="", help="extra emulator flags when --base-url is omitted")
+@click.option(
+    "--out",
+    "out_root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="print the summaries as JSON instead of the table")
+def command(
+    base_url,
+    model,
+    endpoint,
+    concurrency_text,
+    prompt_tokens,
+    output_tokens,
+    requests,
+    duration,
+    warmup,
+    tokenizer,
+    no_cache_bust,
+    seed,
+    api_key_env,
+    first_token_timeout,
+    stall_timeout,
+    slo,
+    sim_args,
+    out_root,
+    as_json,
+):
+    """Run one load point or a concurrency sweep (one Locust process per point) and print the results table."""
+    from contextlib import ExitStack
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from servesweep.results import new_run, write_manifest
+    from servesweep.summary import parse_slos
+
+    err = Console(stderr=True)
+    levels = parse_concurrency(concurrency_text)
+    duration_s = parse_duration(duration, "--duration") if duration else None
+    warmup_s = parse_duration(warmup, "--warmup")
+    try:
+        parse_slos(slo)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--slo") from None
+    if api_key_env is None and os.environ.get(DEFAULT_KEY_ENV):
+        api_key_env = DEFAULT_KEY_ENV
+    if api_key_env is not None and not os.environ.get(api_key_env):
+        raise click.BadParameter(f"environment variable {api_key_env} is not set", param_hint="--api-key-env")
+
+    with ExitStack() as stack:
+        if base_url is None:
+            from servesweep.sim.launch import start_sim
+
+            sim = stack.enter_context(start_sim(shlex.split(sim_args)))
+            base_url = sim.base_url
+            err.print(
+                f"[bold]no --base-url: started the SGLang emulator at {base_url}[/] (servesweep sim {sim_args})"
+            )
+        run_id, run_dir = new_run(out_root)
+        points = []
+        for c in levels:
+            n = requests if requests is not None or duration_s is not None else max(8, 2 * c)
+            try:
+                points.append(
+                    LoadPoint(
+                        base_url=base_url,
+                        model=model,
+                        endpoint=endpoint,
+                        concurrency=c,
+                        prompt_tokens=prompt_tokens,
+                        output_tokens=output_tokens,
+                        requests=n,
+                        duration_s=duration_s,
+                        warmup_s=warmup_s,
+                        tokenizer=tokenizer,
+                        cache_bust=not no_cache_bust,
+                        seed=seed,
+                        api_key_env=api_key_env,
+                        first_token_s=parse_duration(first_token_timeout, "--first-token-timeout"),
+                        stall_s=parse_duration(stall_timeout, "--stall-timeout"),
+                        point_id=f"c{c}",
+                    )
+                )
+            except ValidationError as e:
+                raise click.UsageError(str(e)) from None
+        # Probe the server once for the whole run; every point reuses what it found.
+        first = resolve_point(points[0])
+        fixed = {k: getattr(first, k) for k in ("model", "template_overhead", "continuous_usage")}
+        points = [p.model_copy(update=fixed) for p in points]
+        err.print(
+            f"model {first.model}; chat template overhead {first.template_overhead} tokens; "
+            f"per-chunk usage {'yes' if first.continuous_usage else 'no'}; results in {run_dir}"
+        )
+        manifest = {
+            "run_id": run_id,
+            "kind": "load",
+            "base_url": base_url,
+            "points": [],
+            "argv": sys.argv[1:],
+        }
+        write_manifest(run_dir, manifest)
+        summaries = []
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+            disable=as_json and not err.is_terminal,
+        ) as prog:
+            for p in points:
+                total = p.requests if p.duration_s is None else p.warmup_s + p.duration_s
+                task = prog.add_task(f"concurrency {p.concurrency}", total=total, status="")
+
+                def _update(d, p=p, task=task):
+                    done = (
+                        d["completed"]
+                        if p.duration_s is None
+                        else min(d["elapsed_s"], p.warmup_s + p.duration_s)
+                    )
+                    prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
+
+                s = run_point(p, run_dir / p.id, progress=_update, slos=slo)
+                summaries.append(s)
+                manifest["points"].append({"point_id": p.id, "dir": p.id, "concurrency": p.concurrency})
+                write_manifest(run_dir, manifest)
+        manifest["finished_unix"] = time.time()
+        write_manifest(run_dir, manifest)
+
+    if as_json:
+        click.echo(json.dumps({"run_id": run_id, "run_dir": str(run_dir), "points": summaries}, indent=2))
+    else:
+        out = Console()
+        out.print(
+            results_table(
+                summaries, title=f"servesweep load — {prompt_tokens} prompt / {output_tokens} output tokens"
+            )
+        )
+        out.print(f"results: {run_dir}")
+    slo_fail = [s for s in summaries if any(not c["pass"] for c in s.get("slos", []))]
+    if slo_fail:
+        err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")
+        sys.exit(3)

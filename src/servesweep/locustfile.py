@@ -1,0 +1,228 @@
+"""The locustfile: `locust -f <this file>` (what `run_point` starts) or through `locustfiles/llm.py` (by hand).
+
+It registers servesweep's command-line arguments, builds the point's prompt bodies once per process, switches
+Locust's response-time histogram to 1 ms buckets, and writes the per-request records at the end of the test.
+Under distributed Locust, workers ship their records to the master with each report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import locust.stats
+from locust import events
+
+from servesweep.loadspec import LoadPoint
+from servesweep.records import write_parquet
+from servesweep.user import LLMUser, LoadContext
+
+__all__ = ["LLMUser"]
+
+log = logging.getLogger("servesweep")
+
+# Percentiles from 1 ms buckets instead of Locust's coarse ones (10 ms below 1 s, 1 s above 10 s). Bucketing
+# happens where the value is logged, so every process that loads this file must patch it.
+locust.stats.bucket_response_time = lambda rt: int(round(rt))
+
+_RECORDS_KEY = "servesweep_records"
+
+
+@events.init_command_line_parser.add_listener
+def _args(parser) -> None:
+    g = parser.add_argument_group("servesweep", "LLM streaming load (servesweep)")
+    g.add_argument("--point-json", default=None, help="a LoadPoint JSON file (overrides the options below)")
+    g.add_argument("--model", default="", help="model name; empty: the first of GET /v1/models")
+    g.add_argument("--endpoint", default="chat", choices=["chat", "completions"], help="API to stream")
+    g.add_argument("--prompt-tokens", type=int, default=2000, help="prompt length as the server counts it")
+    g.add_argument("--output-tokens", type=int, default=128, help="fixed output length (ignore_eos)")
+    g.add_argument(
+        "--no-cache-bust", action="store_true", default=False, help="send repeated prompt prefixes"
+    )
+    g.add_argument("--seed", type=int, default=0, help="prompt pool seed")
+    g.add_argument(
+        "--tokenizer", default="", help="tokenizer for sizing prompts; empty: the built-in Qwen3.6"
+    )
+    g.add_argument(
+        "--max-requests", type=int, default=0, help="stop after this many measured requests (0: no)"
+    )
+    g.add_argument(
+        "--warmup", type=float, default=0.0, help="seconds from the start whose requests are warmup"
+    )
+    g.add_argument("--api-key-env", default="", help="NAME of the env var with the API key (never the key)")
+    g.add_argument("--first-token-timeout", type=float, default=900.0, help="seconds to the first token")
+    g.add_argument("--stall-timeout", type=float, default=120.0, help="longest gap between chunks, seconds")
+    g.add_argument("--total-timeout", type=float, default=3600.0, help="longest request, seconds")
+    g.add_argument("--records", default="", help="write per-request records (Parquet) here at the end")
+    g.add_argument(
+        "--progress-file", default="", help="rewrite {issued, completed, failed} here every second"
+    )
+    g.add_argument(
+        "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 3"
+    )
+
+
+def _point_from_options(opts, host: str | None) -> LoadPoint:
+    if opts.point_json:
+        return LoadPoint.model_validate_json(Path(opts.point_json).read_text())
+    if not host:
+        raise SystemExit("servesweep: give the server with --host http://HOST:PORT")
+    return LoadPoint(
+        base_url=host,
+        model=opts.model or None,
+        endpoint=opts.endpoint,
+        concurrency=max(1, int(getattr(opts, "num_users", None) or 1)),
+        prompt_tokens=opts.prompt_tokens,
+        output_tokens=opts.output_tokens,
+        requests=opts.max_requests or None,
+        duration_s=3.0e7 if not opts.max_requests else None,  # by hand: Locust's -t or the UI decide the end
+        warmup_s=opts.warmup,
+        tokenizer=opts.tokenizer or None,
+        cache_bust=not opts.no_cache_bust,
+        seed=opts.seed,
+        api_key_env=opts.api_key_env or None,
+        first_token_s=opts.first_token_timeout,
+        stall_s=opts.stall_timeout,
+        total_s=opts.total_timeout,
+    )
+
+
+def build_context(point: LoadPoint) -> LoadContext:
+    """Resolve what the point left open (model, template overhead, continuous usage) and pre-encode the bodies."""
+    from servesweep.load import api_key_for, build_bodies, resolve_point
+
+    point = resolve_point(point)
+    bodies, nonce_digits = build_bodies(point)
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream",
+        "Accept-Encoding": "identity",
+    }
+    headers.update(point.headers)
+    key = api_key_for(point)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    path = "/v1/chat/completions" if point.endpoint == "chat" else "/v1/completions"
+    return LoadContext(point=point, bodies=bodies, nonce_digits=nonce_digits, headers=headers, path=path)
+
+
+@events.init.add_listener
+def _init(environment, **_kw) -> None:
+    from locust.runners import MasterRunner, WorkerRunner
+
+    opts = environment.parsed_options
+    if opts is None:  # used as a library without options: the caller sets environment.servesweep itself
+        return
+    runner = environment.runner
+    point = _point_from_options(opts, environment.host or opts.host)
+    if not isinstance(runner, MasterRunner):
+        ctx = build_context(point)
+        LLMUser.host = ctx.point.base_url
+        LLMUser.connection_timeout = ctx.point.connect_s
+        LLMUser.network_timeout = ctx.point.first_token_s
+        environment.servesweep = ctx
+        log.info(
+            "servesweep: point %s, model %s, %d prompt bodies, nonce %d digits",
+            ctx.point.id,
+            ctx.point.model,
+            len(ctx.bodies),
+            ctx.nonce_digits,
+        )
+    else:
+        from servesweep.records import RecordBuffer
+
+        environment.servesweep = _MasterState(point=point, buffer=RecordBuffer())
+
+    if isinstance(runner, WorkerRunner):
+
+        @events.report_to_master.add_listener
+        def _ship(client_id, data, **_k) -> None:
+            ctx = environment.servesweep
+            if len(ctx.buffer):
+                data[_RECORDS_KEY] = ctx.buffer.take()
+
+    if isinstance(runner, MasterRunner):
+
+        @events.worker_report.add_listener
+        def _collect(client_id, data, **_k) -> None:
+            cols = data.get(_RECORDS_KEY)
+            if cols:
+                environment.servesweep.buffer.extend_columns(cols)
+
+
+class _MasterState:
+    def __init__(self, point: LoadPoint, buffer) -> None:
+        self.point = point
+        self.buffer = buffer
+
+
+@events.test_start.add_listener
+def _start(environment, **_kw) -> None:
+    ctx = getattr(environment, "servesweep", None)
+    if isinstance(ctx, LoadContext):
+        ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
+        opts = environment.parsed_options
+        if opts is not None and opts.progress_file:
+            import gevent
+
+            gevent.spawn(_progress_loop, ctx, Path(opts.progress_file))
+
+
+def _progress_loop(ctx: LoadContext, path: Path) -> None:
+    import gevent
+
+    tmp = path.with_suffix(".tmp")
+    while True:
+        tmp.write_text(json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}))
+        os.replace(tmp, path)
+        gevent.sleep(1.0)
+
+
+def _write_records(environment) -> Path | None:
+    opts = environment.parsed_options
+    ctx = getattr(environment, "servesweep", None)
+    if ctx is None or opts is None or not opts.records:
+        return None
+    path = Path(opts.records)
+    write_parquet(
+        ctx.buffer.table(),
+        path,
+        metadata={"point_id": ctx.point.id, "point": ctx.point.model_dump_json()},
+    )
+    return path
+
+
+@events.test_stop.add_listener
+def _stop(environment, **_kw) -> None:
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner):
+        return
+    path = _write_records(environment)
+    if path is not None:
+        log.info("servesweep: %d records written to %s", len(environment.servesweep.buffer), path)
+
+
+@events.quitting.add_listener
+def _quitting(environment, **_kw) -> None:
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner):
+        return
+    _write_records(
+        environment
+    )  # again: the master may have received the workers' final reports since test_stop
+    opts = environment.parsed_options
+    if opts is None or not opts.slo:
+        return
+    from servesweep.summary import check_slos, parse_slos, summarize
+
+    ctx = environment.servesweep
+    summary = summarize(ctx.buffer.table(), slos=parse_slos(opts.slo))
+    verdict = check_slos(summary)
+    print(json.dumps({"slo": verdict}, indent=None))
+    if not verdict["pass"]:
+        environment.process_exit_code = 3

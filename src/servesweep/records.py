@@ -1,0 +1,133 @@
+"""Per-request records: one row per request, the raw material of every metric (see docs/metrics.md).
+
+Times are `time.monotonic_ns()` of the process that made the request (the emulator's ground truth uses the same
+clock). `mono_to_wall_ns` turns any of them into Unix-epoch nanoseconds for that process: wall = mono + offset.
+No Locust import here: the orchestrator reads these files.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+# Error classes a request can end in; None/null means success. Kept here so the summary and docs share one list.
+ERROR_CLASSES = (
+    "http_400_context",  # the server's context-length 400 (message kept)
+    "http_4xx",
+    "http_429",
+    "http_5xx",
+    "timeout_connect",
+    "timeout_first_token",
+    "timeout_stall",
+    "timeout_total",
+    "connection_reset",  # connection refused/reset/closed before or during the stream
+    "no_done",  # the stream ended without `data: [DONE]`
+    "stream_error_event",  # an in-stream `{"error": ...}` event
+    "malformed_chunk",  # a `data:` line that is not JSON
+    "no_tokens",  # a complete stream that carried no token
+    "client_error",  # anything else raised in the client (a bug of ours, kept visible)
+)
+
+SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),  # uuid hex, sent as X-Request-Id
+        pa.field("point_id", pa.string(), nullable=False),
+        pa.field("worker", pa.string(), nullable=False),  # host:pid of the Locust process
+        pa.field("user", pa.int32(), nullable=False),  # user index within the worker
+        pa.field("warmup", pa.bool_(), nullable=False),
+        pa.field("scheduled_ns", pa.int64(), nullable=False),  # when the user decided to send
+        pa.field("sent_ns", pa.int64(), nullable=False),  # just before the request was written
+        pa.field("headers_ns", pa.int64()),  # response headers complete
+        pa.field("first_token_ns", pa.int64()),  # first token-bearing chunk read
+        pa.field("chunk_ns", pa.list_(pa.int64())),  # every token-bearing chunk, in arrival order
+        pa.field(
+            "chunk_tokens", pa.list_(pa.int32())
+        ),  # tokens per chunk, when the server said (continuous usage)
+        pa.field("end_ns", pa.int64(), nullable=False),  # the stream (or the failure) ended
+        pa.field("prompt_tokens", pa.int64()),  # from usage
+        pa.field("completion_tokens", pa.int64()),
+        pa.field("cached_tokens", pa.int64()),
+        pa.field("reasoning_tokens", pa.int64()),
+        pa.field("target_prompt_tokens", pa.int64(), nullable=False),
+        pa.field("target_output_tokens", pa.int64(), nullable=False),
+        pa.field("finish_reason", pa.string()),
+        pa.field("http_status", pa.int32()),  # 0 when no response came
+        pa.field("error_class", pa.string()),  # null on success; else one of ERROR_CLASSES
+        pa.field("error_message", pa.string()),  # short
+        pa.field("mono_to_wall_ns", pa.int64(), nullable=False),  # wall-clock anchor of the worker
+    ]
+)
+COLUMNS = tuple(SCHEMA.names)
+
+
+def to_table(rows: Iterable[dict]) -> pa.Table:
+    """Rows (dicts keyed by COLUMNS) to an Arrow table with the documented schema."""
+    rows = list(rows)
+    cols = {name: [r.get(name) for r in rows] for name in COLUMNS}
+    return pa.Table.from_pydict(cols, schema=SCHEMA)
+
+
+def columns_to_table(cols: dict[str, list]) -> pa.Table:
+    return pa.Table.from_pydict({n: cols.get(n, []) for n in COLUMNS}, schema=SCHEMA)
+
+
+def write_parquet(table: pa.Table, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta[b"servesweep.records.version"] = str(SCHEMA_VERSION).encode()
+    for k, v in (metadata or {}).items():
+        meta[f"servesweep.{k}".encode()] = str(v).encode()
+    table = table.replace_schema_metadata(meta)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_parquet(path: Path) -> pa.Table:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"records file {path} does not exist")
+    t = pq.read_table(path)
+    missing = [n for n in COLUMNS if n not in t.schema.names]
+    if missing:
+        raise ValueError(f"records file {path}: missing columns {missing}; not a servesweep records file")
+    return t
+
+
+class RecordBuffer:
+    """Column-oriented buffer the Locust process appends to; `take()` hands a batch over (to a file or a master)."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list] = {n: [] for n in COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self._cols["request_id"])
+
+    def add(self, row: dict) -> None:
+        for n, col in self._cols.items():
+            col.append(row.get(n))
+
+    def extend_columns(self, cols: dict[str, list]) -> None:
+        for n, col in self._cols.items():
+            col.extend(cols.get(n, ()))
+
+    def take(self) -> dict[str, list]:
+        out, self._cols = self._cols, {n: [] for n in COLUMNS}
+        return out
+
+    def table(self) -> pa.Table:
+        return columns_to_table(self._cols)

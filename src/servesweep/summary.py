@@ -1,0 +1,249 @@
+"""Summaries of one point from its per-request records. Every definition is in docs/metrics.md.
+
+Percentiles are exact, from the raw values (numpy, linear interpolation between order statistics), never from
+histogram buckets. No Locust import.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from servesweep.records import ERROR_CLASSES
+
+_NS_PER_MS = 1e6
+
+
+def stats(values) -> dict | None:
+    """p50/p90/p99/mean/min/max/n of raw values; None when there are none."""
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return None
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "n": int(a.size),
+    }
+
+
+# ---------------------------------------------------------------- SLOs
+
+_SLO_RE = re.compile(
+    r"^\s*(?P<metric>ttft|itl|tpot|e2e|error_rate|output_tps|request_rate|goodput_ratio)"
+    r"(?:_(?P<stat>p50|p90|p99|mean|max))?\s*(?P<op><=|>=|<|>)\s*(?P<value>[0-9.]+(?:e-?[0-9]+)?)\s*(?P<unit>ms|s|%)?\s*$"
+)
+_LATENCY = {"ttft": "ttft_ms", "itl": "itl_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
+
+
+@dataclass(frozen=True)
+class SLO:
+    text: str
+    metric: str
+    stat: str | None  # None for a latency metric: a per-request SLO (goodput); else an aggregate threshold
+    op: str
+    value: float  # in ms for latencies, a fraction for rates given in %
+
+    def holds(self, x: float) -> bool:
+        return {"<=": x <= self.value, ">=": x >= self.value, "<": x < self.value, ">": x > self.value}[
+            self.op
+        ]
+
+
+def parse_slos(spec: str | list[str] | None) -> list[SLO]:
+    """'ttft_p99<=2s,itl_p99<=50ms,error_rate<=1%' or 'ttft<=2s,tpot<=40ms' (per request: goodput)."""
+    if not spec:
+        return []
+    items = spec if isinstance(spec, list) else [s for s in spec.split(",") if s.strip()]
+    out = []
+    for item in items:
+        m = _SLO_RE.match(item)
+        if not m:
+            raise ValueError(
+                f"SLO {item!r}: expected METRIC[_p50|_p90|_p99|_mean|_max] (<=|>=) VALUE[ms|s|%], "
+                "METRIC one of ttft, itl, tpot, e2e, error_rate, output_tps, request_rate, goodput_ratio"
+            )
+        metric, stat, unit = m["metric"], m["stat"], m["unit"]
+        value = float(m["value"])
+        if metric in _LATENCY:
+            if unit == "%":
+                raise ValueError(f"SLO {item!r}: a latency takes ms or s, not %")
+            value = value * 1000.0 if unit == "s" else value  # default unit: ms
+        elif unit == "%":
+            value /= 100.0
+        elif unit in ("ms", "s"):
+            raise ValueError(f"SLO {item!r}: {metric} is not a latency; give a number or a %")
+        if stat is not None and metric not in _LATENCY:
+            raise ValueError(f"SLO {item!r}: a percentile suffix only applies to ttft, itl, tpot, e2e")
+        out.append(SLO(item.strip(), metric, stat, m["op"], value))
+    return out
+
+
+def check_slos(summary: dict) -> dict:
+    """The verdict of the SLOs a summary was made with: each one's measured value and whether it held."""
+    results = []
+    for s in summary.get("slos", []):
+        results.append(s)
+    return {"pass": all(r["pass"] for r in results), "checks": results}
+
+
+def _slo_value(slo: SLO, summary: dict) -> float | None:
+    if slo.metric in _LATENCY:
+        st = summary.get(_LATENCY[slo.metric])
+        return None if st is None else st[slo.stat]
+    if slo.metric == "goodput_ratio":
+        g = summary.get("goodput")
+        return None if g is None else g["ratio"]
+    return summary.get({"output_tps": "output_tokens_per_s"}.get(slo.metric, slo.metric))
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def _col(t: pa.Table, name: str) -> np.ndarray:
+    """A nullable integer column as float64 with NaN for nulls (ns fit exactly below 2**53 for days of uptime)."""
+    return t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
+    """Everything docs/metrics.md defines, for one point's records."""
+    if isinstance(slos, str):
+        slos = parse_slos(slos)
+    slos = slos or []
+    n_total = table.num_rows
+    warm = (
+        table.column("warmup").to_numpy(zero_copy_only=False).astype(bool) if n_total else np.zeros(0, bool)
+    )
+    m = table.filter(pa.array(~warm)) if n_total else table
+    err = m.column("error_class").to_pylist()
+    ok_mask = np.array([e is None for e in err], dtype=bool)
+    ok = m.filter(pa.array(ok_mask)) if m.num_rows else m
+
+    failures = {c: 0 for c in ERROR_CLASSES}
+    for e in err:
+        if e is not None:
+            failures[e] = failures.get(e, 0) + 1
+    n_meas, n_ok = m.num_rows, ok.num_rows
+    n_fail = n_meas - n_ok
+
+    sent = _col(ok, "sent_ns")
+    first = _col(ok, "first_token_ns")
+    end = _col(ok, "end_ns")
+    sched = _col(ok, "scheduled_ns")
+    completion = _col(ok, "completion_tokens")
+    prompt = _col(ok, "prompt_tokens")
+    cached = _col(ok, "cached_tokens")
+    target_prompt = _col(ok, "target_prompt_tokens")
+
+    ttft = (first - sent) / _NS_PER_MS
+    e2e = (end - sent) / _NS_PER_MS
+    chunk_lists = ok.column("chunk_ns").to_pylist()
+    tok_lists = ok.column("chunk_tokens").to_pylist()
+    itl: list[float] = []
+    itl_tok: list[float] = []
+    tpot = np.full(n_ok, np.nan)
+    max_itl = np.zeros(n_ok)
+    for i, (ch, toks) in enumerate(zip(chunk_lists, tok_lists, strict=True)):
+        if not ch:
+            continue
+        gaps = np.diff(np.asarray(ch, dtype=np.float64)) / _NS_PER_MS
+        itl.extend(gaps.tolist())
+        if gaps.size:
+            max_itl[i] = gaps.max()
+        c = completion[i]
+        if toks is not None and len(toks) == len(ch):
+            for g, k in zip(gaps, toks[1:], strict=True):
+                if k > 0:
+                    itl_tok.extend([g / k] * int(k))
+            first_tokens = toks[0]
+        else:
+            # The server did not say per chunk: each gap is assumed to carry the request's mean tokens per chunk.
+            if gaps.size and not math.isnan(c) and c > 1:
+                k = (c - 1) / gaps.size
+                itl_tok.extend((gaps / k).tolist())
+            first_tokens = 1
+        if not math.isnan(c) and c > first_tokens and len(ch) > 1:
+            tpot[i] = (ch[-1] - ch[0]) / _NS_PER_MS / (c - first_tokens)
+
+    # The measurement window: from the first measured request's schedule to the last measured request's end.
+    if n_meas:
+        w0 = float(np.nanmin(_col(m, "scheduled_ns")))
+        w1 = float(np.nanmax(_col(m, "end_ns")))
+        window_s = max((w1 - w0) / 1e9, 1e-9)
+    else:
+        w0 = w1 = math.nan
+        window_s = math.nan
+
+    comp_ok = completion[~np.isnan(completion)]
+    out_tokens = float(comp_ok.sum()) if comp_ok.size else 0.0
+    has_usage = ~np.isnan(prompt)
+    dev_pct = (prompt[has_usage] - target_prompt[has_usage]) / target_prompt[has_usage] * 100.0
+    has_cache = ~np.isnan(cached) & has_usage
+    tpot_v = tpot[~np.isnan(tpot)]
+
+    summary = {
+        "requests": {
+            "total": n_total,
+            "warmup": int(warm.sum()),
+            "measured": n_meas,
+            "ok": n_ok,
+            "failed": n_fail,
+        },
+        "window_s": window_s,
+        "window_ns": [w0, w1],
+        "output_tokens": out_tokens,
+        "output_tokens_per_s": out_tokens / window_s if n_meas else None,
+        "request_rate": n_ok / window_s if n_meas else None,
+        "error_rate": n_fail / n_meas if n_meas else None,
+        "failures": {k: v for k, v in failures.items() if v},
+        "ttft_ms": stats(ttft),
+        "ttft_from_scheduled_ms": stats((first - sched) / _NS_PER_MS),
+        "itl_ms": stats(itl),
+        "itl_per_token_ms": stats(itl_tok),
+        "tpot_ms": stats(tpot_v),
+        "e2e_ms": stats(e2e),
+        "e2e_from_scheduled_ms": stats((end - sched) / _NS_PER_MS),
+        "decode_tokens_per_s": stats(1000.0 / tpot_v[tpot_v > 0]),
+        "schedule_lag_ms": stats((_col(m, "sent_ns") - _col(m, "scheduled_ns")) / _NS_PER_MS),
+        "prompt_tokens": {
+            "target": float(target_prompt[0]) if n_ok else None,
+            "mean": float(prompt[has_usage].mean()) if has_usage.any() else None,
+            "mean_deviation_pct": float(dev_pct.mean()) if dev_pct.size else None,
+            "max_abs_deviation_pct": float(np.abs(dev_pct).max()) if dev_pct.size else None,
+            "reported": int(has_usage.sum()),
+        },
+        "completion_tokens": stats(comp_ok),
+        "cache_hit_ratio": float(cached[has_cache].sum() / prompt[has_cache].sum())
+        if has_cache.any() and prompt[has_cache].sum() > 0
+        else None,
+        "goodput": None,
+        "slos": [],
+    }
+
+    per_request = [s for s in slos if s.stat is None and s.metric in _LATENCY]
+    if per_request and n_meas:
+        good = np.ones(n_ok, dtype=bool)
+        per = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": max_itl}
+        for s in per_request:
+            v = per[s.metric]
+            good &= np.array([(not math.isnan(x)) and s.holds(x) for x in v], dtype=bool)
+        summary["goodput"] = {
+            "slos": [s.text for s in per_request],
+            "requests": int(good.sum()),
+            "ratio": float(good.sum()) / n_meas,
+            "per_s": float(good.sum()) / window_s,
+        }
+    for s in slos:
+        if s.stat is None and s.metric in _LATENCY:
+            continue  # per-request SLOs shape goodput; not a pass/fail of the point by themselves
+        v = _slo_value(s, summary)
+        summary["slos"].append({"slo": s.text, "value": v, "pass": v is not None and s.holds(v)})
+    return summary

@@ -1,0 +1,386 @@
+"""The streaming Locust user: one closed-loop user that POSTs pre-encoded bodies and timestamps every SSE line.
+
+The per-chunk path only reads a line and takes `time.monotonic_ns()` (the emulator's ground-truth clock); the lines
+are parsed after the stream ended. Every failure is classified (records.ERROR_CLASSES), counted, and never kills the
+user. The shared state of one point (prompt bodies, counters, record buffer) is a `LoadContext` that the locustfile
+puts on `environment.servesweep`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import gevent
+from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
+from geventhttpclient.url import URL
+from locust import task
+from locust.contrib.fasthttp import FastHttpUser
+from locust.exception import StopUser
+
+from servesweep.loadspec import LoadPoint
+from servesweep.records import RecordBuffer
+
+_CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
+_MSG_MAX = 300
+
+
+class LLMFailure(Exception):
+    """What Locust's failure table shows: the error class only (a bounded set, so its error dict stays small)."""
+
+
+class _TotalTimeout(Exception):
+    pass
+
+
+@dataclass
+class LoadContext:
+    """Everything the users of one point share inside one Locust process."""
+
+    point: LoadPoint
+    bodies: list[tuple[bytes, bytes]]  # per prompt: (head, tail); a request is head + nonce + tail
+    nonce_digits: int  # 0: no nonce (cache busting off)
+    headers: dict[str, str]
+    path: str
+    buffer: RecordBuffer = field(default_factory=RecordBuffer)
+    measure_start_ns: int = 0  # requests scheduled before this are warmup
+    issued: int = 0  # measured requests started (the budget of `requests`)
+    completed: int = 0  # measured requests ended
+    failed: int = 0  # of those, failed
+    quit_requested: bool = False
+    users_started: int = 0
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    mono_to_wall_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
+    _next_prompt: int = 0
+    _nonce: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.bodies:
+            raise ValueError("LoadContext: the prompt pool is empty")
+        rnd = random.Random()  # not seeded: two processes must not send the same nonces
+        self._next_prompt = rnd.randrange(len(self.bodies))
+        self._nonce = rnd.randrange(10**self.nonce_digits) if self.nonce_digits else 0
+
+    def next_body(self) -> bytes:
+        i = self._next_prompt
+        self._next_prompt = (i + 1) % len(self.bodies)
+        head, tail = self.bodies[i]
+        if not self.nonce_digits:
+            return head + tail
+        self._nonce = (self._nonce + 7919) % (10**self.nonce_digits)  # a stride: neighbours differ early
+        return head + b"%0*d" % (self.nonce_digits, self._nonce) + tail
+
+    def claim(self) -> bool:
+        """Take one measured request from the budget; False when the point has issued all it should."""
+        n = self.point.requests
+        if n is not None and self.issued >= n:
+            return False
+        self.issued += 1
+        return True
+
+
+def _short(msg: object) -> str:
+    s = str(msg).replace("\n", " ")
+    return s if len(s) <= _MSG_MAX else s[: _MSG_MAX - 1] + "…"
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        d = json.loads(body)
+    except ValueError:
+        return body[:_MSG_MAX].decode("utf-8", "replace")
+    if isinstance(d, dict):
+        e = d.get("error", d)
+        if isinstance(e, dict) and e.get("message"):
+            return str(e["message"])
+        if isinstance(e, str):
+            return e
+    return body[:_MSG_MAX].decode("utf-8", "replace")
+
+
+def classify_status(status: int, message: str) -> str:
+    if status == 400 and _CONTEXT_400.search(message):
+        return "http_400_context"
+    if status == 429:
+        return "http_429"
+    if status >= 500:
+        return "http_5xx"
+    return "http_4xx"
+
+
+def _in_connect(exc: BaseException) -> bool:
+    """True when the exception was raised while opening the TCP connection (not while waiting for bytes)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("_connect_socket", "_create_socket", "create_connection"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _token_bearing(ev: dict) -> bool:
+    for ch in ev.get("choices") or ():
+        d = ch.get("delta")
+        if d:
+            if d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
+                return True
+        elif ch.get("text"):
+            return True
+    return False
+
+
+def _is_token_line(line: bytes) -> bool:
+    """Used only until the first token (to switch the socket from first-token to stall timeout)."""
+    if not line.startswith(b"data:"):
+        return False
+    payload = line[5:].strip()
+    if not payload or payload == b"[DONE]":
+        return False
+    try:
+        ev = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(ev, dict) and _token_bearing(ev)
+
+
+def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
+    """Fill the record from the kept SSE lines: token chunks, usage, finish reason, and the error class if any."""
+    chunk_ns: list[int] = []
+    chunk_tokens: list[int] | None = []
+    done = False
+    error = None
+    malformed = None
+    usage = None
+    finish = None
+    prev_completion = 0
+    for line, t in zip(lines, times, strict=True):
+        if not line.startswith(b"data:"):
+            continue  # blank separators, comments, `event:` lines
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            done = True
+            continue
+        try:
+            ev = json.loads(payload)
+        except ValueError:
+            malformed = malformed or _short(payload[:120].decode("utf-8", "replace"))
+            continue
+        if not isinstance(ev, dict):
+            malformed = malformed or _short(payload[:120].decode("utf-8", "replace"))
+            continue
+        if "error" in ev:
+            e = ev["error"]
+            error = error or _short(e.get("message", e) if isinstance(e, dict) else e)
+            continue
+        u = ev.get("usage")
+        if u:
+            usage = u
+        if _token_bearing(ev):
+            chunk_ns.append(t)
+            if chunk_tokens is not None:
+                if u and u.get("completion_tokens") is not None:
+                    c = int(u["completion_tokens"])
+                    chunk_tokens.append(c - prev_completion)
+                    prev_completion = c
+                else:
+                    chunk_tokens = None  # the server does not say per chunk
+        for ch in ev.get("choices") or ():
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+    rec["chunk_ns"] = chunk_ns
+    rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
+    rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
+    rec["finish_reason"] = finish if isinstance(finish, str) else (json.dumps(finish) if finish else None)
+    if usage:
+        rec["prompt_tokens"] = usage.get("prompt_tokens")
+        rec["completion_tokens"] = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        rec["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
+        cdet = usage.get("completion_tokens_details") or {}
+        rt = usage.get("reasoning_tokens")
+        if rt is None and isinstance(cdet, dict):
+            rt = cdet.get("reasoning_tokens")
+        rec["reasoning_tokens"] = rt
+    if error is not None:
+        rec["error_class"], rec["error_message"] = "stream_error_event", error
+    elif malformed is not None:
+        rec["error_class"], rec["error_message"] = "malformed_chunk", malformed
+    elif finish == "abort" or isinstance(finish, dict):
+        rec["error_class"], rec["error_message"] = "stream_error_event", _short(f"finish_reason {finish}")
+    elif not done:
+        rec["error_class"], rec["error_message"] = "no_done", "stream ended without data: [DONE]"
+    elif not chunk_ns:
+        rec["error_class"], rec["error_message"] = "no_tokens", "complete stream without a token"
+
+
+class LLMUser(FastHttpUser):
+    """Streams chat or completion requests in a closed loop (no wait time) and records each one."""
+
+    # Per-socket-operation timeouts (geventhttpclient): the locustfile sets them from the point before users spawn.
+    connection_timeout = 10.0
+    network_timeout = 900.0
+    max_retries = 0
+    concurrency = 1  # one stream at a time per user
+    host = "http://127.0.0.1"
+
+    def on_start(self) -> None:
+        ctx: LoadContext = self.environment.servesweep
+        self._ctx = ctx
+        self._http = self.client.client.clientpool.get_client(URL(ctx.point.base_url + ctx.path))
+        self._index = ctx.users_started
+        ctx.users_started += 1
+        self._fire = self.environment.events.request.fire
+
+    @task
+    def stream(self) -> None:
+        ctx = self._ctx
+        scheduled = time.monotonic_ns()
+        warm = scheduled < ctx.measure_start_ns
+        if not warm and not ctx.claim():
+            raise StopUser()
+        rid = uuid.uuid4().hex
+        body = ctx.next_body()
+        headers = dict(ctx.headers)
+        headers["X-Request-Id"] = rid
+        rec = {
+            "request_id": rid,
+            "point_id": ctx.point.id,
+            "worker": ctx.worker,
+            "user": self._index,
+            "warmup": warm,
+            "scheduled_ns": scheduled,
+            "target_prompt_tokens": ctx.point.prompt_tokens,
+            "target_output_tokens": ctx.point.output_tokens,
+            "mono_to_wall_ns": ctx.mono_to_wall_ns,
+            "http_status": 0,
+        }
+        self._do_request(ctx, body, headers, rec)
+        ctx.buffer.add(rec)
+        self._report(ctx, rec)
+        if not warm:
+            ctx.completed += 1
+            if rec.get("error_class") is not None:
+                ctx.failed += 1
+            n = ctx.point.requests
+            if n is not None and ctx.completed >= n and not ctx.quit_requested:
+                ctx.quit_requested = True
+                gevent.spawn(self.environment.runner.quit)
+
+    def _do_request(self, ctx: LoadContext, body: bytes, headers: dict, rec: dict) -> None:
+        p = ctx.point
+        lines: list[bytes] = []
+        times: list[int] = []
+        first_seen = False
+        resp = None
+        total = gevent.Timeout(p.total_s, _TotalTimeout)
+        total.start()
+        rec["sent_ns"] = time.monotonic_ns()
+        try:
+            resp = self._http.request("POST", ctx.path, body=body, headers=headers)
+            rec["headers_ns"] = time.monotonic_ns()
+            rec["http_status"] = status = resp.status_code
+            if status != 200:
+                msg = _error_message(resp.read())
+                rec["error_class"] = classify_status(status, msg)
+                rec["error_message"] = _short(f"HTTP {status}: {msg}")
+                return
+            readline = resp.readline
+            mono = time.monotonic_ns
+            # Until the first token: the socket keeps the (long) first-token timeout; parse each line to spot it.
+            while True:
+                line = readline(b"\n")
+                t = mono()
+                if not line:
+                    break
+                lines.append(line)
+                times.append(t)
+                if _is_token_line(line):
+                    first_seen = True
+                    sock = resp._sock
+                    if sock is not None:
+                        sock.settimeout(p.stall_s)
+                    break
+            if first_seen:
+                # The hot path: read, timestamp, keep. Nothing else.
+                while True:
+                    line = readline(b"\n")
+                    t = mono()
+                    if not line:
+                        break
+                    lines.append(line)
+                    times.append(t)
+                sock = resp._sock
+                if sock is not None:
+                    sock.settimeout(
+                        self.network_timeout
+                    )  # the pooled socket goes back with its normal timeout
+        except _TotalTimeout:
+            rec["error_class"], rec["error_message"] = (
+                "timeout_total",
+                f"request exceeded total_s={p.total_s:g}",
+            )
+        except TimeoutError as e:
+            if _in_connect(e):
+                rec["error_class"], rec["error_message"] = (
+                    "timeout_connect",
+                    f"connect exceeded {p.connect_s:g}s",
+                )
+            elif not first_seen:
+                rec["error_class"] = "timeout_first_token"
+                rec["error_message"] = f"no token within first_token_s={p.first_token_s:g}"
+            else:
+                rec["error_class"] = "timeout_stall"
+                rec["error_message"] = f"no chunk within stall_s={p.stall_s:g}"
+        except (ConnectionError, HTTPConnectionClosed, HTTPParseError, OSError) as e:
+            rec["error_class"], rec["error_message"] = "connection_reset", _short(f"{type(e).__name__}: {e}")
+        except gevent.GreenletExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - a user must survive anything; the class makes it visible
+            rec["error_class"], rec["error_message"] = "client_error", _short(f"{type(e).__name__}: {e}")
+        finally:
+            total.close()
+            rec["end_ns"] = time.monotonic_ns()
+            if resp is not None:
+                resp.release()
+        if rec.get("error_class") is None or lines:
+            err = rec.get("error_class")
+            msg = rec.get("error_message")
+            parse_stream(lines, times, rec)
+            if err is not None:  # a transport failure wins over what the partial stream says
+                rec["error_class"], rec["error_message"] = err, msg
+
+    def _report(self, ctx: LoadContext, rec: dict) -> None:
+        """Locust's own stats: the POST row is E2E; LLM rows TTFT and E2E so the CSV/HTML/UI show them."""
+        e2e_ms = (rec["end_ns"] - rec["sent_ns"]) / 1e6
+        err = rec.get("error_class")
+        self._fire(
+            request_type="POST",
+            name=ctx.path,
+            response_time=e2e_ms,
+            response_length=rec.get("completion_tokens") or 0,
+            exception=LLMFailure(err) if err else None,
+            context={},
+        )
+        if err is None:
+            self._fire(
+                request_type="LLM",
+                name="TTFT",
+                response_time=(rec["first_token_ns"] - rec["sent_ns"]) / 1e6,
+                response_length=0,
+                exception=None,
+                context={},
+            )
+            self._fire(
+                request_type="LLM",
+                name="E2E",
+                response_time=e2e_ms,
+                response_length=rec.get("completion_tokens") or 0,
+                exception=None,
+                context={},
+            )
