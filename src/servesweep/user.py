@@ -22,7 +22,6 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
-from locust.exception import StopUser
 
 from servesweep.loadspec import LoadPoint
 from servesweep.records import RecordBuffer
@@ -243,7 +242,10 @@ class LLMUser(FastHttpUser):
         scheduled = time.monotonic_ns()
         warm = scheduled < ctx.measure_start_ns
         if not warm and not ctx.claim():
-            raise StopUser()
+            # The point has issued all its requests: idle until the last one ends and the runner quits (a user
+            # that stops itself leaves Locust complaining at shutdown).
+            gevent.sleep(0.2)
+            return
         rid = uuid.uuid4().hex
         body = ctx.next_body()
         headers = dict(ctx.headers)
