@@ -46,7 +46,7 @@ HISTOGRAMS: dict[str, str] = {
     "ttft_seconds": "Time to first token: first token-bearing chunk minus send time, per successful request.",
     "itl_seconds": "Inter-token latency: each gap between token-bearing chunks divided by the chunk's tokens, "
     "counted once per token (SGLang's definition).",
-    "tpot_seconds": "Time per output token: (end - first token) / (completion tokens - 1), per successful request.",
+    "tpot_seconds": "Time per output token: (last chunk - first chunk) / (completion tokens - tokens of the first chunk), per successful request.",
     "e2e_seconds": "End-to-end latency: end of stream minus send time, per successful request.",
     "schedule_lag_seconds": "Schedule lag: send time minus scheduled time, per request.",
 }
@@ -65,7 +65,8 @@ AXES: tuple[str, ...] = (
 )
 POINT_LABELS: tuple[str, ...] = ("run_id", "point_id", "model", "config")
 
-# Summary gauges: metric name -> (help, path into the summary dict). Latency stats get a `stat` label.
+# Summary gauges, from the point's summary dict (servesweep.summary.summarize; docs/metrics.md defines each).
+# Latencies: metric name -> (help, summary keys in order of preference; blocks of p50/p90/p99/mean in ms).
 LATENCY_STATS: tuple[str, ...] = ("p50", "p90", "p99", "mean")
 SUMMARY_LATENCIES: dict[str, str] = {
     "ttft": "time to first token",
@@ -73,17 +74,32 @@ SUMMARY_LATENCIES: dict[str, str] = {
     "tpot": "time per output token",
     "e2e": "end-to-end latency",
 }
-SUMMARY_SCALARS: dict[str, tuple[str, str]] = {
-    # metric suffix -> (summary key, help)
+_LATENCY_KEYS: dict[str, tuple[str, ...]] = {
+    "ttft": ("ttft_ms",),
+    "itl": ("itl_per_token_ms", "itl_ms"),
+    "tpot": ("tpot_ms",),
+    "e2e": ("e2e_ms",),
+}
+SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
+    # metric suffix -> (path into the summary dict, help)
     "output_tokens_per_second": (
-        "output_tok_s",
-        "Aggregate output tokens per second over the measurement window.",
+        ("output_tokens_per_s",),
+        "Aggregate output tokens per second over the window.",
     ),
-    "request_rate_per_second": ("request_rate", "Completed requests per second over the measurement window."),
-    "goodput_requests_per_second": ("goodput", "Requests per second that met every SLO of the point."),
-    "requests": ("requests", "Measured requests of the point (successes and failures, warmup excluded)."),
-    "failed_requests": ("failures", "Failed measured requests of the point."),
-    "error_ratio": ("error_rate", "Failed / measured requests of the point."),
+    "request_rate_per_second": (
+        ("request_rate",),
+        "Successful requests per second over the measurement window.",
+    ),
+    "goodput_requests_per_second": (
+        ("goodput", "per_s"),
+        "Requests per second that met every per-request SLO.",
+    ),
+    "goodput_ratio": (("goodput", "ratio"), "Share of measured requests that met every per-request SLO."),
+    "requests": (("requests", "measured"), "Measured requests of the point (warmup excluded)."),
+    "failed_requests": (("requests", "failed"), "Failed measured requests of the point."),
+    "error_ratio": (("error_rate",), "Failed / measured requests of the point."),
+    "cache_hit_ratio": (("cache_hit_ratio",), "Cached / prompt tokens reported by the server."),
+    "window_seconds": (("window_s",), "Length of the measurement window."),
 }
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -219,19 +235,25 @@ class ClientMetrics(Collector):
             if end is not None:
                 h["e2e_seconds"].one((end - sent) / 1e9)
             ntok = int(_num(record, "completion_tokens") or 0)
-            if first is not None and end is not None and ntok > 1:
-                h["tpot_seconds"].one((end - first) / 1e9 / (ntok - 1))
             chunks = record.get("chunk_ns")
-            if chunks is not None and len(chunks) > 1:
-                t = np.asarray(chunks, dtype=np.int64)
-                gaps = np.diff(t).astype(np.float64) / 1e9
-                toks = record.get("chunk_tokens")
-                if toks is not None and len(toks) == len(t):
-                    w = np.asarray(toks, dtype=np.float64)[1:]
-                    w[w < 1] = 1
-                    h["itl_seconds"].many(gaps / w, w)
-                else:
-                    h["itl_seconds"].many(gaps)
+            if chunks is None or len(chunks) < 2:
+                return
+            # Same definitions as servesweep.summary (docs/metrics.md), so live and final figures agree.
+            t = np.asarray(chunks, dtype=np.int64)
+            gaps = np.diff(t).astype(np.float64) / 1e9
+            toks = record.get("chunk_tokens")
+            if toks is not None and len(toks) == len(t):
+                w = np.asarray(toks, dtype=np.float64)
+                first_tokens = max(int(w[0]), 0)
+                w = w[1:]
+                keep = w > 0
+                h["itl_seconds"].many(gaps[keep] / w[keep], w[keep])
+            else:
+                first_tokens = 1
+                if ntok > 1:
+                    h["itl_seconds"].many(gaps / ((ntok - 1) / gaps.size))
+            if ntok > first_tokens:
+                h["tpot_seconds"].one((t[-1] - t[0]) / 1e9 / (ntok - first_tokens))
 
     def observe_many(self, records: Iterable[Mapping]) -> None:
         for r in records:
@@ -303,35 +325,42 @@ class ClientMetrics(Collector):
         return []
 
 
-def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]]:
-    """Flatten a summary dict into {metric/stat: value} and {error_class: failures}.
+def _path(d: Mapping, path: tuple[str, ...]):
+    for k in path:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(k)
+    return d
 
-    Accepts latency blocks as `{"ttft": {"p50": s, ...}}` or `{"ttft_s": {...}}` (seconds), or `..._ms` blocks
-    (converted), and scalars by the keys of SUMMARY_SCALARS; missing ones are left out, never invented.
-    """
+
+def _finite(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]]:
+    """Flatten a point summary into {"ttft/p99": seconds, "output_tokens_per_second": x, ...} and
+    {error_class: failures}. Values the summary lacks (or holds as null) are left out, never invented."""
     out: dict[str, float] = {}
-    for name in SUMMARY_LATENCIES:
-        for key, scale in ((name, 1.0), (f"{name}_s", 1.0), (f"{name}_ms", 1e-3)):
-            block = summary.get(key)
-            if isinstance(block, Mapping):
-                for stat in LATENCY_STATS:
-                    v = block.get(stat)
-                    if isinstance(v, int | float) and not math.isnan(v):
-                        out[f"{name}/{stat}"] = float(v) * scale
-                break
-    for metric, (key, _help) in SUMMARY_SCALARS.items():
-        v = summary.get(key)
-        if isinstance(v, Mapping):  # e.g. goodput: {"requests_per_s": x, ...}
-            v = next((x for x in v.values() if isinstance(x, int | float)), None)
-        if isinstance(v, bool):
-            v = float(v)
-        if isinstance(v, int | float) and not math.isnan(v):
-            out[metric] = float(v)
-    fails: dict[str, float] = {}
-    fb = summary.get("failures_by_class") or summary.get("failures_by")
-    if isinstance(fb, Mapping):
-        fails = {str(k): float(v) for k, v in fb.items() if isinstance(v, int | float)}
-    return out, fails
+    for name, keys in _LATENCY_KEYS.items():
+        block = next((summary[k] for k in keys if isinstance(summary.get(k), Mapping)), None)
+        for stat in LATENCY_STATS if block else ():
+            v = _finite(block.get(stat))
+            if v is not None:
+                out[f"{name}/{stat}"] = v / 1e3
+    for metric, (path, _help) in SUMMARY_SCALARS.items():
+        v = _finite(_path(summary, path))
+        if v is not None:
+            out[metric] = v
+    fails = summary.get("failures")
+    failures = (
+        {str(k): float(v) for k, v in fails.items() if _finite(v) is not None}
+        if isinstance(fails, Mapping)
+        else {}
+    )
+    return out, failures
 
 
 def _families(run_id: str, points: list[_Point], users: float, rate: float):
@@ -433,3 +462,75 @@ def _families(run_id: str, points: list[_Point], users: float, rate: float):
     yield from lat.values()
     yield from scal.values()
     yield fails
+
+
+# ---------------------------------------------------------------- Locust
+
+RECORD_CONTEXT_KEY = "servesweep_record"  # a request event's context carrying the finished request's record
+RECORDS_REPORT_KEY = (
+    "servesweep_records"  # workers' report_to_master batches (columns, as RecordBuffer.take())
+)
+
+
+def install_locust(
+    environment,
+    metrics: ClientMetrics,
+    *,
+    serve: tuple[str, int] | None = None,
+    point_id: str | None = None,
+    axes: Mapping[str, object] | None = None,
+) -> None:
+    """Feed `metrics` from a Locust process's events and expose it. Call from an `events.init` listener.
+
+    - local runner: each request event whose `context` holds the record under RECORD_CONTEXT_KEY is observed;
+    - master: each worker report's RECORDS_REPORT_KEY batch (the records the workers ship) is observed;
+    - users: read from the runner at scrape time (works for local and master runners);
+    - web UI mode: `/metrics` is added to the web UI's Flask app; `serve=(host, port)` also serves it on its own port
+      (what a headless master needs);
+    - point_id/axes: the point is started at test start and finished at test stop (omit them when an orchestrator
+      calls point_started/point_finished itself).
+    """
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner):
+        return  # workers ship records to the master; the master exposes them
+    events = environment.events
+    metrics.set_users(lambda: environment.runner.user_count if environment.runner is not None else 0)
+
+    if point_id is not None:
+
+        @events.test_start.add_listener
+        def _start(**_kw) -> None:
+            metrics.point_started(point_id, axes)
+
+        @events.test_stop.add_listener
+        def _stop(**_kw) -> None:
+            metrics.point_finished(point_id)
+
+    @events.request.add_listener
+    def _request(context=None, **_kw) -> None:
+        rec = context.get(RECORD_CONTEXT_KEY) if context else None
+        if rec is not None:
+            metrics.observe(rec)
+
+    @events.worker_report.add_listener
+    def _worker_report(client_id=None, data=None, **_kw) -> None:
+        cols = (data or {}).get(RECORDS_REPORT_KEY)
+        if not cols:
+            return
+        names = list(cols)
+        for row in zip(*(cols[n] for n in names), strict=True):
+            metrics.observe(dict(zip(names, row, strict=True)))
+
+    web_ui = getattr(environment, "web_ui", None)
+    if web_ui is not None:
+        from flask import Response
+
+        def _metrics_route():
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return Response(metrics.text(), mimetype=None, content_type=CONTENT_TYPE_LATEST)
+
+        web_ui.app.add_url_rule("/metrics", "servesweep_metrics", _metrics_route)
+    if serve is not None:
+        metrics.serve(*serve)

@@ -221,9 +221,11 @@ def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
 def _point_axes(point_id: str, summary: Mapping, mpoint: Mapping | None) -> dict[str, str]:
     axes: dict[str, str] = {}
     for src in (mpoint or {}, summary):
-        for key in ("axes", "labels", "point", "load", "server"):
+        for key in ("axes", "point", "load", "server", "labels"):
             if isinstance(src.get(key), Mapping):
                 axes.update(_scalar_labels(src[key]))
+                if isinstance(src[key].get("labels"), Mapping):  # LoadPoint.labels: the orchestrator's axes
+                    axes.update(_scalar_labels(src[key]["labels"]))
         axes.update({k: v for k, v in _scalar_labels(src).items() if k in AXES})
     # common synonyms of the matrix axes
     for alias, name in (("tp_size", "tp"), ("speculative_algorithm", "speculative_method"),
@@ -283,8 +285,12 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
         point_id = str(summary.get("point_id") or sp.parent.name)
         mp = mpoints.get(point_id)
         axes = _point_axes(point_id, summary, mp)
-        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS)) or sp.stat().st_mtime
         start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
+        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
+        if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
+            end = start + float(summary["wall_s"])  # run_point writes started_unix + wall_s
+        if end is None:
+            end = sp.stat().st_mtime
         if start is None:
             dur = summary.get("duration_s") or summary.get("window_s") or 0
             start = end - float(dur) if isinstance(dur, int | float) else end
