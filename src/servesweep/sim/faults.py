@@ -1,0 +1,91 @@
+"""Fault injection: per request with `X-Sim-Fault: kind[:arg]`, or at a seeded rate with `--sim-fault-rate`.
+
+Kinds (what the client sees):
+- `429`, `500`, `503`: that HTTP status with an SGLang/OpenAI-style error body, before any stream byte.
+- `disconnect[:N]`: the server closes the socket after N token chunks (default 2) without finishing the stream.
+- `error_event[:N]`: after N token chunks (default 1), an in-stream error event (500) then `data: [DONE]`.
+- `stall:S`: after the first token chunk, nothing is written for S seconds; the tokens generated meanwhile
+  arrive together afterwards.
+- `malformed[:N]`: after N token chunks (default 1), one chunk of broken JSON, then the stream goes on.
+- `slow_first_byte:S`: the response (headers included) starts S seconds late; generation starts then too.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+KINDS = ("429", "500", "503", "disconnect", "error_event", "stall", "malformed", "slow_first_byte")
+PRE_STREAM = {"429": "Too Many Requests", "500": "Internal Server Error", "503": "Service Unavailable"}
+_DEFAULT_ARG = {"disconnect": 2.0, "error_event": 1.0, "malformed": 1.0, "stall": 1.0, "slow_first_byte": 1.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    arg: float = 0.0
+
+    def __str__(self) -> str:
+        return self.kind if self.kind in PRE_STREAM else f"{self.kind}:{self.arg:g}"
+
+
+def parse_fault(spec: str, where: str = "X-Sim-Fault") -> Fault:
+    """`stall:2.5` -> Fault("stall", 2.5). Unknown kinds and bad arguments are errors naming `where`."""
+    kind, _, arg = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise ValueError(f"{where}: unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
+    if kind in PRE_STREAM:
+        if arg:
+            raise ValueError(f"{where}: fault {kind!r} takes no argument")
+        return Fault(kind)
+    if not arg:
+        return Fault(kind, _DEFAULT_ARG[kind])
+    try:
+        val = float(arg)
+    except ValueError:
+        raise ValueError(f"{where}: fault {kind!r} argument {arg!r} is not a number") from None
+    if val < 0:
+        raise ValueError(f"{where}: fault {kind!r} argument must be ≥ 0, got {arg!r}")
+    return Fault(kind, val)
+
+
+def parse_fault_rates(value: str) -> dict[Fault, float]:
+    """`429=0.1,stall:2=0.05` -> {Fault('429'): 0.1, Fault('stall', 2): 0.05}; the probabilities sum to ≤ 1."""
+    out: dict[Fault, float] = {}
+    for part in filter(None, (p.strip() for p in value.split(","))):
+        spec, sep, p = part.rpartition("=")
+        if not sep or not spec:
+            raise ValueError(f"--sim-fault-rate: {part!r} is not KIND[:ARG]=PROBABILITY")
+        fault = parse_fault(spec, "--sim-fault-rate")
+        try:
+            prob = float(p)
+        except ValueError:
+            raise ValueError(f"--sim-fault-rate: probability {p!r} of {spec!r} is not a number") from None
+        if not 0 <= prob <= 1:
+            raise ValueError(f"--sim-fault-rate: probability of {spec!r} must be in [0, 1], got {prob}")
+        out[fault] = prob
+    if sum(out.values()) > 1 + 1e-9:
+        raise ValueError(f"--sim-fault-rate: probabilities sum to {sum(out.values()):g} > 1")
+    return out
+
+
+class FaultPicker:
+    """Draws at most one fault per request from the configured rates, with its own seeded generator."""
+
+    def __init__(self, rates: dict[Fault, float], seed: int = 0):
+        self._rng = random.Random(seed ^ 0x5EED)
+        self._table = list(rates.items())
+
+    def pick(self, header: str | None) -> Fault | None:
+        if header:
+            return parse_fault(header)
+        if not self._table:
+            return None
+        u = self._rng.random()
+        acc = 0.0
+        for fault, p in self._table:
+            acc += p
+            if u < acc:
+                return fault
+        return None

@@ -1,0 +1,160 @@
+"""Start an emulator process from Python (tests, the load generator, demos) and stop it cleanly.
+
+    with start_sim(["--model-path", "Qwen/Qwen3.6-27B", "--enable-metrics"]) as sim:
+        requests.get(sim.base_url + "/v1/models")
+
+The emulator runs as `python -m servesweep.sim` in its own process group (session), on a free port, and
+`start_sim` returns once `/health` answers 200. `stop()` sends SIGTERM to the group (the emulator flushes its
+ground truth and exits), then SIGKILL if it lingers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from .groundtruth import read_ground_truth
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SimProcess:
+    def __init__(
+        self, proc: subprocess.Popen, host: str, port: int, ground_truth: Path | None, log_path: Path
+    ):
+        self.proc = proc
+        self.host = host
+        self.port = port
+        self.ground_truth_path = ground_truth
+        self.log_path = log_path
+        self.base_url = f"http://{host}:{port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def read_ground_truth(self) -> list[dict]:
+        """Every ground-truth line written so far (the emulator flushes at least once a second and at exit)."""
+        if self.ground_truth_path is None:
+            raise RuntimeError("this emulator was started without ground_truth=")
+        return read_ground_truth(self.ground_truth_path)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM the process group, wait up to `timeout`, then SIGKILL it. Returns the exit code."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        else:  # the leader is gone; make sure nothing of its group survives
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def __enter__(self) -> SimProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_sim(
+    args: list[str],
+    *,
+    port: int | None = None,
+    ground_truth: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    log_path: Path | str | None = None,
+    host: str = "127.0.0.1",
+    timeout: float = 30.0,
+    wait_ready: bool = True,
+    python: str | None = None,
+    prefix: list[str] | None = None,
+) -> SimProcess:
+    """Start `python -m servesweep.sim ARGS --host HOST --port PORT` and wait until `/health` is 200.
+
+    `ground_truth` adds `--sim-ground-truth PATH`. `env` is added to the current environment. Output goes to
+    `log_path` (a temporary file when omitted). `prefix` runs the command under e.g. `["taskset", "-c", "0"]`.
+    Raises RuntimeError with the log's tail when the process exits or does not get ready within `timeout`.
+    """
+    port = port or free_port(host)
+    cmd = [
+        *(prefix or []),
+        python or sys.executable,
+        "-m",
+        "servesweep.sim",
+        *args,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+    gt = None
+    if ground_truth is not None:
+        gt = Path(ground_truth)
+        cmd += ["--sim-ground-truth", str(gt)]
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="servesweep-sim-", suffix=".log")
+        os.close(fd)
+        log_path = name
+    log_path = Path(log_path)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    logf = open(log_path, "ab")  # noqa: SIM115 - the child holds it; closed below
+    try:
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
+    finally:
+        logf.close()
+    sim = SimProcess(proc, host, port, gt, log_path)
+    if not wait_ready:
+        return sim
+    deadline = time.monotonic() + timeout
+    url = sim.base_url + "/health"
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            raise RuntimeError(
+                f"emulator exited with code {rc} before getting ready: {cmd}\n{_tail(sim.log_text())}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return sim
+        except urllib.error.HTTPError:
+            pass  # 503 while loading
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            sim.stop()
+            raise RuntimeError(f"emulator not ready within {timeout:g} s: {cmd}\n{_tail(sim.log_text())}")
+        time.sleep(0.02)
+
+
+def _tail(text: str, n: int = 30) -> str:
+    return "\n".join(text.splitlines()[-n:])
