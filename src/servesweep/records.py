@@ -7,7 +7,9 @@ No Locust import here: the orchestrator reads these files.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
+_CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
+_MSG_MAX = 300
 
 # Error classes a request can end in; None/null means success. Kept here so the summary and docs share one list.
 ERROR_CLASSES = (
@@ -131,3 +135,130 @@ class RecordBuffer:
 
     def table(self) -> pa.Table:
         return columns_to_table(self._cols)
+
+
+# ---------------------------------------------------------------- how a stream becomes a record
+
+
+def short(msg: object) -> str:
+    s = str(msg).replace("\n", " ")
+    return s if len(s) <= _MSG_MAX else s[: _MSG_MAX - 1] + "…"
+
+
+def error_message(body: bytes) -> str:
+    try:
+        d = json.loads(body)
+    except ValueError:
+        return body[:_MSG_MAX].decode("utf-8", "replace")
+    if isinstance(d, dict):
+        e = d.get("error", d)
+        if isinstance(e, dict) and e.get("message"):
+            return str(e["message"])
+        if isinstance(e, str):
+            return e
+    return body[:_MSG_MAX].decode("utf-8", "replace")
+
+
+def classify_status(status: int, message: str) -> str:
+    if status == 400 and _CONTEXT_400.search(message):
+        return "http_400_context"
+    if status == 429:
+        return "http_429"
+    if status >= 500:
+        return "http_5xx"
+    return "http_4xx"
+
+
+def _token_bearing(ev: dict) -> bool:
+    for ch in ev.get("choices") or ():
+        d = ch.get("delta")
+        if d:
+            if d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
+                return True
+        elif ch.get("text"):
+            return True
+    return False
+
+
+def is_token_line(line: bytes) -> bool:
+    """Used only until the first token (to switch the socket from first-token to stall timeout)."""
+    if not line.startswith(b"data:"):
+        return False
+    payload = line[5:].strip()
+    if not payload or payload == b"[DONE]":
+        return False
+    try:
+        ev = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(ev, dict) and _token_bearing(ev)
+
+
+def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
+    """Fill the record from the kept SSE lines: token chunks, usage, finish reason, and the error class if any."""
+    chunk_ns: list[int] = []
+    chunk_tokens: list[int] | None = []
+    done = False
+    error = None
+    malformed = None
+    usage = None
+    finish = None
+    prev_completion = 0
+    for line, t in zip(lines, times, strict=True):
+        if not line.startswith(b"data:"):
+            continue  # blank separators, comments, `event:` lines
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            done = True
+            continue
+        try:
+            ev = json.loads(payload)
+        except ValueError:
+            malformed = malformed or short(payload[:120].decode("utf-8", "replace"))
+            continue
+        if not isinstance(ev, dict):
+            malformed = malformed or short(payload[:120].decode("utf-8", "replace"))
+            continue
+        if "error" in ev:
+            e = ev["error"]
+            error = error or short(e.get("message", e) if isinstance(e, dict) else e)
+            continue
+        u = ev.get("usage")
+        if u:
+            usage = u
+        if _token_bearing(ev):
+            chunk_ns.append(t)
+            if chunk_tokens is not None:
+                if u and u.get("completion_tokens") is not None:
+                    c = int(u["completion_tokens"])
+                    chunk_tokens.append(c - prev_completion)
+                    prev_completion = c
+                else:
+                    chunk_tokens = None  # the server does not say per chunk
+        for ch in ev.get("choices") or ():
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+    rec["chunk_ns"] = chunk_ns
+    rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
+    rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
+    rec["finish_reason"] = finish if isinstance(finish, str) else (json.dumps(finish) if finish else None)
+    if usage:
+        rec["prompt_tokens"] = usage.get("prompt_tokens")
+        rec["completion_tokens"] = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details") or {}
+        rec["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
+        cdet = usage.get("completion_tokens_details") or {}
+        rt = usage.get("reasoning_tokens")
+        if rt is None and isinstance(cdet, dict):
+            rt = cdet.get("reasoning_tokens")
+        rec["reasoning_tokens"] = rt
+    if error is not None:
+        rec["error_class"], rec["error_message"] = "stream_error_event", error
+    elif malformed is not None:
+        rec["error_class"], rec["error_message"] = "malformed_chunk", malformed
+    elif finish == "abort" or isinstance(finish, dict):
+        rec["error_class"], rec["error_message"] = "stream_error_event", short(f"finish_reason {finish}")
+    elif not done:
+        rec["error_class"], rec["error_message"] = "no_done", "stream ended without data: [DONE]"
+    elif not chunk_ns:
+        rec["error_class"], rec["error_message"] = "no_tokens", "complete stream without a token"

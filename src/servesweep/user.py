@@ -8,10 +8,8 @@ puts on `environment.servesweep`.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import re
 import socket
 import time
 import uuid
@@ -24,10 +22,14 @@ from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
 from servesweep.loadspec import LoadPoint
-from servesweep.records import RecordBuffer
-
-_CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
-_MSG_MAX = 300
+from servesweep.records import (
+    RecordBuffer,
+    classify_status,
+    error_message,
+    is_token_line,
+    parse_stream,
+    short,
+)
 
 
 class LLMFailure(Exception):
@@ -57,14 +59,14 @@ class LoadContext:
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     mono_to_wall_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
     _next_prompt: int = 0
-    _nonce: int = 0
 
     def __post_init__(self) -> None:
+        from servesweep.prompts import Nonces
+
         if not self.bodies:
             raise ValueError("LoadContext: the prompt pool is empty")
-        rnd = random.Random()  # not seeded: two processes must not send the same nonces
-        self._next_prompt = rnd.randrange(len(self.bodies))
-        self._nonce = rnd.randrange(10**self.nonce_digits) if self.nonce_digits else 0
+        self._next_prompt = random.randrange(len(self.bodies))  # workers start at different prompts
+        self._nonces = Nonces(self.nonce_digits)  # random start per process: two workers never send the same
 
     def next_body(self) -> bytes:
         i = self._next_prompt
@@ -72,8 +74,7 @@ class LoadContext:
         head, tail = self.bodies[i]
         if not self.nonce_digits:
             return head + tail
-        self._nonce = (self._nonce + 7919) % (10**self.nonce_digits)  # a stride: neighbours differ early
-        return head + b"%0*d" % (self.nonce_digits, self._nonce) + tail
+        return head + next(self._nonces) + tail
 
     def claim(self) -> bool:
         """Take one measured request from the budget; False when the point has issued all it should."""
@@ -84,35 +85,6 @@ class LoadContext:
         return True
 
 
-def _short(msg: object) -> str:
-    s = str(msg).replace("\n", " ")
-    return s if len(s) <= _MSG_MAX else s[: _MSG_MAX - 1] + "…"
-
-
-def _error_message(body: bytes) -> str:
-    try:
-        d = json.loads(body)
-    except ValueError:
-        return body[:_MSG_MAX].decode("utf-8", "replace")
-    if isinstance(d, dict):
-        e = d.get("error", d)
-        if isinstance(e, dict) and e.get("message"):
-            return str(e["message"])
-        if isinstance(e, str):
-            return e
-    return body[:_MSG_MAX].decode("utf-8", "replace")
-
-
-def classify_status(status: int, message: str) -> str:
-    if status == 400 and _CONTEXT_400.search(message):
-        return "http_400_context"
-    if status == 429:
-        return "http_429"
-    if status >= 500:
-        return "http_5xx"
-    return "http_4xx"
-
-
 def _in_connect(exc: BaseException) -> bool:
     """True when the exception was raised while opening the TCP connection (not while waiting for bytes)."""
     tb = exc.__traceback__
@@ -121,101 +93,6 @@ def _in_connect(exc: BaseException) -> bool:
             return True
         tb = tb.tb_next
     return False
-
-
-def _token_bearing(ev: dict) -> bool:
-    for ch in ev.get("choices") or ():
-        d = ch.get("delta")
-        if d:
-            if d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
-                return True
-        elif ch.get("text"):
-            return True
-    return False
-
-
-def _is_token_line(line: bytes) -> bool:
-    """Used only until the first token (to switch the socket from first-token to stall timeout)."""
-    if not line.startswith(b"data:"):
-        return False
-    payload = line[5:].strip()
-    if not payload or payload == b"[DONE]":
-        return False
-    try:
-        ev = json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(ev, dict) and _token_bearing(ev)
-
-
-def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
-    """Fill the record from the kept SSE lines: token chunks, usage, finish reason, and the error class if any."""
-    chunk_ns: list[int] = []
-    chunk_tokens: list[int] | None = []
-    done = False
-    error = None
-    malformed = None
-    usage = None
-    finish = None
-    prev_completion = 0
-    for line, t in zip(lines, times, strict=True):
-        if not line.startswith(b"data:"):
-            continue  # blank separators, comments, `event:` lines
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            done = True
-            continue
-        try:
-            ev = json.loads(payload)
-        except ValueError:
-            malformed = malformed or _short(payload[:120].decode("utf-8", "replace"))
-            continue
-        if not isinstance(ev, dict):
-            malformed = malformed or _short(payload[:120].decode("utf-8", "replace"))
-            continue
-        if "error" in ev:
-            e = ev["error"]
-            error = error or _short(e.get("message", e) if isinstance(e, dict) else e)
-            continue
-        u = ev.get("usage")
-        if u:
-            usage = u
-        if _token_bearing(ev):
-            chunk_ns.append(t)
-            if chunk_tokens is not None:
-                if u and u.get("completion_tokens") is not None:
-                    c = int(u["completion_tokens"])
-                    chunk_tokens.append(c - prev_completion)
-                    prev_completion = c
-                else:
-                    chunk_tokens = None  # the server does not say per chunk
-        for ch in ev.get("choices") or ():
-            if ch.get("finish_reason"):
-                finish = ch["finish_reason"]
-    rec["chunk_ns"] = chunk_ns
-    rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
-    rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
-    rec["finish_reason"] = finish if isinstance(finish, str) else (json.dumps(finish) if finish else None)
-    if usage:
-        rec["prompt_tokens"] = usage.get("prompt_tokens")
-        rec["completion_tokens"] = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details") or {}
-        rec["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
-        cdet = usage.get("completion_tokens_details") or {}
-        rt = usage.get("reasoning_tokens")
-        if rt is None and isinstance(cdet, dict):
-            rt = cdet.get("reasoning_tokens")
-        rec["reasoning_tokens"] = rt
-    if error is not None:
-        rec["error_class"], rec["error_message"] = "stream_error_event", error
-    elif malformed is not None:
-        rec["error_class"], rec["error_message"] = "malformed_chunk", malformed
-    elif finish == "abort" or isinstance(finish, dict):
-        rec["error_class"], rec["error_message"] = "stream_error_event", _short(f"finish_reason {finish}")
-    elif not done:
-        rec["error_class"], rec["error_message"] = "no_done", "stream ended without data: [DONE]"
-    elif not chunk_ns:
-        rec["error_class"], rec["error_message"] = "no_tokens", "complete stream without a token"
 
 
 class LLMUser(FastHttpUser):
@@ -288,9 +165,9 @@ class LLMUser(FastHttpUser):
             rec["headers_ns"] = time.monotonic_ns()
             rec["http_status"] = status = resp.status_code
             if status != 200:
-                msg = _error_message(resp.read())
+                msg = error_message(resp.read())
                 rec["error_class"] = classify_status(status, msg)
-                rec["error_message"] = _short(f"HTTP {status}: {msg}")
+                rec["error_message"] = short(f"HTTP {status}: {msg}")
                 return
             readline = resp.readline
             mono = time.monotonic_ns
@@ -302,7 +179,7 @@ class LLMUser(FastHttpUser):
                     break
                 lines.append(line)
                 times.append(t)
-                if _is_token_line(line):
+                if is_token_line(line):
                     first_seen = True
                     sock = resp._sock
                     if sock is not None:
@@ -340,11 +217,11 @@ class LLMUser(FastHttpUser):
                 rec["error_class"] = "timeout_stall"
                 rec["error_message"] = f"no chunk within stall_s={p.stall_s:g}"
         except (ConnectionError, HTTPConnectionClosed, HTTPParseError, OSError) as e:
-            rec["error_class"], rec["error_message"] = "connection_reset", _short(f"{type(e).__name__}: {e}")
+            rec["error_class"], rec["error_message"] = "connection_reset", short(f"{type(e).__name__}: {e}")
         except gevent.GreenletExit:
             raise
         except Exception as e:  # noqa: BLE001 - a user must survive anything; the class makes it visible
-            rec["error_class"], rec["error_message"] = "client_error", _short(f"{type(e).__name__}: {e}")
+            rec["error_class"], rec["error_message"] = "client_error", short(f"{type(e).__name__}: {e}")
         finally:
             total.close()
             rec["end_ns"] = time.monotonic_ns()

@@ -1,0 +1,96 @@
+"""The after-stream parser and the status classifier, on SGLang's exact stream bytes (reference sglang.md §3-4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesweep.records import classify_status, parse_stream
+
+ROLE = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
+REASON = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
+CONTENT = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
+FINISH = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null},"logprobs":null,"finish_reason":"length","matched_stop":null}]}\n'
+USAGE = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":30012,"total_tokens":30268,"completion_tokens":256,"prompt_tokens_details":{"cached_tokens":29952},"reasoning_tokens":7,"completion_tokens_details":null}}\n'
+DONE = b"data: [DONE]\n"
+BLANK = b"\n"
+ERROR = b'data: {"error": {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n'
+
+
+def run(lines):
+    rec: dict = {}
+    parse_stream(lines, list(range(100, 100 + len(lines))), rec)
+    return rec
+
+
+def test_full_sglang_stream():
+    lines = [ROLE, BLANK, REASON, BLANK, CONTENT, BLANK, FINISH, BLANK, USAGE, BLANK, DONE, BLANK]
+    r = run(lines)
+    assert r.get("error_class") is None
+    assert r["chunk_ns"] == [102, 104]  # reasoning and content chunks only; role/finish/usage carry no token
+    assert r["first_token_ns"] == 102
+    assert r["finish_reason"] == "length"
+    assert (r["prompt_tokens"], r["completion_tokens"], r["cached_tokens"], r["reasoning_tokens"]) == (
+        30012,
+        256,
+        29952,
+        7,
+    )
+    assert r["chunk_tokens"] is None  # no per-chunk usage in this stream
+
+
+def test_continuous_usage_gives_tokens_per_chunk():
+    c1 = b'data: {"choices":[{"index":0,"delta":{"content":"a b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n'
+    c2 = b'data: {"choices":[{"index":0,"delta":{"content":"c d e"}}],"usage":{"prompt_tokens":5,"completion_tokens":5}}\n'
+    r = run([c1, BLANK, c2, BLANK, USAGE, DONE])
+    assert r["chunk_tokens"] == [2, 3]
+
+
+def test_completions_text_chunks():
+    t = b'data: {"choices":[{"index":0,"text":"Hi","logprobs":null,"finish_reason":null}]}\n'
+    r = run([t, t, DONE])
+    assert len(r["chunk_ns"]) == 2 and r.get("error_class") is None
+
+
+@pytest.mark.parametrize(
+    "lines, cls",
+    [
+        ([ROLE, CONTENT, ERROR, DONE], "stream_error_event"),
+        ([ROLE, CONTENT, b'data: {"choices":[{"delta":{"content":"x"\n', CONTENT, DONE], "malformed_chunk"),
+        ([ROLE, CONTENT, FINISH], "no_done"),
+        ([ROLE, FINISH, USAGE, DONE], "no_tokens"),
+        ([ROLE, CONTENT, FINISH.replace(b'"length"', b'"abort"'), DONE], "stream_error_event"),
+    ],
+)
+def test_stream_failures_are_classified(lines, cls):
+    r = run(lines)
+    assert r["error_class"] == cls
+    assert r["error_message"]
+
+
+def test_error_event_message_is_kept():
+    assert run([ROLE, ERROR, DONE])["error_message"] == "The request queue is full."
+
+
+@pytest.mark.parametrize(
+    "status, msg, cls",
+    [
+        (
+            400,
+            "The input (131073 tokens) is longer than the model's context length (131072 tokens).",
+            "http_400_context",
+        ),
+        (
+            400,
+            "Requested token count exceeds the model's maximum context length of 4096 tokens.",
+            "http_400_context",
+        ),
+        (400, "Input length (9 tokens) exceeds the maximum allowed length (8 tokens).", "http_400_context"),
+        (400, "bad json", "http_4xx"),
+        (401, "Unauthorized", "http_4xx"),
+        (429, "Too Many Requests", "http_429"),
+        (500, "Internal server error", "http_5xx"),
+        (503, "The request queue is full.", "http_5xx"),
+    ],
+)
+def test_status_classes(status, msg, cls):
+    assert classify_status(status, msg) == cls
