@@ -282,6 +282,23 @@ class ClientMetrics(Collector):
             if self._current == point_id:
                 self._current = None
 
+    def load_run(self, run_dir) -> int:
+        """Expose a finished run folder's point summaries (for a run nobody scraped: serve or push them)."""
+        from servesweep.promconfig import finished_points
+
+        run_id, points = finished_points(run_dir)
+        if run_id != self.run_id:
+            raise ValueError(
+                f"load_run: {run_dir} is run {run_id!r}, these metrics are for run {self.run_id!r}"
+            )
+        for pt in points:
+            self.point_started(pt["point_id"], pt["axes"])
+            self.point_finished(pt["point_id"], pt["summary"])
+            with self._lock:
+                self._points[pt["point_id"]].started = pt["start"]
+                self._points[pt["point_id"]].finished = pt["end"]
+        return len(points)
+
     # -- exposition --
 
     def serve(self, host: str = "127.0.0.1", port: int = 9464) -> int:
@@ -534,3 +551,59 @@ def install_locust(
         web_ui.app.add_url_rule("/metrics", "servesweep_metrics", _metrics_route)
     if serve is not None:
         metrics.serve(*serve)
+
+
+# ---------------------------------------------------------------- CLI (exporters/exporter.py)
+
+
+def _cli():
+    import click
+
+    @click.group()
+    def main():
+        """servesweep's exporter: expose or push a finished run's point summaries."""
+
+    @main.command("serve")
+    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.option("--host", default="127.0.0.1", show_default=True)
+    @click.option("--port", default=9464, show_default=True, type=int)
+    def serve(run_dir, host, port):
+        """Serve /metrics with the run's point summaries until interrupted."""
+        from pathlib import Path
+
+        from servesweep.promconfig import finished_points
+
+        run_id, _ = finished_points(run_dir)
+        m = ClientMetrics(run_id)
+        n = m.load_run(Path(run_dir))
+        bound = m.serve(host, port)
+        click.echo(f"run {run_id}: {n} point(s) on http://{host}:{bound}/metrics (Ctrl-C stops)")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            m.stop()
+
+    @main.command("push")
+    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.option("--gateway", required=True, help="Pushgateway URL, e.g. http://127.0.0.1:9091")
+    @click.option("--job", default="servesweep", show_default=True)
+    def push(run_dir, gateway, job):
+        """Push the run's point summaries to a Pushgateway (grouped by job and run_id)."""
+        from servesweep.promconfig import finished_points
+
+        run_id, _ = finished_points(run_dir)
+        m = ClientMetrics(run_id)
+        n = m.load_run(run_dir)
+        m.push(gateway, job)
+        click.echo(f"pushed run {run_id}: {n} point(s) to {gateway} (job {job})")
+
+    return main
+
+
+def main() -> None:
+    _cli()()
+
+
+if __name__ == "__main__":
+    main()

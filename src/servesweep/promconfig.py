@@ -247,41 +247,33 @@ def _labels(d: Mapping[str, str]) -> str:
     return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in d.items()) + "}"
 
 
-def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
-    """OpenMetrics text of a finished run's point summaries, stamped with the run's own times.
+def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
+    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's finished points.
 
-    Each finished point (a sub-folder with summary.json) gives the same series the live exporter keeps after
-    `point_finished`: `servesweep_point_info` and the `servesweep_point_*` summary gauges, sampled every `step_s`
-    from the point's start to its end, so range queries and `last_over_time` both find them.
+    A finished point is a sub-folder with summary.json (what run_point writes). Axes come from the manifest's entry
+    for the point and the summary's `point` (LoadPoint, its `labels` included); times from `started_unix` +
+    `wall_s` (or start/end keys of the manifest), else the summary file's modification time.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ValueError(f"backfill: run folder {run_dir} does not exist")
+        raise ValueError(f"run folder {run_dir} does not exist")
     manifest: Mapping = {}
     mpath = run_dir / "manifest.json"
     if mpath.exists():
         try:
             manifest = json.loads(mpath.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"backfill: {mpath}: not valid JSON ({e})") from None
+            raise ValueError(f"{mpath}: not valid JSON ({e})") from None
     run_id = str(manifest.get("run_id") or run_dir.name)
     mpoints = _manifest_points(manifest)
-
-    # family name -> (type, help, {series labels tuple -> [(t, v)]})
-    fams: dict[str, tuple[str, str, dict[tuple, list[tuple[float, float]]]]] = {}
-
-    def add(name: str, help_: str, labels: dict[str, str], times: list[float], v: float) -> None:
-        fam = fams.setdefault(name, ("gauge", help_, {}))
-        fam[2].setdefault(tuple(labels.items()), []).extend((t, v) for t in times)
-
-    n_points = 0
+    out = []
     for sp in sorted(run_dir.glob("*/summary.json")):
         try:
             summary = json.loads(sp.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"backfill: {sp}: not valid JSON ({e})") from None
+            raise ValueError(f"{sp}: not valid JSON ({e})") from None
         if not isinstance(summary, Mapping):
-            raise ValueError(f"backfill: {sp}: expected a JSON object")
+            raise ValueError(f"{sp}: expected a JSON object")
         point_id = str(summary.get("point_id") or sp.parent.name)
         mp = mpoints.get(point_id)
         axes = _point_axes(point_id, summary, mp)
@@ -292,9 +284,38 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
         if end is None:
             end = sp.stat().st_mtime
         if start is None:
-            dur = summary.get("duration_s") or summary.get("window_s") or 0
+            dur = summary.get("window_s") or 0
             start = end - float(dur) if isinstance(dur, int | float) else end
-        start = min(start, end)
+        out.append(
+            {"point_id": point_id, "axes": axes, "summary": summary, "start": min(start, end), "end": end}
+        )
+    return run_id, out
+
+
+def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
+    """OpenMetrics text of a finished run's point summaries, stamped with the run's own times.
+
+    Each finished point gives the same series the live exporter keeps after `point_finished`:
+    `servesweep_point_info` and the `servesweep_point_*` summary gauges, sampled every `step_s` from the point's
+    start to its end, so range queries and `last_over_time` both find them.
+    """
+    try:
+        run_id, points = finished_points(run_dir)
+    except ValueError as e:
+        raise ValueError(f"backfill: {e}") from None
+    if not points:
+        raise ValueError(f"backfill: {run_dir} holds no finished point (no */summary.json)")
+
+    # family name -> (help, {series labels tuple -> [(t, v)]})
+    fams: dict[str, tuple[str, dict[tuple, list[tuple[float, float]]]]] = {}
+
+    def add(name: str, help_: str, labels: dict[str, str], times: list[float], v: float) -> None:
+        fams.setdefault(name, (help_, {}))[1].setdefault(tuple(labels.items()), []).extend(
+            (t, v) for t in times
+        )
+
+    for pt in points:
+        point_id, axes, start, end = pt["point_id"], pt["axes"], pt["start"], pt["end"]
         times = [start + i * step_s for i in range(int((end - start) // step_s) + 1)]
         if times[-1] < end:
             times.append(end)
@@ -314,7 +335,7 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
         )
         add(PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", base, times, start)
         add(PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", base, times, end)
-        values, fails = summary_values(summary)
+        values, fails = summary_values(pt["summary"])
         for key, v in values.items():
             if "/" in key:
                 name, stat = key.split("/")
@@ -325,13 +346,10 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
         for err, v in fails.items():
             add(PREFIX + "point_failures", "Point summary: failed requests by error class.",
                 {**base, "error_class": err}, times, v)  # fmt: skip
-        n_points += 1
-    if n_points == 0:
-        raise ValueError(f"backfill: {run_dir} holds no finished point (no */summary.json)")
     lines: list[str] = []
-    for name, (typ, help_, series) in fams.items():
+    for name, (help_, series) in fams.items():
         lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {typ}")
+        lines.append(f"# TYPE {name} gauge")
         for lbl, samples in series.items():
             ls = _labels(dict(lbl))
             last = None
