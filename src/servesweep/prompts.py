@@ -257,18 +257,19 @@ class _Bank:
     reach: list[bool]  # reach[r]: r tokens can be filled exactly with mid sentences
     para_end: list[int]  # replaces a sentence's final "." when the paragraph ends: ".\n\n"
     sep: list[int]  # "\n" between the nonce and the body
-    instruction: list[int]  # the system prompt's opening sentence, without its "."
+    instruction: list[int]  # the system prompt's closing sentence (it starts a paragraph), without its "."
+    dot: list[int]
     needle_words: dict
     max_cost: int
 
 
 def _filler_data() -> dict:
-    return json.loads(importlib.resources.files("servesweep.data").joinpath("filler.json").read_text())
+    return json.loads(importlib.resources.files("servesweep").joinpath("data", "filler.json").read_text())
 
 
 @functools.cache
 def _filler_digest() -> str:
-    raw = importlib.resources.files("servesweep.data").joinpath("filler.json").read_bytes()
+    raw = importlib.resources.files("servesweep").joinpath("data", "filler.json").read_bytes()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
@@ -371,6 +372,7 @@ def _bank(tok: Tokenizer) -> _Bank:
         para_end=para_end,
         sep=tok.encode("\n"),
         instruction=instruction[: -len(dot)],
+        dot=dot,
         needle_words=data["needles"],
         max_cost=max_cost,
     )
@@ -527,10 +529,6 @@ def _tokenizer_id(tok: Tokenizer) -> str:
         return tok.name
 
 
-_memo: dict[str, PromptPool] = {}
-_memo_lock = threading.Lock()
-
-
 def build_pool(
     prompt_tokens: int,
     n: int,
@@ -583,19 +581,12 @@ def build_pool(
         "num_groups": num_groups if shared_prefix_tokens else 1,
     }
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
-    with _memo_lock:
-        if key in _memo:
-            return _memo[key]
     path = Path(os.path.expanduser(cache_dir)) / f"pool-{key}.json" if cache_dir is not None else None
     pool = _load_cached(path, key) if path else None
     if pool is None:
         pool = _build(tok, params)
         if path:
             _save_cached(path, key, pool)
-    with _memo_lock:
-        if len(_memo) >= 4:
-            _memo.pop(next(iter(_memo)))
-        _memo[key] = pool
     return pool
 
 
@@ -626,13 +617,10 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
     prefixes: list[list[int]] = []
     for g in range(groups if prefix_p else 0):
         rng = random.Random(f"{seed}:group:{g}")
-        filler_n = system_tokens - len(bank.instruction) - len(bank.para_end)
-        ids = (
-            bank.instruction
-            + bank.para_end
-            + _compose(bank, rng, filler_n, needle=None, end_para=endpoint != "chat")
-        )
-        prefixes.append(ids)
+        # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
+        end = bank.para_end if endpoint != "chat" else bank.dot
+        filler_n = system_tokens - len(bank.instruction) - len(end)
+        prefixes.append(_compose(bank, rng, filler_n, needle=None, end_para=True) + bank.instruction + end)
     if prefixes and endpoint == "chat":  # the prefix must encode to exactly P tokens, up to the user content
         heads = [
             render_chatml(

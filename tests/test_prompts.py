@@ -1,0 +1,291 @@
+"""Prompt pools: exact token counts as the server counts them, nonces, shared prefixes, determinism, disk cache,
+and the template probe against a real emulator process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.request
+
+import pytest
+
+from servesweep.prompts import (
+    NONCE_SLOT,
+    Nonces,
+    build_pool,
+    nonce_tokens,
+    probe_template_overhead,
+)
+from servesweep.sim.launch import start_sim
+from servesweep.tokenizer import load_tokenizer, render_chatml
+
+TOK = load_tokenizer()
+USER_HEAD = len(TOK.encode("<|im_start|>user\n"))  # tokens before the user content in ChatML
+
+
+def server_count(prompt, nonce: str) -> int:
+    """As the emulator counts: chat → render_chatml + encode; completions → encode the text."""
+    r = prompt.render(nonce)
+    return len(TOK.encode(render_chatml(r) if isinstance(r, list) else r))
+
+
+def request_ids(prompt, nonce: bytes) -> list[int]:
+    """Token ids of the request the load generator would send (head + nonce + tail), as the server sees them."""
+    body = json.loads(prompt.body("m", 16, nonce))
+    if "messages" in body:
+        return TOK.encode(render_chatml(body["messages"]))
+    return TOK.encode(body["prompt"])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("prompt-cache")
+
+
+@pytest.fixture(scope="module")
+def pools(cache_dir):
+    """Big pools once per module (the disk cache makes a re-run cheap)."""
+    return {
+        (3000, 0): build_pool(3000, 16, seed=0, cache_dir=cache_dir),
+        (3000, 7): build_pool(3000, 16, seed=7, cache_dir=cache_dir),
+        (30000, 1): build_pool(30000, 6, seed=1, cache_dir=cache_dir),
+        (100000, 2): build_pool(100000, 3, seed=2, cache_dir=cache_dir),
+    }
+
+
+@pytest.mark.parametrize("key", [(3000, 0), (3000, 7), (30000, 1), (100000, 2)])
+def test_chat_prompts_have_the_exact_length_with_any_nonce(pools, key):
+    target = key[0]
+    pool = pools[key]
+    assert pool.prompt_tokens == target and pool.nonce_digits == 8 and pool.nonce_tokens == 8
+    assert pool.template_overhead == len(TOK.encode(render_chatml([{"role": "user", "content": ""}])))
+    for p, nonce in zip(pool, ["00000000", "99999999", "31415926", "27182818"] * 8, strict=False):
+        assert p.tokens == target
+        assert server_count(p, nonce) == target
+
+
+def test_prompts_are_varied_text_with_a_needle_and_a_closing_question(pools):
+    pool = pools[(30000, 1)]
+    texts = [p.render("12345678")[0]["content"] for p in pool]
+    for p, t in zip(pool, texts, strict=True):
+        assert t.startswith("12345678\n")
+        assert t.rstrip().endswith("Answer with the code only.")
+        assert p.question in t and t.count(p.answer) == 1  # the needle is stated once, inside the filler
+        needle_at = t.index(p.answer) / len(t)
+        assert 0.0 < needle_at < 0.99
+    # No paragraph repeats across prompts: a radix cache could not reuse one prompt's text for another.
+    paragraphs = [set(t.split("\n\n")[:-1]) for t in texts]
+    for i in range(len(paragraphs)):
+        for j in range(i + 1, len(paragraphs)):
+            assert not (paragraphs[i] & paragraphs[j])
+    # Many topics and sentence shapes within one prompt.
+    sentences = set(texts[0].replace("\n", " ").split(". "))
+    assert len(sentences) > 0.9 * texts[0].count(". ")
+    words = set(texts[0].lower().split())
+    assert len(words) > 800
+
+
+def test_completions_and_overridden_overhead_are_exact(cache_dir):
+    pool = build_pool(3000, 4, seed=3, endpoint="completions", cache_dir=cache_dir)
+    for p in pool:
+        assert p.messages is None and server_count(p, "55555555") == 3000
+    # A server whose template adds 20 tokens around the content (a probe said so): content = 3000 - 20.
+    pool = build_pool(3000, 4, seed=3, template_overhead=20, cache_dir=None)
+    for p in pool:
+        content = p.render("12345678")[0]["content"]
+        assert 20 + len(TOK.encode(content)) == 3000
+    # completions with a BOS-like overhead of 1
+    pool = build_pool(3000, 2, seed=3, endpoint="completions", template_overhead=1, cache_dir=None)
+    assert all(1 + len(TOK.encode(p.render("12345678"))) == 3000 for p in pool)
+
+
+def test_k_digit_nonce_is_k_tokens_for_the_default_tokenizer():
+    # Qwen's pre-tokenizer splits digits one per token, whatever surrounds them.
+    for d in "0123456789":
+        assert len(TOK.encode(d)) == 1
+        assert TOK.encode("user\n" + d * 5 + "\nThe") == TOK.encode("user\n") + TOK.encode(
+            d
+        ) * 5 + TOK.encode("\nThe")
+    for k in (1, 4, 8, 12):
+        assert nonce_tokens(TOK, k) == k
+    pool = build_pool(3000, 2, seed=5, nonce_digits=12, cache_dir=None)
+    assert pool.nonce_tokens == 12
+    nonces = Nonces(12, start=0)
+    for _ in range(50):
+        assert server_count(pool[0], next(nonces).decode()) == 3000
+
+
+def test_two_requests_from_one_prompt_differ_from_the_first_user_token(pools):
+    p = pools[(3000, 0)][0]
+    nonces = Nonces(8)
+    seen_first = []
+    prev = request_ids(p, next(nonces))
+    for _ in range(30):
+        ids = request_ids(p, next(nonces))
+        assert len(ids) == 3000
+        assert ids[:USER_HEAD] == prev[:USER_HEAD]  # only the template's opening is common
+        assert ids[USER_HEAD] != prev[USER_HEAD]  # the very first user-content token differs
+        seen_first.append(ids[USER_HEAD])
+        prev = ids
+    assert len(set(seen_first)) == 10  # every digit comes up as the first token
+    # Streams from different processes start at random places.
+    assert next(Nonces(8)) != next(Nonces(8)) or next(Nonces(8)) != next(Nonces(8))
+
+
+def test_body_parts_build_requests_fast_and_right(pools):
+    pool = pools[(3000, 0)]
+    head, tail = pool[0].body_parts("qwen", 256, extra={"ignore_eos": True, "stream": True})
+    assert NONCE_SLOT.encode() not in head + tail
+    body = json.loads(head + b"01234567" + tail)
+    assert body["model"] == "qwen" and body["max_tokens"] == 256 and body["ignore_eos"] is True
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"][0]["role"] == "user" and body["messages"][0]["content"].startswith("01234567\n")
+    assert pool[0].body_parts("qwen", 256, extra={"ignore_eos": True, "stream": True}) is not None
+    assert pool.bodies("qwen", 256, extra={"ignore_eos": True, "stream": True})[0] == (head, tail)
+    # The chat prompt as a raw completions / native generate request: same tokens as the chat rendering.
+    comp = json.loads(pool[0].body("qwen", 8, b"01234567", endpoint="completions"))
+    assert len(TOK.encode(comp["prompt"])) == 3000
+    gen = json.loads(
+        pool[0].body(
+            "qwen", 8, b"01234567", endpoint="generate", extra={"sampling_params": {"ignore_eos": True}}
+        )
+    )
+    assert (
+        gen["sampling_params"] == {"max_new_tokens": 8, "ignore_eos": True}
+        and len(TOK.encode(gen["text"])) == 3000
+    )
+    # No cache busting: no nonce slot, the whole body is the head.
+    off = build_pool(3000, 2, seed=0, cache_bust=False, cache_dir=None)
+    assert off.nonce_digits == 0 and next(off.nonces()) == b""
+    h, t = off[0].body_parts("qwen", 16)
+    assert t == b"" and server_count(off[0], "") == 3000
+    with pytest.raises(ValueError, match="endpoint 'chat' needs a chat prompt"):
+        build_pool(3000, 1, endpoint="completions", cache_dir=None)[0].body_parts("m", 1, endpoint="chat")
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_shared_prefix_groups_share_exactly_p_tokens(endpoint):
+    P, G = 1500, 3
+    pool = build_pool(
+        3000, 9, seed=4, shared_prefix_tokens=P, num_groups=G, endpoint=endpoint, cache_dir=None
+    )
+    assert [p.group for p in pool] == [i % G for i in range(9)]
+    nonces = Nonces(8, start=123)
+    ids = [request_ids(p, next(nonces)) for p in pool]
+    assert all(len(x) == 3000 for x in ids)
+    for i in range(9):
+        for j in range(i + 1, 9):
+            common = next((n for n, (a, b) in enumerate(zip(ids[i], ids[j], strict=True)) if a != b), 3000)
+            if pool[i].group == pool[j].group:
+                assert common == P, (i, j)
+            else:  # other groups share no more than the template's opening
+                assert common <= USER_HEAD
+    # The same prompt twice: still shares only the prefix (the nonce follows it).
+    a, b = request_ids(pool[0], b"11111111"), request_ids(pool[0], b"22222222")
+    assert a[:P] == b[:P] and a[P] != b[P]
+    with pytest.raises(ValueError, match="shared_prefix_tokens=5 is too small"):
+        build_pool(3000, 2, shared_prefix_tokens=5, cache_dir=None)
+    with pytest.raises(ValueError, match="must be smaller than prompt_tokens"):
+        build_pool(3000, 2, shared_prefix_tokens=3000, cache_dir=None)
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(pools):
+    a = build_pool(3000, 16, seed=0, cache_dir=None)  # rebuilt from nothing, not from the module's cache
+    assert [x.body_parts("m", 8) for x in a] == [x.body_parts("m", 8) for x in pools[(3000, 0)]]
+    b = pools[(3000, 7)]
+    assert all(x.body_parts("m", 8) != y.body_parts("m", 8) for x, y in zip(a, b, strict=True))
+    # Prompt i does not depend on n.
+    assert build_pool(3000, 3, seed=0, cache_dir=None)[2].as_text() == a[2].as_text()
+
+
+def test_disk_cache_hit_and_corrupt_file_rebuilt(tmp_path):
+    t0 = time.perf_counter()
+    first = build_pool(30000, 4, seed=9, cache_dir=tmp_path)
+    t_build = time.perf_counter() - t0
+    (f,) = tmp_path.glob("pool-*.json")
+    t0 = time.perf_counter()
+    again = build_pool(30000, 4, seed=9, cache_dir=tmp_path)
+    t_hit = time.perf_counter() - t0
+    assert [p.as_text() for p in again] == [p.as_text() for p in first]
+    assert t_hit < t_build
+    # Proof the file is what is read: a validly re-signed edit shows up.
+    head, _, body = f.read_bytes().partition(b"\n")
+    body = body.replace(f'"answer": "{first[0].answer}"'.encode(), b'"answer": "edited-0000"', 1)
+    h = json.loads(head)
+    h["sha256"] = hashlib.sha256(body).hexdigest()
+    f.write_bytes(json.dumps(h).encode() + b"\n" + body)
+    assert build_pool(30000, 4, seed=9, cache_dir=tmp_path)[0].answer == "edited-0000"
+    # Damage that the checksum catches, a cut-off file, and garbage: each is rebuilt and rewritten.
+    for damage in (
+        lambda raw: raw.replace(b"the", b"teh", 1),
+        lambda raw: raw[: len(raw) // 2],
+        lambda raw: b"\x00garbage",
+    ):
+        f.write_bytes(damage(f.read_bytes()))
+        rebuilt = build_pool(30000, 4, seed=9, cache_dir=tmp_path)
+        assert [p.as_text() for p in rebuilt] == [p.as_text() for p in first]
+        assert all(server_count(p, "00000000") == 30000 for p in rebuilt)
+        assert build_pool(30000, 4, seed=9, cache_dir=tmp_path)[0].answer == first[0].answer
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_bad_arguments_name_the_parameter():
+    for kw, msg in [
+        (dict(prompt_tokens=0, n=1), "prompt_tokens=0"),
+        (dict(prompt_tokens=100, n=0), "n=0"),
+        (dict(prompt_tokens=3000, n=1, endpoint="embeddings"), "endpoint='embeddings'"),
+        (dict(prompt_tokens=3000, n=1, num_groups=0), "num_groups=0"),
+        (dict(prompt_tokens=3000, n=1, template_overhead=-1), "template_overhead=-1"),
+        (dict(prompt_tokens=100, n=1), "prompt_tokens=100 leaves"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            build_pool(cache_dir=None, **kw)
+    with pytest.raises(ValueError, match="tokenizer 'no/such/thing'"):
+        build_pool(3000, 1, tokenizer="no/such/thing", cache_dir=None)
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with start_sim(["--model-path", "Qwen/Qwen3.6-27B", "--enable-cache-report"]) as s:
+        yield s
+
+
+def post(url: str, body: bytes) -> dict:
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_probe_template_overhead_against_the_emulator(sim):
+    assert probe_template_overhead(sim.base_url, "m") == 8  # ChatML around one user message
+    assert probe_template_overhead(sim.base_url + "/v1/", "m", system=True) == 13
+    assert probe_template_overhead(sim.base_url, "m", endpoint="completions") == 0
+    thinking_off = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert probe_template_overhead(sim.base_url, "m", extra=thinking_off) == 8 + len(
+        TOK.encode("<think>\n\n</think>\n\n")
+    )
+    with pytest.raises(RuntimeError, match="cannot reach"):
+        probe_template_overhead("http://127.0.0.1:9", "m", timeout=5)
+
+
+def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
+    """Through the emulator's usage: exact prompt tokens; cache hits only where a shared prefix asks for them."""
+    url = sim.base_url + "/v1/chat/completions"
+    pool = build_pool(3000, 4, seed=11, cache_dir=None)
+    nonces = Nonces(8)
+    cached = []
+    for _ in range(2):  # every prompt twice: the second pass would hit the cache without the nonce
+        for p in pool:
+            u = post(url, p.body("m", 1, next(nonces), extra={"stream": False}))["usage"]
+            assert u["prompt_tokens"] == 3000
+            cached.append(u["prompt_tokens_details"]["cached_tokens"])
+    assert sum(cached) / (3000 * len(cached)) <= 0.01
+    shared = build_pool(3000, 4, seed=11, shared_prefix_tokens=2000, num_groups=2, cache_dir=None)
+    hits = []
+    for p in shared:
+        u = post(url, p.body("m", 1, next(nonces), extra={"stream": False}))["usage"]
+        assert u["prompt_tokens"] == 3000
+        hits.append(u["prompt_tokens_details"]["cached_tokens"])
+    # The first of each group fills the cache; the second hits exactly the prefix (± a page).
+    assert hits[2] >= 1990 and hits[3] >= 1990 and hits[2] <= 2000 and hits[3] <= 2000
