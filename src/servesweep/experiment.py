@@ -341,7 +341,9 @@ class Experiment(_Strict):
     load: Load
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     flush_cache_between_points: bool = True
-    slo: dict[str, float] = Field(default_factory=dict, description="summary metric -> upper bound")
+    slo: list[str] = Field(
+        default_factory=list, description="e.g. ttft_p99<=2s, itl_p99<=50ms, error_rate<=1%"
+    )
     budget: Budget = Field(default_factory=Budget)
 
     @field_validator("name")
@@ -351,6 +353,16 @@ class Experiment(_Strict):
             raise ValueError(
                 f"name {v!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the run folder)"
             )
+        return v
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, v):
+        from servesweep.summary import parse_slos  # the load core owns the SLO grammar
+
+        v = [v] if isinstance(v, str) else v
+        if isinstance(v, list):
+            parse_slos([str(x) for x in v])
         return v
 
     @field_validator("sglang_version", mode="before")

@@ -1,0 +1,521 @@
+"""`servesweep plan`: expand an experiment, drop infeasible points with their reason, estimate wall time, and order
+the server configurations so the matrix restarts the server as few times as possible.
+
+All memory arithmetic comes from `servesweep.hardware.resolve_server` (the same code the emulator runs), and time
+estimates from the emulator's step-time model (`servesweep.sim.stepmodel`), so plan, dry run and emulator agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from servesweep.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+
+# Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
+ANSIBLE_RUN_S = 10.0  # one role run: ~2 s to the first task, ~0.5 s per task, readiness polls
+EMULATOR_LOAD_S = 2.0  # the emulator's simulated load + warmup, tokenizer and pool set-up
+SGLANG_FIXED_START_S = 90.0  # SGLang process start, CUDA graph capture, warmup (excluding weight loading)
+WEIGHT_LOAD_BYTES_PER_S = 2.0e9  # weights read from local disk/page cache per GPU
+POINT_OVERHEAD_S = 6.0  # Locust subprocess start, prompt pool, template probe, result files
+MULTI_MINUTE_PREFILL_S = 60.0
+OVERRIDE_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+@dataclass
+class PointPlan:
+    spec: PointSpec
+    feasible: bool = True
+    reasons: list[str] = field(default_factory=list)  # why it was dropped
+    warnings: list[str] = field(default_factory=list)
+    est_s: float = 0.0
+    detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s
+
+
+@dataclass
+class ConfigPlan:
+    config: ServerConfig
+    resolved: Any = None  # servesweep.hardware.ResolvedServer, None when the configuration cannot start
+    error: str | None = None
+    points: list[PointPlan] = field(default_factory=list)
+    excluded_points: int = 0
+    warnings: list[str] = field(default_factory=list)
+    start_s: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)
+    restart: bool = True  # False when the previous configuration launches the same server
+
+    @property
+    def feasible_points(self) -> list[PointPlan]:
+        return [p for p in self.points if p.feasible] if self.error is None else []
+
+    @property
+    def est_s(self) -> float:
+        fp = self.feasible_points
+        return (self.start_s if (fp and self.restart) else 0.0) + sum(p.est_s for p in fp)
+
+
+@dataclass
+class Plan:
+    experiment: Experiment
+    configs: list[ConfigPlan]
+    excluded_configs: list[tuple[ServerConfig, int]]
+    warnings: list[str] = field(default_factory=list)
+    cut_first: list[str] = field(default_factory=list)  # point ids to drop first to fit the budget
+
+    @property
+    def total_s(self) -> float:
+        return sum(c.est_s for c in self.configs)
+
+    @property
+    def budget_s(self) -> float | None:
+        return self.experiment.budget.wall_time_s
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for c in self.configs if c.feasible_points and c.restart)
+
+    def point_plans(self) -> list[PointPlan]:
+        return [p for c in self.configs for p in c.points]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_plan(exp: Experiment) -> Plan:
+    configs, excluded = exp.server_configs()
+    plans = [_plan_config(exp, cfg) for cfg in configs]
+    plans = _order(plans)
+    plan = Plan(exp, plans, excluded)
+    _budget(plan)
+    _global_warnings(plan)
+    return plan
+
+
+def _resolve_args(exp: Experiment, cfg: ServerConfig) -> dict[str, Any]:
+    args = {k: v for k, v in cfg.flags.items() if v is not None}
+    args["model_path"] = exp.model.path
+    if exp.model.served_model_name:
+        args["served_model_name"] = exp.model.served_model_name
+    if exp.launcher.gpu:
+        args["sim_gpu"] = exp.launcher.gpu
+    args["sim_sglang_version"] = exp.sglang_version
+    return args
+
+
+def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
+    from servesweep import hardware
+
+    cp = ConfigPlan(cfg)
+    points, dropped = exp.points_for(cfg)
+    cp.excluded_points = len(dropped)
+    cp.points = [PointPlan(p) for p in points]
+    tp = int(cfg.flags.get("tp_size") or 1)
+    dp = int(cfg.flags.get("dp_size") or 1)
+    try:
+        arch = hardware.load_model_arch(exp.model.path)
+    except (ValueError, OSError) as e:
+        cp.error = f"model: {e}"
+        return cp
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(f"tp_size {tp} does not divide the model's {arch.num_heads} attention heads")
+    if tp * dp > exp.launcher.gpus_per_host:
+        problems.append(f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})")
+    ctx_asked = cfg.flags.get("context_length")
+    if ctx_asked and ctx_asked > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True"):
+        problems.append(
+            f"context_length {ctx_asked} is above the model's maximum {arch.max_position_embeddings}: SGLang refuses to "
+            f"start unless server.env sets {OVERRIDE_ENV}=1"
+        )
+    if problems:
+        cp.error = "; ".join(problems)
+        return cp
+    try:
+        rs = hardware.resolve_server(
+            _resolve_args(exp, cfg), cfg.env, extra_spec_algorithms=set(exp.launcher.extra_spec_algorithms)
+        )
+    except ValueError as e:
+        cp.error = str(e)
+        return cp
+    cp.resolved = rs
+    cp.facts = {
+        "gpu": rs.gpu.name,
+        "context_len": rs.context_len,
+        "kv_capacity_tokens": rs.max_total_num_tokens,
+        "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+        "kv_heads_per_gpu": hardware.kv_heads_per_rank(arch, tp),
+        "state_slot_bytes_per_gpu": rs.state_slot_bytes,
+        "state_slots": rs.state_slots,
+        "max_running_requests": rs.effective_max_running_requests,
+        "mem_fraction_static": rs.mem_fraction_static,
+        "chunked_prefill_size": rs.chunked_prefill_size,
+        "spec_algorithm": rs.spec_algorithm,
+        "memory_usage": rs.memory_usage,
+        "hybrid": rs.is_hybrid,
+    }
+    # the spec reset is reported below with the concurrencies it caps
+    cp.warnings.extend(w for w in rs.warnings if "reset to 48" not in w)
+    if tp > arch.num_kv_heads:
+        cp.warnings.append(
+            f"tp_size {tp} exceeds the model's {arch.num_kv_heads} KV heads: KV heads replicate, so KV bytes per token "
+            f"per GPU stay at {rs.kv_bytes_per_token / 1024:.0f} KiB (as at tp {arch.num_kv_heads}) and KV capacity "
+            "per GPU stops growing with tp"
+        )
+    mrr = rs.effective_max_running_requests
+    spec_reset = rs.spec_algorithm is not None and cfg.flags.get("max_running_requests") is None
+    cp.start_s = _start_estimate(exp, rs)
+    try:
+        timer = _Timer(rs, exp)
+    except Exception as e:  # the step model is the emulator's; a plan must still print without it
+        timer = None
+        cp.warnings.append(f"time estimate without the step model ({e})")
+    for pp in cp.points:
+        _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset)
+        if pp.feasible:
+            _estimate_point(exp, rs, pp, timer)
+    capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
+    if spec_reset and mrr == hardware.SPEC_MAX_RUNNING_REQUESTS:
+        msg = (
+            f"speculative decoding ({rs.spec_algorithm_asked}) resets max_running_requests to "
+            f"{hardware.SPEC_MAX_RUNNING_REQUESTS} because it is not set"
+        )
+        if capped:
+            msg += f": concurrency {', '.join(map(str, capped))} will queue; set server.base.max_running_requests"
+        cp.warnings.append(msg)
+    elif capped:
+        cp.warnings.append(
+            f"the server runs at most {mrr} requests at once: concurrency {', '.join(map(str, capped))} will queue"
+        )
+    return cp
+
+
+def _needed_context(n: int) -> int:
+    """The next power of two above n (what people set --context-length to)."""
+    return 1 << max(12, math.ceil(math.log2(n + 1)))
+
+
+def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool) -> None:
+    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    need = p + o + rs.num_reserved_tokens
+    if need >= rs.context_len:
+        want = _needed_context(need)
+        fix = f"set context_length to {want}"
+        if want > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True"):
+            fix += f" and {OVERRIDE_ENV}=1 (above the model's maximum {arch.max_position_embeddings})"
+        extra = f" + {rs.num_reserved_tokens} reserved draft tokens" if rs.num_reserved_tokens else ""
+        pp.reasons.append(f"prompt {p} + output {o}{extra} = {need} ≥ context length {rs.context_len}; {fix}")
+    if p + o > rs.max_total_num_tokens:
+        pp.reasons.append(
+            f"one request needs {p + o} tokens of KV but the pool holds {rs.max_total_num_tokens} "
+            f"(tp {rs.tp_size}, mem_fraction_static {rs.mem_fraction_static})"
+        )
+    elif min(c, mrr) * (p + o) > rs.max_total_num_tokens:
+        fit = rs.max_total_num_tokens // (p + o)
+        pp.reasons.append(
+            f"KV capacity {rs.max_total_num_tokens} tokens < {min(c, mrr)} running × {p + o} tokens: at most {fit} "
+            "requests of this size fit, the rest would queue or be retracted"
+        )
+    pp.feasible = not pp.reasons
+    if pp.feasible and c > mrr:
+        why = " (speculative decoding's reset to 48)" if spec_reset and mrr == 48 else ""
+        pp.warnings.append(f"concurrency {c} > max running requests {mrr}{why}: {c - mrr} requests queue")
+
+
+class _Timer:
+    """Prices one closed-loop point with the emulator's step-time model and accept-length model."""
+
+    def __init__(self, rs, exp: Experiment):
+        from servesweep.sim.stepmodel import StepModel, calibration_for
+
+        self.rs = rs
+        self.model = StepModel(rs, calibration_for(rs))
+        self.accept = 1.0
+        if rs.spec_algorithm:
+            from servesweep.sim.speculative import accept_model
+
+            extra = {a.upper() for a in exp.launcher.extra_spec_algorithms}
+            self.accept = accept_model(
+                rs.spec_algorithm,
+                num_steps=rs.spec_num_steps,
+                eagle_topk=rs.spec_eagle_topk,
+                num_draft_tokens=rs.spec_num_draft_tokens,
+                tree=rs.spec_algorithm.upper() in extra,
+            ).mean
+
+    def prefill_s(self, prompt: int) -> float:
+        chunk = self.rs.chunked_prefill_size if self.rs.chunked_prefill_size > 0 else prompt
+        t, done = 0.0, 0
+        while done < prompt:
+            n = min(chunk, prompt - done)
+            t += self.model.prefill(1, n, done, n * (done + n / 2))
+            done += n
+        return t
+
+    def decode_step_s(self, batch: int, ctx: int) -> float:
+        return self.model.decode(batch, batch * ctx)
+
+
+def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) -> None:
+    ld = exp.load
+    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    b = max(1, min(c, rs.effective_max_running_requests))
+    if timer is not None:
+        prefill = timer.prefill_s(p)
+        steps = math.ceil(max(1, o - 1) / timer.accept)
+        itl = timer.decode_step_s(b, p + o // 2)
+    else:
+        # simple roofline: prefill at 40 % of peak FLOP/s, decode reads the weights once per step
+        a, g = rs.arch, rs.gpu
+        prefill = 2 * a.active_params * p / (g.bf16_flops * 0.4 * rs.tp_size)
+        steps = max(1, o - 1)
+        itl = (a.total_params * a.weight_bytes / rs.tp_size + rs.kv_bytes_per_token * b * (p + o // 2)) / (
+            g.hbm_bandwidth * 0.7
+        )
+    # A wave of b requests: their prefills run one after the other (they stall decodes), then b decode together.
+    wave = b * prefill + steps * itl
+    if ld.requests is not None:
+        measure = math.ceil(ld.requests / b) * wave
+    else:
+        measure = (ld.duration_s or 0.0) + wave  # running streams finish after the duration
+    pp.detail = {
+        "prefill_s": round(prefill, 4),
+        "ttft_s": round(prefill * (b + 1) / 2, 4),
+        "itl_s": round(itl / (timer.accept if timer else 1.0), 5),
+        "request_s": round(prefill + steps * itl, 3),
+    }
+    pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + measure
+    if prefill > MULTI_MINUTE_PREFILL_S:
+        pp.warnings.append(
+            f"prefill of {p} tokens takes ~{prefill / 60:.1f} min at tp {rs.tp_size}: TTFT in minutes"
+            + (f", ~{b * prefill / 60:.0f} min for {b} concurrent prompts" if b > 1 else "")
+        )
+    if prefill * b > ld.first_token_timeout_s:
+        pp.warnings.append(
+            f"the last of {b} concurrent prefills waits ~{prefill * b:.0f} s > load.first_token_timeout_s "
+            f"({ld.first_token_timeout_s:g} s): requests would time out"
+        )
+
+
+def _start_estimate(exp: Experiment, rs) -> float:
+    if exp.launcher.emulator:
+        return ANSIBLE_RUN_S + EMULATOR_LOAD_S
+    weights = rs.memory_usage.get("weight", 0.0) if isinstance(rs.memory_usage, dict) else 0.0
+    weight_bytes = float(weights) * (1 << 30) if weights else rs.arch.total_params * rs.arch.weight_bytes / rs.tp_size
+    return ANSIBLE_RUN_S + SGLANG_FIXED_START_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S
+
+
+def _order(plans: list[ConfigPlan]) -> list[ConfigPlan]:
+    """Greedy nearest-neighbour over launch flags, starting from the first configuration: configurations that launch
+    the same server become neighbours (no restart between them), and each step changes as few flags as possible."""
+    if not plans:
+        return plans
+    left = plans[:]
+    out = [left.pop(0)]
+    while left:
+        last = out[-1].config
+        best = min(left, key=lambda cp: (_distance(last, cp.config), cp.config.index))
+        left.remove(best)
+        out.append(best)
+    prev_key = None
+    for cp in out:
+        if not cp.feasible_points:
+            continue
+        cp.restart = cp.config.key() != prev_key
+        prev_key = cp.config.key()
+    return out
+
+
+def _distance(a: ServerConfig, b: ServerConfig) -> int:
+    keys = set(a.flags) | set(b.flags) | set(a.env) | set(b.env)
+    d = sum(1 for k in keys if a.flags.get(k, a.env.get(k)) != b.flags.get(k, b.env.get(k)))
+    # a tp change is a full reload of the weights on other GPUs: the most expensive difference
+    return d + (3 if a.flags.get("tp_size") != b.flags.get("tp_size") else 0)
+
+
+def _budget(plan: Plan) -> None:
+    budget = plan.budget_s
+    if budget is None or plan.total_s <= budget:
+        return
+    over = plan.total_s - budget
+    ranked = sorted((p for c in plan.configs for p in c.feasible_points), key=lambda p: -p.est_s)
+    saved = 0.0
+    for p in ranked:
+        if saved >= over:
+            break
+        plan.cut_first.append(p.spec.id)
+        saved += p.est_s
+    plan.warnings.append(
+        f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(budget)} by {_fmt_s(over)}: cut first the "
+        f"{len(plan.cut_first)} most expensive points (listed under cut_first)"
+    )
+
+
+def _global_warnings(plan: Plan) -> None:
+    exp = plan.experiment
+    if exp.launcher.emulator is False and not exp.launcher.gpu:
+        plan.warnings.append("launcher.gpu is not set: memory arithmetic assumes an H200")
+    if not exp.flush_cache_between_points:
+        plan.warnings.append("flush_cache_between_points is off: prefix-cache hits can fake a fast prefill")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_s(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 3600 * 1.5:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.2f}h"
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    exp = plan.experiment
+    configs = []
+    for order, cp in enumerate(plan.configs):
+        configs.append(
+            {
+                "order": order,
+                "id": cp.config.id,
+                "flags": cp.config.flags,
+                "env": cp.config.env,
+                "bundle": cp.config.bundle,
+                "labels": cp.config.labels,
+                "feasible": cp.error is None,
+                "error": cp.error,
+                "restart": cp.restart,
+                "start_s": round(cp.start_s, 1),
+                "est_s": round(cp.est_s, 1),
+                "facts": cp.facts,
+                "warnings": cp.warnings,
+                "excluded_points": cp.excluded_points,
+                "points": [
+                    {
+                        "id": p.spec.id,
+                        "workload": p.spec.workload,
+                        "concurrency": p.spec.concurrency,
+                        "prompt_tokens": p.spec.prompt_tokens,
+                        "output_tokens": p.spec.output_tokens,
+                        "feasible": p.feasible and cp.error is None,
+                        "reasons": p.reasons if cp.error is None else [f"server configuration: {cp.error}"],
+                        "warnings": p.warnings,
+                        "est_s": round(p.est_s, 2),
+                        "estimate": p.detail,
+                    }
+                    for p in cp.points
+                ],
+            }
+        )
+    feasible = sum(len(c.feasible_points) for c in plan.configs)
+    total = sum(len(c.points) for c in plan.configs)
+    return {
+        "experiment": exp.name,
+        "sglang_version": exp.sglang_version,
+        "model": exp.model.path,
+        "gpu": exp.launcher.gpu,
+        "emulator": exp.launcher.emulator,
+        "configs": configs,
+        "excluded_configs": [{"id": c.id, "rule": r} for c, r in plan.excluded_configs],
+        "points_total": total,
+        "points_feasible": feasible,
+        "points_infeasible": total - feasible,
+        "restarts": plan.restarts,
+        "total_s": round(plan.total_s, 1),
+        "budget_s": plan.budget_s,
+        "within_budget": plan.budget_s is None or plan.total_s <= plan.budget_s,
+        "cut_first": plan.cut_first,
+        "warnings": plan.warnings,
+    }
+
+
+def print_plan(plan: Plan, console) -> None:
+    from rich.table import Table
+
+    exp = plan.experiment
+    console.print(
+        f"[bold]{exp.name}[/]: SGLang {exp.sglang_version}, {exp.model.path}, "
+        f"{'emulator' if exp.launcher.emulator else exp.launcher.kind} on {exp.launcher.gpu or 'H200 (assumed)'}"
+    )
+    base = " ".join(f"{k}={v}" for k, v in exp.server.base.items())
+    if base:
+        console.print(f"base flags: {base}")
+    t = Table(title="server configurations (in run order)")
+    for col in ("#", "config", "varies", "KV tokens", "max run", "points", "dropped", "est."):
+        t.add_column(col, justify="right" if col in ("#", "KV tokens", "max run", "points", "dropped", "est.") else "left")
+    for i, cp in enumerate(plan.configs):
+        flags = " ".join(f"{k}={v}" for k, v in cp.config.labels.items())
+        env = 
+        if cp.error:
+            t.add_row(str(i + 1), cp.config.id, flags, "-", "-", "0", str(len(cp.points)), "[red]cannot start[/]")
+            continue
+        dropped = sum(1 for p in cp.points if not p.feasible)
+        t.add_row(
+            str(i + 1),
+            cp.config.id + ("" if cp.restart else " (no restart)"),
+            (flags + (" " + env if env else "")).strip(),
+            f"{cp.facts.get('kv_capacity_tokens', 0):,}",
+            str(cp.facts.get("max_running_requests", "")),
+            str(len(cp.feasible_points)),
+            str(dropped),
+            _fmt_s(cp.est_s),
+        )
+    console.print(t)
+    for cp in plan.configs:
+        if cp.error:
+            console.print(f"[red]✗ {cp.config.id}[/]: {cp.error}")
+        for w in cp.warnings:
+            console.print(f"[yellow]! {cp.config.id}[/]: {w}")
+    drops = [(cp, p) for cp in plan.configs if not cp.error for p in cp.points if not p.feasible]
+    if drops:
+        d = Table(title=f"dropped points ({len(drops)})")
+        d.add_column("point")
+        d.add_column("reason")
+        for _, p in drops[:60]:
+            d.add_row(p.spec.id, "; ".join(p.reasons))
+        if len(drops) > 60:
+            d.add_row("…", f"{len(drops) - 60} more (see --json)")
+        console.print(d)
+    seen = set()
+    for cp in plan.configs:
+        for p in cp.feasible_points:
+            for w in p.warnings:
+                key = (cp.config.id, w.split(":")[0])
+                if key not in seen:
+                    seen.add(key)
+                    console.print(f"[yellow]! {p.spec.id}[/]: {w}")
+    j = plan_json(plan)
+    budget = f" (budget {_fmt_s(plan.budget_s)})" if plan.budget_s else ""
+    console.print(
+        f"[bold]{j['points_feasible']}[/] points to run, {j['points_infeasible']} dropped, "
+        f"{sum(c.excluded_points for c in plan.configs)} excluded by rules; {plan.restarts} server starts; "
+        f"estimated {_fmt_s(plan.total_s)}{budget}"
+    )
+    for w in plan.warnings:
+        console.print(f"[yellow]! {w}[/]")
+    if plan.cut_first:
+        console.print("cut first: " + ", ".join(plan.cut_first[:20]) + (" …" if len(plan.cut_first) > 20 else ""))
+
+
+@click.command(name="plan")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (for machines).")
+def command(file: str, as_json: bool) -> None:
+    """Expand an experiment file, drop infeasible points with their reason, estimate wall time."""
+    from rich.console import Console
+
+    try:
+        exp = load_experiment(file)
+    except ExperimentError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    plan = make_plan(exp)
+    if as_json:
+        click.echo(json.dumps(plan_json(plan), indent=2, default=str))
+    else:
+        print_plan(plan, Console())
