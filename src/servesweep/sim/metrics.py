@@ -252,7 +252,7 @@ class SimMetrics:
     def collect(self):
         st = self.engine.stats()
         r = self.resolved
-        spec = bool(getattr(r, "speculative_algorithm", None))
+        spec = bool(getattr(r, "spec_algorithm", None))
         yield self._gauge("num_running_reqs", st.num_running_reqs)
         yield self._gauge("num_queue_reqs", st.num_queue_reqs)
         yield self._gauge("num_grammar_queue_reqs", 0)
@@ -264,20 +264,18 @@ class SimMetrics:
         cap = st.max_total_num_tokens
         yield self._gauge("kv_used_tokens", st.num_used_tokens)
         yield self._gauge("kv_available_tokens", max(0, cap - st.num_used_tokens))
-        yield self._gauge("kv_evictable_tokens", getattr(st, "num_evictable_tokens", 0) or 0)
+        yield self._gauge("kv_evictable_tokens", getattr(st, "evictable_tokens", 0) or 0)
         yield self._gauge("gen_throughput", st.gen_throughput)
         yield self._gauge("cache_hit_rate", st.cache_hit_rate)
         acc = st.spec_accept_length if spec else 0.0
         yield self._gauge("spec_accept_length", acc)
-        ndraft = getattr(r, "speculative_num_draft_tokens", None) or 0
-        yield self._gauge(
-            "spec_accept_rate", ((acc - 1) / (ndraft - 1)) if spec and ndraft > 1 and acc else 0.0
-        )
-        yield self._gauge("spec_num_steps", (getattr(r, "speculative_num_steps", None) or 0) if spec else 0)
+        ndraft = getattr(r, "spec_num_draft_tokens", None) or 0
+        yield self._gauge("spec_accept_rate", getattr(st, "spec_accept_rate", 0.0) if spec else 0.0)
+        yield self._gauge("spec_num_steps", (getattr(r, "spec_num_steps", None) or 0) if spec else 0)
         yield self._gauge("spec_num_draft_tokens", ndraft if spec else 0)
-        retr = getattr(st, "counters", {}) or {}
-        retracted = retr.get("retractions", 0) if isinstance(retr, dict) else getattr(retr, "retractions", 0)
-        yield self._gauge("num_retracted_reqs", retracted, extra={"pid": str(os.getpid())})
+        yield self._gauge(
+            "num_retracted_reqs", getattr(st, "num_retracted_reqs", 0), extra={"pid": str(os.getpid())}
+        )
         if self.constants:
             mu = getattr(r, "memory_usage", {}) or {}
             mu = mu if isinstance(mu, dict) else vars(mu)

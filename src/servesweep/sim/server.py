@@ -220,7 +220,7 @@ class Gen:
         "pending", "interval", "reasoning_left", "reasoning", "prompt_tokens", "include_usage", "continuous",
         "cache_report", "chunks", "sched", "chunks_written", "fault", "stall_until", "held_finish", "done",
         "headers_ns", "text_parts", "output_ids", "ignore", "legacy", "t_recv", "max_new", "client_gone_flag",
-        "endpoint",
+        "endpoint", "final_written",
     )  # fmt: skip
 
     def __init__(self, app, conn, req, kind, stream, model, prompt_tokens, max_new, fault, rid, body):
@@ -266,6 +266,7 @@ class Gen:
         self.t_recv = req.recv_ns
         self.client_gone_flag = False
         self.ereq = None
+        self.final_written = False
         if kind == "chat":
             self.fmt = P.ChatChunks(rid, self.created, model, self.legacy)
         elif kind == "completion":
@@ -351,18 +352,22 @@ class Gen:
                 payload = self.fmt.last(cb, ereq.finish_reason, self._matched(ereq), usage)
             else:
                 payload = self.fmt.content(cb, usage)
-        else:
-            payload = self._generate_event(finished=False)
+        else:  # native /generate: the event that carries the last tokens is the final one (finish_reason set)
+            self.final_written = finished and ereq is not None and ereq.finish_reason != "abort"
+            payload = self._generate_event(finished=self.final_written)
         if f is not None and f.kind == "malformed" and self.chunks_written == int(f.arg):
             payload += (
                 b'data: {"id":"%s","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"con\n\n'
                 % (self.rid.encode())
             )
-        conn.transport.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-        if self.chunks is not None:
+        data = b"%x\r\n%s\r\n" % (len(payload), payload)
+        if (
+            self.chunks is not None
+        ):  # the write time is taken just before the write: a client never sees it earlier
             self.chunks.append([time.monotonic_ns(), n])
             if self.sched is not None:
                 self.sched.append(self.app.engine_sched_ns())
+        conn.transport.write(data)
         self.chunks_written += 1
         if f is not None:
             k = f.kind
@@ -479,6 +484,8 @@ class Gen:
                     out.append(self.fmt.usage(self._usage(e.completion_tokens)))
                 out.append(P.DONE)
                 self._write_end(b"".join(out))
+            elif self.final_written:
+                self._write_end(P.DONE)
             else:
                 self._write_end(self._generate_event(finished=True) + P.DONE)
         else:
@@ -528,9 +535,9 @@ class Gen:
         conn = self.conn
         if conn.closed:
             return
-        conn.transport.write(head(status, JSON, len(body)) + body)
         if self.chunks is not None:
             self.chunks.append([time.monotonic_ns(), self.ereq.completion_tokens if self.ereq else 0])
+        conn.transport.write(head(status, JSON, len(body)) + body)
 
     def _fault_disconnect(self):
         self.done = True
@@ -1152,6 +1159,16 @@ class SimApp:
         self._active[rid] = g
         try:
             self.engine.submit(ereq)
+        except ValueError as e:  # a duplicate client-supplied rid
+            conn.active = None
+            self._active.pop(rid, None)
+            if stream:
+                g.done = True
+                g._write_end(P.stream_error_event(str(e), 400) + P.DONE)
+                conn.done(req)
+                return 200
+            conn.respond(req, 400, P.error_body(str(e), 400))
+            return 400
         except self.engine_mod.QueueFull:
             ereq.finish_reason = "abort"
             ereq.abort_status = 503
@@ -1223,9 +1240,10 @@ def run_server(args) -> int:
     port = server.sockets[0].getsockname()[1]
     log.info(f"Uvicorn running on http://{args.host}:{port} (Press CTRL+C to quit)")
     app.engine.start(loop)
-    sched = getattr(app.engine, "emission_time", None)
-    if callable(sched):
-        app._sched_attr = sched
+    eng = app.engine
+    if hasattr(eng, "_t0") and hasattr(eng, "_vt"):
+        # during an emit callback the engine's step deadline is _t0 + _vt (time.monotonic seconds)
+        app._sched_attr = lambda: eng._t0 + eng._vt
 
     stop = loop.create_future()
 

@@ -1,0 +1,117 @@
+"""`servesweep sim` flags: SGLang's names, aliases, prefix matching, version-specific names, failures like SGLang."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from servesweep.sim.cli import human_readable_int, parse_args
+from servesweep.sim.faults import Fault, FaultPicker, parse_fault, parse_fault_rates
+
+
+def run_sim(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "servesweep.sim", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_aliases_prefixes_and_human_ints():
+    ns = parse_args(
+        ["--model", "Qwen/Qwen3.6-27B", "--tp", "4", "--dp", "2", "--speculative-algo", "nextn",
+         "--context-length", "128k", "--max-total-tokens", "32Ki", "--chunked-prefill-size", "4K"]
+    )  # fmt: skip
+    assert ns.model_path == "Qwen/Qwen3.6-27B"
+    assert (ns.tp_size, ns.dp_size) == (4, 2)
+    assert ns.speculative_algorithm == "NEXTN"
+    assert ns.context_length == 128_000
+    assert ns.max_total_tokens == 32 * 1024
+    assert ns.chunked_prefill_size == 4096
+    assert ns.host == "127.0.0.1" and ns.port == 30000 and ns.max_prefill_tokens == 16384
+    assert ns.stream_interval == 1 and ns.kv_cache_dtype == "auto" and ns.schedule_policy == "fcfs"
+    assert ns.mamba_radix_cache_strategy == "auto"
+    assert human_readable_int("1M") == 2**20 and human_readable_int("1m") == 10**6
+    with pytest.raises(Exception, match="decimals"):
+        human_readable_int("1.5K")
+
+
+def test_version_specific_flag_names():
+    # 0.5.12: old names only
+    ns = parse_args(
+        ["--model-path", "m", "--sim-sglang-version", "0.5.12", "--mamba-scheduler-strategy", "no_buffer",
+         "--cuda-graph-max-bs", "64"]
+    )  # fmt: skip
+    assert ns.mamba_scheduler_strategy == "no_buffer" and ns.cuda_graph_max_bs == 64
+    # 0.5.15.post1: new names, old ones are deprecated aliases onto the new dests
+    ns = parse_args(
+        ["--model-path", "m", "--sim-sglang-version", "0.5.15.post1", "--mamba-scheduler-strategy", "extra_buffer",
+         "--cuda-graph-max-bs", "32"]
+    )  # fmt: skip
+    assert ns.mamba_radix_cache_strategy == "extra_buffer" and ns.cuda_graph_max_bs_decode == 32
+
+
+def test_old_names_fail_on_0_5_23_like_sglang():
+    r = run_sim("--model-path", "m", "--cuda-graph-max-bs", "8")
+    assert r.returncode == 2
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode" in r.stderr
+    r = run_sim("--model-path", "m", "--mamba-scheduler-strategy", "auto")
+    assert r.returncode == 2 and "unrecognized arguments: --mamba-scheduler-strategy auto" in r.stderr
+
+
+def test_unknown_flag_fails_with_argparse_exit_2():
+    r = run_sim("--model-path", "m", "--no-such-flag", "1")
+    assert r.returncode == 2
+    assert "error: unrecognized arguments: --no-such-flag 1" in r.stderr
+    # the click wrapper passes everything through to the same parser
+    r = subprocess.run(
+        [sys.executable, "-m", "servesweep.cli", "sim", "--model-path", "m", "--no-such-flag"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr
+
+
+def test_unknown_speculative_algorithm_fails_like_sglang():
+    r = run_sim("--model-path", "Qwen/Qwen3.6-27B", "--speculative-algorithm", "FOO")
+    assert r.returncode != 0
+    assert "ValueError: Unknown speculative algorithm name: FOO" in r.stderr
+    # up to 0.5.10 the flag was a closed choice list: argparse rejects it
+    r = run_sim(
+        "--model-path",
+        "Qwen/Qwen3.6-27B",
+        "--sim-sglang-version",
+        "0.5.9",
+        "--speculative-algorithm",
+        "DFLASH",
+    )
+    assert r.returncode == 2 and "invalid choice: 'DFLASH'" in r.stderr
+
+
+def test_bad_sim_flags_name_the_problem():
+    r = run_sim("--model-path", "m", "--sim-fault-rate", "teapot=0.1")
+    assert r.returncode == 2 and "unknown fault kind 'teapot'" in r.stderr
+    r = run_sim("--model-path", "m", "--sim-calibration", "decode_eff")
+    assert r.returncode == 2 and "'decode_eff' is not KEY=VALUE" in r.stderr
+    r = run_sim("--model-path", "m", "--sim-sglang-version", "five")
+    assert r.returncode == 2 and "--sim-sglang-version 'five'" in r.stderr
+
+
+def test_fault_parsing_and_seeded_rates():
+    assert parse_fault("stall:2.5") == Fault("stall", 2.5)
+    assert parse_fault("429") == Fault("429")
+    assert parse_fault("disconnect").arg == 2
+    with pytest.raises(ValueError, match="takes no argument"):
+        parse_fault("503:1")
+    with pytest.raises(ValueError, match="sum to"):
+        parse_fault_rates("429=0.7,500=0.6")
+    rates = parse_fault_rates("429=0.25,stall:1=0.25")
+    a = [FaultPicker(rates, seed=7).pick(None) for _ in range(1)]
+    picks1 = FaultPicker(rates, seed=7)
+    picks2 = FaultPicker(rates, seed=7)
+    s1 = [picks1.pick(None) for _ in range(400)]
+    s2 = [picks2.pick(None) for _ in range(400)]
+    assert s1 == s2 and a[0] == s1[0]
+    frac = sum(f is not None for f in s1) / len(s1)
+    assert 0.38 < frac < 0.62  # 0.5 expected
