@@ -125,9 +125,15 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     if arch.num_heads % tp:
         problems.append(f"tp_size {tp} does not divide the model's {arch.num_heads} attention heads")
     if tp * dp > exp.launcher.gpus_per_host:
-        problems.append(f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})")
+        problems.append(
+            f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})"
+        )
     ctx_asked = cfg.flags.get("context_length")
-    if ctx_asked and ctx_asked > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True"):
+    if (
+        ctx_asked
+        and ctx_asked > arch.max_position_embeddings
+        and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True")
+    ):
         problems.append(
             f"context_length {ctx_asked} is above the model's maximum {arch.max_position_embeddings}: SGLang refuses to "
             f"start unless server.env sets {OVERRIDE_ENV}=1"
@@ -305,7 +311,9 @@ def _start_estimate(exp: Experiment, rs) -> float:
     if exp.launcher.emulator:
         return ANSIBLE_RUN_S + EMULATOR_LOAD_S
     weights = rs.memory_usage.get("weight", 0.0) if isinstance(rs.memory_usage, dict) else 0.0
-    weight_bytes = float(weights) * (1 << 30) if weights else rs.arch.total_params * rs.arch.weight_bytes / rs.tp_size
+    weight_bytes = (
+        float(weights) * (1 << 30) if weights else rs.arch.total_params * rs.arch.weight_bytes / rs.tp_size
+    )
     return ANSIBLE_RUN_S + SGLANG_FIXED_START_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S
 
 
@@ -447,12 +455,17 @@ def print_plan(plan: Plan, console) -> None:
         console.print(f"base flags: {base}")
     t = Table(title="server configurations (in run order)")
     for col in ("#", "config", "varies", "KV tokens", "max run", "points", "dropped", "est."):
-        t.add_column(col, justify="right" if col in ("#", "KV tokens", "max run", "points", "dropped", "est.") else "left")
+        t.add_column(
+            col,
+            justify="right" if col in ("#", "KV tokens", "max run", "points", "dropped", "est.") else "left",
+        )
     for i, cp in enumerate(plan.configs):
         flags = " ".join(f"{k}={v}" for k, v in cp.config.labels.items())
-        env = 
+        env = ""
         if cp.error:
-            t.add_row(str(i + 1), cp.config.id, flags, "-", "-", "0", str(len(cp.points)), "[red]cannot start[/]")
+            t.add_row(
+                str(i + 1), cp.config.id, flags, "-", "-", "0", str(len(cp.points)), "[red]cannot start[/]"
+            )
             continue
         dropped = sum(1 for p in cp.points if not p.feasible)
         t.add_row(
@@ -499,7 +512,9 @@ def print_plan(plan: Plan, console) -> None:
     for w in plan.warnings:
         console.print(f"[yellow]! {w}[/]")
     if plan.cut_first:
-        console.print("cut first: " + ", ".join(plan.cut_first[:20]) + (" …" if len(plan.cut_first) > 20 else ""))
+        console.print(
+            "cut first: " + ", ".join(plan.cut_first[:20]) + (" …" if len(plan.cut_first) > 20 else "")
+        )
 
 
 @click.command(name="plan")
