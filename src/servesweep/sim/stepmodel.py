@@ -33,7 +33,10 @@ from servesweep.hardware import ResolvedServer
 class Calibration:
     bw_eff: float = 0.80  # achieved fraction of HBM bandwidth for weight/KV streaming
     flops_eff: float = 0.55  # achieved fraction of peak bf16 FLOP/s in prefill GEMMs
-    decode_flops_eff: float = 0.35  # same for the small-M GEMMs of decode/verify
+    decode_flops_eff: float = 0.35  # same for the small-M GEMMs of decode
+    verify_flops_eff: float = (
+        0.0  # spec verify pass (draft-token attention, GDN intermediate states); 0 = decode's
+    )
     step_overhead_s: float = 0.0015  # per decode step: scheduling, sampling, launch (CUDA graphs)
     prefill_overhead_s: float = 0.006  # per prefill step: no CUDA graph, metadata, sampling
     per_seq_s: float = 25e-6  # per sequence per step (batch bookkeeping, sampling)
@@ -74,14 +77,25 @@ class Calibration:
 # (docs/emulator.md shows each fit and its residuals).
 CALIBRATION_PROFILES: dict[str, Calibration] = {
     "default": Calibration(),
-    # 2x RTX A6000, TP2, Qwen3.6-27B, NEXTN 3 steps, SGLang 0.5.11 (fitted: docs/emulator.md).
-    "a6000-qwen3.6-27b-nextn": Calibration(),
+    # 2x RTX A6000, TP2, Qwen3.6-27B, NEXTN 3 steps, SGLang 0.5.11, 1000-token prompts, 500-token outputs
+    # (fitted with engine_fit.py to 73.5 / 137.7 / 207.1 tok/s at concurrency 1 / 2 / 4: docs/emulator.md).
+    "a6000-qwen3.6-27b-nextn": Calibration(
+        bw_eff=0.94,
+        flops_eff=0.6,
+        verify_flops_eff=0.06,
+        gdn_token_s=0.5e-6,
+        spec_accept_mean=3.8,
+    ),
 }
 # The profile chosen when none is named: by GPU profile name.
 DEFAULT_PROFILE_BY_GPU = {"RTX A6000": "a6000-qwen3.6-27b-nextn"}
+# A profile's accept length was measured for one speculative configuration (algorithm, num_steps); any other
+# configuration keeps the algorithm's default table (speculative.py).
+PROFILE_SPEC_SCOPE = {"a6000-qwen3.6-27b-nextn": ("EAGLE", 3)}
 
 
 def calibration_for(resolved: ResolvedServer, overrides: Mapping[str, Any] | None = None) -> Calibration:
+    """The named profile (`profile=` in overrides), else the GPU's default profile, with overrides applied."""
     name = None
     if overrides and "profile" in overrides:
         name = str(overrides["profile"])
@@ -91,7 +105,11 @@ def calibration_for(resolved: ResolvedServer, overrides: Mapping[str, Any] | Non
             )
     if name is None:
         name = DEFAULT_PROFILE_BY_GPU.get(resolved.gpu.name, "default")
-    return CALIBRATION_PROFILES[name].with_overrides(overrides)
+    cal = CALIBRATION_PROFILES[name]
+    scope = PROFILE_SPEC_SCOPE.get(name)
+    if scope is not None and (resolved.spec_algorithm, resolved.spec_num_steps) != scope:
+        cal = replace(cal, spec_accept_mean=0.0)
+    return cal.with_overrides(overrides)
 
 
 class StepModel:
@@ -102,6 +120,7 @@ class StepModel:
         "_bw",
         "_f_pre",
         "_f_dec",
+        "_f_draft",
         "_w_rank",
         "_w_dense_rank",
         "_expert_bytes_rank",
@@ -129,7 +148,13 @@ class StepModel:
         self._bw = g.hbm_bandwidth * cal.bw_eff
         self._f_pre = g.bf16_flops * cal.flops_eff
         self._f_dec = g.bf16_flops * cal.decode_flops_eff
-        self._w_rank = a.total_params * a.weight_bytes / tp
+        self._f_draft = self._f_dec
+        if resolved.spec_algorithm is not None and cal.verify_flops_eff > 0:
+            self._f_dec = g.bf16_flops * cal.verify_flops_eff
+        # Weights streamed per forward: all but the input embedding table (only looked-up rows are read; with tied
+        # embeddings the same table is the LM head and is read in full).
+        read_params = a.total_params - (0 if a.tie_word_embeddings else a.vocab * a.hidden)
+        self._w_rank = read_params * a.weight_bytes / tp
         # MoE: expert weights are read only for experts the step's tokens route to.
         if a.is_moe:
             expert = 3 * a.hidden * a.moe_intermediate * a.weight_bytes / tp
@@ -175,7 +200,7 @@ class StepModel:
                 self._draft_fixed = (
                     draft_w / self._bw + cal.draft_step_overhead_s + self._ar_fixed * 5 / a.num_layers
                 )
-                self._draft_per_seq = 2 * 5 * a.mtp_layer_params / tp * draft / self._f_dec
+                self._draft_per_seq = 2 * 5 * a.mtp_layer_params / tp * draft / self._f_draft
             else:
                 # EAGLE/MTP chain (or tree): `steps` passes of the draft layer + the shared LM head.
                 self._spec_steps = steps
@@ -184,7 +209,7 @@ class StepModel:
                 self._draft_fixed = steps * one
                 topk = int(resolved.spec_eagle_topk or 1)
                 self._draft_per_seq = (
-                    steps * 2 * (a.mtp_layer_params / tp + a.vocab * a.hidden / tp) * topk / self._f_dec
+                    steps * 2 * (a.mtp_layer_params / tp + a.vocab * a.hidden / tp) * topk / self._f_draft
                 )
 
     def _weights(self, n_tokens: int) -> float:
