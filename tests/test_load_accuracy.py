@@ -1,0 +1,116 @@
+"""Real Locust subprocess against a real emulator process: every timing the load generator records is checked
+against the emulator's ground truth (what it wrote, and when, on the same monotonic clock)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from servesweep.load import run_point
+from servesweep.loadspec import LoadPoint
+from servesweep.records import read_parquet
+from servesweep.sim.launch import start_sim
+
+# speedup: the emulated H200 runs 4x faster than real time, so the test takes seconds, chunks still ~4 ms apart
+SIM_ARGS = ["--model-path", "Qwen/Qwen3.6-27B", "--enable-cache-report", "--sim-calibration", "speedup=4"]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    gt = tmp_path_factory.mktemp("sim") / "ground_truth.jsonl"
+    with start_sim(SIM_ARGS, ground_truth=gt) as s:
+        yield s
+
+
+def ground_truth_for(sim, ids: set[str], timeout: float = 10.0) -> dict[str, dict]:
+    """The emulator flushes its ground truth at least once a second: wait until every request is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = {d["id"]: d for d in sim.read_ground_truth() if d["id"] in ids}
+        if len(got) == len(ids) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def point_run(sim, tmp_path_factory):
+    out = tmp_path_factory.mktemp("point")
+    p = LoadPoint(base_url=sim.base_url, concurrency=8, prompt_tokens=3000, output_tokens=24, requests=24)
+    summary = run_point(p, out)
+    records = read_parquet(out / "records.parquet").to_pylist()
+    gt = ground_truth_for(sim, {r["request_id"] for r in records})
+    return summary, records, gt, out
+
+
+def test_counts_are_exact_and_files_written(point_run):
+    summary, records, gt, out = point_run
+    assert summary["requests"] == {"total": 24, "warmup": 0, "measured": 24, "ok": 24, "failed": 0}
+    assert len(records) == 24
+    assert len(gt) == 24, "every request the client recorded reached the emulator, under its X-Request-Id"
+    assert (out / "summary.json").is_file() and (out / "locust.log").is_file()
+    assert summary["point"]["concurrency"] == 8
+    for r in records:
+        g = gt[r["request_id"]]
+        assert r["completion_tokens"] == g["completion_tokens"] == 24
+        assert r["prompt_tokens"] == g["prompt_tokens"]
+
+
+def test_every_chunk_arrival_matches_ground_truth(point_run):
+    _, records, gt, _ = point_run
+    lat = []
+    for r in records:
+        writes = [c[0] for c in gt[r["request_id"]]["chunks"]]
+        assert len(r["chunk_ns"]) == len(writes), "one recorded arrival per token chunk the emulator wrote"
+        if r["chunk_tokens"] is not None:
+            assert r["chunk_tokens"] == [c[1] for c in gt[r["request_id"]]["chunks"]]
+        lat.extend(np.subtract(r["chunk_ns"], writes))
+    lat_ms = np.asarray(lat) / 1e6
+    # An arrival cannot precede its write on one clock, but the emulator stamps just after transport.write returns,
+    # so on a loaded 2-core machine a preempted emulator stamps some chunks late (seen: -3.7 ms).
+    assert np.percentile(lat_ms, 1) > -1.0 and lat_ms.min() > -10.0, (
+        f"arrival {lat_ms.min():.3f} ms before write"
+    )
+    # loaded 2-core machine: a few ms, not the 1 ms the benchmark aims at on a quiet one
+    assert np.percentile(lat_ms, 99) < 5.0, f"p99 arrival lag {np.percentile(lat_ms, 99):.2f} ms"
+    assert np.percentile(lat_ms, 50) < 2.0
+
+
+def test_ttft_and_e2e_match_ground_truth(point_run):
+    """The client's TTFT/E2E run from its send stamp; the emulator's from when it had parsed the whole request.
+    The client's are never shorter, and longer only by sending the body and the server's busy event loop."""
+    _, records, gt, _ = point_run
+    d_ttft, d_e2e = [], []
+    for r in records:
+        g = gt[r["request_id"]]
+        d_ttft.append((r["first_token_ns"] - r["sent_ns"]) - (g["chunks"][0][0] - g["recv_ns"]))
+        d_e2e.append((r["end_ns"] - r["sent_ns"]) - (g["end_ns"] - g["recv_ns"]))
+    d_ttft_ms, d_e2e_ms = np.asarray(d_ttft) / 1e6, np.asarray(d_e2e) / 1e6
+    assert (
+        d_ttft_ms.min() > -10.0 and d_e2e_ms.min() > -10.0
+    )  # the emulator stamps after its write (see above)
+    assert np.percentile(d_ttft_ms, 50) < 15.0 and d_ttft_ms.max() < 100.0, d_ttft_ms
+    assert np.percentile(d_e2e_ms, 50) < 15.0 and d_e2e_ms.max() < 100.0, d_e2e_ms
+
+
+def test_summary_matches_ground_truth(point_run):
+    summary, records, gt, _ = point_run
+    true_ttft = sorted((g["chunks"][0][0] - g["recv_ns"]) / 1e6 for g in gt.values())
+    assert summary["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(true_ttft, 50)), abs=15.0)
+    gaps = [
+        (b[0] - a[0]) / 1e6 for g in gt.values() for a, b in zip(g["chunks"], g["chunks"][1:], strict=False)
+    ]
+    assert summary["itl_ms"]["n"] == len(gaps)
+    assert summary["itl_ms"]["p50"] == pytest.approx(float(np.percentile(gaps, 50)), abs=2.0)
+    assert summary["output_tokens"] == 24 * 24
+    assert summary["error_rate"] == 0.0
+
+
+def test_prompt_tokens_and_cache_busting(point_run):
+    summary, _, gt, _ = point_run
+    acc = summary["prompt_tokens"]
+    assert acc["reported"] == 24
+    assert acc["max_abs_deviation_pct"] <= 0.5, acc
+    assert {g["prompt_tokens"] for g in gt.values()} <= set(range(2985, 3016))
+    assert summary["cache_hit_ratio"] is not None and summary["cache_hit_ratio"] <= 0.01
