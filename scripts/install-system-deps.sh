@@ -5,10 +5,15 @@ need=()
 # command -> Debian package
 declare -A pkgs=(
   [ip]=iproute2
+  [prometheus]=prometheus
+  [promtool]=prometheus
+  [prometheus-pushgateway]=prometheus-pushgateway
 )
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
 done
+# one package may provide several commands
+mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u | sed '/^$/d')
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ]; then
   echo "missing Debian packages: ${need[*]} (run as root: apt-get install ${need[*]})" >&2
