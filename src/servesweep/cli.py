@@ -15,6 +15,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "load": ("servesweep.load", "command", "Run one load point or a concurrency sweep against a server."),
     "plan": ("servesweep.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
     "run": ("servesweep.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
+    "report": ("servesweep.report", "command", "Write the HTML and Markdown report of a run folder."),
+    "compare": ("servesweep.compare", "command", "Compare runs point by point, with confidence intervals."),
+    "gate": ("servesweep.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
 }
 
 
