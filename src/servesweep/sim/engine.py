@@ -306,14 +306,15 @@ class Engine:
     ) -> float:
         """Run in virtual time (no event loop, no sleeping) until idle; return the virtual time reached.
 
-        `requests` are EngineRequests submitted at time 0 or (arrival_time, request) pairs. `emit` callbacks may call
+        `requests` are EngineRequests submitted now, or (delay, request) pairs arriving `delay` seconds after now. `emit` callbacks may call
         `submit` (closed-loop clients): the request arrives at the current virtual time. `now()` reads virtual time.
         """
         self._sim = True
         heap: list[tuple[float, int, EngineRequest]] = []
+        start = self._vt
         for i, item in enumerate(requests):
             t, r = item if isinstance(item, tuple) else (0.0, item)
-            heapq.heappush(heap, (float(t), i, r))
+            heapq.heappush(heap, (start + float(t), i, r))
         steps = 0
         while steps < max_steps:
             while heap and heap[0][0] <= self._vt + 1e-12:
@@ -699,7 +700,13 @@ class Engine:
         limit = len(r.prompt_ids) - 1  # the last token is always recomputed (its logits sample the output)
         for key, size in zip(keys, sizes, strict=True):
             node = cache.get(key)
-            if node is None or tokens + size > limit:
+            if node is None:
+                break
+            if tokens + size > limit:
+                if self._page == 1 and tokens < limit:
+                    # token-granular radix (page_size 1): the block matches up to the limit
+                    matched += 1
+                    tokens = limit
                 break
             matched += 1
             tokens += size
