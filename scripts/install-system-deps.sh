@@ -8,6 +8,7 @@ declare -A pkgs=(
   [prometheus]=prometheus
   [promtool]=prometheus
   [prometheus-pushgateway]=prometheus-pushgateway
+  [chromium]=chromium
 )
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
