@@ -6,8 +6,6 @@ import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -15,33 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.sim.launch import start_sim
 from servesweep.sim.metrics import EXPECTED_0_5_23
-from servesweep.sim.probe import probe, probe_many, run
+from servesweep.sim.probe import http, post_json, probe, probe_many, run, sse_events
 from servesweep.tokenizer import load_tokenizer, render_chatml
 
 MODEL = "Qwen/Qwen3.6-27B"
-
-
-def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 30):
-    """(status, headers, body bytes) of one request, errors included."""
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
-def post_json(url: str, obj: dict, headers: dict | None = None):
-    h = {"content-type": "application/json", **(headers or {})}
-    return http("POST", url, json.dumps(obj).encode(), h)
-
-
-def sse_events(body: bytes) -> list[bytes]:
-    assert body.endswith(b"\n\n"), body[-200:]
-    events = body[:-2].split(b"\n\n")
-    for e in events:
-        assert e.startswith(b"data: "), e
-    return [e[6:] for e in events]
 
 
 @pytest.fixture(scope="module")

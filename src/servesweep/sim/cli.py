@@ -174,7 +174,7 @@ def build_parser(version: str = DEFAULT_SGLANG_VERSION) -> argparse.ArgumentPars
         a("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int, default=None)
         a("--cuda-graph-bs", type=int, nargs="+", default=None)
     # speculative decoding
-    if v <= (0, 5, 10):
+    if v < (0, 5, 11):
         a("--speculative-algorithm", type=str.upper, default=None, choices=OLD_SPEC_CHOICES)
     else:  # a free string, checked by SpeculativeAlgorithm.from_string (here: hardware.resolve_server)
         a("--speculative-algorithm", type=str.upper, default=None)

@@ -149,3 +149,40 @@ def run(coro):
         return uvloop.run(coro)
     except ImportError:  # pragma: no cover
         return asyncio.run(coro)
+
+
+# ---------------------------------------------------------------- small synchronous helpers (tests, scripts)
+
+
+def http(method: str, url: str, body: bytes | None = None, headers: dict | None = None, timeout: float = 30):
+    """(status, headers, body bytes) of one plain HTTP request; error statuses are returned, not raised."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def post_json(url: str, obj: dict, headers: dict | None = None, timeout: float = 30):
+    return http(
+        "POST",
+        url,
+        json.dumps(obj).encode(),
+        {"content-type": "application/json", **(headers or {})},
+        timeout,
+    )
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    """The payloads of a whole SSE body (`data: X\\n\\n` ...), checking its framing."""
+    if not body.endswith(b"\n\n"):
+        raise ValueError(f"SSE body does not end with a blank line: {body[-200:]!r}")
+    events = body[:-2].split(b"\n\n")
+    for e in events:
+        if not e.startswith(b"data: "):
+            raise ValueError(f"SSE event without 'data: ': {e[:200]!r}")
+    return [e[6:] for e in events]

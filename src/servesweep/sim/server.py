@@ -629,7 +629,7 @@ class SimApp:
         self.args = args
         self.resolved = resolved
         self.version = version_tuple(args.sim_sglang_version)
-        self.legacy = self.version <= (0, 5, 9)
+        self.legacy = self.version < (0, 5, 10)
         self.engine_mod = engine_mod
         self.engine = engine_mod.Engine(
             resolved, seed=args.sim_seed, calibration=args.sim_calibration or None
