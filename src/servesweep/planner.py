@@ -533,4 +533,4 @@ def command(file: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(plan_json(plan), indent=2, default=str))
     else:
-        print_plan(plan, Console())
+        print_plan(plan, Console(width=None if sys.stdout.isatty() else 160))

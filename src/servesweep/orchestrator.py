@@ -1,0 +1,602 @@
+"""`servesweep run FILE` and `servesweep run --resume runs/<run_id>`: the whole matrix, headless.
+
+For each server configuration (in the planner's order) the sglang_server role is applied through ansible-runner
+(restart, readiness, verification, resolved info), then every load point runs through the load core's `run_point`
+(a Locust subprocess: this process never imports Locust or gevent, which would deadlock ansible-runner).
+
+Durability: each point is measured into `runs/<run_id>/.tmp-<point_id>/` and renamed to `runs/<run_id>/<point_id>/`
+only when complete, so a point folder exists if and only if the point finished; the manifest is rewritten
+atomically after every change. Resume trusts both: finished points are never run again, a point interrupted
+half-way is thrown away and run again, and nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from servesweep import manifest as mf
+from servesweep.experiment import Experiment, ExperimentError, ServerConfig, load_experiment
+from servesweep.planner import ConfigPlan, Plan, make_plan, plan_json
+
+PLAYBOOK = "sglang_server.yml"
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM: stop after cleaning up; the run can be resumed."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def create_run(exp: Experiment, out: Path, *, experiment_file: str | None = None) -> mf.Manifest:
+    """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
+    plan = make_plan(exp)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id(exp.name)
+    run_dir = out / run_id
+    n = 1
+    while True:
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            run_dir = out / f"{run_id}-{n}"
+    port = exp.target.port if exp.target.port else _free_port()
+    configs: dict[str, Any] = {}
+    points: dict[str, Any] = {}
+    for order, cp in enumerate(plan.configs):
+        configs[cp.config.id] = {
+            "order": order,
+            "flags": cp.config.flags,
+            "env": cp.config.env,
+            "bundle": cp.config.bundle,
+            "labels": {k: str(v) for k, v in cp.config.labels.items()},
+            "status": "infeasible" if cp.error else "pending",
+            "error": cp.error,
+            "planned": {"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
+            "server": None,
+            "attempts": 0,
+        }
+        for pp in cp.points:
+            feasible = pp.feasible and cp.error is None
+            points[pp.spec.id] = {
+                "config_id": cp.config.id,
+                "workload": pp.spec.workload,
+                "concurrency": pp.spec.concurrency,
+                "prompt_tokens": pp.spec.prompt_tokens,
+                "output_tokens": pp.spec.output_tokens,
+                "status": mf.PENDING if feasible else mf.INFEASIBLE,
+                "reason": None
+                if feasible
+                else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
+                "warnings": pp.warnings,
+                "est_s": round(pp.est_s, 2),
+                "attempts": 0,
+                "dir": None,
+                "result": None,
+            }
+    data = {
+        "schema_version": mf.SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "created": mf.now_iso(),
+        "updated": mf.now_iso(),
+        "status": "created",
+        "experiment_file": str(Path(experiment_file).resolve()) if experiment_file else None,
+        "experiment": exp.model_dump(mode="json"),
+        "experiment_digest": exp.digest(),
+        "port": port,
+        "plan": {k: v for k, v in plan_json(plan).items() if k != "configs"},
+        "versions": mf.versions(),
+        "git_rev": mf.git_revision(),
+        "controller": mf.controller_facts(),
+        "hosts": {},
+        "configs": configs,
+        "points": points,
+        "events": [],
+    }
+    m = mf.Manifest(run_dir, data)
+    m.save()
+    return m
+
+
+class Runner:
+    def __init__(self, m: mf.Manifest, *, console, keep_server: bool = False):
+        self.m = m
+        self.console = console
+        self.keep_server = keep_server
+        self.exp = Experiment.model_validate(m.data["experiment"])
+        self.plan: Plan = make_plan(self.exp)
+        self.port = int(m.data["port"])
+        self.stop_requested = False
+        self.in_ansible = False
+        self.server_up = False
+
+    # -- signals: Ctrl-C / SIGTERM set a flag; outside Ansible they interrupt at once --
+
+    def _on_signal(self, signum, frame):
+        self.stop_requested = True
+        if not self.in_ansible:
+            raise Interrupted(signal.Signals(signum).name)
+
+    # -- helpers --
+
+    @property
+    def run_dir(self) -> Path:
+        return self.m.run_dir
+
+    def event(self, text: str) -> None:
+        self.m.data["events"].append({"t": mf.now_iso(), "event": text})
+        self.console.print(text)
+
+    def base_url(self) -> str:
+        return self.exp.target.url(self.port)
+
+    def _inventory(self) -> str:
+        from servesweep.ansible_run import local_inventory
+
+        inv = self.exp.target.inventory
+        if inv == "local":
+            return local_inventory(self.exp.target.host_group)
+        p = Path(inv).expanduser()
+        if not p.is_absolute() and self.m.data.get("experiment_file"):
+            p = Path(self.m.data["experiment_file"]).parent / p
+        return str(p)
+
+    def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
+        exp, L = self.exp, self.exp.launcher
+        c = self.m.configs[cfg_id]
+        local = exp.target.inventory == "local"
+        python = L.python or (sys.executable if (L.emulator and local) else "python3")
+        return {
+            "sglang_server_hosts": exp.target.host_group,
+            "sglang_server_state": state,
+            "sglang_server_launcher": L.kind,
+            "sglang_server_version": exp.sglang_version,
+            "sglang_server_model_path": exp.model.path,
+            "sglang_server_served_model_name": exp.model.served_model_name or "",
+            "sglang_server_flags": c["flags"],
+            "sglang_server_env": c["env"],
+            "sglang_server_port": self.port,
+            "sglang_server_bind": "127.0.0.1" if local else "0.0.0.0",
+            "sglang_server_python": python,
+            "sglang_server_emulator": L.emulator,
+            "sglang_server_sim_gpu": L.gpu or "",
+            "sglang_server_sim_args": L.sim_args,
+            "sglang_server_extra_spec_algorithms": L.extra_spec_algorithms,
+            "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
+            "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
+            "sglang_server_startup_timeout": int(L.startup_timeout_s),
+            "sglang_server_stop_timeout": int(L.stop_timeout_s),
+            "sglang_server_api_key_env": L.api_key_env or "",
+            "sglang_server_become": L.become,
+            "sglang_server_unit": L.unit,
+            "sglang_server_docker_image": L.image or f"lmsysorg/sglang:v{exp.sglang_version}",
+        }
+
+    def ansible(self, cfg_id: str, state: str, what: str):
+        from servesweep.ansible_run import run_playbook
+
+        c = self.m.configs[cfg_id]
+        ident = f"{cfg_id}-{state}-{c['attempts']}-{int(time.time())}"
+        status = self.console.status(f"{what}: starting Ansible")
+
+        def on_event(ev: dict) -> None:
+            task = (ev.get("event_data") or {}).get("task")
+            if ev.get("event") == "playbook_on_task_start" and task:
+                status.update(f"{what}: {task}")
+
+        self.in_ansible = True
+        try:
+            with status:
+                return run_playbook(
+                    PLAYBOOK,
+                    inventory=self._inventory(),
+                    extravars=self.role_vars(cfg_id, state),
+                    artifact_dir=self.run_dir / "servers" / cfg_id / "ansible",
+                    ident=ident,
+                    timeout_s=self.exp.launcher.startup_timeout_s + self.exp.launcher.stop_timeout_s + 300,
+                    on_event=on_event,
+                    cancel=lambda: self.stop_requested,
+                )
+        finally:
+            self.in_ansible = False
+            if self.stop_requested:
+                raise Interrupted("SIGINT")
+
+    # -- the run --
+
+    def run(self) -> int:
+        old_int = signal.signal(signal.SIGINT, self._on_signal)
+        old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            self._adopt_and_clean()
+            self.m.data["status"] = "running"
+            self.m.data.setdefault("resumed", [])
+            self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
+            self.m.save()
+            for cp in self.plan.configs:
+                if self.stop_requested:
+                    raise Interrupted("SIGINT")
+                self._run_config(cp)
+            self.m.data["status"] = "finished"
+            self.m.save()
+        except Interrupted:
+            self._mark_interrupted()
+            self.console.print(f"[yellow]interrupted[/]: resume with  servesweep run --resume {self.run_dir}")
+            self._stop_server_quietly()
+            return 130
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+        if not self.keep_server:
+            self._stop_server_quietly()
+        self.print_results()
+        return 0 if all(p["status"] in mf.FINISHED for p in self.m.points.values()) else 1
+
+    def _adopt_and_clean(self) -> None:
+        """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
+        finished point folders the manifest did not get to record."""
+        _kill_processes_naming(self.run_dir)
+        for tmp in self.run_dir.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        changed = False
+        for pid, p in self.m.points.items():
+            d = self.run_dir / pid
+            if p["status"] != mf.DONE and (d / "summary.json").is_file():
+                p.update(
+                    status=mf.DONE, dir=pid, result=_headline(json.loads((d / "summary.json").read_text()))
+                )
+                changed = True
+            elif p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+                changed = True
+        if changed:
+            self.m.save()
+
+    def _mark_interrupted(self) -> None:
+        for p in self.m.points.values():
+            if p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+        self.m.data["status"] = "interrupted"
+        self.m.save()
+
+    def _pending(self, cfg_id: str) -> list[str]:
+        return [
+            pid
+            for pid, p in self.m.points.items()
+            if p["config_id"] == cfg_id and p["status"] not in mf.FINISHED
+        ]
+
+    def _run_config(self, cp: ConfigPlan) -> None:
+        cfg = cp.config
+        cid = cfg.id
+        todo = self._pending(cid)
+        if not todo:
+            return
+        c = self.m.configs[cid]
+        c["attempts"] += 1
+        c["status"] = "starting"
+        c["started"] = mf.now_iso()
+        self.m.save()
+        if self.exp.target.managed:
+            self.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
+            res = self.ansible(cid, "started", f"server {cid}")
+            server = res.artifact_data.get("sglang_server")
+            if not res.ok:
+                log = self.run_dir / "servers" / cid / "server.log"
+                self.server_up = False
+                c.update(
+                    status="failed", error=res.error(), server=server, log=str(log) if log.exists() else None
+                )
+                for pid in todo:
+                    self.m.points[pid].update(
+                        status=mf.SERVER_FAILED, reason=f"server did not start: {res.error()}"
+                    )
+                self.m.save()
+                self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
+                return
+            self.server_up = True
+            c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
+            if server and server.get("facts"):
+                self.m.data["hosts"][server.get("host", "?")] = server["facts"]
+            self.m.save()
+            ready = (server or {}).get("ready") or {}
+            self.event(
+                f"[green]✓ {cid}[/] ready (/health after {ready.get('health_after_s', '?')} s, role {res.duration_s:.1f} s)"
+            )
+        else:
+            c.update(status="ready", server={"server_info": _get_json(self.base_url() + "/server_info")})
+            self.m.save()
+        for pid in todo:
+            if self.stop_requested:
+                raise Interrupted("SIGINT")
+            ok = self._run_point(cid, pid)
+            if not ok and not self._healthy():
+                self._server_crashed(cid, pid)
+                return
+        c["status"] = "done"
+        self.m.save()
+
+    def _run_point(self, cid: str, pid: str) -> bool:
+        from servesweep.load import run_point  # no Locust import: it runs Locust as a subprocess
+        from servesweep.loadspec import LoadPoint
+
+        p = self.m.points[pid]
+        ld = self.exp.load
+        if self.exp.flush_cache_between_points:
+            _flush_cache(self.base_url(), self.exp.launcher.api_key_env)
+        point = LoadPoint(
+            base_url=self.base_url(),
+            model=self.exp.model.served_model_name,
+            endpoint=p["workload"],
+            concurrency=p["concurrency"],
+            prompt_tokens=p["prompt_tokens"],
+            output_tokens=p["output_tokens"],
+            requests=ld.requests,
+            duration_s=ld.duration_s,
+            warmup_s=ld.warmup_s,
+            tokenizer=self.exp.model.tokenizer,
+            cache_bust=ld.cache_bust,
+            seed=ld.seed,
+            api_key_env=self.exp.launcher.api_key_env,
+            first_token_s=ld.first_token_timeout_s,
+            point_id=pid,
+            labels={"config_id": cid, "run_id": self.m.data["run_id"], **self.m.configs[cid]["labels"]},
+        )
+        tmp = self.run_dir / f".tmp-{pid}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso())
+        self.m.save()
+        t0 = time.monotonic()
+        status = self.console.status(f"{pid}: starting Locust")
+
+        def progress(d: dict) -> None:
+            status.update(
+                f"{pid}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
+            )
+
+        try:
+            with status:
+                summary = run_point(
+                    point, tmp, workers=ld.workers, progress=progress, slos=",".join(self.exp.slo) or None
+                )
+        except Interrupted:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        except Exception as e:  # the point failed; the run goes on
+            msg = f"{type(e).__name__}: {e}"
+            p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
+            self.m.save()
+            self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
+            return False
+        final = self.run_dir / pid
+        if final.exists():  # a folder from an attempt the manifest never recorded as done
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
+        self.m.save()
+        r = p["result"]
+        self.console.print(
+            f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
+            f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({time.monotonic() - t0:.1f} s)"
+        )
+        return True
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url() + "/health", timeout=30) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _server_crashed(self, cid: str, failed_pid: str) -> None:
+        self.server_up = False
+        c = self.m.configs[cid]
+        if self.exp.target.managed:
+            self.ansible(cid, "logs", f"server {cid} crashed: fetching its log")
+        log = self.run_dir / "servers" / cid / "server.log"
+        c.update(
+            status="crashed",
+            error=f"server stopped answering /health during {failed_pid}",
+            log=str(log) if log.exists() else None,
+        )
+        for pid in self._pending(cid):
+            if self.m.points[pid]["status"] != mf.FAILED:
+                self.m.points[pid].update(
+                    status=mf.SERVER_FAILED, reason=f"server crashed during {failed_pid}"
+                )
+        self.m.save()
+        self.event(f"[red]✗ {cid}[/] crashed; its log: {log}")
+
+    def _stop_server_quietly(self) -> None:
+        if not self.exp.target.managed or self.keep_server:
+            return
+        cid = next(iter(self.m.configs), None)
+        if cid is None:
+            return
+        self.stop_requested = False
+        try:
+            res = self.ansible(cid, "stopped", "stopping the server")
+            if not res.ok:
+                self.console.print(f"[yellow]could not stop the server: {res.error()}[/]")
+        except Interrupted:
+            pass
+
+    # -- results --
+
+    def print_results(self) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"results: {self.run_dir}")
+        for col in (
+            "config",
+            "wl",
+            "prompt",
+            "out",
+            "conc",
+            "status",
+            "tok/s",
+            "TTFT p50",
+            "TTFT p99",
+            "ITL p50",
+            "ITL p99",
+            "fail",
+        ):
+            t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")
+        for p in self.m.points.values():
+            r = p.get("result") or {}
+            st = p["status"]
+            color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
+            t.add_row(
+                p["config_id"],
+                p["workload"],
+                str(p["prompt_tokens"]),
+                str(p["output_tokens"]),
+                str(p["concurrency"]),
+                f"[{color}]{st}[/]",
+                f"{r['output_tokens_per_s']:.1f}" if r.get("output_tokens_per_s") is not None else "-",
+                _ms(r.get("ttft_p50_ms")),
+                _ms(r.get("ttft_p99_ms")),
+                _ms(r.get("itl_p50_ms")),
+                _ms(r.get("itl_p99_ms")),
+                str(r.get("failed", "-")),
+            )
+        self.console.print(t)
+        counts = self.m.counts()
+        self.console.print(
+            "points: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            + f"\nresults: {self.run_dir}/<point>/summary.json, records.parquet; manifest: {self.m.path}"
+        )
+
+
+def _headline(summary: dict) -> dict[str, Any]:
+    def pick(key, stat):
+        v = summary.get(key)
+        return v.get(stat) if isinstance(v, dict) else None
+
+    req = summary.get("requests") or {}
+    return {
+        "ok": req.get("ok"),
+        "failed": req.get("failed"),
+        "output_tokens_per_s": summary.get("output_tokens_per_s"),
+        "request_rate": summary.get("request_rate"),
+        "error_rate": summary.get("error_rate"),
+        "ttft_p50_ms": pick("ttft_ms", "p50"),
+        "ttft_p99_ms": pick("ttft_ms", "p99"),
+        "itl_p50_ms": pick("itl_ms", "p50"),
+        "itl_p99_ms": pick("itl_ms", "p99"),
+        "tpot_p50_ms": pick("tpot_ms", "p50"),
+        "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
+    }
+
+
+def _ms(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f}s" if v >= 1000 else f"{v:.1f}ms"
+
+
+def _flags_text(cfg: ServerConfig) -> str:
+    return " ".join(f"{k}={v}" for k, v in {**cfg.flags, **cfg.env}.items())
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def _flush_cache(base_url: str, api_key_env: str | None, *, tries: int = 20) -> bool:
+    """POST /flush_cache; SGLang answers 400 while requests are still running, so retry briefly."""
+    headers = {}
+    if api_key_env and os.environ.get(api_key_env):
+        headers["Authorization"] = "Bearer " + os.environ[api_key_env]
+    for _ in range(tries):
+        req = urllib.request.Request(base_url + "/flush_cache", data=b"", method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                if r.status == 200:
+                    return True
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                return False
+        except (urllib.error.URLError, OSError):
+            return False
+        time.sleep(0.5)
+    return False
+
+
+def _kill_processes_naming(path: Path) -> None:
+    """Load generators of a killed run still name its folder on their command line."""
+    import psutil
+
+    needle = str(path.resolve())
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != os.getpid() and any(needle in a for a in (p.info["cmdline"] or [])):
+                os.killpg(p.pid, signal.SIGKILL) if os.getpgid(p.pid) == p.pid else p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+
+
+@click.command(name="run")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--resume", "resume", type=click.Path(file_okay=False), help="Continue runs/<run_id> where it stopped."
+)
+@click.option(
+    "--out",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for run folders.",
+)
+@click.option("--keep-server", is_flag=True, help="Leave the last server running at the end.")
+def command(file: str | None, resume: str | None, out: str, keep_server: bool) -> None:
+    """Run an experiment matrix (or --resume one)."""
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI: no 80-column wrap
+    if bool(file) == bool(resume):
+        raise click.UsageError("give an experiment FILE or --resume runs/<run_id> (one of them)")
+    if resume:
+        try:
+            m = mf.Manifest.load(Path(resume))
+        except (FileNotFoundError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        m.data.setdefault("resumed", []).append(mf.now_iso())
+        done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
+        console.print(f"resuming {m.data['run_id']}: {done} of {len(m.points)} points already done")
+    else:
+        try:
+            exp = load_experiment(file)
+        except ExperimentError as e:
+            click.echo(str(e), err=True)
+            sys.exit(2)
+        m = create_run(exp, Path(out), experiment_file=file)
+    rc = Runner(m, console=console, keep_server=keep_server).run()
+    sys.exit(rc)
