@@ -565,6 +565,7 @@ class ResolvedServer:
     sglang_version: str
     log_lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    mamba_ratio: int = 0  # state slots per running request (kv_cache_configurator._calculate_mamba_ratio)
 
     @property
     def is_hybrid(self) -> bool:
@@ -642,7 +643,10 @@ def resolve_server(
     vt = _version_tuple(version)
     gpu = get_gpu(a.pop("sim_gpu", None))
     extra = {s.upper() for s in (extra_spec_algorithms or ())}
-    extra |= {s.strip().upper() for s in (a.pop("sim_extra_spec_algorithms", None) or ()) if s.strip()}
+    more = a.pop("sim_extra_spec_algorithms", None) or ()
+    if isinstance(more, str):
+        more = more.split(",")
+    extra |= {str(s).strip().upper() for s in more if str(s).strip()}
     for k in [k for k in a if k.startswith("sim_")]:
         a.pop(k)
 
@@ -946,6 +950,7 @@ def resolve_server(
         sglang_version=version,
         log_lines=log,
         warnings=warns,
+        mamba_ratio=mamba_ratio,
     )
 
 

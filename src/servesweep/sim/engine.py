@@ -92,6 +92,7 @@ class EngineStats:
     new_token_ratio: float
     num_retracted_reqs: int  # retracted in the last retraction event (gauge)
     evictable_tokens: int
+    mamba_usage: float  # hybrid models: state slots in use / max_mamba_cache_size (0 otherwise)
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -278,6 +279,7 @@ class Engine:
             new_token_ratio=self._ratio,
             num_retracted_reqs=self._last_retracted,
             evictable_tokens=self._cache_tokens - self._locked_tokens,
+            mamba_usage=self._mamba_usage(),
             counters={
                 "prompt_tokens": self.c_prompt_tokens,
                 "generation_tokens": self.c_generation_tokens,
@@ -291,6 +293,20 @@ class Engine:
                 "prefill_steps": self.c_prefill_steps,
             },
         )
+
+    def _mamba_usage(self) -> float:
+        slots = self.resolved.state_slots
+        if not slots:
+            return 0.0
+        # each running request holds its state plus the ping-pong/track slots of its strategy (the "mamba ratio")
+        per_req = max(1, self.resolved.mamba_ratio)
+        running = len(self.running) + (1 if self._chunked is not None else 0)
+        return min(1.0, running * per_req / slots)
+
+    def scheduled_time(self) -> float:
+        """The end time of the step in flight on the engine's clock: inside an emit callback, the instant this
+        emission was scheduled for (ground truth compares the actual write time against it)."""
+        return self._vt if self._sim else self._t0 + self._vt
 
     @property
     def accept_model(self) -> AcceptModel | None:
