@@ -219,14 +219,19 @@ def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
 
 
 def _point_axes(point_id: str, summary: Mapping, mpoint: Mapping | None) -> dict[str, str]:
+    # Lowest to highest precedence: the manifest's entry, the point's labels (the orchestrator's axes), then the
+    # LoadPoint's own fields (what was measured). Top-level summary keys are results, never axes.
     axes: dict[str, str] = {}
-    for src in (mpoint or {}, summary):
-        for key in ("axes", "point", "load", "server", "labels"):
-            if isinstance(src.get(key), Mapping):
-                axes.update(_scalar_labels(src[key]))
-                if isinstance(src[key].get("labels"), Mapping):  # LoadPoint.labels: the orchestrator's axes
-                    axes.update(_scalar_labels(src[key]["labels"]))
-        axes.update({k: v for k, v in _scalar_labels(src).items() if k in AXES})
+    mp = mpoint or {}
+    axes.update({k: v for k, v in _scalar_labels(mp).items() if k in AXES})
+    for key in ("axes", "server", "load", "labels", "point"):
+        if isinstance(mp.get(key), Mapping):
+            axes.update(_scalar_labels(mp[key]))
+    point = summary.get("point")
+    if isinstance(point, Mapping):
+        if isinstance(point.get("labels"), Mapping):
+            axes.update(_scalar_labels(point["labels"]))
+        axes.update(_scalar_labels(point))
     # common synonyms of the matrix axes
     for alias, name in (("tp_size", "tp"), ("speculative_algorithm", "speculative_method"),
                         ("context_len", "context_length"), ("users", "concurrency"),

@@ -1,0 +1,357 @@
+"""End to end with real parts: the emulator (speculative decoding on, some injected 500s), real Locust points through
+run_point, the exporter, a real Prometheus scraping both through file_sd, a real Pushgateway, and promtool backfill.
+
+One module fixture builds the world once (about 30 s):
+  1. an "old" run (2 points) is done while no Prometheus is watching; its clock is set 40 days back, so it is
+     history, and it is imported with servesweep.promconfig.backfill into a fresh Prometheus data dir;
+  2. Prometheus starts on that data dir and scrapes (every second) the exporter and the emulator;
+  3. a live run (3 points) feeds the exporter with the records of each point, then its summary.
+Then every query of every dashboard panel, annotation and variable runs against that Prometheus and must return
+finite data; the History queries must show the old run next to the live one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from servesweep.dashboards import build_all, expressions, metric_names
+from servesweep.exporter import ClientMetrics
+from servesweep.load import run_point
+from servesweep.loadspec import LoadPoint
+from servesweep.promconfig import backfill, run_openmetrics, write_prometheus_config, write_targets
+from servesweep.records import read_parquet
+from servesweep.sim.launch import start_sim
+
+MODEL = "qwen3.6-35b-a3b"
+CONFIG = "tp1-nextn"
+OLD_RUN, LIVE_RUN = "e2e-old", "e2e-live"
+DAY = 86400.0
+SIM_ARGS = ["--model-path", MODEL, "--enable-metrics", "--enable-cache-report",
+            "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--sim-fault-rate", "500=0.2", "--sim-seed", "7"]  # fmt: skip
+# (concurrency, prompt tokens): shapes shared by both runs so A vs B can match them
+OLD_POINTS = [(1, 200), (4, 200)]
+LIVE_POINTS = [(1, 200), (4, 200), (4, 600)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is not None:
+        return
+    os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(5)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(5)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s: {log.read_text()[-2000:]}")
+
+
+def _point(base_url: str, c: int, p: int) -> LoadPoint:
+    return LoadPoint(
+        base_url=base_url,
+        model=MODEL,
+        concurrency=c,
+        prompt_tokens=p,
+        output_tokens=24,
+        requests=2 * c + 2,
+        point_id=f"c{c}-p{p}",
+        labels={"config": CONFIG},
+        # The emulator injects 500s at a rate; the template probe would hit them too, so give its result here.
+        template_overhead=9,
+        continuous_usage=True,
+    )
+
+
+def _axes(c: int, p: int) -> dict:
+    return {"model": MODEL, "config": CONFIG, "tp": 1, "speculative_method": "NEXTN", "context_length": 262144,
+            "prompt_tokens": p, "output_tokens": 24, "concurrency": c, "workload": "chat"}  # fmt: skip
+
+
+class World:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.sim = None
+        self.metrics: ClientMetrics | None = None
+
+    def prom(self, path: str, **params) -> dict:
+        url = f"{self.prom_url}{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def close(self):
+        if self.metrics is not None:
+            self.metrics.stop()
+        for p in self.procs:
+            _stop(p)
+        if self.sim is not None:
+            self.sim.stop()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prom-e2e")
+    w = World(tmp)
+    try:
+        _build(w)
+        yield w
+    finally:
+        w.close()
+
+
+def _build(w: World) -> None:
+    tmp = w.tmp
+    w.sim = start_sim(SIM_ARGS, log_path=tmp / "sim.log")
+    base = w.sim.base_url
+
+    # 1. an old run nobody scraped, moved 40 days into the past, imported with promtool
+    old_dir = tmp / "runs" / OLD_RUN
+    for c, p in OLD_POINTS:
+        run_point(_point(base, c, p), old_dir / f"c{c}-p{p}", slos="ttft<=10s")
+    for sp in old_dir.glob("*/summary.json"):
+        s = json.loads(sp.read_text())
+        s["started_unix"] -= 40 * DAY
+        s["point"]["labels"].update(
+            {k: str(v) for k, v in _axes(s["point"]["concurrency"], s["point"]["prompt_tokens"]).items()}
+        )
+        sp.write_text(json.dumps(s))
+    (old_dir / "manifest.json").write_text(json.dumps({"run_id": OLD_RUN}))
+    w.old_openmetrics = run_openmetrics(old_dir)
+    data = tmp / "prom-data"
+    w.old_blocks = backfill(old_dir, data)
+
+    # 2. exporter, Pushgateway and Prometheus (file_sd targets written before it starts)
+    w.metrics = ClientMetrics(LIVE_RUN)
+    exp_port = w.metrics.serve("127.0.0.1", 0)
+    w.exporter_url = f"http://127.0.0.1:{exp_port}"
+    pg_port, prom_port = _free_port(), _free_port()
+    w.pushgateway_url = f"http://127.0.0.1:{pg_port}"
+    pg = _start(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{pg_port}",
+                 f"--persistence.file={tmp / 'pg.data'}"], tmp / "pushgateway.log")  # fmt: skip
+    w.procs.append(pg)
+    sd = tmp / "targets"
+    write_targets(sd, LIVE_RUN, exporters=[f"127.0.0.1:{exp_port}"],
+                  servers=[{"target": f"127.0.0.1:{w.sim.port}", "config": CONFIG}])  # fmt: skip
+    cfg = write_prometheus_config(tmp / "prometheus.yml", sd_dir=sd, scrape_interval="1s",
+                                  pushgateway=f"127.0.0.1:{pg_port}")  # fmt: skip
+    check = subprocess.run(
+        ["promtool", "check", "config", str(cfg)], capture_output=True, text=True, timeout=30
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    prom = _start(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",
+                   f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=3650d",
+                   "--log.level=warn"], tmp / "prometheus.log")  # fmt: skip
+    w.procs.append(prom)
+    w.prom_url = f"http://127.0.0.1:{prom_port}"
+    _wait_http(w.prom_url + "/-/ready", prom, tmp / "prometheus.log")
+    _wait_http(w.pushgateway_url + "/-/ready", pg, tmp / "pushgateway.log")
+    _wait_targets_up(w)
+
+    # 3. the live run: each point's records feed the exporter as the point ends, then its summary
+    w.live_start = time.time()
+    live_dir = tmp / "runs" / LIVE_RUN
+    for c, p in LIVE_POINTS:
+        pid = f"c{c}-p{p}"
+        w.metrics.point_started(pid, _axes(c, p))
+        w.metrics.set_users(c)
+        time.sleep(1.5)  # a scrape sees the point start (counters at 0) before the records land
+        summary = run_point(_point(base, c, p), live_dir / pid, slos="ttft<=10s")
+        w.metrics.observe_many(read_parquet(live_dir / pid / "records.parquet").to_pylist())
+        time.sleep(1.5)
+        w.metrics.point_finished(pid, summary)
+        w.metrics.set_users(0)
+    time.sleep(2.5)  # two more scrapes: the last summaries and the final counters are in
+    w.live_end = time.time()
+
+
+def _wait_targets_up(w: World, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        active = w.prom("/api/v1/targets")["activeTargets"]
+        up = {t["labels"]["job"] for t in active if t["health"] == "up"}
+        if {"servesweep", "sglang", "pushgateway"} <= up:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"targets not up: {[(t['scrapeUrl'], t['health'], t['lastError']) for t in active]}"
+            )
+        time.sleep(0.3)
+
+
+def _subst(expr: str, dash: str, w: World, step: int) -> str:
+    if dash == "history.json":
+        values = {"run_id": ".*", "run_a": OLD_RUN, "run_b": LIVE_RUN, "__range": "60d"}
+    else:
+        values = {"run_id": LIVE_RUN, "__range": "1h"}
+    values.update({"model": ".*", "config": ".*", "__rate_interval": "10s", "__interval": f"{step}s"})
+    for k in sorted(values, key=len, reverse=True):
+        expr = expr.replace("$" + k, values[k])
+    assert "$" not in expr, expr
+    return expr
+
+
+def _finite(result: list[dict]) -> bool:
+    for r in result:
+        vals = r.get("values") or ([r["value"]] if "value" in r else [])
+        if any(math.isfinite(float(v)) for _t, v in vals):
+            return True
+    return False
+
+
+def _run(w: World, dash: str, e: dict) -> list[dict]:
+    """Run one dashboard expression the way Grafana would (variables substituted), return its series."""
+    if e["kind"] == "variable":
+        # label_values(selector, label): the values Grafana would offer
+        inner = e["expr"][len("label_values(") : -1]
+        sel, _, label = inner.rpartition(",")
+        sel = _subst(sel.strip(), dash, w, 60)
+        series = w.prom(
+            "/api/v1/series", **{"match[]": sel, "start": time.time() - 60 * DAY, "end": time.time()}
+        )
+        return [{"value": [0, "1"]} for s in series if s.get(label.strip())]
+    if dash == "history.json" and not e["instant"]:
+        step = 3600
+        q = _subst(e["expr"], dash, w, step)
+        return w.prom(
+            "/api/v1/query_range", query=q, start=time.time() - 45 * DAY, end=time.time(), step=step
+        )["result"]
+    if e["instant"]:
+        return w.prom("/api/v1/query", query=_subst(e["expr"], dash, w, 1), time=time.time())["result"]
+    q = _subst(e["expr"], dash, w, 1)
+    return w.prom("/api/v1/query_range", query=q, start=w.live_start - 5, end=w.live_end, step=1)["result"]
+
+
+CASES = [(name, i) for name, d in build_all().items() for i in range(len(expressions(d)))]
+
+
+@pytest.mark.parametrize("dash,index", CASES, ids=[f"{n}-{i}" for n, i in CASES])
+def test_every_dashboard_query_returns_data(world, dash, index):
+    e = expressions(build_all()[dash])[index]
+    result = _run(world, dash, e)
+    assert _finite(result), f"{dash} / {e['kind']} {e['title']!r}: no data for {e['expr']}"
+
+
+def test_every_dashboard_metric_is_exposed_and_sglang_names_are_sglangs(world):
+    def names(url: str) -> set[str]:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+    exposed_sim = names(world.sim.base_url)
+    exposed_exp = names(world.exporter_url)
+    for dash, d in build_all().items():
+        for e in expressions(d):
+            for m in metric_names(e["expr"]):
+                where = exposed_sim if m.startswith("sglang:") else exposed_exp
+                assert m in where, (
+                    f"{dash} / {e['title']}: {m} is not in the {'emulator' if m.startswith('sglang:') else 'exporter'} /metrics"
+                )
+
+
+def test_backfilled_old_run_shows_up_in_history(world):
+    assert world.old_blocks, "promtool created no block"
+    now = time.time()
+    # the Runs table lists both runs; the old one at its own (old) start time
+    q = "min by (run_id) (last_over_time(servesweep_point_start_timestamp_seconds[60d]))"
+    starts = {
+        r["metric"]["run_id"]: float(r["value"][1])
+        for r in world.prom("/api/v1/query", query=q, time=now)["result"]
+    }
+    assert set(starts) == {OLD_RUN, LIVE_RUN}
+    assert now - 41 * DAY < starts[OLD_RUN] < now - 39 * DAY
+    assert abs(starts[LIVE_RUN] - world.live_start) < 120
+    # A vs B: every shape of the old run is matched in the live run, with a finite ratio
+    hist = build_all()["history.json"]
+    ratio = next(
+        e for e in expressions(hist) if e["title"] == "A vs B by point shape" and "clamp_min" in e["expr"]
+    )
+    res = _run(world, "history.json", ratio)
+    shapes = {(r["metric"]["concurrency"], r["metric"]["prompt_tokens"]) for r in res}
+    assert shapes == {(str(c), str(p)) for c, p in OLD_POINTS}
+    assert all(0 < float(r["value"][1]) < 100 for r in res)
+    # old values are the summaries' own (exact percentiles), not re-derived
+    s = json.loads((world.tmp / "runs" / OLD_RUN / "c4-p200" / "summary.json").read_text())
+    q = f'last_over_time(servesweep_point_ttft_seconds{{run_id="{OLD_RUN}", point_id="c4-p200", stat="p99"}}[60d])'
+    (v,) = world.prom("/api/v1/query", query=q, time=now)["result"]
+    assert math.isclose(float(v["value"][1]), s["ttft_ms"]["p99"] / 1e3, rel_tol=1e-9)
+
+
+def test_live_client_counts_match_the_records(world):
+    """What Prometheus scraped from the exporter equals the records: successes and failures by class."""
+    live = world.tmp / "runs" / LIVE_RUN
+    want: dict[str, int] = {}
+    for c, p in LIVE_POINTS:
+        for row in read_parquet(live / f"c{c}-p{p}" / "records.parquet").to_pylist():
+            if not row["warmup"]:
+                k = row["error_class"] or "none"
+                want[k] = want.get(k, 0) + 1
+    assert want.get("http_5xx", 0) > 0, "the emulator injected no 500: the errors panel would be empty"
+    q = f'sum by (error_class) (servesweep_requests_total{{run_id="{LIVE_RUN}", job="servesweep"}})'
+    got = {
+        r["metric"]["error_class"]: int(float(r["value"][1]))
+        for r in world.prom("/api/v1/query", query=q, time=time.time())["result"]
+    }
+    assert got == want
+    # and the server saw the same number of finished streams as the client counted successes (+ old run's)
+    assert world.prom("/api/v1/query", query="sglang:num_requests_total", time=time.time())["result"]
+
+
+def test_pushgateway_push_is_scraped(world):
+    """A headless CI run that ends before a scrape pushes its metrics; Prometheus scrapes them from the gateway."""
+    ci = ClientMetrics("e2e-ci")
+    ci.point_started("c2-p100", {"model": MODEL, "config": CONFIG, "concurrency": 2})
+    ci.point_finished("c2-p100", {"output_tokens_per_s": 123.5, "requests": {"measured": 4, "failed": 0}})
+    ci.push(world.pushgateway_url, job="servesweep-ci")
+    text = urllib.request.urlopen(world.pushgateway_url + "/metrics", timeout=10).read().decode()
+    assert (
+        'servesweep_point_output_tokens_per_second{config="tp1-nextn",instance="",job="servesweep-ci"' in text
+    )
+    deadline = time.monotonic() + 10
+    q = 'servesweep_point_output_tokens_per_second{run_id="e2e-ci"}'
+    while True:
+        res = world.prom("/api/v1/query", query=q, time=time.time())["result"]
+        if res:
+            break
+        assert time.monotonic() < deadline, "Prometheus did not scrape the pushed metrics"
+        time.sleep(0.3)
+    (r,) = res
+    assert r["metric"]["job"] == "servesweep-ci"  # honor_labels kept the pushed job
+    assert float(r["value"][1]) == 123.5
