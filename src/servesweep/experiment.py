@@ -555,7 +555,7 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
         exp = Experiment.model_validate(plain)
     except ValidationError as e:
         problems.extend(_translate(err) for err in e.errors())
-    if exp is not None:
+    if exp is not None and not problems:  # cross-checks would only echo the problems above
         _check_semantics(exp, problems)
     if problems:
         lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
