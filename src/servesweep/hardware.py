@@ -374,7 +374,7 @@ class GpuProfile:
 GPU_PROFILES: dict[str, GpuProfile] = {
     "H200": GpuProfile("H200", 143771, 4.8e12, 989.5e12, 450e9, 12e-6),
     "H100": GpuProfile("H100", 81559, 3.35e12, 989.5e12, 450e9, 12e-6),
-    "RTX PRO 6000 Blackwell": GpuProfile("RTX PRO 6000 Blackwell", 97887, 1.792e12, 251.9e12, 64e9, 18e-6),
+    "RTX PRO 6000 Blackwell": GpuProfile("RTX PRO 6000 Blackwell", 97887, 1.792e12, 503.8e12, 64e9, 18e-6),
     "RTX A6000": GpuProfile("RTX A6000", 49140, 768e9, 154.8e12, 25e9, 20e-6),
 }
 _GPU_ALIASES = {
