@@ -9,6 +9,7 @@ bank; every prompt is encoded once more in full to check its length (as the emul
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +24,11 @@ def main() -> None:
     ap.add_argument("--num-groups", type=int, default=1)
     args = ap.parse_args()
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     from servesweep.prompts import _bank, build_pool
     from servesweep.tokenizer import load_tokenizer, render_chatml
 
-    tok = load_tokenizer()
+    tok = load_tokenizer(None)  # the same cached instance build_pool uses
     _bank(tok)
     t_setup = time.perf_counter() - t0
     kw = dict(
@@ -37,6 +38,7 @@ def main() -> None:
         t1 = time.perf_counter()
         pool = build_pool(args.prompt_tokens, args.n, cache_dir=Path(d), **kw)
         t_build = time.perf_counter() - t1
+        cpu_cold = time.process_time() - c0
 
         t2 = time.perf_counter()
         again = build_pool(args.prompt_tokens, args.n, cache_dir=Path(d), **kw)
@@ -53,7 +55,8 @@ def main() -> None:
     counts = {len(ids) for ids in tok.encode_batch(texts)}
     print(
         f"{args.n} prompts × {args.prompt_tokens} tokens ({args.endpoint}): "
-        f"tokenizer+bank {t_setup:.2f} s, build {t_build:.2f} s, cold total {t_setup + t_build:.2f} s; "
+        f"tokenizer+bank {t_setup:.2f} s, build {t_build:.2f} s, cold total {t_setup + t_build:.2f} s "
+        f"(CPU {cpu_cold:.2f} s, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores); "
         f"from disk cache {t_cached:.2f} s ({size / 1e6:.1f} MB); request bodies {t_bodies:.2f} s "
         f"({sum(len(h) + len(t) for h, t in bodies) / 1e6:.1f} MB); token counts seen {sorted(counts)}"
     )

@@ -249,16 +249,20 @@ class Nonces:
 
 @dataclass
 class _Bank:
-    mid: list[list[int]]  # " Sentence." ids (inside a paragraph)
-    start: list[list[int]]  # "Sentence." ids (first of a paragraph)
+    """Sentences with their token counts; a prompt's length is the sum of its parts' counts."""
+
+    mid_text: list[str]  # " Sentence." (inside a paragraph)
+    start_text: list[str]  # "Sentence." (first of a paragraph)
+    mid_len: list[int]
+    start_len: list[int]
     topics: list[list[int]]  # sentence indices per topic
     by_mid_len: dict[int, list[int]]
     by_start_len: dict[int, list[int]]
     reach: list[bool]  # reach[r]: r tokens can be filled exactly with mid sentences
-    para_end: list[int]  # replaces a sentence's final "." when the paragraph ends: ".\n\n"
-    sep: list[int]  # "\n" between the nonce and the body
-    instruction: list[int]  # the system prompt's closing sentence (it starts a paragraph), without its "."
-    dot: list[int]
+    delta: int  # tokens a paragraph break adds after a sentence's final "."
+    sep: int  # tokens of the "\n" between the nonce and the body
+    instruction: str  # the system prompt's closing sentence (it starts a paragraph)
+    instruction_len: int
     needle_words: dict
     max_cost: int
 
@@ -346,33 +350,34 @@ def _bank(tok: Tokenizer) -> _Bank:
         raise ValueError(f"tokenizer {tok.name}: sentences do not end on a '.' token; cannot compose prompts")
     keep_set = set(keep)
     topics = [[i for i in t if i in keep_set] for t in topics]
+    mid_len = [len(x) for x in mids]
+    start_len = [len(x) for x in starts]
     by_mid: dict[int, list[int]] = {}
     by_start: dict[int, list[int]] = {}
     for i in keep:
-        by_mid.setdefault(len(mids[i]), []).append(i)
-        by_start.setdefault(len(starts[i]), []).append(i)
-    para_end = tok.encode(".\n\n")
-    max_cost = max(max(by_mid), max(by_start)) + len(para_end)
+        by_mid.setdefault(mid_len[i], []).append(i)
+        by_start.setdefault(start_len[i], []).append(i)
+    delta = len(tok.encode(".\n\n")) - len(dot)
+    max_cost = max(max(by_mid), max(by_start)) + delta
     limit = _FINAL_WINDOW + 4 * max_cost
     reach = [False] * (limit + 1)
     reach[0] = True
     for r in range(1, limit + 1):
         reach[r] = any(r >= L and reach[r - L] for L in by_mid)
     reach[0] = False  # "fillable with at least one sentence"
-    instruction = tok.encode(data["instruction"])
-    if instruction[-len(dot) :] != dot:
-        raise ValueError(f"tokenizer {tok.name}: the instruction does not end on a '.' token")
     return _Bank(
-        mid=mids,
-        start=starts,
+        mid_text=[" " + x for x in sents],
+        start_text=sents,
+        mid_len=mid_len,
+        start_len=start_len,
         topics=[t for t in topics if t],
         by_mid_len=by_mid,
         by_start_len=by_start,
         reach=reach,
-        para_end=para_end,
-        sep=tok.encode("\n"),
-        instruction=instruction[: -len(dot)],
-        dot=dot,
+        delta=delta,
+        sep=len(tok.encode("\n")),
+        instruction=data["instruction"],
+        instruction_len=len(tok.encode(data["instruction"])),
         needle_words=data["needles"],
         max_cost=max_cost,
     )
@@ -383,75 +388,77 @@ def _reachable(bank: _Bank, r: int) -> bool:
 
 
 def _compose(
-    bank: _Bank, rng: random.Random, total: int, *, needle: list[int] | None, end_para: bool
-) -> list[int]:
-    """Token ids of paragraphs of filler, exactly `total` long, the needle (a mid-paragraph sentence) inside.
+    bank: _Bank,
+    rng: random.Random,
+    total: int,
+    *,
+    needle: tuple[str, int] | None = None,
+    end_para: bool = True,
+) -> str:
+    """Paragraphs of filler exactly `total` tokens long, with the needle (text, tokens) as a sentence inside.
 
-    The last sentence ends with a paragraph break when `end_para` (text follows), with "." otherwise.
+    With `end_para` the text ends with a paragraph break (more text follows), else with the last ".".
     """
-    dot_n = 1  # a sentence's final "." is one token (checked when the bank is built)
-    delta = len(bank.para_end) - dot_n
-    r = total - (len(needle) if needle else 0)
-    chunks: list[list[int]] = []
-    slots: list[
-        int
-    ] = []  # chunk positions after which a mid sentence may go (after a sentence ending in ".")
-    pos, plen, topic = 0, rng.randint(3, 8), rng.choice(bank.topics)
+    r = total - (needle[1] if needle else 0)
+    mid_text, mid_len, start_text, start_len = bank.mid_text, bank.mid_len, bank.start_text, bank.start_len
+    delta = bank.delta
+    paras: list[list[str]] = []
+    # Whole paragraphs while far from the end (one topic, 3-8 sentences each).
+    far = _FINAL_WINDOW + 9 * bank.max_cost
+    while r > far:
+        ss = rng.choices(rng.choice(bank.topics), k=rng.randint(3, 8))
+        r -= start_len[ss[0]] + sum([mid_len[s] for s in ss[1:]]) + delta
+        paras.append([start_text[ss[0]], *[mid_text[s] for s in ss[1:]]])
+    # Then sentence by sentence down to the final window.
+    cur: list[str] = []
+    plen, topic = rng.randint(3, 8), rng.choice(bank.topics)
     while r > _FINAL_WINDOW:
         s = topic[rng.randrange(len(topic))]
-        closing = pos + 1 >= plen
-        ids = bank.start[s] if pos == 0 else bank.mid[s]
-        if closing:
-            ids = ids[:-dot_n] + bank.para_end
-            pos, plen, topic = 0, rng.randint(3, 8), rng.choice(bank.topics)
+        if cur:
+            cur.append(mid_text[s])
+            r -= mid_len[s]
         else:
-            pos += 1
-        chunks.append(ids)
-        r -= len(ids)
-        if not closing:
-            slots.append(len(chunks))
-    # Finish the current paragraph with sentences whose lengths sum to exactly r.
+            cur.append(start_text[s])
+            r -= start_len[s]
+        if len(cur) >= plen:
+            r -= delta
+            paras.append(cur)
+            cur, plen, topic = [], rng.randint(3, 8), rng.choice(bank.topics)
+    # Finish the last paragraph with sentences whose lengths sum to exactly what is left.
     end_extra = delta if end_para else 0
-    if pos == 0:
+    if not cur:
         choices = [
-            L for L in bank.by_start_len if _reachable(bank, r - L - end_extra) and r - L - end_extra > 0
+            L for L in bank.by_start_len if r - L - end_extra > 0 and _reachable(bank, r - L - end_extra)
         ]
         if not choices:
             raise ValueError(f"cannot compose {total} tokens of filler (too short)")
         s = rng.choice(bank.by_start_len[rng.choice(choices)])
-        chunks.append(bank.start[s])
-        slots.append(len(chunks))
-        r -= len(bank.start[s])
+        cur.append(start_text[s])
+        r -= start_len[s]
     r -= end_extra
     if not _reachable(bank, r):
         raise ValueError(f"cannot compose {total} tokens of filler (too short)")
     while r > 0:
-        choices = [L for L in bank.by_mid_len if L <= r and _reachable(bank, r - L)]
-        L = rng.choice(choices)
-        s = rng.choice(bank.by_mid_len[L])
-        chunks.append(bank.mid[s])
+        L = rng.choice([L for L in bank.by_mid_len if L <= r and _reachable(bank, r - L)])
+        cur.append(mid_text[rng.choice(bank.by_mid_len[L])])
         r -= L
-        if r > 0:
-            slots.append(len(chunks))
-    if end_para:
-        chunks[-1] = chunks[-1][:-dot_n] + bank.para_end
-    if needle:
-        if not slots:
-            raise ValueError(f"cannot place the needle in {total} tokens of filler (too short)")
-        chunks.insert(rng.choice(slots), needle)
-    out: list[int] = []
-    for c in chunks:
-        out.extend(c)
-    return out
+    paras.append(cur)
+    if (
+        needle
+    ):  # after any sentence but a paragraph's first: a sentence that begins with " " is a mid sentence
+        p = rng.choice(paras)
+        p.insert(rng.randint(1, len(p)), needle[0])
+    return "\n\n".join(["".join(p) for p in paras]) + ("\n\n" if end_para else "")
 
 
-def _needle(bank: _Bank, tok: Tokenizer, rng: random.Random) -> tuple[list[int], list[int], str, str]:
+def _needle(tok: Tokenizer, bank: _Bank, rng: random.Random) -> tuple[tuple[str, int], str, int, str]:
+    """(the fact as a mid-paragraph sentence and its tokens, the closing question and its tokens, the answer)."""
     w = bank.needle_words
     adj, noun, word = rng.choice(w["adjectives"]), rng.choice(w["nouns"]), rng.choice(w["words"])
     answer = f"{word}-{rng.randrange(1000, 10000)}"
     fact = f" The access code for the {adj} {noun} is {answer}."
     question = f"Question: What is the access code for the {adj} {noun}? Answer with the code only."
-    return tok.encode(fact), tok.encode(question), question, answer
+    return (fact, len(tok.encode(fact))), question, len(tok.encode(question)), answer
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -596,7 +603,7 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
     endpoint, overhead, k = params["endpoint"], params["template_overhead"], params["nonce_digits"]
     prefix_p, groups = params["shared_prefix_tokens"], params["num_groups"]
     k_tokens = nonce_tokens(tok, k)
-    sep = len(bank.sep) if k else 0
+    sep = bank.sep if k else 0
     nonce = "0" * k
 
     # Tokens outside the filler: the template around the content, the nonce and its separator.
@@ -606,7 +613,7 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
             after = overhead - before
     else:
         before, after = (overhead or 0), 0
-    min_prefix = before + len(bank.instruction) + 2 * bank.max_cost if prefix_p else 0
+    min_prefix = before + bank.instruction_len + 2 * bank.max_cost if prefix_p else 0
     if prefix_p and prefix_p < min_prefix:
         raise ValueError(
             f"shared_prefix_tokens={prefix_p} is too small: a shared prefix needs ≥ {min_prefix} tokens"
@@ -614,18 +621,17 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
     system_tokens = prefix_p - before if prefix_p else 0
     body_budget = target - (prefix_p if prefix_p else before) - after - k_tokens - sep
 
-    prefixes: list[list[int]] = []
+    prefixes: list[str] = []
     for g in range(groups if prefix_p else 0):
         rng = random.Random(f"{seed}:group:{g}")
         # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
-        end = bank.para_end if endpoint != "chat" else bank.dot
-        filler_n = system_tokens - len(bank.instruction) - len(end)
-        prefixes.append(_compose(bank, rng, filler_n, needle=None, end_para=True) + bank.instruction + end)
+        # In completions text follows the prefix, after a paragraph break.
+        end, end_n = ("\n\n", bank.delta) if endpoint != "chat" else ("", 0)
+        filler_n = system_tokens - bank.instruction_len - end_n
+        prefixes.append(_compose(bank, rng, filler_n) + bank.instruction + end)
     if prefixes and endpoint == "chat":  # the prefix must encode to exactly P tokens, up to the user content
         heads = [
-            render_chatml(
-                [{"role": "system", "content": tok.decode(p)}, {"role": "user", "content": NONCE_SLOT}]
-            )
+            render_chatml([{"role": "system", "content": p}, {"role": "user", "content": NONCE_SLOT}])
             for p in prefixes
         ]
         counts = [len(ids) for ids in _encode_batch(tok, [h[: h.index(NONCE_SLOT)] for h in heads])]
@@ -634,17 +640,16 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
                 f"shared prefix came out at {counts} tokens, not {prefix_p} (tokenizer {tok.name})"
             )
 
-    def make(i: int, attempt: int, adjust: int) -> Prompt:
-        rng = random.Random(f"{seed}:{i}:{attempt}")
-        fact, q_ids, question, answer = _needle(bank, tok, rng)
-        filler_n = body_budget - len(q_ids) + adjust
-        if filler_n < len(fact) + 2 * bank.max_cost:
+    def make(i: int, adjust: int = 0) -> Prompt:
+        rng = random.Random(f"{seed}:{i}")
+        fact, question, q_len, answer = _needle(tok, bank, rng)
+        filler_n = body_budget - q_len + adjust
+        if filler_n < fact[1] + 2 * bank.max_cost:
             raise ValueError(
                 f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, the "
-                f"nonce and the shared prefix; it needs ≥ {len(q_ids) + len(fact) + 2 * bank.max_cost}"
+                f"nonce and the shared prefix; it needs ≥ {q_len + fact[1] + 2 * bank.max_cost}"
             )
-        body = _compose(bank, rng, filler_n, needle=fact, end_para=True) + q_ids
-        user = (NONCE_SLOT + "\n" if k else "") + tok.decode(body)
+        user = (NONCE_SLOT + "\n" if k else "") + _compose(bank, rng, filler_n, needle=fact) + question
         g = i % groups if prefix_p else 0
         common = dict(
             nonce_digits=k, group=g, shared_prefix_tokens=prefix_p, question=question, answer=answer
@@ -652,20 +657,22 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
         if endpoint == "chat":
             msgs = [{"role": "user", "content": user}]
             if prefix_p:
-                msgs.insert(0, {"role": "system", "content": tok.decode(prefixes[g])})
+                msgs.insert(0, {"role": "system", "content": prefixes[g]})
             return Prompt("chat", target, messages=msgs, **common)
-        text = (tok.decode(prefixes[g]) if prefix_p else "") + user
+        text = (prefixes[g] if prefix_p else "") + user
         return Prompt("completions", target, text=text, **common)
 
-    prompts = [make(i, 0, 0) for i in range(n)]
+    prompts = [make(i) for i in range(n)]
     # Check every prompt as the server counts it; recompose the rare one that is off (only for unusual tokenizers).
     counts = _count(tok, prompts, overhead, nonce)
-    for attempt in range(1, 9):
+    adjust = [0] * n
+    for _attempt in range(8):
         bad = [i for i, c in enumerate(counts) if c != target]
         if not bad:
             break
         for i in bad:
-            prompts[i] = make(i, attempt, target - counts[i])
+            adjust[i] += target - counts[i]
+            prompts[i] = make(i, adjust[i])
         for i, c in zip(bad, _count(tok, [prompts[i] for i in bad], overhead, nonce), strict=True):
             counts[i] = c
     else:
