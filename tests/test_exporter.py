@@ -194,3 +194,129 @@ def test_bad_input_is_named():
         m.point_finished("p5", {})
     with pytest.raises(ValueError, match="run_id"):
         ClientMetrics("")
+
+
+LOCUSTFILE = '''
+import os
+
+import servesweep.locustfile  # noqa: F401  servesweep's options, point set-up and record writing
+import servesweep.user as su
+from locust import events
+
+from servesweep.exporter import RECORD_CONTEXT_KEY, ClientMetrics, install_locust
+
+
+class StreamWithRecord(su.LLMUser):
+    """The servesweep user, handing each finished request's record to request listeners (the exporter)."""
+
+    def on_start(self):
+        super().on_start()
+        fire = self._fire
+
+        def _fire(**kw):
+            if kw.get("request_type") == "POST":
+                kw["context"] = {RECORD_CONTEXT_KEY: self._rec}
+            fire(**kw)
+
+        self._fire = _fire
+
+    def _report(self, ctx, rec):
+        self._rec = rec
+        super()._report(ctx, rec)
+
+
+@events.init.add_listener
+def _metrics(environment, **_kw):
+    m = ClientMetrics("locust-run")
+    install_locust(environment, m, serve=("127.0.0.1", int(os.environ["METRICS_PORT"])))
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(url: str) -> dict[tuple, float] | None:
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except OSError:
+        return None
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+def test_locust_web_ui_and_headless_endpoint_expose_live_metrics(tmp_path):
+    """A real Locust (web UI, autostarted) against the real emulator: /metrics on the web UI app and on the
+    exporter's own port both show users and requests while the test runs."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from servesweep.sim.launch import start_sim
+
+    lf = tmp_path / "lf.py"
+    lf.write_text(LOCUSTFILE)
+    web_port, metrics_port = _free_port(), _free_port()
+    with start_sim(["--model-path", "qwen3.6-35b-a3b"], log_path=tmp_path / "sim.log") as sim:
+        cmd = [sys.executable, "-m", "locust", "-f", str(lf), "--host", sim.base_url, "--web-host", "127.0.0.1",
+               "--web-port", str(web_port), "--autostart", "-u", "3", "-r", "3", "-t", "6s", "--autoquit", "0",
+               "--prompt-tokens", "200", "--output-tokens", "16", "--model", "qwen3.6-35b-a3b"]  # fmt: skip
+        env = {**os.environ, "METRICS_PORT": str(metrics_port)}
+        with open(tmp_path / "locust.log", "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        try:
+            seen_ui = seen_own = None
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None and not (seen_ui and seen_own):
+                for url in (
+                    f"http://127.0.0.1:{web_port}/metrics",
+                    f"http://127.0.0.1:{metrics_port}/metrics",
+                ):
+                    s = _scrape(url)
+                    if not s:
+                        continue
+                    users = s.get(("servesweep_users_active", (("run_id", "locust-run"),)))
+                    ok = sum(v for (n, lab), v in s.items() if n == "servesweep_requests_total")
+                    if users == 3 and ok > 0:
+                        if "web" in url or str(web_port) in url:
+                            seen_ui = s
+                        else:
+                            seen_own = s
+                time.sleep(0.3)
+            log_tail = (tmp_path / "locust.log").read_text()[-3000:]
+            assert seen_ui, (
+                f"the web UI's /metrics never showed 3 users and requests; locust.log:\n{log_tail}"
+            )
+            assert seen_own, f"the exporter port never showed 3 users and requests; locust.log:\n{log_tail}"
+            # the point is the one servesweep's locustfile built from the options, with its axes
+            (info,) = [dict(lab) for (n, lab), v in seen_own.items() if n == "servesweep_point_info"]
+            assert (
+                info["concurrency"] == "3"
+                and info["prompt_tokens"] == "200"
+                and info["output_tokens"] == "16"
+            )
+            assert info["model"] == "qwen3.6-35b-a3b" and info["workload"] == "chat"
+            ttft = [
+                v
+                for (n, lab), v in seen_own.items()
+                if n == "servesweep_ttft_seconds_count" and dict(lab)["point_id"] == info["point_id"]
+            ]
+            assert ttft and ttft[0] > 0
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)

@@ -299,6 +299,9 @@ class ClientMetrics(Collector):
                 self._points[pt["point_id"]].finished = pt["end"]
         return len(points)
 
+    def has_point(self, point_id: str) -> bool:
+        return point_id in self._points
+
     # -- exposition --
 
     def serve(self, host: str = "127.0.0.1", port: int = 9464) -> int:
@@ -483,6 +486,23 @@ def _families(run_id: str, points: list[_Point], users: float, rate: float):
 
 # ---------------------------------------------------------------- Locust
 
+
+def loadpoint_axes(point) -> dict[str, str]:
+    """Axes of a servesweep LoadPoint: its labels (the orchestrator's axes: config, tp, ...) and its own fields."""
+    if point is None:
+        return {}
+    out = {k: str(v) for k, v in (getattr(point, "labels", None) or {}).items() if _LABEL_NAME.match(str(k))}
+    out.pop("run_id", None)
+    out.pop("point_id", None)
+    for k in ("model", "concurrency", "prompt_tokens", "output_tokens"):
+        v = getattr(point, k, None)
+        if v is not None:
+            out[k] = str(v)
+    if "workload" not in out and getattr(point, "endpoint", None):
+        out["workload"] = str(point.endpoint)
+    return out
+
+
 RECORD_CONTEXT_KEY = "servesweep_record"  # a request event's context carrying the finished request's record
 RECORDS_REPORT_KEY = (
     "servesweep_records"  # workers' report_to_master batches (columns, as RecordBuffer.take())
@@ -504,8 +524,8 @@ def install_locust(
     - users: read from the runner at scrape time (works for local and master runners);
     - web UI mode: `/metrics` is added to the web UI's Flask app; `serve=(host, port)` also serves it on its own port
       (what a headless master needs);
-    - point_id/axes: the point is started at test start and finished at test stop (omit them when an orchestrator
-      calls point_started/point_finished itself).
+    - the point is started at test start and finished at test stop: `point_id`/`axes` when given, else the
+      LoadPoint servesweep's locustfile put on the environment (its id, and axes from its fields and labels).
     """
     from locust.runners import WorkerRunner
 
@@ -514,21 +534,36 @@ def install_locust(
     events = environment.events
     metrics.set_users(lambda: environment.runner.user_count if environment.runner is not None else 0)
 
-    if point_id is not None:
+    def _ctx_point():
+        ctx = getattr(environment, "servesweep", None)  # set by servesweep's locustfile at init
+        return getattr(ctx, "point", None)
 
-        @events.test_start.add_listener
-        def _start(**_kw) -> None:
-            metrics.point_started(point_id, axes)
+    @events.test_start.add_listener
+    def _start(**_kw) -> None:
+        lp = _ctx_point()
+        pid = point_id or (lp.id if lp is not None else None)
+        if pid is not None:
+            metrics.point_started(pid, axes if axes is not None else loadpoint_axes(lp))
 
-        @events.test_stop.add_listener
-        def _stop(**_kw) -> None:
-            metrics.point_finished(point_id)
+    @events.test_stop.add_listener
+    def _stop(**_kw) -> None:
+        lp = _ctx_point()
+        pid = point_id or (lp.id if lp is not None else None)
+        if pid is not None and metrics.has_point(pid):
+            metrics.point_finished(pid)
+
+    def _observe(rec: Mapping) -> None:
+        # Never let a metrics problem break a load test: a record of a point nobody announced starts that point.
+        pid = rec.get("point_id")
+        if pid and not metrics.has_point(pid):
+            metrics.point_started(pid, loadpoint_axes(_ctx_point()))
+        metrics.observe(rec)
 
     @events.request.add_listener
     def _request(context=None, **_kw) -> None:
         rec = context.get(RECORD_CONTEXT_KEY) if context else None
         if rec is not None:
-            metrics.observe(rec)
+            _observe(rec)
 
     @events.worker_report.add_listener
     def _worker_report(client_id=None, data=None, **_kw) -> None:
@@ -537,7 +572,7 @@ def install_locust(
             return
         names = list(cols)
         for row in zip(*(cols[n] for n in names), strict=True):
-            metrics.observe(dict(zip(names, row, strict=True)))
+            _observe(dict(zip(names, row, strict=True)))
 
     web_ui = getattr(environment, "web_ui", None)
     if web_ui is not None:
