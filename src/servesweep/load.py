@@ -8,6 +8,7 @@ status, decide what happened.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -106,6 +107,12 @@ def probe_continuous_usage(point: LoadPoint) -> bool:
 def resolve_point(point: LoadPoint) -> LoadPoint:
     """Fill what the point leaves to the server: model name, chat template overhead, continuous usage support."""
     upd: dict = {}
+    if not point.probe:
+        return (
+            point
+            if point.continuous_usage is not None
+            else point.model_copy(update={"continuous_usage": False})
+        )
     if point.model is None:
         upd["model"] = fetch_model(point)
         point = point.model_copy(update=upd)
@@ -192,7 +199,7 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         "-r",
         str(max(point.concurrency, 1000)),  # all users within ~0.1 s: a closed loop at full concurrency
         "--stop-timeout",
-        f"{point.effective_stop_timeout():g}",
+        str(math.ceil(point.effective_stop_timeout())),  # Locust takes whole seconds
         "--exit-code-on-error",
         "0",  # failures are data (classified in the records), not a crashed point
         "--only-summary",

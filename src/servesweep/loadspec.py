@@ -53,6 +53,11 @@ class LoadPoint(BaseModel):
     )
     template_overhead: int | None = Field(None, ge=0, description="None: probe the live server once")
     continuous_usage: bool | None = Field(None, description="send continuous_usage_stats; None: probe")
+    probe: bool = Field(
+        True,
+        description="ask the server what is left open (model, template overhead, per-chunk usage); False: model "
+        "must be given, the template overhead is the local chat template's, per-chunk usage off unless set",
+    )
     ignore_eos: bool = True
     extra_body: dict = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
@@ -112,6 +117,8 @@ class LoadPoint(BaseModel):
     def _stop_rule(self) -> LoadPoint:
         if self.requests is None and self.duration_s is None:
             raise ValueError("requests or duration_s: give at least one (how the point stops)")
+        if not self.probe and self.model is None:
+            raise ValueError("model: required when probe is False (nothing asks the server for it)")
         return self
 
     # -- derived values (no state: the point is frozen) --

@@ -109,6 +109,18 @@ class LLMUser(FastHttpUser):
         ctx: LoadContext = self.environment.servesweep
         self._ctx = ctx
         self._http = self.client.client.clientpool.get_client(URL(ctx.point.base_url + ctx.path))
+        # A stream switches its socket to the stall timeout after the first token; whatever path a request ends
+        # on, the next one must start with the first-token timeout again, so set it whenever a socket is handed out.
+        pool = self._http._connection_pool
+        get_socket = pool.get_socket
+        first_token_s = ctx.point.first_token_s
+
+        def _get_socket():
+            sock = get_socket()
+            sock.settimeout(first_token_s)
+            return sock
+
+        pool.get_socket = _get_socket
         self._index = ctx.users_started
         ctx.users_started += 1
         self._fire = self.environment.events.request.fire
@@ -194,11 +206,6 @@ class LLMUser(FastHttpUser):
                         break
                     lines.append(line)
                     times.append(t)
-                sock = resp._sock
-                if sock is not None:
-                    sock.settimeout(
-                        self.network_timeout
-                    )  # the pooled socket goes back with its normal timeout
         except _TotalTimeout:
             rec["error_class"], rec["error_message"] = (
                 "timeout_total",
