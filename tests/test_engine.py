@@ -72,6 +72,11 @@ def test_itl_grows_with_batch_size_and_context():
         return statistics.mean(x for rid in rec.events for x in rec.itls(rid))
 
     b1, b64, b256 = mean_itl(1, 200), mean_itl(64, 200), mean_itl(256, 200)
+    # /metrics' gen_throughput reads the decode rate: 64 sequences x 1 token per step
+    eng = Engine(resolved())
+    rec = Recorder(eng)
+    eng.run_simulated([rec.req(f"g{i}", 200, 300) for i in range(64)])
+    assert eng.stats().gen_throughput == pytest.approx(64 / b64, rel=0.25)
     assert b1 < b64 < b256 and b256 > 1.2 * b1
     long_ctx = mean_itl(16, 60_000)
     assert long_ctx > 1.5 * mean_itl(16, 200)

@@ -183,6 +183,8 @@ class Engine:
         self._t0 = self._clock()
         self._vt = 0.0
         self._stopped = False
+        if self.waiting:
+            self._kick()
 
     async def stop(self) -> None:
         self._stopped = True
@@ -341,6 +343,7 @@ class Engine:
             if dur is None:
                 if heap:
                     self._vt = max(self._vt, heap[0][0])
+                    self._restart_gen_window()
                     continue
                 break
             self._vt += dur
@@ -349,6 +352,11 @@ class Engine:
             if until is not None and self._vt >= until:
                 break
         return self._vt
+
+    def _restart_gen_window(self) -> None:
+        # gen_throughput measures busy periods: a window that saw no decode step starts when work resumes
+        if self._gen_window_steps == 0:
+            self._gen_window_start = self._vt
 
     # ---------------------------------------------------------------- real-time driver
     def _kick(self) -> None:
@@ -362,6 +370,7 @@ class Engine:
         now_vt = self._clock() - self._t0
         if now_vt > self._vt:
             self._vt = now_vt  # idle: the clock jumps to now
+        self._restart_gen_window()
         self._schedule_next()
 
     def _schedule_next(self) -> None:
