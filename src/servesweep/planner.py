@@ -23,7 +23,8 @@ EMULATOR_LOAD_S = 2.0  # the emulator's simulated load + warmup, tokenizer and p
 SGLANG_FIXED_START_S = 90.0  # SGLang process start, CUDA graph capture, warmup (excluding weight loading)
 WEIGHT_LOAD_BYTES_PER_S = 2.0e9  # weights read from local disk/page cache per GPU
 POINT_OVERHEAD_S = 6.0  # Locust subprocess start, prompt pool, template probe, result files
-MULTI_MINUTE_PREFILL_S = 60.0
+LONG_PREFILL_S = 20.0  # a prefill this long is worth a warning
+MULTI_MINUTE_S = 60.0
 OVERRIDE_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 
@@ -145,7 +146,7 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         rs = hardware.resolve_server(
             _resolve_args(exp, cfg), cfg.env, extra_spec_algorithms=set(exp.launcher.extra_spec_algorithms)
         )
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # SGLang's own start-up errors (context override, memory)
         cp.error = str(e)
         return cp
     cp.resolved = rs
@@ -180,8 +181,12 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     except Exception as e:  # the step model is the emulator's; a plan must still print without it
         timer = None
         cp.warnings.append(f"time estimate without the step model ({e})")
+    # one context length that covers every point of this configuration (what to set instead)
+    need_max = max(
+        (p.spec.prompt_tokens + p.spec.output_tokens + rs.num_reserved_tokens for p in cp.points), default=0
+    )
     for pp in cp.points:
-        _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset)
+        _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset, need_max)
         if pp.feasible:
             _estimate_point(exp, rs, pp, timer)
     capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
@@ -205,12 +210,12 @@ def _needed_context(n: int) -> int:
     return 1 << max(12, math.ceil(math.log2(n + 1)))
 
 
-def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool) -> None:
+def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, need_max: int) -> None:
     p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
     need = p + o + rs.num_reserved_tokens
     if need >= rs.context_len:
-        want = _needed_context(need)
-        fix = f"set context_length to {want}"
+        want = _needed_context(need_max)
+        fix = f"set context_length to {want} (covers the largest point, {need_max} tokens)"
         if want > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True"):
             fix += f" and {OVERRIDE_ENV}=1 (above the model's maximum {arch.max_position_embeddings})"
         extra = f" + {rs.num_reserved_tokens} reserved draft tokens" if rs.num_reserved_tokens else ""
@@ -295,11 +300,14 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
         "request_s": round(prefill + steps * itl, 3),
     }
     pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + measure
-    if prefill > MULTI_MINUTE_PREFILL_S:
-        pp.warnings.append(
-            f"prefill of {p} tokens takes ~{prefill / 60:.1f} min at tp {rs.tp_size}: TTFT in minutes"
-            + (f", ~{b * prefill / 60:.0f} min for {b} concurrent prompts" if b > 1 else "")
-        )
+    if prefill >= LONG_PREFILL_S:
+        last = b * prefill  # closed loop: b prompts arrive together and prefill one after the other
+        msg = f"prefill of {p} tokens takes ~{prefill:.0f} s at tp {rs.tp_size}"
+        if b > 1:
+            msg += f"; the last of {b} concurrent prompts waits ~{last / 60:.1f} min"
+        if last >= MULTI_MINUTE_S:
+            msg += ": multi-minute TTFT"
+        pp.warnings.append(msg)
     if prefill * b > ld.first_token_timeout_s:
         pp.warnings.append(
             f"the last of {b} concurrent prefills waits ~{prefill * b:.0f} s > load.first_token_timeout_s "
