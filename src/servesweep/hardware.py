@@ -778,6 +778,8 @@ def resolve_server(
     a["chunked_prefill_size"] = chunk
     max_prefill = int(a["max_prefill_tokens"] or 16384)
     graph_bs = a.get("cuda_graph_max_bs")
+    if graph_bs is None:
+        graph_bs = a.get("cuda_graph_max_bs_decode")  # the 0.5.15+ name
     graph_bs = default_cuda_graph_max_bs(gpu_mem, tp) if graph_bs is None else int(graph_bs)
     if a["max_running_requests"] is not None:
         graph_bs = min(graph_bs, int(a["max_running_requests"]))

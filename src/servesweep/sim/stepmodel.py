@@ -39,7 +39,7 @@ class Calibration:
     )
     step_overhead_s: float = 0.0015  # per decode step: scheduling, sampling, launch (CUDA graphs)
     prefill_overhead_s: float = 0.006  # per prefill step: no CUDA graph, metadata, sampling
-    per_seq_s: float = 25e-6  # per sequence per step (batch bookkeeping, sampling)
+    per_seq_s: float = 5e-6  # per sequence per step (batch bookkeeping, sampling; BLIS fits 4.4 us)
     gdn_token_s: float = 0.5e-6  # per token per GDN layer per rank (chunked recurrent kernels)
     allreduce_latency_scale: float = 1.0  # multiplies the GPU profile's per-all-reduce latency
     draft_step_overhead_s: float = 0.0003  # per draft step of EAGLE/MTP (launch, top-k)
