@@ -355,3 +355,52 @@ def test_pushgateway_push_is_scraped(world):
     (r,) = res
     assert r["metric"]["job"] == "servesweep-ci"  # honor_labels kept the pushed job
     assert float(r["value"][1]) == 123.5
+
+
+def test_backfill_reads_orchestrator_run_folders(tmp_path):
+    """A `servesweep run` folder: axes come from the manifest's configuration flags and labels and the point's
+    LoadPoint; the summary's own result fields (e.g. its output_tokens total) never become labels."""
+    run = tmp_path / "quick-20260101T000000Z"
+    (run / "c2-p256").mkdir(parents=True)
+    manifest = {
+        "run_id": run.name,
+        "configs": {"cfg1-mtp": {"flags": {"tp_size": 2, "speculative_algorithm": "NEXTN", "context_length": 32768,
+                                           "enable_metrics": True}, "labels": {"bundle": "mtp"}}},
+        "points": {"c2-p256": {"config_id": "cfg1-mtp", "workload": "chat", "concurrency": 2, "prompt_tokens": 256,
+                               "output_tokens": 32, "status": "done", "started": "2026-01-01T00:00:10+00:00",
+                               "finished": "2026-01-01T00:00:40+00:00"}},
+    }  # fmt: skip
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    summary = {"point_id": "c2-p256", "output_tokens": 256.0, "output_tokens_per_s": 99.5,
+               "point": {"model": "qwen", "concurrency": 2, "prompt_tokens": 256, "output_tokens": 32,
+                         "endpoint": "chat", "labels": {"config_id": "cfg1-mtp", "run_id": run.name, "bundle": "mtp"}},
+               "ttft_ms": {"p50": 10.0, "p90": 20.0, "p99": 30.0, "mean": 12.0}}  # fmt: skip
+    (run / "c2-p256" / "summary.json").write_text(json.dumps(summary))
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+    fams = {f.name: f for f in parse_openmetrics(run_openmetrics(run))}  # strict OpenMetrics: seconds, # EOF
+    (info,) = fams["servesweep_point_info"].samples[:1]
+    assert info.labels == {"run_id": run.name, "point_id": "c2-p256", "model": "qwen", "config": "cfg1-mtp",
+                           "tp": "2", "speculative_method": "NEXTN", "context_length": "32768", "prompt_tokens": "256",
+                           "output_tokens": "32", "concurrency": "2", "workload": "chat", "bundle": "mtp"}  # fmt: skip
+    # no start time in the summary: the manifest's ISO times bound the samples
+    times = [float(s.timestamp) for s in fams["servesweep_point_info"].samples]
+    assert min(times) == 1767225610.0 and max(times) == 1767225640.0
+    ttft = {s.labels["stat"]: s.value for s in fams["servesweep_point_ttft_seconds"].samples}
+    assert ttft == {"p50": 0.01, "p90": 0.02, "p99": 0.03, "mean": 0.012}
+
+
+def test_promconfig_errors_name_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match=r"servers\[1\]: target must be host:port"):
+        write_targets(tmp_path, "r1", servers=["127.0.0.1:30000", "http://10.0.0.1:30000"])
+    with pytest.raises(ValueError, match=r"servers\[0\]: label name 'bad-label'"):
+        write_targets(tmp_path, "r1", servers=[{"target": "h:1", "bad-label": "x"}])
+    with pytest.raises(ValueError, match="pushgateway must be host:port"):
+        write_prometheus_config(tmp_path / "p.yml", sd_dir=tmp_path, pushgateway="http://h:9091")
+    (tmp_path / "empty-run").mkdir()
+    with pytest.raises(ValueError, match="holds no finished point"):
+        run_openmetrics(tmp_path / "empty-run")
+    (tmp_path / "bad-run" / "p1").mkdir(parents=True)
+    (tmp_path / "bad-run" / "p1" / "summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"p1/summary.json: not valid JSON"):
+        run_openmetrics(tmp_path / "bad-run")

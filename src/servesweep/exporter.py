@@ -487,20 +487,55 @@ def _families(run_id: str, points: list[_Point], users: float, rate: float):
 # ---------------------------------------------------------------- Locust
 
 
+# Names other parts use for the matrix axes -> the info metric's label.
+AXIS_ALIASES: dict[str, str] = {
+    "tp_size": "tp",
+    "tensor_parallel_size": "tp",
+    "speculative_algorithm": "speculative_method",
+    "speculative_algo": "speculative_method",
+    "context_len": "context_length",
+    "config_id": "config",
+    "served_model_name": "model",
+    "users": "concurrency",
+    "endpoint": "workload",
+}
+
+
+def normalize_axes(*sources: Mapping | None, extras: Mapping | None = None) -> dict[str, str]:
+    """Merge axis sources (later wins) into info-metric labels: from `sources` only the matrix axes (AXES, after
+    AXIS_ALIASES), from `extras` (e.g. a server configuration's varying labels) every scalar with a usable name.
+
+        m.point_started(pid, normalize_axes(config["flags"], point_fields, {"config": cid},
+                                            extras=config["labels"]))
+    """
+    out: dict[str, str] = {}
+
+    def put(d: Mapping | None, any_name: bool) -> None:
+        for k, v in (d or {}).items():
+            if v is None or isinstance(v, bool) or not isinstance(v, str | int | float):
+                continue
+            k = AXIS_ALIASES.get(str(k), str(k))
+            if k in ("run_id", "point_id", "le") or not _LABEL_NAME.match(k):
+                continue
+            if k in AXES or any_name:
+                out[k] = str(v)
+
+    put(extras, True)
+    for src in sources:
+        put(src, False)
+    return out
+
+
 def loadpoint_axes(point) -> dict[str, str]:
-    """Axes of a servesweep LoadPoint: its labels (the orchestrator's axes: config, tp, ...) and its own fields."""
+    """Axes of a servesweep LoadPoint: its labels (the orchestrator's axes: config_id, tp_size, bundle...) and its
+    own fields (model, concurrency, prompt and output tokens, endpoint as workload)."""
     if point is None:
         return {}
-    out = {k: str(v) for k, v in (getattr(point, "labels", None) or {}).items() if _LABEL_NAME.match(str(k))}
-    out.pop("run_id", None)
-    out.pop("point_id", None)
-    for k in ("model", "concurrency", "prompt_tokens", "output_tokens"):
-        v = getattr(point, k, None)
-        if v is not None:
-            out[k] = str(v)
-    if "workload" not in out and getattr(point, "endpoint", None):
-        out["workload"] = str(point.endpoint)
-    return out
+    fields = {
+        k: getattr(point, k, None)
+        for k in ("model", "concurrency", "prompt_tokens", "output_tokens", "endpoint")
+    }
+    return normalize_axes(fields, extras=getattr(point, "labels", None) or {})
 
 
 RECORD_CONTEXT_KEY = "servesweep_record"  # a request event's context carrying the finished request's record

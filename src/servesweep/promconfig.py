@@ -28,7 +28,14 @@ from pathlib import Path
 import click
 from ruamel.yaml import YAML
 
-from servesweep.exporter import AXES, PREFIX, SUMMARY_LATENCIES, SUMMARY_SCALARS, summary_values
+from servesweep.exporter import (
+    AXES,
+    PREFIX,
+    SUMMARY_LATENCIES,
+    SUMMARY_SCALARS,
+    normalize_axes,
+    summary_values,
+)
 
 EXPORTER_JOB = "servesweep"
 SGLANG_JOB = "sglang"
@@ -176,8 +183,27 @@ def _unix(v) -> float | None:
     return None
 
 
-_START_KEYS = ("start_unix", "started_unix", "start_time", "started_at", "start", "wall_start", "t_start")
-_END_KEYS = ("end_unix", "finished_unix", "end_time", "finished_at", "ended_at", "end", "wall_end", "t_end")
+_START_KEYS = (
+    "start_unix",
+    "started_unix",
+    "started",
+    "start_time",
+    "started_at",
+    "start",
+    "wall_start",
+    "t_start",
+)
+_END_KEYS = (
+    "end_unix",
+    "finished_unix",
+    "finished",
+    "end_time",
+    "finished_at",
+    "ended_at",
+    "end",
+    "wall_end",
+    "t_end",
+)
 
 
 def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
@@ -191,17 +217,6 @@ def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
             if t is not None:
                 return t
     return None
-
-
-def _scalar_labels(d: Mapping) -> dict[str, str]:
-    return {
-        k: str(v)
-        for k, v in d.items()
-        if isinstance(k, str)
-        and _LABEL_NAME.match(k)
-        and isinstance(v, str | int | float)
-        and not isinstance(v, bool)
-    }
 
 
 def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
@@ -218,30 +233,23 @@ def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
     return out
 
 
-def _point_axes(point_id: str, summary: Mapping, mpoint: Mapping | None) -> dict[str, str]:
-    # Lowest to highest precedence: the manifest's entry, the point's labels (the orchestrator's axes), then the
-    # LoadPoint's own fields (what was measured). Top-level summary keys are results, never axes.
-    axes: dict[str, str] = {}
+def _point_axes(summary: Mapping, mpoint: Mapping | None, manifest: Mapping) -> dict[str, str]:
+    """Lowest to highest precedence: the server configuration's flags and labels (manifest), the manifest's point
+    entry, the LoadPoint's labels, then the LoadPoint's own fields (what was measured). Top-level summary keys are
+    results, never axes."""
     mp = mpoint or {}
-    axes.update({k: v for k, v in _scalar_labels(mp).items() if k in AXES})
-    for key in ("axes", "server", "load", "labels", "point"):
-        if isinstance(mp.get(key), Mapping):
-            axes.update(_scalar_labels(mp[key]))
-    point = summary.get("point")
-    if isinstance(point, Mapping):
-        if isinstance(point.get("labels"), Mapping):
-            axes.update(_scalar_labels(point["labels"]))
-        axes.update(_scalar_labels(point))
-    # common synonyms of the matrix axes
-    for alias, name in (("tp_size", "tp"), ("speculative_algorithm", "speculative_method"),
-                        ("context_len", "context_length"), ("users", "concurrency"),
-                        ("server_config", "config"), ("config_id", "config"), ("served_model_name", "model")):  # fmt: skip
-        if alias in axes and not axes.get(name):
-            axes[name] = axes[alias]
-    keep = {k: v for k, v in axes.items() if k in AXES}
-    keep.pop("run_id", None)
-    keep.pop("point_id", None)
-    return keep
+    cfg: Mapping = {}
+    cid = mp.get("config_id")
+    if cid is not None and isinstance(manifest.get("configs"), Mapping):
+        cfg = manifest["configs"].get(cid) or {}
+    point = summary.get("point") if isinstance(summary.get("point"), Mapping) else {}
+    return normalize_axes(
+        cfg.get("flags") if isinstance(cfg.get("flags"), Mapping) else None,
+        mp,
+        {"config": cid} if cid is not None else None,
+        point,
+        extras={**(cfg.get("labels") or {}), **(point.get("labels") or {})},
+    )
 
 
 def _esc(v: str) -> str:
@@ -281,7 +289,7 @@ def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
             raise ValueError(f"{sp}: expected a JSON object")
         point_id = str(summary.get("point_id") or sp.parent.name)
         mp = mpoints.get(point_id)
-        axes = _point_axes(point_id, summary, mp)
+        axes = _point_axes(summary, mp, manifest)
         start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
         end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
         if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
@@ -330,7 +338,8 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
             "model": axes.get("model", ""),
             "config": axes.get("config", ""),
         }
-        info = {"run_id": run_id, "point_id": point_id, **{a: axes.get(a, "") for a in AXES}}
+        extra = {k: v for k, v in sorted(axes.items()) if k not in AXES}
+        info = {"run_id": run_id, "point_id": point_id, **{a: axes.get(a, "") for a in AXES}, **extra}
         add(
             PREFIX + "point_info",
             "One series per matrix point with its axes as labels (value 1).",
