@@ -101,6 +101,19 @@ def test_long_prefill_stalls_running_decodes():
     assert a.finish_time > b.first_token_time
 
 
+def test_mixed_chunk_keeps_decoding_through_a_long_prefill():
+    eng = Engine(resolved(enable_mixed_chunk=True))
+    rec = Recorder(eng)
+    a = rec.req("a", 100, 400)
+    b = rec.req("b", 60_000, 2)
+    eng.run_simulated([a, (0.2, b)])
+    ev = rec.events["a"]
+    gaps = [y[0] - x[0] for x, y in zip(ev, ev[1:], strict=False)]
+    # each prefill chunk now also carries a's next token: the worst gap is one chunk, not the whole prefill
+    assert max(gaps) < 0.4 * (b.first_token_time - b.queue_start)
+    assert a.completion_tokens == 400
+
+
 def test_kv_capacity_causes_queueing():
     eng = Engine(resolved(max_total_tokens=5000))
     rec = Recorder(eng)
@@ -274,6 +287,6 @@ def test_real_time_loop_emits_on_schedule_without_drift():
 
     wall, vt, late = asyncio.run(main())
     assert vt > 0.2  # the run took real engine time
-    assert abs(wall - vt) < 0.05 + 0.1 * vt  # wall clock tracks the virtual clock: no drift
+    assert abs(wall - vt) < 0.1 + 0.15 * vt  # wall clock tracks the virtual clock: no drift
     late.sort()
-    assert late[len(late) // 2] < 0.005
+    assert late[len(late) // 2] < 0.01

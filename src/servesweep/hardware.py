@@ -11,7 +11,6 @@ startup log lines.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -1009,5 +1008,4 @@ def describe(resolved: ResolvedServer) -> dict[str, Any]:
         "weights_gib_per_rank": resolved.memory_usage["weight"],
         "kvcache_gib_per_rank": resolved.memory_usage["kvcache"],
         "max_req_input_len": resolved.max_req_input_len,
-        "ceil_pages": math.ceil(resolved.max_total_num_tokens / resolved.page_size),
     }

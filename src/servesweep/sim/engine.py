@@ -133,6 +133,7 @@ class Engine:
                 not in ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO"),
             )
         self._q = int(resolved.spec_num_draft_tokens or 1) if self._spec else 1
+        self._mixed = bool(resolved.args.get("enable_mixed_chunk")) and self._spec is None
         self._eos_mu = math.log(max(1.0, self.cal.eos_median_tokens))
         self._noise = self.cal.noise_sigma
 
@@ -203,7 +204,7 @@ class Engine:
         if self._maxq is not None and len(self.waiting) >= self._maxq:
             raise QueueFull("The request queue is full.")
         if req.rid in self._by_rid:
-            raise ValueError(f"duplicate request id {req.rid!r}")
+            raise ValueError(f"Duplicate request ID detected: {req.rid}")  # tokenizer_manager.py's text
         req.queue_start = self.now() if not self._sim else self._vt
         self._seq += 1
         req._arrival_seq = self._seq
@@ -411,56 +412,74 @@ class Engine:
 
     # ---------------------------------------------------------------- one step
     def _begin_step(self) -> float | None:
-        """Form the next batch (prefill first, else decode), reserve its KV, and return its duration."""
+        """Form the next batch (prefill first, else decode), reserve its KV, and return its duration.
+
+        With --enable-mixed-chunk (and no speculative decoding, as in SGLang) a prefill step also carries one
+        decode token of every running request, so long prefills no longer stall decodes.
+        """
+        running_before = bool(self.running)
         batch = self._form_prefill()
         if batch is not None:
             reqs, ns, n_new, sum_prefix, area = batch
-            dur = self.model.prefill(len(reqs), n_new, sum_prefix, area)
-            self._inflight = (True, reqs, ns)
+            dec = self._prepare_decode() if (self._mixed and running_before) else None
+            if dec is None:
+                dur = self.model.prefill(len(reqs), n_new, sum_prefix, area)
+                self._inflight = (True, reqs, ns, None)
+            else:
+                run, dns, sum_ctx = dec
+                b = len(run)
+                dur = self.model.prefill(len(reqs) + b, n_new + b, sum_prefix + sum_ctx, area + sum_ctx)
+                self._inflight = (True, reqs, ns, (run, dns))
             self.c_prefill_steps += 1
         else:
-            run = self.running
-            if not run:
+            dec = self._prepare_decode()
+            if dec is None:
                 self._inflight = None
                 return None
-            self._check_decode_mem()
-            run = self.running
-            if not run:
-                return self._begin_step()
-            b = len(run)
-            if self._spec is not None:
-                ns = self._spec.sample(self._rng, b)
-            else:
-                ns = None
-            sum_ctx = 0
-            grow = 0
-            for i, r in enumerate(run):
-                sum_ctx += r._need + r.completion_tokens
-                n = ns[i] if ns is not None else 1
-                left = r._target - r.completion_tokens
-                if n > left:
-                    n = left
-                    if ns is not None:
-                        ns[i] = n
-                r._alloc += n
-                grow += n
-            self._used += grow
-            self._evict(self._used + self._cache_tokens - self._total)
-            dur = self.model.decode(b, sum_ctx)
-            self._inflight = (False, list(run), ns)
-            self.c_decode_steps += 1
-            if self._ratio > MIN_NEW_TOKEN_RATIO:
-                self._ratio = max(MIN_NEW_TOKEN_RATIO, self._ratio - NEW_TOKEN_RATIO_DECAY)
+            run, dns, sum_ctx = dec
+            dur = self.model.decode(len(run), sum_ctx)
+            self._inflight = (False, run, dns, None)
         if self._noise > 0:
             dur *= self._rng.lognormvariate(0.0, self._noise)
         return dur
+
+    def _prepare_decode(self) -> tuple[list[EngineRequest], list[int] | None, int] | None:
+        """Make room for one decode step of every running request, draw its accept lengths, reserve its KV."""
+        if not self.running:
+            return None
+        self._check_decode_mem()
+        run = self.running
+        if not run:
+            return None
+        b = len(run)
+        ns = self._spec.sample(self._rng, b) if self._spec is not None else None
+        sum_ctx = 0
+        grow = 0
+        for i, r in enumerate(run):
+            sum_ctx += r._need + r.completion_tokens
+            n = ns[i] if ns is not None else 1
+            left = r._target - r.completion_tokens
+            if n > left:
+                n = left
+                if ns is not None:
+                    ns[i] = n
+            r._alloc += n
+            grow += n
+        self._used += grow
+        self._evict(self._used + self._cache_tokens - self._total)
+        self.c_decode_steps += 1
+        if self._ratio > MIN_NEW_TOKEN_RATIO:
+            self._ratio = max(MIN_NEW_TOKEN_RATIO, self._ratio - NEW_TOKEN_RATIO_DECAY)
+        return list(run), ns, sum_ctx
 
     def _end_step(self, t_end: float) -> None:
         inflight = self._inflight
         self._inflight = None
         if inflight is None:
             return
-        is_prefill, reqs, ns = inflight
+        is_prefill, reqs, ns, mixed = inflight
+        if mixed is not None:
+            self._end_decode(mixed[0], mixed[1], t_end)
         if is_prefill:
             self._end_prefill(reqs, ns, t_end)
         else:
