@@ -19,6 +19,7 @@ import sys
 import time
 from email.utils import formatdate
 from http import HTTPStatus
+from time import monotonic_ns
 
 import httptools
 
@@ -220,7 +221,7 @@ class Gen:
         "pending", "interval", "reasoning_left", "reasoning", "prompt_tokens", "include_usage", "continuous",
         "cache_report", "chunks", "sched", "chunks_written", "fault", "stall_until", "held_finish", "done",
         "headers_ns", "text_parts", "output_ids", "ignore", "legacy", "t_recv", "max_new", "client_gone_flag",
-        "endpoint", "final_written",
+        "endpoint", "final_written", "eng", "fast", "hp", "mt", "base_len",
     )  # fmt: skip
 
     def __init__(self, app, conn, req, kind, stream, model, prompt_tokens, max_new, fault, rid, body):
@@ -273,10 +274,51 @@ class Gen:
             self.fmt = P.CompletionChunks(rid, self.created, model)
         else:
             self.fmt = None
+        self.eng = app.engine
+        # The common case (a plain token chunk of a chat/completion stream) has its own short path in
+        # on_tokens: the chunk is [hex length] + hp + words + mt, nothing else is computed per chunk.
+        self.fast = (
+            stream
+            and kind in ("chat", "completion")
+            and fault is None
+            and not self.continuous
+            and self.reasoning_left == 0
+            and self.interval == 1
+            and not self.legacy
+        )
+        if self.fast:
+            f = self.fmt
+            if kind == "chat":
+                self.hp = f.head + f.content_pre
+                self.mt = f.mid + f.tail + b"\r\n"
+            else:
+                self.hp = f.head + b'{"index":0,"text":"'
+                self.mt = f.tail + b',"usage":null}\n\n\r\n'
+            self.base_len = len(self.hp) + len(self.mt) - 2
 
     # ------------------------------------------------------------------ engine callback (hot path)
 
     def on_tokens(self, ereq, n: int, finished: bool) -> None:
+        if self.fast and self.chunks_written and n and not finished:
+            wt = self.wt
+            if n <= wt.n:
+                w = self.word
+                offs = wt.offsets
+                text = wt.blob[offs[w] : offs[w + n]]
+                w += n
+                self.word = w if w < wt.n else w - wt.n
+                ch = self.chunks
+                if ch is not None:
+                    ch.append((monotonic_ns(), n))
+                    sc = self.sched
+                    if sc is not None:
+                        eng = self.eng
+                        sc.append(eng._t0 + eng._vt)
+                self.conn.transport.write(
+                    b"%x\r\n%b%b%b" % (self.base_len + len(text), self.hp, text, self.mt)
+                )
+                self.chunks_written += 1
+                return
         if self.done:
             return
         if n:
@@ -319,7 +361,7 @@ class Gen:
             self.text_parts.append((rb + cb).decode() if self.kind != "chat" else "")
             if self.kind == "chat":  # non-stream chat keeps reasoning apart
                 self.text_parts[-1] = (rb.decode(), cb.decode())
-        self.word = w + n
+        self.word = (w + n) % wt.n
         return rb, cb
 
     def _write_tokens(self, finished: bool):
@@ -364,9 +406,9 @@ class Gen:
         if (
             self.chunks is not None
         ):  # the write time is taken just before the write: a client never sees it earlier
-            self.chunks.append([time.monotonic_ns(), n])
+            self.chunks.append((monotonic_ns(), n))
             if self.sched is not None:
-                self.sched.append(self.app.engine_sched_ns())
+                self.sched.append(self.app.engine_sched())
         conn.transport.write(data)
         self.chunks_written += 1
         if f is not None:
@@ -455,6 +497,7 @@ class Gen:
     def _finish(self):
         """The engine finished this request (length, stop, abort, or scheduler-side error)."""
         self.done = True
+        self.fast = False
         e = self.ereq
         conn = self.conn
         status = 200
@@ -541,6 +584,7 @@ class Gen:
 
     def _fault_disconnect(self):
         self.done = True
+        self.fast = False
         self.conn.closed = True
         self.conn.active = None
         self.conn.transport.close()
@@ -549,6 +593,7 @@ class Gen:
 
     def _fault_error_event(self):
         self.done = True
+        self.fast = False
         self._write_end(P.stream_error_event("Injected fault: error event", 500) + P.DONE)
         self.app.engine.abort(self.rid)
         self._record(200)
@@ -562,6 +607,7 @@ class Gen:
         self.app.engine.abort(self.rid)
         if not self.done:  # the engine's abort callback did not arrive synchronously
             self.done = True
+            self.fast = False
             self._record(499)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -614,8 +660,8 @@ class Gen:
                 "finish_reason": reason,
                 "fault": str(self.fault) if self.fault is not None else None,
             }
-            if self.sched and any(s is not None for s in self.sched):
-                rec["sched_ns"] = self.sched
+            if self.sched and all(t is not None for t in self.sched):
+                rec["sched_ns"] = [int(t * 1e9) for t in self.sched]
             app.gt.add(rec)
 
 
@@ -681,13 +727,10 @@ class SimApp:
         self._active: dict[str, Gen] = {}  # rid -> request in flight (for /abort_request abort_all)
         self._sched_attr = None
 
-    def engine_sched_ns(self):
-        """The engine's scheduled emission time of the step being emitted, as monotonic ns, when it says so."""
+    def engine_sched(self):
+        """The engine's scheduled emission time of the step being emitted (monotonic seconds), when known."""
         fn = self._sched_attr
-        if fn is None:
-            return None
-        t = fn()
-        return None if t is None else int(t * 1e9)
+        return None if fn is None else fn()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -1227,7 +1270,11 @@ def run_server(args) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    app = SimApp(args, resolved, engine_mod)
+    try:
+        app = SimApp(args, resolved, engine_mod)
+    except ValueError as e:  # e.g. an unknown --sim-calibration key or profile
+        print(f"ValueError: {e}", file=sys.stderr, flush=True)
+        return 1
     app.loop = loop
     for line in resolved.log_lines:
         log.info(line)
