@@ -27,6 +27,8 @@ from servesweep.loadspec import LoadPoint
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+DEFAULT_SIM_MODEL = "Qwen/Qwen3.6-27B"
+DEFAULT_SIM_ARGS = f"--model-path {DEFAULT_SIM_MODEL} --enable-cache-report"
 
 
 # ---------------------------------------------------------------- small HTTP helpers (stdlib: no gevent here)
@@ -350,16 +352,16 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
 
     t = Table(title=title)
     for col in (
-        "concurrency",
-        "output tok/s",
-        "per-req tok/s",
+        "conc",
+        "out tok/s",
+        "req tok/s",
         "TTFT p50 ms",
         "TTFT p99 ms",
         "ITL p50 ms",
         "ITL p99 ms",
         "ok",
         "failures",
-        "prompt tok Δ%",
+        "prompt Δ%",
     ):
         t.add_column(col, justify="right")
     for s in summaries:
@@ -409,7 +411,12 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
 @click.option(
     "--slo", default=None, help="e.g. 'ttft_p99<=2s,itl_p99<=50ms' or per request 'ttft<=2s' (goodput)"
 )
-@click.option("--sim-args", default="", help="extra emulator flags when --base-url is omitted")
+@click.option(
+    "--sim-args",
+    default=DEFAULT_SIM_ARGS,
+    show_default=True,
+    help="emulator flags when --base-url is omitted (a --model-path is added when missing)",
+)
 @click.option(
     "--out",
     "out_root",
@@ -466,10 +473,13 @@ def command(
         if base_url is None:
             from servesweep.sim.launch import start_sim
 
-            sim = stack.enter_context(start_sim(shlex.split(sim_args)))
+            args = shlex.split(sim_args)
+            if not any(a.startswith(("--model-path", "--model")) for a in args):
+                args = ["--model-path", DEFAULT_SIM_MODEL, *args]
+            sim = stack.enter_context(start_sim(args))
             base_url = sim.base_url
             err.print(
-                f"[bold]no --base-url: started the SGLang emulator at {base_url}[/] (servesweep sim {sim_args})"
+                f"[bold]no --base-url: started the SGLang emulator at {base_url}[/] (servesweep sim {shlex.join(args)})"
             )
         run_id, run_dir = new_run(out_root)
         points = []
@@ -546,7 +556,7 @@ def command(
     if as_json:
         click.echo(json.dumps({"run_id": run_id, "run_dir": str(run_dir), "points": summaries}, indent=2))
     else:
-        out = Console()
+        out = Console() if sys.stdout.isatty() else Console(width=150)
         out.print(
             results_table(
                 summaries, title=f"servesweep load — {prompt_tokens} prompt / {output_tokens} output tokens"

@@ -174,11 +174,15 @@ def _start(environment, **_kw) -> None:
 def _progress_loop(ctx: LoadContext, path: Path) -> None:
     import gevent
 
-    tmp = path.with_suffix(".tmp")
     while True:
-        tmp.write_text(json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}))
-        os.replace(tmp, path)
+        _write_progress(ctx, path)
         gevent.sleep(1.0)
+
+
+def _write_progress(ctx: LoadContext, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}))
+    os.replace(tmp, path)
 
 
 def _write_records(environment) -> Path | None:
@@ -201,6 +205,10 @@ def _stop(environment, **_kw) -> None:
 
     if isinstance(environment.runner, WorkerRunner):
         return
+    ctx = getattr(environment, "servesweep", None)
+    opts = environment.parsed_options
+    if isinstance(ctx, LoadContext) and opts is not None and opts.progress_file:
+        _write_progress(ctx, Path(opts.progress_file))
     path = _write_records(environment)
     if path is not None:
         log.info("servesweep: %d records written to %s", len(environment.servesweep.buffer), path)
