@@ -216,8 +216,7 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         "--progress-file",
         str(work / "progress.json"),
     ]
-    if point.duration_s is not None:
-        cmd += ["-t", f"{point.warmup_s + point.duration_s:.3f}s"]
+    # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
     if workers:
         cmd += ["--processes", str(workers)]
     return cmd

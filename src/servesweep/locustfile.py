@@ -29,6 +29,7 @@ log = logging.getLogger("servesweep")
 locust.stats.bucket_response_time = lambda rt: int(round(rt))
 
 _RECORDS_KEY = "servesweep_records"
+_FOREVER = 3.0e7  # seconds: "no duration of our own"
 
 
 @events.init_command_line_parser.add_listener
@@ -78,7 +79,9 @@ def _point_from_options(opts, host: str | None) -> LoadPoint:
         prompt_tokens=opts.prompt_tokens,
         output_tokens=opts.output_tokens,
         requests=opts.max_requests or None,
-        duration_s=3.0e7 if not opts.max_requests else None,  # by hand: Locust's -t or the UI decide the end
+        duration_s=_FOREVER
+        if not opts.max_requests
+        else None,  # by hand: Locust's -t or the UI decide the end
         warmup_s=opts.warmup,
         tokenizer=opts.tokenizer or None,
         cache_bust=not opts.no_cache_bust,
@@ -165,10 +168,15 @@ def _start(environment, **_kw) -> None:
     if isinstance(ctx, LoadContext):
         ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         opts = environment.parsed_options
-        if opts is not None and opts.progress_file:
-            import gevent
+        import gevent
 
+        if opts is not None and opts.progress_file:
             gevent.spawn(_progress_loop, ctx, Path(opts.progress_file))
+        d = ctx.point.duration_s
+        if d is not None and d < _FOREVER:
+            # Like Locust's -t (which takes whole seconds): quit() stops users gracefully within --stop-timeout,
+            # so streams running at the end finish and are recorded.
+            gevent.spawn_later(ctx.point.warmup_s + d, environment.runner.quit)
 
 
 def _progress_loop(ctx: LoadContext, path: Path) -> None:
