@@ -38,6 +38,7 @@ INIT_NEW_TOKEN_RATIO = 0.7  # schedule_conservativeness 1.0 x SGLANG_INIT_NEW_TO
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20  # after a retraction the remaining batch must have room for this many steps
+SPIN_S = 0.0015  # the real-time driver wakes this early and yields to the loop until the exact deadline
 GEN_THROUGHPUT_INTERVAL = 40  # decode steps per gen_throughput window (--decode-log-interval)
 
 _WAITING, _PREFILL, _RUNNING, _DONE = 0, 1, 2, 3
@@ -173,7 +174,8 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sim = False
         self._busy = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._deadline = 0.0
         self._inflight: tuple | None = None
         self._stopped = False
 
@@ -385,9 +387,22 @@ class Engine:
         self._vt += dur
         loop = self._loop
         assert loop is not None
-        # Absolute deadline on the engine's clock, mapped onto the loop's clock (uvloop's differs).
-        delay = self._t0 + self._vt - self._clock()
-        self._timer = loop.call_at(loop.time() + delay, self._on_step_end)
+        # Absolute deadline on the engine's clock, mapped onto the loop's clock (uvloop's differs). Loop timers are
+        # millisecond-grained (libuv fires up to ~1 ms early or late), so the timer wakes SPIN_S early and the
+        # last stretch yields to the loop with call_soon until the deadline: emissions land on time, not early.
+        self._deadline = self._t0 + self._vt
+        delay = self._deadline - self._clock()
+        if delay > SPIN_S:
+            self._timer = loop.call_at(loop.time() + delay - SPIN_S, self._spin)
+        else:
+            self._timer = loop.call_soon(self._spin)
+
+    def _spin(self) -> None:
+        if self._clock() < self._deadline - 20e-6:
+            assert self._loop is not None
+            self._timer = self._loop.call_soon(self._spin)
+            return
+        self._on_step_end()
 
     def _on_step_end(self) -> None:
         self._timer = None
