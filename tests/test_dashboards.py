@@ -179,3 +179,24 @@ def test_provisioning_points_at_the_generated_dashboards():
     assert m and f"../grafana/dashboards:{m.group(1)}" in compose
     ds = (ROOT / "grafana/provisioning/datasources/prometheus.yaml").read_text()
     assert "type: prometheus" in ds
+
+
+def test_compose_and_prometheus_template_are_valid():
+    from ruamel.yaml import YAML
+
+    r = subprocess.run(
+        ["promtool", "check", "config", str(ROOT / "exporters/prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+    compose = YAML(typ="safe").load((ROOT / "exporters/docker-compose.yml").read_text())
+    assert set(compose["services"]) == {"prometheus", "pushgateway", "grafana"}
+    for svc in compose["services"].values():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):  # bind mounts must point at files in the repository
+                assert (ROOT / "exporters" / src).exists(), vol
+    flags = " ".join(compose["services"]["prometheus"]["command"])
+    assert "--storage.tsdb.retention.time" in flags  # history needs a long retention
