@@ -290,3 +290,17 @@ def test_real_time_loop_emits_on_schedule_without_drift():
     assert abs(wall - vt) < 0.1 + 0.15 * vt  # wall clock tracks the virtual clock: no drift
     late.sort()
     assert late[len(late) // 2] < 0.01
+
+
+def test_data_parallel_ranks_multiply_capacity_and_throughput():
+    def tput(dp):
+        eng = Engine(resolved(dp_size=dp, max_running_requests=16 * dp))
+        rec = Recorder(eng)
+        reqs = [rec.req(f"r{i}", 500, 200) for i in range(32)]
+        end = eng.run_simulated(reqs)
+        return sum(r.completion_tokens for r in reqs) / end, eng.stats()
+
+    one, st1 = tput(1)
+    two, st2 = tput(2)
+    assert st2.max_total_num_tokens == 2 * st1.max_total_num_tokens
+    assert 1.6 * one < two < 2.2 * one  # two ranks serve 32 requests where one serves 16 at a time

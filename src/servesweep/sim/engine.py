@@ -111,11 +111,15 @@ class Engine:
         self.model = StepModel(resolved, self.cal)
         self._rng = random.Random(seed)
         self._clock = clock
-        self._total = int(resolved.max_total_num_tokens)
-        self._mrr = max(1, int(resolved.effective_max_running_requests))
+        # Data parallelism is modelled as a fluid split: dp ranks with their own KV pools and request limits run
+        # side by side, so capacities scale by dp and the step model prices 1/dp of each batch (SGLang's DP
+        # controller round-robins requests; real ranks drift apart, this keeps them in step).
+        dp = max(1, int(resolved.dp_size))
+        self._total = int(resolved.max_total_num_tokens) * dp
+        self._mrr = max(1, int(resolved.effective_max_running_requests)) * dp
         self._maxq = resolved.max_queued_requests
-        self._chunk = resolved.chunked_prefill_size if resolved.chunked_prefill_size > 0 else 1 << 62
-        self._max_prefill = max(1, int(resolved.max_prefill_tokens))
+        self._chunk = resolved.chunked_prefill_size * dp if resolved.chunked_prefill_size > 0 else 1 << 62
+        self._max_prefill = max(1, int(resolved.max_prefill_tokens)) * dp
         self._page = max(1, int(resolved.page_size))
         # Radix blocks: page-granular; with page_size 1 blocks of 16 tokens plus an exact tail block keep the
         # per-request hashing cost at O(prompt/16) while an identical prompt still matches to the token.

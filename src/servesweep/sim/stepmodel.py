@@ -139,6 +139,7 @@ class StepModel:
         "_spec_q",
         "_spec_steps",
         "_speed",
+        "_dp",
         "spec",
     )
 
@@ -180,6 +181,9 @@ class StepModel:
         else:
             self._ar_fixed = self._ar_per_tok = 0.0
         self._speed = 1.0 / max(cal.speedup, 1e-9)
+        self._dp = max(
+            1, int(resolved.dp_size)
+        )  # the engine hands in all ranks' work; each rank does 1/dp of it
         # Speculative decoding: q query tokens per sequence in the verify pass, plus the draft passes.
         self.spec = resolved.spec_algorithm
         self._spec_q = 1
@@ -223,6 +227,9 @@ class StepModel:
         """One decode step (a verify pass plus draft passes under spec) for `batch` sequences."""
         if batch <= 0:
             return 0.0
+        if self._dp > 1:
+            batch = -(-batch // self._dp)
+            sum_ctx = sum_ctx // self._dp
         cal = self.cal
         q = self._spec_q
         n = batch * q
@@ -240,6 +247,14 @@ class StepModel:
         """One prefill (extend) step: `new_tokens` over `batch` chunks; attn_area = sum n_j (c_j + n_j / 2)."""
         if new_tokens <= 0:
             return 0.0
+        if self._dp > 1:
+            d = self._dp
+            batch, new_tokens, sum_prefix, attn_area = (
+                -(-batch // d),
+                -(-new_tokens // d),
+                sum_prefix // d,
+                attn_area / d,
+            )
         cal = self.cal
         t_mem = (self._weights(new_tokens) + self._kv_rank * (sum_prefix + new_tokens)) / self._bw
         t_comp = (
