@@ -1,0 +1,148 @@
+"""The report's plots: matplotlib (Agg backend, object API, no pyplot state) rendered to inline SVG strings.
+
+Each function takes plain series and returns an `<svg>` element. Text stays text (svg.fonttype none) so the page
+stays small and searchable; each figure gets its own hash salt so the ids inside different SVGs never collide
+when they sit in one HTML page.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless, before anything imports a backend
+
+from matplotlib.figure import Figure  # noqa: E402
+
+_counter = itertools.count()
+_MARKERS = "osD^v<>ph*"
+
+
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+    fig = Figure(figsize=(6.4, 3.9), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _svg(fig: Figure) -> str:
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"servesweep-{next(_counter)}"}):
+        fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    # Inline in HTML: drop the XML prolog and DOCTYPE, keep the <svg> element.
+    return text[text.index("<svg") :]
+
+
+def _finish(ax, n_series: int) -> None:
+    if n_series > 1:
+        ax.legend(fontsize=8, ncols=1 if n_series <= 8 else 2)
+
+
+def throughput_vs_concurrency(series: Mapping[str, Sequence[tuple[float, float]]], title: str) -> str:
+    """Aggregate output tok/s against concurrency, one line per configuration / prompt length."""
+    fig, ax = _figure(title, "concurrency (users)", "output tokens/s (aggregate)")
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted(p for p in pts if _finite(p[1]))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=_MARKERS[i % len(_MARKERS)], label=label)
+    _log2_x(ax, [p[0] for pts in series.values() for p in pts])
+    _finish(ax, len(series))
+    return _svg(fig)
+
+
+def ttft_vs_prompt(series: Mapping[str, Sequence[tuple[float, float, float]]], title: str) -> str:
+    """TTFT p50 (solid) and p99 (dashed) against prompt length, one colour per concurrency."""
+    fig, ax = _figure(title, "prompt tokens", "TTFT (ms)")
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted(p for p in pts if _finite(p[1]))
+        if not pts:
+            continue
+        xs = [p[0] for p in pts]
+        (line,) = ax.plot(xs, [p[1] for p in pts], marker=_MARKERS[i % len(_MARKERS)], label=f"{label} p50")
+        ax.plot(xs, [p[2] for p in pts], ls="--", color=line.get_color(), alpha=0.7, label=f"{label} p99")
+    xs = [p[0] for pts in series.values() for p in pts]
+    if xs and max(xs) / max(min(xs), 1) >= 8:
+        ax.set_xscale("log")
+    _finish(ax, 2 * len(series))
+    return _svg(fig)
+
+
+def latency_throughput(series: Mapping[str, Sequence[tuple[float, float, int]]], title: str) -> str:
+    """The trade-off curve: per-request decode tok/s against aggregate tok/s, each point labelled with its
+    concurrency (up and to the right is better)."""
+    fig, ax = _figure(title, "output tokens/s (aggregate)", "tokens/s per request (decode)")
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted((p for p in pts if _finite(p[0]) and _finite(p[1])), key=lambda p: p[2])
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=_MARKERS[i % len(_MARKERS)], label=label)
+        for x, y, c in pts:
+            ax.annotate(f"c{c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    _finish(ax, len(series))
+    return _svg(fig)
+
+
+def itl_distribution(dists: Mapping[str, Sequence[float]], title: str) -> str:
+    """Empirical CDF of inter-token gaps, one line per concurrency (a step at each gap; tails show stalls)."""
+    import numpy as np
+
+    fig, ax = _figure(title, "inter-token latency (ms)", "fraction of gaps ≤ x")
+    drawn = 0
+    for i, (label, vals) in enumerate(dists.items()):
+        v = np.sort(np.asarray(vals, dtype=float))
+        v = v[np.isfinite(v)]
+        if v.size == 0:
+            continue
+        if v.size > 4000:  # the curve's shape needs no more points than pixels
+            v = v[np.linspace(0, v.size - 1, 4000).astype(int)]
+        y = np.linspace(1.0 / v.size, 1.0, v.size)
+        ax.step(v, y, where="post", label=f"{label} (n={len(vals)})", color=f"C{i % 10}")
+        drawn += 1
+    pos = [x for vals in dists.values() for x in vals if x > 0]
+    if pos and max(pos) / min(pos) > 20:
+        ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    _finish(ax, drawn)
+    return _svg(fig)
+
+
+def estimate_vs_actual(rows: Sequence[tuple[str, float, float]], title: str) -> str:
+    """The planner's estimate against the measured wall time per point (seconds)."""
+    import numpy as np
+
+    fig, ax = _figure(title, "point", "seconds")
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r[1] for r in rows], width=0.4, label="planner estimate")
+    ax.bar(x + 0.2, [r[2] for r in rows], width=0.4, label="actual")
+    ax.set_xticks(x, [_short(r[0]) for r in rows], rotation=60, ha="right", fontsize=7)
+    _finish(ax, 2)
+    return _svg(fig)
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= 28 else "…" + label[-27:]
+
+
+def _finite(x) -> bool:
+    return x is not None and isinstance(x, int | float) and math.isfinite(x)
+
+
+def _log2_x(ax, xs: Sequence[float]) -> None:
+    xs = [x for x in xs if x and x > 0]
+    if xs and max(xs) / min(xs) >= 8:
+        ax.set_xscale("log", base=2)
+        ticks = sorted(set(xs))
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+
+
+def count_svgs(html: str) -> int:
+    return len(re.findall(r"<svg\b", html))
