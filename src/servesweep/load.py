@@ -207,8 +207,6 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         "--only-summary",
         "--html",
         str(work / "locust-report.html"),
-        "--csv",
-        str(work / "locust"),
         "--point-json",
         str(work / "point.json"),
         "--records",
@@ -294,7 +292,7 @@ def run_point(
         **summarize(table, slos=parsed_slos),
     }
     os.replace(rec_path, out_dir / "records.parquet")
-    for name in ("locust-report.html", "locust_stats.csv", "locust_failures.csv"):
+    for name in ("locust-report.html",):
         if (work / name).is_file():
             os.replace(work / name, out_dir / name)
     write_json_atomic(out_dir / "summary.json", summary)

@@ -126,6 +126,8 @@ def _init(environment, **_kw) -> None:
         LLMUser.host = ctx.point.base_url
         LLMUser.connection_timeout = ctx.point.connect_s
         LLMUser.network_timeout = ctx.point.first_token_s
+        if getattr(opts, "csv_prefix", None):
+            ctx.quit_delay_s = 1.2  # Locust rewrites its CSV once a second and not at exit
         environment.servesweep = ctx
         log.info(
             "servesweep: point %s, model %s, %d prompt bodies, nonce %d digits",

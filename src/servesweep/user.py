@@ -56,6 +56,7 @@ class LoadContext:
     failed: int = 0  # of those, failed
     quit_requested: bool = False
     users_started: int = 0
+    quit_delay_s: float = 0.0  # > 0 lets Locust's CSV writer (once a second) see the final numbers
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     mono_to_wall_ns: int = field(default_factory=lambda: time.time_ns() - time.monotonic_ns())
     _next_prompt: int = 0
@@ -161,7 +162,7 @@ class LLMUser(FastHttpUser):
             n = ctx.point.requests
             if n is not None and ctx.completed >= n and not ctx.quit_requested:
                 ctx.quit_requested = True
-                gevent.spawn(self.environment.runner.quit)
+                gevent.spawn_later(ctx.quit_delay_s, self.environment.runner.quit)
 
     def _do_request(self, ctx: LoadContext, body: bytes, headers: dict, rec: dict) -> None:
         p = ctx.point
