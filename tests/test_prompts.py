@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import urllib.request
 
@@ -14,6 +15,7 @@ from servesweep.prompts import (
     NONCE_SLOT,
     Nonces,
     build_pool,
+    nonce_scheme,
     nonce_tokens,
     probe_template_overhead,
 )
@@ -243,6 +245,57 @@ def test_bad_arguments_name_the_parameter():
             build_pool(cache_dir=None, **kw)
     with pytest.raises(ValueError, match="tokenizer 'no/such/thing'"):
         build_pool(3000, 1, tokenizer="no/such/thing", cache_dir=None)
+
+
+def train_bpe(path, corpus: list[str]) -> str:
+    """A small byte-level BPE `tokenizer.json` (no digit splitting: digits merge as the corpus makes them)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(corpus, trainer)
+    tk.save(str(path))
+    return str(path)
+
+
+def test_another_tokenizer_that_merges_digits(tmp_path):
+    """A tokenizer.json whose BPE merges digit runs: plain-digit nonces would change the length, so the pool
+    writes them spaced out (" 1 2 3"), and counts stay exact under that tokenizer."""
+    import random
+
+    r = random.Random(0)
+    words = "the harbor master repaired a broken rudder before spring tide while gulls circled".split()
+    prose = [" ".join(r.choice(words) for _ in range(12)).capitalize() + "." for _ in range(3000)]
+    numbers = [" ".join(str(r.randrange(10**6)) for _ in range(20)) for _ in range(2000)]
+    spaced = [" ".join(str(r.randrange(10)) for _ in range(30)) for _ in range(500)]
+    path = train_bpe(tmp_path / "bpe.json", prose + numbers + spaced)
+    tok = load_tokenizer(path)
+    assert len({len(tok.encode(x)) for x in ("12345678", "00000000", "98765432")}) > 1  # digits do merge
+    assert nonce_scheme(tok, 8) == ("spaced", 8)
+    for endpoint in ("chat", "completions"):
+        pool = build_pool(3000, 3, tokenizer=path, endpoint=endpoint, cache_dir=tmp_path)
+        assert pool.nonce_format == "spaced" and pool.nonce_tokens == 8
+        nonces = pool.nonces()
+        for p in pool:
+            nonce = next(nonces).decode()
+            assert re.fullmatch(r"( \d){8}", nonce)
+            r_ = p.render(nonce)
+            assert len(tok.encode(render_chatml(r_) if isinstance(r_, list) else r_)) == 3000
+    # Without spaced digits in its vocabulary, no nonce format has a fixed length: a clear error.
+    bad = load_tokenizer(train_bpe(tmp_path / "bad.json", prose + numbers))
+    with pytest.raises(
+        ValueError, match=r"a nonce of 8 digits takes a number of tokens that depends on the digits"
+    ):
+        nonce_scheme(bad, 8)
+    with pytest.raises(ValueError, match="turn cache busting off"):
+        build_pool(3000, 1, tokenizer=str(tmp_path / "bad.json"), cache_dir=None)
 
 
 @pytest.fixture(scope="module")

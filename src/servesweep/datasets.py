@@ -28,7 +28,8 @@ from servesweep.prompts import (
     PromptPool,
     _count,
     _encode_batch,
-    nonce_tokens,
+    format_nonce,
+    nonce_scheme,
 )
 from servesweep.tokenizer import load_tokenizer
 
@@ -207,6 +208,7 @@ def load_dataset(
 
     tok = load_tokenizer(tokenizer)
     k = nonce_digits if cache_bust else 0
+    nonce_fmt, k_tokens = nonce_scheme(tok, k)
     slot = NONCE_SLOT + "\n" if k else ""
 
     if endpoint == "completions":  # raw text only: name the first record that is chat messages
@@ -222,16 +224,16 @@ def load_dataset(
             msgs = [{**m, "content": m["content"].replace(NONCE_SLOT, "")} for m in msgs]
             u = next(j for j, m in enumerate(msgs) if m["role"] == "user")
             msgs[u] = {**msgs[u], "content": slot + msgs[u]["content"]}
-            return Prompt("chat", 0, messages=msgs, nonce_digits=k, output_tokens=ref)  # type: ignore[arg-type]
+            return Prompt("chat", 0, messages=msgs, nonce_digits=k, nonce_format=nonce_fmt, output_tokens=ref)  # type: ignore[arg-type]
         text = slot + (txt or "").replace(NONCE_SLOT, "")
-        return Prompt("completions", 0, text=text, nonce_digits=k, output_tokens=ref)  # type: ignore[arg-type]
+        return Prompt("completions", 0, text=text, nonce_digits=k, nonce_format=nonce_fmt, output_tokens=ref)  # type: ignore[arg-type]
 
     order = list(range(len(records)))
     if n is not None:
         random.Random(seed).shuffle(order)
     chosen: list[Prompt] = []
     batch = len(order) if n is None else max(64, 2 * n)
-    nonce = "0" * k
+    nonce = format_nonce("0" * k, nonce_fmt)
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
         prompts = [make(i) for i in idx]
@@ -257,7 +259,8 @@ def load_dataset(
         endpoint=endpoint,
         tokenizer=tok.name,
         nonce_digits=k,
-        nonce_tokens=nonce_tokens(tok, k),
+        nonce_tokens=k_tokens,
+        nonce_format=nonce_fmt,
         prompt_tokens=None,
         template_overhead=template_overhead,
         seed=seed,

@@ -10,13 +10,16 @@ and repaired in the rare case the count is off, so a pool never holds a prompt o
 
 Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
 The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
-so any K digits are K tokens whatever their neighbours; `nonce_tokens()` checks the property for the tokenizer in
-use. Pass a `Nonces` stream: it writes a counter's digits least-significant first, so consecutive requests differ
-from their first digit on and a radix cache cannot serve their prefill.
+so any K digits are K tokens whatever their neighbours; `nonce_scheme()` checks the property for the tokenizer in
+use (and writes the digits spaced out for a tokenizer that merges them). Use the pool's `nonces()` stream: it
+writes a counter's digits least-significant first, so consecutive requests differ from their first digit on and a
+radix cache cannot serve their prefill.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import importlib.resources
@@ -36,6 +39,7 @@ from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
 
 FORMAT_VERSION = 1
 DEFAULT_NONCE_DIGITS = 8
+NONCE_FORMATS = ("digits", "spaced")
 DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
 ENDPOINTS = ("chat", "completions")
 
@@ -44,7 +48,7 @@ NONCE_SLOT = "\ue000"
 _SLOT_BYTES = NONCE_SLOT.encode()
 
 _BANK_SEED = 20261129
-_BANK_PER_TOPIC = 2400
+_BANK_PER_TOPIC = 1500
 _FINAL_WINDOW = 200  # below this many tokens left, finish with an exact fill
 _PROBE_CONTENT = "Reply with the single word: ready."
 _PROBE_SYSTEM = "You are a test assistant."
@@ -67,6 +71,7 @@ class Prompt:
     messages: list[dict] | None = None
     text: str | None = None
     nonce_digits: int = 0
+    nonce_format: str = "digits"  # "spaced": a space before each digit (see `nonce_scheme`)
     group: int = 0
     shared_prefix_tokens: int = 0
     question: str | None = None
@@ -77,8 +82,11 @@ class Prompt:
 
     def render(self, nonce: str = "") -> list[dict] | str:
         """The messages (chat) or text (completions) with the nonce filled in."""
-        if self.nonce_digits and len(nonce) != self.nonce_digits:
-            raise ValueError(f"nonce {nonce!r}: this prompt takes exactly {self.nonce_digits} digits")
+        width = self.nonce_digits * (2 if self.nonce_format == "spaced" else 1)
+        if len(nonce) != width:
+            raise ValueError(
+                f"nonce {nonce!r}: this prompt takes {self.nonce_digits} digits ({self.nonce_format})"
+            )
         if self.messages is not None:
             return [{**m, "content": m["content"].replace(NONCE_SLOT, nonce)} for m in self.messages]
         return (self.text or "").replace(NONCE_SLOT, nonce)
@@ -148,6 +156,7 @@ _PROMPT_FIELDS = (
     "messages",
     "text",
     "nonce_digits",
+    "nonce_format",
     "group",
     "shared_prefix_tokens",
     "question",
@@ -175,6 +184,7 @@ class PromptPool:
     tokenizer: str
     nonce_digits: int
     nonce_tokens: int
+    nonce_format: str = "digits"
     prompt_tokens: int | None = None
     template_overhead: int | None = None
     shared_prefix_tokens: int = 0
@@ -198,8 +208,8 @@ class PromptPool:
         return [p.body_parts(model, max_tokens, endpoint, extra) for p in self.prompts]
 
     def nonces(self, start: int | None = None) -> Nonces:
-        """A nonce stream for this pool (empty nonces when cache busting is off)."""
-        return Nonces(self.nonce_digits, start)
+        """A nonce stream for this pool, in its format (empty nonces when cache busting is off)."""
+        return Nonces(self.nonce_digits, start, spaced=self.nonce_format == "spaced")
 
     def meta(self) -> dict:
         """What a results file should record about the pool."""
@@ -212,6 +222,7 @@ class PromptPool:
             "template_overhead": self.template_overhead,
             "nonce_digits": self.nonce_digits,
             "nonce_tokens": self.nonce_tokens,
+            "nonce_format": self.nonce_format,
             "shared_prefix_tokens": self.shared_prefix_tokens,
             "num_groups": self.num_groups,
             "seed": self.seed,
@@ -225,10 +236,11 @@ class Nonces:
     a digit or two at the same moment. `next(nonces)` returns bytes, ready to join between a body's parts.
     """
 
-    __slots__ = ("digits", "_i", "_mod")
+    __slots__ = ("digits", "spaced", "_i", "_mod")
 
-    def __init__(self, digits: int, start: int | None = None):
+    def __init__(self, digits: int, start: int | None = None, *, spaced: bool = False):
         self.digits = digits
+        self.spaced = spaced
         self._mod = 10**digits
         self._i = (random.SystemRandom().randrange(self._mod) if start is None else start) % self._mod
 
@@ -238,9 +250,9 @@ class Nonces:
     def __next__(self) -> bytes:
         if not self.digits:
             return b""
-        s = b"%0*d" % (self.digits, self._i)
+        s = (b"%0*d" % (self.digits, self._i))[::-1]
         self._i = (self._i + 1) % self._mod
-        return s[::-1]
+        return s if not self.spaced else b" " + b" ".join(s[i : i + 1] for i in range(len(s)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -339,19 +351,46 @@ def _encode_sentences(
     return [tok.encode(" " + s) for s in sents], [tok.encode(s) for s in sents]
 
 
-@functools.lru_cache(maxsize=4)
-def _bank(tok: Tokenizer) -> _Bank:
-    data = _filler_data()
-    sents, topics = _generate_sentences(data)
+def _sentence_lengths(
+    tok: Tokenizer, sents: list[str], cache_dir: Path | None
+) -> tuple[list[int], list[int]]:
+    """Token counts of " Sentence." and "Sentence." (0: unusable, it does not end on a "." token).
+
+    Cached on disk per tokenizer: slow tokenizers (large `tokenizer.json` files) then pay for it once.
+    """
+    key = hashlib.sha256(f"{FORMAT_VERSION}:{_filler_digest()}:{_tokenizer_id(tok)}".encode()).hexdigest()[
+        :32
+    ]
+    path = cache_dir / f"bank-{key}.json" if cache_dir is not None else None
+    if path is not None:
+        try:
+            d = json.loads(path.read_bytes())
+            if len(d["mid"]) == len(d["start"]) == len(sents):
+                return d["mid"], d["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # missing or damaged: recount
     dot = tok.encode(".")
     mids, starts = _encode_sentences(tok, sents, dot)
-    keep = [i for i in range(len(sents)) if mids[i][-len(dot) :] == dot and starts[i][-len(dot) :] == dot]
+    n = len(dot)
+    mid_len = [len(m) if m[-n:] == dot and s[-n:] == dot else 0 for m, s in zip(mids, starts, strict=True)]
+    start_len = [len(s) if m else 0 for s, m in zip(starts, mid_len, strict=True)]
+    if path is not None:
+        with contextlib.suppress(OSError):
+            _atomic_write(path, json.dumps({"mid": mid_len, "start": start_len}).encode())
+    return mid_len, start_len
+
+
+@functools.lru_cache(maxsize=4)
+def _bank(tok: Tokenizer, cache_dir: Path | None = None) -> _Bank:
+    data = _filler_data()
+    sents, topics = _generate_sentences(data)
+    mid_len, start_len = _sentence_lengths(tok, sents, cache_dir)
+    keep = [i for i in range(len(sents)) if mid_len[i]]
     if len(keep) < len(sents) // 2:
         raise ValueError(f"tokenizer {tok.name}: sentences do not end on a '.' token; cannot compose prompts")
     keep_set = set(keep)
     topics = [[i for i in t if i in keep_set] for t in topics]
-    mid_len = [len(x) for x in mids]
-    start_len = [len(x) for x in starts]
+    dot = tok.encode(".")
     by_mid: dict[int, list[int]] = {}
     by_start: dict[int, list[int]] = {}
     for i in keep:
@@ -465,28 +504,43 @@ def _needle(tok: Tokenizer, bank: _Bank, rng: random.Random) -> tuple[tuple[str,
 # Token accounting
 
 
-def nonce_tokens(tokenizer: Tokenizer, digits: int) -> int:
-    """How many tokens `digits` decimal digits take at the start of a message, whatever the digits.
+def format_nonce(digits: str, nonce_format: str) -> str:
+    """The nonce as it goes into the prompt: "digits" as is, "spaced" with a space before each digit."""
+    return "".join(" " + d for d in digits) if nonce_format == "spaced" else digits
 
-    Raises when the count depends on the digits (then a nonce would change the prompt's length). For Qwen's
-    vocabulary it equals `digits`: its pre-tokenizer splits every digit into its own token.
+
+def nonce_scheme(tokenizer: Tokenizer, digits: int) -> tuple[str, int]:
+    """(format, tokens): how a nonce of `digits` decimal digits is written, and how many tokens it takes.
+
+    The count must not depend on the digits, or a nonce would change the prompt's length. Qwen's pre-tokenizer
+    splits every digit into its own token, so plain digits work and K digits are K tokens. A tokenizer that merges
+    digits unevenly (some byte-level BPEs) gets "spaced" digits (" 1 2 3"): a space and a digit make one piece,
+    which no merge crosses. Checked in context, over every repeated digit and 200 random nonces.
     """
     if digits <= 0:
-        return 0
+        return "digits", 0
     rng = random.Random(digits)
     samples = [d * digits for d in "0123456789"]
     samples += ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in range(200)]
-    # In context, as a prompt holds it; "x" (one token) stands for "no nonce" so the newlines stay apart.
+    # "x" (one token) stands for "no nonce" so that the newlines around it stay apart.
     head, tail = "<|im_start|>user\n", "\nThe river was calm."
     base = len(tokenizer.encode(head + "x" + tail)) - len(tokenizer.encode("x"))
-    counts = {len(tokenizer.encode(head + s + tail)) - base for s in samples}
-    if len(counts) != 1:
-        raise ValueError(
-            f"tokenizer {tokenizer.name}: {digits} decimal digits take {sorted(counts)} tokens depending on the "
-            f"digits, so a nonce would change the prompt's length; turn cache busting off or pick nonce_digits "
-            f"that the tokenizer splits evenly"
-        )
-    return counts.pop()
+    seen = {}
+    for fmt in NONCE_FORMATS:
+        texts = [head + format_nonce(x, fmt) + tail for x in samples]
+        counts = {len(ids) - base for ids in _encode_batch(tokenizer, texts)}
+        if len(counts) == 1:
+            return fmt, counts.pop()
+        seen[fmt] = sorted(counts)
+    raise ValueError(
+        f"tokenizer {tokenizer.name}: a nonce of {digits} digits takes a number of tokens that depends on the digits "
+        f"({seen}), so it would change the prompt's length; turn cache busting off"
+    )
+
+
+def nonce_tokens(tokenizer: Tokenizer, digits: int) -> int:
+    """Tokens a nonce of `digits` digits takes with this tokenizer (see `nonce_scheme`)."""
+    return nonce_scheme(tokenizer, digits)[1]
 
 
 def _chat_layout(tok: Tokenizer, system: bool) -> tuple[int, int]:
@@ -588,23 +642,35 @@ def build_pool(
         "num_groups": num_groups if shared_prefix_tokens else 1,
     }
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
-    path = Path(os.path.expanduser(cache_dir)) / f"pool-{key}.json" if cache_dir is not None else None
-    pool = _load_cached(path, key) if path else None
-    if pool is None:
-        pool = _build(tok, params)
-        if path:
-            _save_cached(path, key, pool)
+    if cache_dir is None:
+        return _build(tok, params, None)
+    cache_dir = Path(os.path.expanduser(cache_dir))
+    path = cache_dir / f"pool-{key}.json"
+    pool = _load_cached(path, key)
+    if pool is not None:
+        return pool
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Several Locust workers on one host start together: one builds, the others wait and read its file.
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pool = _load_cached(path, key)
+            if pool is None:
+                pool = _build(tok, params, cache_dir)
+                _save_cached(path, key, pool)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
     return pool
 
 
-def _build(tok: Tokenizer, params: dict) -> PromptPool:
-    bank = _bank(tok)
+def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
     target, n, seed = params["prompt_tokens"], params["n"], params["seed"]
     endpoint, overhead, k = params["endpoint"], params["template_overhead"], params["nonce_digits"]
     prefix_p, groups = params["shared_prefix_tokens"], params["num_groups"]
-    k_tokens = nonce_tokens(tok, k)
+    nonce_fmt, k_tokens = nonce_scheme(tok, k)
+    bank = _bank(tok, cache_dir)
     sep = bank.sep if k else 0
-    nonce = "0" * k
+    nonce = format_nonce("0" * k, nonce_fmt)
 
     # Tokens outside the filler: the template around the content, the nonce and its separator.
     if endpoint == "chat":
@@ -652,7 +718,12 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
         user = (NONCE_SLOT + "\n" if k else "") + _compose(bank, rng, filler_n, needle=fact) + question
         g = i % groups if prefix_p else 0
         common = dict(
-            nonce_digits=k, group=g, shared_prefix_tokens=prefix_p, question=question, answer=answer
+            nonce_digits=k,
+            nonce_format=nonce_fmt,
+            group=g,
+            shared_prefix_tokens=prefix_p,
+            question=question,
+            answer=answer,
         )
         if endpoint == "chat":
             msgs = [{"role": "user", "content": user}]
@@ -684,6 +755,7 @@ def _build(tok: Tokenizer, params: dict) -> PromptPool:
         tokenizer=tok.name,
         nonce_digits=k,
         nonce_tokens=k_tokens,
+        nonce_format=nonce_fmt,
         prompt_tokens=target,
         template_overhead=(before + after) if endpoint == "chat" else overhead,
         shared_prefix_tokens=prefix_p,
@@ -705,11 +777,16 @@ def _save_cached(path: Path, key: str, pool: PromptPool) -> None:
     header = json.dumps(
         {"format": FORMAT_VERSION, "key": key, "sha256": hashlib.sha256(body).hexdigest()}
     ).encode()
+    _atomic_write(path, header + b"\n" + body)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file and rename: readers see the old file or the whole new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(header + b"\n" + body)
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -740,6 +817,7 @@ def _load_cached(path: Path, key: str) -> PromptPool | None:
             tokenizer=m["tokenizer"],
             nonce_digits=m["nonce_digits"],
             nonce_tokens=m["nonce_tokens"],
+            nonce_format=m["nonce_format"],
             prompt_tokens=m["prompt_tokens"],
             template_overhead=m["template_overhead"],
             shared_prefix_tokens=m["shared_prefix_tokens"],
