@@ -162,6 +162,12 @@ def test_json_is_well_formed(name):
             assert p["targets"], p["title"]
             refs = [t["refId"] for t in p["targets"]]
             assert len(refs) == len(set(refs)), p["title"]
+    for v in d["templating"]["list"]:
+        if (
+            v["type"] == "query"
+        ):  # the string form Grafana parses itself: label_values(metric{filters}, label)
+            assert re.fullmatch(r"label_values\(servesweep_point_info(\{[^}]*\})?, [a-z_]+\)", v["query"]), v
+            assert v["definition"] == v["query"]
     # no overlapping panels
     cells = set()
     for p in d["panels"]:

@@ -67,7 +67,7 @@ def expressions(dashboard: dict) -> list[dict]:
             out.append({"kind": "annotation", "title": a["name"], "expr": a["expr"], "instant": False})
     for v in dashboard["templating"]["list"]:
         if v["type"] == "query":
-            out.append({"kind": "variable", "title": v["name"], "expr": v["definition"], "instant": True})
+            out.append({"kind": "variable", "title": v["name"], "expr": v["query"], "instant": True})
     return out
 
 

@@ -177,7 +177,9 @@ def query_var(name: str, query: str, *, label: str = "", multi: bool = True, inc
         "type": "query",
         "datasource": DS,
         "definition": query,
-        "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery", "qryType": 1},
+        # The plain string form: Grafana parses label_values(metric{filters}, label) into its editor model itself.
+        # (An object with qryType 1 would need label/metric fields, or Grafana renders label_values(undefined).)
+        "query": query,
         "refresh": 2,  # on time range change: new runs appear without a reload
         "sort": sort,
         "multi": multi,
