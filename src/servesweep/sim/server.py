@@ -31,6 +31,7 @@ log = logging.getLogger("servesweep.sim")
 _REASON = {s.value: s.phrase for s in HTTPStatus}
 _EAGLE_FAMILY_CHECK = None  # reserved tokens come from hardware.resolve_server (num_reserved_tokens)
 CHUNKED_END = b"0\r\n\r\n"
+HEX = [b"%x\r\n" % i for i in range(1 << 14)]  # chunk-size lines of the chunked encoding, formatted once
 
 
 class _DateCache:
@@ -314,9 +315,11 @@ class Gen:
                     if sc is not None:
                         eng = self.eng
                         sc.append(eng._t0 + eng._vt)
-                self.conn.transport.write(
-                    b"%x\r\n%b%b%b" % (self.base_len + len(text), self.hp, text, self.mt)
-                )
+                size = self.base_len + len(text)
+                if size < 16384:
+                    self.conn.transport.write(HEX[size] + self.hp + text + self.mt)
+                else:
+                    self.conn.transport.write(b"%x\r\n%b%b%b" % (size, self.hp, text, self.mt))
                 self.chunks_written += 1
                 return
         if self.done:
