@@ -137,8 +137,11 @@ def test_context_length_errors_are_byte_exact():
         assert st == 400 and b"The input (256 tokens) is longer" in body
 
 
-def test_api_key():
-    with start_sim(["--model-path", LLAMA, "--api-key", "sk-test-123", "--enable-metrics"]) as sim:
+def test_api_key_from_a_config_file(tmp_path):
+    # SGLang's --config YAML: the key stays out of the command line (and out of /server_info)
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text("api-key: sk-test-123\nenable_metrics: true\n")
+    with start_sim(["--model-path", LLAMA, "--config", str(cfg)]) as sim:
         st, _, body = http("GET", sim.base_url + "/v1/models")
         assert (st, body) == (401, b'{"error":"Unauthorized"}')
         st, _, body = post_json(sim.base_url + "/v1/chat/completions", chat("hi"))
@@ -148,7 +151,13 @@ def test_api_key():
         auth = {"authorization": "Bearer sk-test-123"}
         assert http("GET", sim.base_url + "/v1/models", headers=auth)[0] == 200
         assert post_json(sim.base_url + "/v1/chat/completions", chat("hi"), auth)[0] == 200
+        st, _, body = http("GET", sim.base_url + "/server_info", headers=auth)
+        assert st == 200 and b"sk-test-123" not in body and json.loads(body)["enable_metrics"] is True
         assert "sk-test-123" not in sim.log_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    r = start_sim(["--model-path", LLAMA, "--config", str(bad)], wait_ready=False)
+    assert r.proc.wait(30) != 0 and "expected a mapping" in r.log_text()
 
 
 def test_queue_full_is_503():

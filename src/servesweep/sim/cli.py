@@ -251,17 +251,54 @@ def build_parser(version: str = DEFAULT_SGLANG_VERSION) -> argparse.ArgumentPars
     return p
 
 
+def config_file_args(path: str) -> list[str]:
+    """`--config FILE` (SGLang's YAML config): `key: value` pairs become `--key value` flags placed before the
+    command line's, so flags given on the command line win. `true` adds a bare flag, `false`/null leave it out,
+    lists give several values. Keys may use dashes or underscores. Secrets such as `api-key` can live here."""
+    from ruamel.yaml import YAML
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = YAML(typ="safe").load(f)
+    except OSError as e:
+        raise SystemExit(f"servesweep sim: error: --config {path}: {e.strerror}") from None
+    except Exception as e:  # a YAML syntax error names its line
+        raise SystemExit(f"servesweep sim: error: --config {path}: not valid YAML: {e}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise SystemExit(f"servesweep sim: error: --config {path}: expected a mapping of flag: value")
+    out: list[str] = []
+    for key, val in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if val is True:
+            out.append(flag)
+        elif val is False or val is None:
+            continue
+        elif isinstance(val, list):
+            out += [flag, *map(str, val)]
+        else:
+            out += [flag, str(val)]
+    return out
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse `argv` with the parser of the SGLang version it asks for (`--sim-sglang-version`, default 0.5.23)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--sim-sglang-version", default=DEFAULT_SGLANG_VERSION)
+    pre.add_argument("--sim-sglang-version", default=None)
+    pre.add_argument("--config", default=None)
     known, _ = pre.parse_known_args(argv)
+    full = list(argv)
+    if known.config:
+        full = config_file_args(known.config) + full
+        known, _ = pre.parse_known_args(full)
+    version = known.sim_sglang_version or DEFAULT_SGLANG_VERSION
     try:
-        version_tuple(known.sim_sglang_version)
+        version_tuple(version)
     except argparse.ArgumentTypeError as e:
         build_parser().error(str(e))
-    ns = build_parser(known.sim_sglang_version).parse_args(argv)
-    ns.launch_command = list(argv)
+    ns = build_parser(version).parse_args(full)
+    ns.launch_command = list(argv)  # as typed: values read from --config (secrets) stay out of /server_info
     return ns
 
 

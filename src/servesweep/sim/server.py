@@ -849,6 +849,8 @@ class SimApp:
         }
         args.update(r.args)
         args["served_model_name"] = self.served_model_name
+        if args.get("api_key"):
+            args["api_key"] = "<redacted>"  # SGLang shows it; the emulator does not repeat secrets
         if r.spec_algorithm:
             args["speculative_algorithm"] = r.spec_algorithm
         st = self.engine.stats()
