@@ -199,6 +199,10 @@ def test_same_seed_same_bytes_other_seed_other_bytes(pools):
     assert all(x.body_parts("m", 8) != y.body_parts("m", 8) for x, y in zip(a, b, strict=True))
     # Prompt i does not depend on n.
     assert build_pool(3000, 3, seed=0, cache_dir=None)[2].as_text() == a[2].as_text()
+    # Another length, same seed: other text from the start, so one sweep point cannot warm the cache for the next.
+    short = build_pool(2000, 1, seed=0, cache_bust=False, cache_dir=None)[0].render()[0]["content"]
+    long_ = build_pool(3000, 1, seed=0, cache_bust=False, cache_dir=None)[0].render()[0]["content"]
+    assert short[:40] != long_[:40]
 
 
 def test_disk_cache_hit_and_corrupt_file_rebuilt(tmp_path):

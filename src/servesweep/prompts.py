@@ -3,10 +3,11 @@
 A prompt is natural-language filler (paragraphs of sentences composed from `data/filler.json`, many topics and
 templates, drawn from a seeded generator) with a "needle" fact somewhere inside and a closing question about it.
 
-Exactness. Sentences join at pre-tokenizer boundaries ("." then " Word"), so a prompt's token ids are the
-concatenation of its sentences' ids and its length is known while it is composed. Every prompt is then encoded
-once as the server would see it (chat: the ChatML rendering that the emulator counts; completions: the raw text)
-and repaired in the rare case the count is off, so a pool never holds a prompt of the wrong length.
+Exactness. Sentences join at pre-tokenizer boundaries ("." then " Word"), so BPE never merges across them and a
+prompt's length is the sum of its sentences' token counts (counted once per tokenizer, cached on disk): it is known
+while the prompt is composed, and the last sentences are chosen to fill the target exactly. Every prompt is then
+encoded once as the server would see it (chat: the ChatML rendering that the emulator counts; completions: the raw
+text) and recomposed in the rare case the count is off, so a pool never holds a prompt of the wrong length.
 
 Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
 The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
@@ -37,7 +38,7 @@ from typing import Any
 
 from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_NONCE_DIGITS = 8
 NONCE_FORMATS = ("digits", "spaced")
 DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
@@ -689,7 +690,7 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
 
     prefixes: list[str] = []
     for g in range(groups if prefix_p else 0):
-        rng = random.Random(f"{seed}:group:{g}")
+        rng = random.Random(f"{seed}:{target}:group:{g}")  # other lengths: other text
         # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
         # In completions text follows the prefix, after a paragraph break.
         end, end_n = ("\n\n", bank.delta) if endpoint != "chat" else ("", 0)
@@ -707,7 +708,7 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
             )
 
     def make(i: int, adjust: int = 0) -> Prompt:
-        rng = random.Random(f"{seed}:{i}")
+        rng = random.Random(f"{seed}:{target}:{i}")
         fact, question, q_len, answer = _needle(tok, bank, rng)
         filler_n = body_budget - q_len + adjust
         if filler_n < fact[1] + 2 * bank.max_cost:
