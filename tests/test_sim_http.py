@@ -191,6 +191,11 @@ def test_models_model_info_and_errors_of_the_http_layer(sim):
     st, _, body = http("GET", sim.base_url + "/model_info")
     info = json.loads(body)
     assert info["architectures"] and info["served_model_name"] == "qwen36" and info["is_generation"] is True
+    assert http("GET", sim.base_url + "/v1/chat/completions")[::2] == (
+        405,
+        b'{"detail":"Method Not Allowed"}',
+    )
+    assert http("GET", sim.base_url + "/no/such/path")[::2] == (404, b'{"detail":"Not Found"}')
     st, _, body = http("POST", sim.base_url + "/v1/chat/completions", b"{}", {"content-type": "text/plain"})
     assert st == 400
     err = json.loads(body)

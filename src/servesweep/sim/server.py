@@ -79,6 +79,16 @@ TEXT = b"text/plain; charset=utf-8"
 PROM = b"text/plain; version=0.0.4; charset=utf-8"
 
 
+# Methods per route, as SGLang's FastAPI app declares them (anything else: 405); unlisted routes are GET.
+METHODS = {
+    "/v1/chat/completions": ("POST",),
+    "/v1/completions": ("POST",),
+    "/generate": ("POST", "PUT"),
+    "/flush_cache": ("GET", "POST"),
+    "/abort_request": ("POST",),
+}
+
+
 class Request:
     __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "recv_ns")
 
@@ -507,7 +517,10 @@ class Gen:
         if e is not None and e.finish_reason == "abort" and e.abort_status:
             status = e.abort_status
             msg = e.abort_message or "Aborted"
-            if self.stream:
+            if self.stream and self.legacy and self.kind == "chat":
+                # ≤0.5.9: a normal chunk with finish_reason "abort" instead of an error event
+                self._write_end(self.fmt.finish("abort", None) + P.DONE)
+            elif self.stream:
                 self._write_end(P.stream_error_event(msg, status) + P.DONE)
             else:
                 self._respond_body(status, P.error_body(msg, status))
@@ -763,6 +776,16 @@ class SimApp:
             if handler is None:
                 status = 404
                 conn.respond(req, 404, b'{"detail":"Not Found"}')
+                return
+            if req.method not in METHODS.get(path, ("GET",)):
+                status = 405
+                conn.respond(
+                    req,
+                    405,
+                    b'{"detail":"Method Not Allowed"}',
+                    JSON,
+                    [("allow", ", ".join(METHODS.get(path, ("GET",))))],
+                )
                 return
             api_key = self.args.api_key
             if api_key and not (
