@@ -139,3 +139,23 @@ def test_fault_rate_is_seeded_and_recorded(tmp_path):
     assert 7 <= n429 <= 23 and statuses[0].count(200) == 30 - n429
     lines = [json.loads(x) for x in gt.read_text().splitlines()]
     assert len(lines) == 60 and sum(ln["fault"] == "429" for ln in lines) == 2 * n429
+
+
+def test_faults_on_non_streaming_requests(sim):
+    def ns(fault: str):
+        b = body(8)
+        b["stream"] = False
+        return run(probe(sim.host, sim.port, CHAT, b, headers={"X-Sim-Fault": fault}, timeout=30))
+
+    r = ns("disconnect")
+    assert r.status == 0 and r.error is not None  # closed without a response
+    r = ns("error_event")
+    assert r.status == 500 and json.loads(r.body)["message"] == "Injected fault: error event"
+    r = ns("malformed")
+    assert r.status == 200
+    with pytest.raises(ValueError):
+        json.loads(r.body)
+    t0 = time.monotonic()
+    r = ns("stall:0.6")
+    assert r.status == 200 and time.monotonic() - t0 >= 0.55
+    assert json.loads(r.body)["usage"]["completion_tokens"] == 8

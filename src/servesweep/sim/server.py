@@ -31,6 +31,7 @@ log = logging.getLogger("servesweep.sim")
 _REASON = {s.value: s.phrase for s in HTTPStatus}
 _EAGLE_FAMILY_CHECK = None  # reserved tokens come from hardware.resolve_server (num_reserved_tokens)
 CHUNKED_END = b"0\r\n\r\n"
+NON_STREAM_FAULTS = ("disconnect", "error_event", "stall", "malformed")
 HEX = [b"%x\r\n" % i for i in range(1 << 14)]  # chunk-size lines of the chunked encoding, formatted once
 
 
@@ -547,8 +548,42 @@ class Gen:
                 self._write_end(P.DONE)
             else:
                 self._write_end(self._generate_event(finished=True) + P.DONE)
+        elif self.fault is not None and self.fault.kind in NON_STREAM_FAULTS:
+            self._nonstream_fault(self.fault)
+            return
         else:
             self._respond_body(200, self._final_body())
+        self._record(status)
+        if not conn.closed:
+            conn.done(self.req)
+
+    def _nonstream_fault(self, f):
+        """Mid-response faults of a non-streaming request, applied to its single body."""
+        conn = self.conn
+        if f.kind == "disconnect":
+            if not conn.closed:
+                conn.closed = True
+                conn.active = None
+                conn.transport.close()
+            self._record(200)
+            return
+        if f.kind == "stall":
+
+            def late():
+                self._respond_body(200, self._final_body())
+                self._record(200)
+                if not conn.closed:
+                    conn.done(self.req)
+
+            self.app.loop.call_later(f.arg, late)
+            return
+        if f.kind == "error_event":
+            self._respond_body(500, P.error_body("Injected fault: error event", 500, "InternalServerError"))
+            status = 500
+        else:  # malformed: a truncated JSON body (its content-length is right)
+            body = self._final_body()
+            self._respond_body(200, body[: len(body) // 2])
+            status = 200
         self._record(status)
         if not conn.closed:
             conn.done(self.req)
