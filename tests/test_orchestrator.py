@@ -1,0 +1,205 @@
+"""`servesweep run` end to end on localhost (the role starts the emulator; real Locust per point): killed with
+SIGKILL mid-matrix and resumed, it loses nothing and repeats nothing; a configuration that cannot start is recorded
+with its log and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+
+SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
+
+
+def _experiment(tmp: Path) -> Path:
+    f = tmp / "exp.yaml"
+    f.write_text(
+        textwrap.dedent(
+            f"""\
+            name: killtest
+            sglang_version: 0.5.23
+            target: {{inventory: local, port: 0}}
+            model: {{path: Qwen/Qwen3.6-27B}}
+            launcher:
+              emulator: true
+              gpu: H200
+              workdir: {tmp / "srv"}
+              startup_timeout_s: 120
+              stop_timeout_s: 20
+              sim_args: {{sim_load_time: 0.2}}
+            server:
+              base: {{context_length: 4096, max_running_requests: 8}}
+              bundles:
+                - name: good
+                - name: broken
+                  flags: {{no_such_flag: 1}}
+                - name: mtp
+                  flags: {{speculative_algorithm: NEXTN, speculative_num_steps: 2}}
+            load:
+              concurrency: [1, 2]
+              prompt_tokens: [160]
+              output_tokens: 4
+              requests: 2
+            flush_cache_between_points: true
+            """
+        )
+    )
+    return f
+
+
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        SERVESWEEP + args,
+        cwd=cwd,
+        stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def _manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=30)
+
+
+def _cleanup(run_dir: Path | None, srv: Path) -> None:
+    """Whatever a failed test left: load generators naming the run folder, the emulator from its pidfile."""
+    if run_dir is not None:
+        needle = str(run_dir.resolve())
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if any(needle in a for a in (p.info["cmdline"] or [])):
+                    p.kill()
+            except psutil.NoSuchProcess:
+                continue
+    for pidfile in srv.glob("*/server.pid"):
+        try:
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
+    exp = _experiment(tmp_path)
+    runs = tmp_path / "runs"
+    run_dir = None
+    first = _start(["run", str(exp), "--out", str(runs)], tmp_path, tmp_path / "first.log")
+    try:
+        # wait until the first point is done and the second is running, then kill the orchestrator outright
+        deadline = time.monotonic() + 180
+        killed_while = None
+        while time.monotonic() < deadline:
+            dirs = list(runs.glob("killtest-*")) if runs.exists() else []
+            if dirs and (dirs[0] / "manifest.json").exists():
+                run_dir = dirs[0]
+                st = [p["status"] for p in _manifest(run_dir)["points"].values()]
+                if st.count("done") == 1 and "running" in st:
+                    killed_while = st
+                    os.kill(first.pid, signal.SIGKILL)  # only the orchestrator: its children are orphaned
+                    break
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.2)
+        assert killed_while, (
+            "the run never reached its second point: " + (tmp_path / "first.log").read_text()[-3000:]
+        )
+        first.wait(timeout=30)
+        before = _manifest(run_dir)
+        done_before = {pid for pid, p in before["points"].items() if p["status"] == "done"}
+        assert len(done_before) == 1
+        (done_id,) = done_before
+        summary_before = (run_dir / done_id / "summary.json").read_bytes()
+        records_mtime = (run_dir / done_id / "records.parquet").stat().st_mtime_ns
+
+        second = _start(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "second.log")
+        try:
+            rc = second.wait(timeout=300)
+        finally:
+            if second.poll() is None:
+                _kill_group(second)
+        out = (tmp_path / "second.log").read_text()
+        assert rc == 1, out[-3000:]  # the broken configuration's points are not done
+        m = _manifest(run_dir)
+        assert m["resumed"] and m["status"] == "finished"
+        pts = m["points"]
+        good = {
+            k: v for k, v in pts.items() if ".broken." not in k and not k.split(".")[0].endswith("broken")
+        }
+        broken = {k: v for k, v in pts.items() if k not in good}
+        assert len(good) == 4 and len(broken) == 2
+        # nothing lost: every good point is done, with its records (2 measured requests each) and summary
+        for pid, p in good.items():
+            assert p["status"] == "done", (pid, p)
+            d = run_dir / pid
+            s = json.loads((d / "summary.json").read_text())
+            assert s["point_id"] == pid and s["requests"]["ok"] == 2 and s["requests"]["failed"] == 0
+            assert pq.read_table(d / "records.parquet").num_rows == 2
+            assert p["result"]["ok"] == 2
+        # nothing repeated: the point finished before the kill was neither rerun nor rewritten
+        assert pts[done_id]["attempts"] == 1
+        assert (run_dir / done_id / "summary.json").read_bytes() == summary_before
+        assert (run_dir / done_id / "records.parquet").stat().st_mtime_ns == records_mtime
+        interrupted = [k for k, v in before["points"].items() if v["status"] == "running"]
+        assert len(interrupted) == 1 and pts[interrupted[0]]["attempts"] == 2
+        assert not list(run_dir.glob(".tmp-*"))
+        # the configuration that cannot start: recorded with its log, and the run went on to the next
+        cfg = next(c for cid, c in m["configs"].items() if cid.endswith("broken"))
+        assert cfg["status"] == "failed" and "exited before /health" in cfg["error"]
+        log = Path(cfg["log"])
+        assert log.is_file() and "unrecognized arguments: --no-such-flag 1" in log.read_text()
+        assert all(
+            p["status"] == "server_failed" and "server did not start" in p["reason"] for p in broken.values()
+        )
+        # resolved server info per configuration, versions, git revision, host facts
+        mtp = next(c for cid, c in m["configs"].items() if cid.endswith("mtp"))
+        assert mtp["server"]["server_info"]["speculative_algorithm"] == "EAGLE"  # NEXTN is reported as EAGLE
+        assert m["versions"]["ansible-core"] and m["versions"]["locust"] and "localhost" in m["hosts"]
+        assert m["git_rev"]
+        # the results table and where the results are
+        assert "results:" in out and str(run_dir) in out
+        # the server was stopped at the end, and no load generator of the run is left
+        assert _port_free(m["port"])
+        assert not [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any(str(run_dir) in a for a in (p.info["cmdline"] or []))
+        ]
+    finally:
+        if first.poll() is None:
+            _kill_group(first)
+        _cleanup(run_dir, tmp_path / "srv")
+
+
+def test_run_refuses_a_bad_experiment_with_its_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(_experiment(tmp_path).read_text().replace("output_tokens: 4", "output_tokens: four"))
+    r = subprocess.run(
+        SERVESWEEP + ["run", str(f), "--out", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "bad.yaml:23: load.output_tokens: expected a list of integers, got 'four'" in r.stderr
+    assert not (tmp_path / "runs").exists()
