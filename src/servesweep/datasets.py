@@ -26,6 +26,7 @@ from servesweep.prompts import (
     NONCE_SLOT,
     Prompt,
     PromptPool,
+    _check_int,
     _count,
     _encode_batch,
     format_nonce,
@@ -189,8 +190,13 @@ def load_dataset(
         raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
     if format is not None and format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"n={n!r}: expected a positive integer or None")
+    if n is not None:
+        _check_int("n", n, 1)
+    _check_int("seed", seed, 0)
+    _check_int("nonce_digits", nonce_digits, 1)
+    for name, v in (("min_prompt_tokens", min_prompt_tokens), ("max_prompt_tokens", max_prompt_tokens)):
+        if v is not None:
+            _check_int(name, v, 0)
     lo = min_prompt_tokens or 0
     hi = max_prompt_tokens if max_prompt_tokens is not None else float("inf")
     if lo > hi:
@@ -218,44 +224,45 @@ def load_dataset(
 
     def make(i: int) -> Prompt:
         msgs, txt, ref, _ = records[i]
+        out_tokens = ref if isinstance(ref, int) else None  # a reference text is counted once chosen
         if endpoint == "chat":
             if msgs is None:
                 msgs = [{"role": "user", "content": txt or ""}]
             msgs = [{**m, "content": m["content"].replace(NONCE_SLOT, "")} for m in msgs]
             u = next(j for j, m in enumerate(msgs) if m["role"] == "user")
             msgs[u] = {**msgs[u], "content": slot + msgs[u]["content"]}
-            return Prompt("chat", 0, messages=msgs, nonce_digits=k, nonce_format=nonce_fmt, output_tokens=ref)  # type: ignore[arg-type]
+            return Prompt("chat", 0, messages=msgs, output_tokens=out_tokens, **nonce_kw)
         text = slot + (txt or "").replace(NONCE_SLOT, "")
-        return Prompt("completions", 0, text=text, nonce_digits=k, nonce_format=nonce_fmt, output_tokens=ref)  # type: ignore[arg-type]
+        return Prompt("completions", 0, text=text, output_tokens=out_tokens, **nonce_kw)
 
+    nonce_kw = {"nonce_digits": k, "nonce_format": nonce_fmt}
     order = list(range(len(records)))
     if n is not None:
         random.Random(seed).shuffle(order)
-    chosen: list[Prompt] = []
-    batch = len(order) if n is None else max(64, 2 * n)
+    chosen: list[tuple[int, Prompt]] = []
+    batch = len(order) if n is None else max(64, 2 * n)  # sampled: count only as many as needed
     nonce = format_nonce("0" * k, nonce_fmt)
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
         prompts = [make(i) for i in idx]
-        counts = _count(tok, prompts, template_overhead, nonce)
-        for p, c in zip(prompts, counts, strict=True):
+        for i, p, c in zip(idx, prompts, _count(tok, prompts, template_overhead, nonce), strict=True):
             if lo <= c <= hi:
                 p.tokens = c
-                chosen.append(p)
+                chosen.append((i, p))
         if n is not None and len(chosen) >= n:
             chosen = chosen[:n]
             break
     if not chosen or (n is not None and len(chosen) < n):
-        rng = f"{lo}..{'' if hi == float('inf') else hi}"
+        span = f"{lo}..{'' if hi == float('inf') else hi}"
         raise DatasetError(
-            f"{path}: {len(chosen)} of {len(records)} prompts are {rng} tokens long"
+            f"{path}: {len(chosen)} of {len(records)} prompts are {span} tokens long"
             + (f", fewer than n={n}" if n is not None else "")
         )
-    refs = [p for p in chosen if isinstance(p.output_tokens, str)]
-    for p, ids in zip(refs, _encode_batch(tok, [p.output_tokens for p in refs]), strict=True):  # type: ignore[misc]
+    refs = [(p, records[i][2]) for i, p in chosen if isinstance(records[i][2], str)]
+    for (p, _), ids in zip(refs, _encode_batch(tok, [str(r) for _, r in refs]), strict=True):
         p.output_tokens = len(ids) or None
     return PromptPool(
-        prompts=chosen,
+        prompts=[p for _, p in chosen],
         endpoint=endpoint,
         tokenizer=tok.name,
         nonce_digits=k,

@@ -510,6 +510,7 @@ def format_nonce(digits: str, nonce_format: str) -> str:
     return "".join(" " + d for d in digits) if nonce_format == "spaced" else digits
 
 
+@functools.lru_cache(maxsize=16)
 def nonce_scheme(tokenizer: Tokenizer, digits: int) -> tuple[str, int]:
     """(format, tokens): how a nonce of `digits` decimal digits is written, and how many tokens it takes.
 
