@@ -326,6 +326,17 @@ def test_probe_template_overhead_against_the_emulator(sim):
         probe_template_overhead("http://127.0.0.1:9", "m", timeout=5)
 
 
+def test_probe_sends_the_api_key_and_never_repeats_it(tmp_path):
+    key = "sk-test-" + "7" * 24
+    cfg = tmp_path / "sim.yaml"  # the key in a file, not on a command line
+    cfg.write_text(f"api-key: {key}\n")
+    with start_sim(["--model-path", "Qwen/Qwen3.6-27B", "--config", str(cfg)]) as s:
+        assert probe_template_overhead(s.base_url, "m", api_key=key) == 8
+        with pytest.raises(RuntimeError, match="HTTP 401") as e:
+            probe_template_overhead(s.base_url, "m", api_key="sk-wrong-" + "1" * 20)
+        assert "sk-" not in str(e.value)
+
+
 def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
     """Through the emulator's usage: exact prompt tokens; cache hits only where a shared prefix asks for them."""
     url = sim.base_url + "/v1/chat/completions"
