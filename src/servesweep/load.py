@@ -227,6 +227,7 @@ def run_point(
     workers: int = 0,
     progress: Callable[[dict], None] | None = None,
     slos: str | None = None,
+    command_prefix: list[str] | None = None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
@@ -253,7 +254,7 @@ def run_point(
     for stale in ("records.parquet", "progress.json"):
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
-    cmd = locust_command(point, work, workers=workers)
+    cmd = [*(command_prefix or []), *locust_command(point, work, workers=workers)]  # e.g. taskset -c 1
     log_path = out_dir / "locust.log"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")

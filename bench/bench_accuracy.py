@@ -1,0 +1,109 @@
+"""How exactly the Locust user timestamps streams: 100 concurrent streams in ONE Locust process against the
+emulator, every chunk's recorded arrival compared with the emulator's ground-truth write time (same monotonic clock).
+
+    .venv/bin/python bench/bench_accuracy.py [--concurrency 100] [--requests 300] [--output-tokens 256] [--pin]
+
+--pin puts the emulator on CPU 0 and Locust on CPU 1 (taskset), so neither steals the other's core. Prints p50/p99/max
+of (arrival − write) per chunk and of the TTFT difference (client TTFT − server TTFT, which also holds the request
+upload and the emulator's own event-loop delay before it stamps the request as received). Goal: p99 ≤ 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from servesweep.load import run_point
+from servesweep.loadspec import LoadPoint
+from servesweep.records import read_parquet
+from servesweep.sim.launch import start_sim
+
+MODEL = "Qwen/Qwen3.6-27B"
+
+
+def pct(a) -> dict:
+    a = np.asarray(a, dtype=np.float64)
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "max": float(a.max()),
+        "n": a.size,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=100)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--prompt-tokens", type=int, default=1000)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--speedup", type=float, default=1.0, help="emulator speed (1 = an H200 in real time)")
+    ap.add_argument("--pin", action="store_true", help="emulator on CPU 0, Locust on CPU 1")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-accuracy-"))
+    pin = args.pin and shutil.which("taskset") and (os.cpu_count() or 1) >= 2
+    sim_args = ["--model-path", MODEL, "--sim-calibration", f"speedup={args.speedup}"]
+    t0 = time.time()
+    with start_sim(
+        sim_args, ground_truth=tmp / "gt.jsonl", prefix=["taskset", "-c", "0"] if pin else None
+    ) as sim:
+        point = LoadPoint(
+            base_url=sim.base_url,
+            model=MODEL,
+            probe=False,
+            concurrency=args.concurrency,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            requests=args.requests,
+        )
+        summary = run_point(point, tmp / "point", command_prefix=["taskset", "-c", "1"] if pin else None)
+        recs = read_parquet(tmp / "point" / "records.parquet").to_pylist()
+        ids = {r["request_id"] for r in recs}
+        deadline = time.monotonic() + 15
+        while True:
+            gt = {d["id"]: d for d in sim.read_ground_truth() if d["id"] in ids}
+            if len(gt) == len(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+    chunk_err, ttft_err, first_err, mismatched = [], [], [], 0
+    for r in recs:
+        g = gt.get(r["request_id"])
+        if g is None or r["error_class"] is not None:
+            mismatched += 1
+            continue
+        writes = [c[0] for c in g["chunks"]]
+        if len(writes) != len(r["chunk_ns"]):
+            mismatched += 1
+            continue
+        chunk_err.extend(np.subtract(r["chunk_ns"], writes) / 1e6)
+        first_err.append((r["chunk_ns"][0] - writes[0]) / 1e6)
+        ttft_err.append(((r["first_token_ns"] - r["sent_ns"]) - (writes[0] - g["recv_ns"])) / 1e6)
+    out = {
+        "command": "bench/bench_accuracy.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "pinned": bool(pin),
+        "requests": len(recs),
+        "ok": summary["requests"]["ok"],
+        "unmatched": mismatched,
+        "chunk_arrival_minus_write_ms": pct(chunk_err),
+        "abs_chunk_error_ms": pct(np.abs(chunk_err)),
+        "first_token_arrival_minus_write_ms": pct(first_err),
+        "ttft_client_minus_server_ms": pct(ttft_err),
+        "client_output_tokens_per_s": summary["output_tokens_per_s"],
+        "itl_p50_ms": summary["itl_ms"]["p50"],
+        "wall_s": time.time() - t0,
+    }
+    print(json.dumps(out, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
