@@ -2,7 +2,7 @@
 run_point, the exporter, a real Prometheus scraping both through file_sd, a real Pushgateway, and promtool backfill.
 
 One module fixture builds the world once (about 30 s):
-  1. an "old" run (2 points) is done while no Prometheus is watching; its clock is set 40 days back, so it is
+  1. an "old" run (1 point) is done while no Prometheus is watching; its clock is set 40 days back, so it is
      history, and it is imported with servesweep.promconfig.backfill into a fresh Prometheus data dir;
   2. Prometheus starts on that data dir and scrapes (every second) the exporter and the emulator;
   3. a live run (3 points) feeds the exporter with the records of each point, then its summary.
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -30,7 +28,14 @@ from servesweep.dashboards import build_all, expressions, metric_names
 from servesweep.exporter import ClientMetrics
 from servesweep.load import run_point
 from servesweep.loadspec import LoadPoint
-from servesweep.promconfig import backfill, run_openmetrics, write_prometheus_config, write_targets
+from servesweep.promconfig import (
+    backfill,
+    run_openmetrics,
+    start_prometheus,
+    start_pushgateway,
+    write_prometheus_config,
+    write_targets,
+)
 from servesweep.records import read_parquet
 from servesweep.sim.launch import start_sim
 
@@ -42,7 +47,7 @@ SIM_ARGS = ["--model-path", MODEL, "--enable-metrics", "--enable-cache-report",
             "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "4", "--sim-fault-rate", "500=0.2", "--sim-seed", "7"]  # fmt: skip
 # (concurrency, prompt tokens): shapes shared by both runs so A vs B can match them
-OLD_POINTS = [(1, 200), (4, 200)]
+OLD_POINTS = [(4, 200)]
 LIVE_POINTS = [(1, 200), (4, 200), (4, 600)]
 
 
@@ -50,37 +55,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _start(cmd: list[str], log: Path) -> subprocess.Popen:
-    with open(log, "wb") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is not None:
-        return
-    os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(5)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(5)
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready after {timeout}s: {log.read_text()[-2000:]}")
 
 
 def _point(base_url: str, c: int, p: int) -> LoadPoint:
@@ -107,7 +81,7 @@ def _axes(c: int, p: int) -> dict:
 class World:
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []  # LocalService handles
         self.sim = None
         self.metrics: ClientMetrics | None = None
 
@@ -122,7 +96,7 @@ class World:
         if self.metrics is not None:
             self.metrics.stop()
         for p in self.procs:
-            _stop(p)
+            p.stop()
         if self.sim is not None:
             self.sim.stop()
 
@@ -165,8 +139,7 @@ def _build(w: World) -> None:
     w.exporter_url = f"http://127.0.0.1:{exp_port}"
     pg_port, prom_port = _free_port(), _free_port()
     w.pushgateway_url = f"http://127.0.0.1:{pg_port}"
-    pg = _start(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{pg_port}",
-                 f"--persistence.file={tmp / 'pg.data'}"], tmp / "pushgateway.log")  # fmt: skip
+    pg = start_pushgateway(tmp / "pushgateway", port=pg_port)
     w.procs.append(pg)
     sd = tmp / "targets"
     write_targets(sd, LIVE_RUN, exporters=[f"127.0.0.1:{exp_port}"],
@@ -177,13 +150,9 @@ def _build(w: World) -> None:
         ["promtool", "check", "config", str(cfg)], capture_output=True, text=True, timeout=30
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    prom = _start(["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}",
-                   f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=3650d",
-                   "--log.level=warn"], tmp / "prometheus.log")  # fmt: skip
+    prom = start_prometheus(cfg, data, port=prom_port)
     w.procs.append(prom)
-    w.prom_url = f"http://127.0.0.1:{prom_port}"
-    _wait_http(w.prom_url + "/-/ready", prom, tmp / "prometheus.log")
-    _wait_http(w.pushgateway_url + "/-/ready", pg, tmp / "pushgateway.log")
+    w.prom_url = prom.url
     _wait_targets_up(w)
 
     # 3. the live run: each point's records feed the exporter as the point ends, then its summary
@@ -193,10 +162,10 @@ def _build(w: World) -> None:
         pid = f"c{c}-p{p}"
         w.metrics.point_started(pid, _axes(c, p))
         w.metrics.set_users(c)
-        time.sleep(1.5)  # a scrape sees the point start (counters at 0) before the records land
+        time.sleep(1.2)  # a scrape sees the point start (counters at 0) before the records land
         summary = run_point(_point(base, c, p), live_dir / pid, slos="ttft<=10s")
         w.metrics.observe_many(read_parquet(live_dir / pid / "records.parquet").to_pylist())
-        time.sleep(1.5)
+        time.sleep(1.2)
         w.metrics.point_finished(pid, summary)
         w.metrics.set_users(0)
     time.sleep(2.5)  # two more scrapes: the last summaries and the final counters are in

@@ -408,6 +408,91 @@ def backfill(
     return sorted(p for p in out.iterdir() if p.name not in before and p.is_dir())
 
 
+# ---------------------------------------------------------------- local Prometheus and Pushgateway
+
+
+class LocalService:
+    """A Prometheus or Pushgateway process started here (Debian packages), in its own process group."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path) -> None:
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def stop(self, timeout: float = 10.0) -> None:
+        import signal
+
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> LocalService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _launch(cmd: list[str], url: str, log_path: Path, timeout: float) -> LocalService:
+    import urllib.request
+
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise FileNotFoundError(f"{cmd[0]!r} is not on PATH (Debian package {cmd[0]!r})")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    svc = LocalService(proc, url, log_path)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return svc
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            svc.stop()
+            raise RuntimeError(
+                f"{cmd[0]} not ready at {url} after {timeout}s: {log_path.read_text()[-2000:]}"
+            )
+        time.sleep(0.1)
+
+
+def start_prometheus(
+    config: str | Path,
+    data_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 9090,
+    retention: str = "3650d",
+    timeout: float = 60.0,
+) -> LocalService:
+    """Start Prometheus on `config` and `data_dir` (blocks backfilled there load at start) and wait until ready.
+    The long default retention keeps backfilled history: Prometheus deletes blocks older than it."""
+    data_dir = Path(data_dir)
+    cmd = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+           f"--web.listen-address={host}:{port}", f"--storage.tsdb.retention.time={retention}", "--log.level=warn"]  # fmt: skip
+    return _launch(cmd, f"http://{host}:{port}", data_dir.parent / f"{data_dir.name}-prometheus.log", timeout)
+
+
+def start_pushgateway(
+    state_dir: str | Path, *, host: str = "127.0.0.1", port: int = 9091, timeout: float = 30.0
+) -> LocalService:
+    """Start the Pushgateway (state persisted under state_dir) and wait until ready."""
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    cmd = ["prometheus-pushgateway", f"--web.listen-address={host}:{port}", f"--persistence.file={state / 'pushgateway.data'}"]  # fmt: skip
+    return _launch(cmd, f"http://{host}:{port}", state / "pushgateway.log", timeout)
+
+
 # ---------------------------------------------------------------- CLI
 
 
