@@ -56,10 +56,11 @@ def test_model_info_answers_before_ready_then_health_turns_200():
         assert "max_total_num_tokens=" in sim.log_text()
     finally:
         sim.stop()
-    # the default simulated load is short: ready within a second or so (a loaded 2-core box gets slack)
+    # the default simulated load is short: ready in about a second (bench/bench_sim.py measures it on a pinned
+    # core); a 2-core machine shared with other test processes gets generous slack here
     t0 = time.monotonic()
     with start_sim(["--model-path", LLAMA]):
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 6.0
 
 
 def test_speculative_server_info_models_multi_token_chunks_and_reserved_tokens():
