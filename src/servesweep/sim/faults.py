@@ -8,6 +8,9 @@ Kinds (what the client sees):
   arrive together afterwards.
 - `malformed[:N]`: after N token chunks (default 1), one chunk of broken JSON, then the stream goes on.
 - `slow_first_byte:S`: the response (headers included) starts S seconds late; generation starts then too.
+
+On a non-streaming request the mid-stream kinds act on its one body: `disconnect` closes the socket instead of
+answering, `error_event` answers 500, `stall:S` answers S seconds late, `malformed` sends a truncated JSON body.
 """
 
 from __future__ import annotations
