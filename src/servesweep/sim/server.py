@@ -90,6 +90,22 @@ class SimApp:
         ] = {}  # rid -> request in flight (for /abort_request abort_all)
         self._sched_attr = None
 
+    def log_decode(self, last_steps: int) -> int:
+        """SGLang's periodic "Decode batch" line, at most once a second, after --decode-log-interval steps."""
+        st = self.engine.stats()
+        steps = st.counters.get("decode_steps", 0)
+        if steps - last_steps < self.args.decode_log_interval or not log.isEnabledFor(logging.INFO):
+            return last_steps if steps >= last_steps else steps
+        spec = ""
+        if self.resolved.spec_algorithm and st.spec_accept_length:
+            spec = f"accept len: {st.spec_accept_length:.2f}, accept rate: {st.spec_accept_rate:.2f}, "
+        log.info(
+            f"Decode batch, #running-req: {st.num_running_reqs}, #token: {st.num_used_tokens}, "
+            f"token usage: {st.token_usage:.2f}, {spec}cuda graph: True, "
+            f"gen throughput (token/s): {st.gen_throughput:.2f}, #queue-req: {st.num_queue_reqs}"
+        )
+        return steps
+
     def engine_sched(self):
         """The engine's scheduled emission time of the step being emitted (monotonic seconds), when known."""
         fn = self._sched_attr
@@ -691,10 +707,12 @@ def run_server(args) -> int:
         log.info("The server is fired up and ready to roll!")
 
     async def flusher():
+        last_steps = 0
         while True:
             await asyncio.sleep(1.0)
             if app.gt is not None:
                 app.gt.flush()
+            last_steps = app.log_decode(last_steps)
 
     async def main():
         st = loop.create_task(startup())
