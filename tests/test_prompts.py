@@ -102,6 +102,19 @@ def test_completions_and_overridden_overhead_are_exact(cache_dir):
     assert all(1 + len(TOK.encode(p.render("12345678"))) == 3000 for p in pool)
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_short_prompts_are_exact_too(endpoint):
+    """Any N: short prompts (no room for a needle) are a sentence or a few, still exactly N tokens."""
+    for target in (26, 40, 64, 100, 128, 150, 256, 512):
+        pool = build_pool(target, 3, seed=target, endpoint=endpoint, cache_dir=None)
+        for p in pool:
+            assert server_count(p, "31415926") == target
+        if target >= 150:  # room for the needle and the question
+            assert all(p.answer and p.question in p.as_text() for p in pool)
+        if target <= 64:
+            assert all(p.answer is None for p in pool)
+
+
 def test_k_digit_nonce_is_k_tokens_for_the_default_tokenizer():
     # Qwen's pre-tokenizer splits digits one per token, whatever surrounds them.
     for d in "0123456789":
@@ -243,7 +256,7 @@ def test_bad_arguments_name_the_parameter():
         (dict(prompt_tokens=3000, n=1, endpoint="embeddings"), "endpoint='embeddings'"),
         (dict(prompt_tokens=3000, n=1, num_groups=0), "num_groups=0"),
         (dict(prompt_tokens=3000, n=1, template_overhead=-1), "template_overhead=-1"),
-        (dict(prompt_tokens=100, n=1), "prompt_tokens=100 leaves"),
+        (dict(prompt_tokens=25, n=1), "prompt_tokens=25 leaves 8 tokens for the prompt body .* needs ≥ 9"),
     ]:
         with pytest.raises(ValueError, match=msg):
             build_pool(cache_dir=None, **kw)

@@ -468,7 +468,7 @@ def _compose(
     end_extra = delta if end_para else 0
     if not cur:
         choices = [
-            L for L in bank.by_start_len if r - L - end_extra > 0 and _reachable(bank, r - L - end_extra)
+            L for L in bank.by_start_len if r - L - end_extra >= 0 and _reachable(bank, r - L - end_extra)
         ]
         if not choices:
             raise ValueError(f"cannot compose {total} tokens of filler (too short)")
@@ -708,16 +708,23 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
                 f"shared prefix came out at {counts} tokens, not {prefix_p} (tokenizer {tok.name})"
             )
 
+    min_body = min(bank.by_start_len)
+
     def make(i: int, adjust: int = 0) -> Prompt:
         rng = random.Random(f"{seed}:{target}:{i}")
         fact, question, q_len, answer = _needle(tok, bank, rng)
         filler_n = body_budget - q_len + adjust
-        if filler_n < fact[1] + 2 * bank.max_cost:
-            raise ValueError(
-                f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, the "
-                f"nonce and the shared prefix; it needs ≥ {q_len + fact[1] + 2 * bank.max_cost}"
-            )
-        user = (NONCE_SLOT + "\n" if k else "") + _compose(bank, rng, filler_n, needle=fact) + question
+        if filler_n >= fact[1] + 2 * bank.max_cost:
+            body = _compose(bank, rng, filler_n, needle=fact) + question
+        else:  # a short prompt: a sentence or a few, no room for a needle and a question
+            question = answer = None
+            if body_budget + adjust < min_body:
+                raise ValueError(
+                    f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, "
+                    f"the nonce and the shared prefix; it needs ≥ {min_body}"
+                )
+            body = _compose(bank, rng, body_budget + adjust, end_para=False)
+        user = (NONCE_SLOT + "\n" if k else "") + body
         g = i % groups if prefix_p else 0
         common = dict(
             nonce_digits=k,
