@@ -373,3 +373,26 @@ def test_promconfig_errors_name_what_is_wrong(tmp_path):
     (tmp_path / "bad-run" / "p1" / "summary.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"p1/summary.json: not valid JSON"):
         run_openmetrics(tmp_path / "bad-run")
+
+
+def test_exporter_entry_point_pushes_a_finished_run(world):
+    """`python exporters/exporter.py push runs/<run_id>`: a run folder's summaries reach Prometheus via the gateway."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = world.tmp / "runs" / LIVE_RUN
+    r = subprocess.run(
+        [sys.executable, str(root / "exporters" / "exporter.py"), "push", str(run_dir),
+         "--gateway", world.pushgateway_url, "--job", "servesweep-cli"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"pushed run {LIVE_RUN}: {len(LIVE_POINTS)} point(s)" in r.stdout
+    q = f'servesweep_point_ttft_seconds{{job="servesweep-cli", run_id="{LIVE_RUN}", stat="p99"}}'
+    deadline = time.monotonic() + 10
+    while len(res := world.prom("/api/v1/query", query=q, time=time.time())["result"]) < len(LIVE_POINTS):
+        assert time.monotonic() < deadline, f"pushed summaries not scraped: {res}"
+        time.sleep(0.3)
+    for row in res:
+        s = json.loads((run_dir / row["metric"]["point_id"] / "summary.json").read_text())
+        assert math.isclose(float(row["value"][1]), s["ttft_ms"]["p99"] / 1e3, rel_tol=1e-9)
