@@ -25,7 +25,7 @@ class GenerationStream:
         "app", "conn", "req", "ereq", "rid", "gt_id", "kind", "stream", "model", "created", "fmt", "wt", "word",
         "pending", "interval", "reasoning_left", "reasoning", "prompt_tokens", "include_usage", "continuous",
         "cache_report", "chunks", "sched", "chunks_written", "fault", "stall_until", "held_finish", "done",
-        "headers_ns", "text_parts", "output_ids", "ignore", "legacy", "t_recv", "max_new", "client_gone_flag",
+        "headers_ns", "text_parts", "output_ids", "legacy", "t_recv", "max_new", "client_gone_flag",
         "endpoint", "final_written", "eng", "fast", "hp", "mt", "base_len",
     )  # fmt: skip
 
@@ -68,7 +68,6 @@ class GenerationStream:
         self.headers_ns = 0
         self.text_parts: list[str] | None = [] if (kind == "generate" or not stream) else None
         self.output_ids: list[int] | None = [] if kind == "generate" else None
-        self.ignore = False
         self.t_recv = req.recv_ns
         self.client_gone_flag = False
         self.ereq = None
@@ -165,9 +164,10 @@ class GenerationStream:
         if self.output_ids is not None:
             self.output_ids.extend(wt.token_ids(w, n))
         if self.text_parts is not None:
-            self.text_parts.append((rb + cb).decode() if self.kind != "chat" else "")
             if self.kind == "chat":  # non-stream chat keeps reasoning apart
-                self.text_parts[-1] = (rb.decode(), cb.decode())
+                self.text_parts.append((rb.decode(), cb.decode()))
+            else:
+                self.text_parts.append((rb + cb).decode())
         self.word = (w + n) % wt.n
         return rb, cb
 
