@@ -181,7 +181,14 @@ class SimApp:
             )
         finally:
             if self.metrics is not None and path != "/metrics":
-                self.metrics.http(path, req.method, status)
+                # the route template, as a middleware sees it: unknown paths must not grow label sets
+                if path in self.routes:
+                    ep = path
+                elif path.startswith("/v1/models/"):
+                    ep = "/v1/models/{model}"
+                else:
+                    ep = "<unmatched>"
+                self.metrics.http(ep, req.method, status)
 
     # ------------------------------------------------------------------ simple endpoints
 
