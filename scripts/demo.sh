@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `make demo` runs: a concurrency sweep against the SGLang emulator (started and stopped by servesweep itself),
-# 2k-token prompts, 128 output tokens, a few requests per point. About a minute on a small machine.
+# 2k-token prompts, 128 output tokens, 2 x concurrency requests per point (at least 8). About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -10,6 +10,5 @@ exec "$VENV/bin/servesweep" load \
   --concurrency 1,2,4,8 \
   --prompt-tokens 2000 \
   --output-tokens 128 \
-  --requests 16 \
   --out "$OUT" \
   "$@"
