@@ -196,40 +196,19 @@ def test_bad_input_is_named():
         ClientMetrics("")
 
 
-LOCUSTFILE = '''
+LOCUSTFILE = """
 import os
 
-import servesweep.locustfile  # noqa: F401  servesweep's options, point set-up and record writing
-import servesweep.user as su
 from locust import events
 
-from servesweep.exporter import RECORD_CONTEXT_KEY, ClientMetrics, install_locust
-
-
-class StreamWithRecord(su.LLMUser):
-    """The servesweep user, handing each finished request's record to request listeners (the exporter)."""
-
-    def on_start(self):
-        super().on_start()
-        fire = self._fire
-
-        def _fire(**kw):
-            if kw.get("request_type") == "POST":
-                kw["context"] = {RECORD_CONTEXT_KEY: self._rec}
-            fire(**kw)
-
-        self._fire = _fire
-
-    def _report(self, ctx, rec):
-        self._rec = rec
-        super()._report(ctx, rec)
+from servesweep.exporter import ClientMetrics, install_locust
+from servesweep.locustfile import LLMUser  # noqa: F401  servesweep's user, options and point set-up, unchanged
 
 
 @events.init.add_listener
 def _metrics(environment, **_kw):
-    m = ClientMetrics("locust-run")
-    install_locust(environment, m, serve=("127.0.0.1", int(os.environ["METRICS_PORT"])))
-'''
+    install_locust(environment, ClientMetrics("locust-run"), serve=("127.0.0.1", int(os.environ["METRICS_PORT"])))
+"""
 
 
 def _free_port() -> int:

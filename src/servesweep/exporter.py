@@ -555,6 +555,7 @@ def install_locust(
     """Feed `metrics` from a Locust process's events and expose it. Call from an `events.init` listener.
 
     - local runner: each request event whose `context` holds the record under RECORD_CONTEXT_KEY is observed;
+      until one does, the rows servesweep's record buffer gains are observed once a second;
     - master: each worker report's RECORDS_REPORT_KEY batch (the records the workers ship) is observed;
     - users: read from the runner at scrape time (works for local and master runners);
     - web UI mode: `/metrics` is added to the web UI's Flask app; `serve=(host, port)` also serves it on its own port
@@ -594,11 +595,47 @@ def install_locust(
             metrics.point_started(pid, loadpoint_axes(_ctx_point()))
         metrics.observe(rec)
 
+    via_context = [False]
+
     @events.request.add_listener
     def _request(context=None, **_kw) -> None:
         rec = context.get(RECORD_CONTEXT_KEY) if context else None
         if rec is not None:
+            via_context[0] = True
             _observe(rec)
+
+    def _pull_loop() -> None:
+        """Local runner whose user does not put records in the request context: once a second, observe the rows
+        servesweep's record buffer gained (it only grows in a local runner)."""
+        import logging
+
+        import gevent
+
+        seen_ctx, seen = None, 0
+        while not via_context[0]:
+            gevent.sleep(1.0)
+            try:
+                ctx = getattr(environment, "servesweep", None)
+                cols = getattr(getattr(ctx, "buffer", None), "_cols", None)  # RecordBuffer's column lists
+                if not cols or via_context[0]:
+                    continue
+                if ctx is not seen_ctx:
+                    seen_ctx, seen = ctx, 0
+                n = len(cols["request_id"])
+                seen = min(seen, n)
+                names = list(cols)
+                for i in range(seen, n):
+                    _observe({k: cols[k][i] for k in names})
+                seen = n
+            except Exception:  # noqa: BLE001 - metrics must never take the load test down
+                logging.getLogger("servesweep").exception("servesweep exporter: reading records failed")
+
+    from locust.runners import LocalRunner
+
+    if isinstance(environment.runner, LocalRunner):
+        import gevent
+
+        gevent.spawn(_pull_loop)
 
     @events.worker_report.add_listener
     def _worker_report(client_id=None, data=None, **_kw) -> None:
