@@ -200,3 +200,24 @@ def test_plan_command_json_and_table(tmp_path):
     f.write_text(f.read_text().replace("requests: 2", "requests: two"))
     r = CliRunner().invoke(command, [str(f)])
     assert r.exit_code == 2 and "e.yaml:7: load.requests: expected an integer, got 'two'" in r.output
+
+
+def test_field_examples_report_their_pitfalls():
+    from pathlib import Path
+
+    from servesweep.experiment import load_experiment
+
+    ex = Path(__file__).resolve().parents[1] / "examples"
+    a6000 = plan_json(make_plan(load_experiment(ex / "qwen36-27b-a6000-tp2.yaml")))
+    (cfg,) = a6000["configs"]
+    dropped = [p for p in cfg["points"] if not p["feasible"]]
+    assert {p["prompt_tokens"] for p in dropped} == {60000, 100000}
+    assert all("set context_length to 131072" in p["reasons"][0] for p in dropped)
+    assert any("resets max_running_requests to 48 because it is not set" in w for w in cfg["warnings"])
+    assert cfg["facts"]["hybrid"] and cfg["facts"]["kv_bytes_per_token_per_gpu"] == 32768
+    pro = plan_json(make_plan(load_experiment(ex / "qwen36-27b-rtxpro6000.yaml")))
+    tp8 = [c for c in pro["configs"] if c["flags"]["tp_size"] == 8]
+    assert tp8 and all(any("exceeds the model's 4 KV heads" in w for w in c["warnings"]) for c in tp8)
+    assert not pro["within_budget"] and pro["cut_first"]
+    ddtree = [c for c in pro["configs"] if c["bundle"].startswith("ddtree") and c["feasible"]]
+    assert ddtree and all(c["facts"]["spec_algorithm"] == "DDTREE" for c in ddtree)

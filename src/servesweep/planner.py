@@ -190,18 +190,17 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         if pp.feasible:
             _estimate_point(exp, rs, pp, timer)
     capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
-    if spec_reset and mrr == hardware.SPEC_MAX_RUNNING_REQUESTS:
+    queue = f": concurrency {', '.join(map(str, capped))} will queue" if capped else ""
+    if spec_reset:
         msg = (
             f"speculative decoding ({rs.spec_algorithm_asked}) resets max_running_requests to "
             f"{hardware.SPEC_MAX_RUNNING_REQUESTS} because it is not set"
         )
-        if capped:
-            msg += f": concurrency {', '.join(map(str, capped))} will queue; set server.base.max_running_requests"
-        cp.warnings.append(msg)
+        if mrr < hardware.SPEC_MAX_RUNNING_REQUESTS:
+            msg += f", and the server caps it further to {mrr} (KV / state slots)"
+        cp.warnings.append(msg + queue + ("; set server.base.max_running_requests" if capped else ""))
     elif capped:
-        cp.warnings.append(
-            f"the server runs at most {mrr} requests at once: concurrency {', '.join(map(str, capped))} will queue"
-        )
+        cp.warnings.append(f"the server runs at most {mrr} requests at once{queue}")
     return cp
 
 
@@ -233,7 +232,7 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
         )
     pp.feasible = not pp.reasons
     if pp.feasible and c > mrr:
-        why = " (speculative decoding's reset to 48)" if spec_reset and mrr == 48 else ""
+        why = " (speculative decoding's reset to 48)" if spec_reset else ""
         pp.warnings.append(f"concurrency {c} > max running requests {mrr}{why}: {c - mrr} requests queue")
 
 
