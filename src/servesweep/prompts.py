@@ -38,7 +38,7 @@ from typing import Any
 
 from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # bump when the text a seed gives changes
 DEFAULT_NONCE_DIGITS = 8
 NONCE_FORMATS = ("digits", "spaced")
 DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
@@ -305,8 +305,9 @@ def _generate_sentences(data: dict) -> tuple[list[str], list[list[int]]]:
         idx = []
         for _ in range(_BANK_PER_TOPIC):
             tpl = rng.choice(templates)
-            fill = {k: rng.choice(t[k]) for k in ("S", "V", "O", "D")}
-            fill.update({k + "2": rng.choice(t[k]) for k in ("S", "V", "O", "D")})
+            fill = {}
+            for k in ("S", "V", "O", "D"):  # the second draw differs from the first ("A did X while B did Y")
+                fill[k], fill[k + "2"] = rng.sample(t[k], 2)
             fill["S_cap"], fill["D_cap"] = fill["S"], fill["D"]
             s = tpl.format(**fill)
             s = s[0].upper() + s[1:]
