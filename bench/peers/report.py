@@ -1,0 +1,152 @@
+"""Render the harness's results dict as Markdown: one table per figure, each with the ratio to the best peer."""
+
+from __future__ import annotations
+
+
+def _f(v, spec=".1f") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def _ratio(mine, best) -> str:
+    if mine is None or best in (None, 0):
+        return "–"
+    return f"{mine / best:.2f}×"
+
+
+def _best_peer(rows: list[dict], key) -> float | None:
+    vals = [key(r) for r in rows if r["tool"] != "servesweep" and key(r) is not None]
+    return min(vals) if vals else None
+
+
+def _acc(r: dict, metric: str, q: str):
+    a = r.get("acc_pattern") or {}
+    m = a.get(metric) or {}
+    return m.get(q)
+
+
+def render(res: dict) -> str:
+    L: list[str] = []
+    m = res["machine"]
+    L += [
+        "# servesweep against its peers",
+        "",
+        f"- command: `{res['command']}`",
+        f"- date: {res['date_utc']}; wall {res.get('wall_s')} s",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
+        f"Python {m['python']}; load average at start {m['load_avg_at_start']} (shared with other work)",
+        f"- pinning: emulator on CPU 0, client on CPU 1 (`taskset`): {'yes' if res['pinned'] else 'NO'}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()),
+        f"- emulator: `servesweep sim --model-path {res['emulator']['model']}`, decode calibration "
+        f"`{res['emulator']['decode_calibration']}`; long context `{res['emulator']['long_calibration']}`",
+        f"- workload: closed loop, {res['shape']['prompt_tokens']} prompt / {res['shape']['output_tokens']} "
+        "output tokens, streaming chat completions, a fresh emulator per run",
+        "",
+    ]
+    if res.get("install"):
+        L += ["Peer environments: " + "; ".join(f"{k}: {v}" for k, v in res["install"].items()), ""]
+    runs = res["runs"]
+    conc = sorted({r["concurrency"] for r in runs})
+
+    L += [
+        "## 1. Client CPU per streamed chunk (steady window)",
+        "",
+        "User+sys CPU of the client's whole process tree while ≥ 90 % of the streams were open, ÷ chunks the "
+        "emulator wrote in that window. Gap = the emulator's actual chunk spacing (ground truth), p50/p99.",
+        "",
+        "| streams | tool | µs/chunk | ratio to best peer | client core busy | gap p50/p99 ms | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in conc:
+        rows = [r for r in runs if r["concurrency"] == c]
+        best = _best_peer(rows, lambda r: r.get("cpu_us_per_chunk"))
+        for r in rows:
+            g = r.get("emulator_gap_ms") or {}
+            L.append(
+                f"| {c} | {r['tool']} | {_f(r.get('cpu_us_per_chunk'))} | "
+                f"{_ratio(r.get('cpu_us_per_chunk'), best)} | {_f(r.get('steady_cpu_util'), '.0%')} | "
+                f"{_f(g.get('p50'))}/{_f(g.get('p99'))} | {(r.get('error') or '')[:160]} |"
+            )
+    L += [
+        "",
+        "## 2. Timing accuracy against ground truth (absolute error, ms)",
+        "",
+        "Chunk = |arrival after the first chunk − write after the first write|; TTFT = client TTFT − emulator TTFT "
+        "(includes the upload and the emulator's read). Peers paired by chunk pattern (a lower bound on their "
+        "error), servesweep both by pattern and by its X-Request-Id (exact), plus its absolute |arrival − write| "
+        "on the shared monotonic clock.",
+        "",
+        "| streams | tool | paired | chunk p50 | chunk p99 | ratio p99 to best peer | TTFT p50 | TTFT p99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in conc:
+        rows = [r for r in runs if r["concurrency"] == c]
+        best = _best_peer(rows, lambda r: _acc(r, "chunk_err_ms", "p99"))
+        for r in rows:
+            a = r.get("acc_pattern") or {}
+            L.append(
+                f"| {c} | {r['tool']} | {a.get('paired', '–')} | {_f(_acc(r, 'chunk_err_ms', 'p50'), '.3f')} | "
+                f"{_f(_acc(r, 'chunk_err_ms', 'p99'), '.3f')} | {_ratio(_acc(r, 'chunk_err_ms', 'p99'), best)} | "
+                f"{_f(_acc(r, 'ttft_err_ms', 'p50'), '.2f')} | {_f(_acc(r, 'ttft_err_ms', 'p99'), '.2f')} |"
+            )
+            if r.get("acc_id"):
+                i = r["acc_id"]
+                ab = i.get("abs_chunk_err_ms") or {}
+                L.append(
+                    f"| {c} | servesweep by id | {i['paired']} | {_f(i['chunk_err_ms']['p50'], '.3f')} | "
+                    f"{_f(i['chunk_err_ms']['p99'], '.3f')} | abs: {_f(ab.get('p50'), '.3f')}/"
+                    f"{_f(ab.get('p99'), '.3f')} | {_f(i['ttft_err_ms']['p50'], '.2f')} | "
+                    f"{_f(i['ttft_err_ms']['p99'], '.2f')} |"
+                )
+    L += ["", "## 3. Streams per worker process before the per-chunk p99 error exceeds 1 ms", ""]
+    for t in dict.fromkeys(r["tool"] for r in runs):
+        ok = [
+            r["concurrency"]
+            for r in runs
+            if r["tool"] == t
+            and _acc(r, "chunk_err_ms", "p99") is not None
+            and _acc(r, "chunk_err_ms", "p99") <= 1.0
+        ]
+        tried = sorted(r["concurrency"] for r in runs if r["tool"] == t)
+        L.append(f"- {t}: {max(ok) if ok else 'none'} of {tried} (largest point tried with p99 ≤ 1 ms)")
+    long = res.get("long") or []
+    if long:
+        L += [
+            "",
+            "## 4. Long context: client TTFT against ground truth",
+            "",
+            "| tool | prompt tokens | concurrency | paired | TTFT err p50 ms | TTFT err p99 ms | ratio p99 to best "
+            "peer | launch → first request s | error |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        best = _best_peer(long, lambda r: _acc(r, "ttft_err_ms", "p99"))
+        for r in long:
+            a = r.get("acc_pattern") or {}
+            L.append(
+                f"| {r['tool']} | {r.get('prompt_tokens', '')} | {r['concurrency']} | {a.get('paired', '–')} | "
+                f"{_f(_acc(r, 'ttft_err_ms', 'p50'), '.1f')} | {_f(_acc(r, 'ttft_err_ms', 'p99'), '.1f')} | "
+                f"{_ratio(_acc(r, 'ttft_err_ms', 'p99'), best)} | {_f(r.get('launch_to_first_request_s'), '.2f')} "
+                f"| {(r.get('error') or '')[:160]} |"
+            )
+    pb = res.get("pool_build")
+    if pb:
+        L += [
+            "",
+            "## 5. Prompt data for 64 × 100k tokens",
+            "",
+            f"- servesweep pool build (`build_bodies`, fresh process): cold {pb.get('cold')}, warm (disk cache) "
+            f"{pb.get('warm')}",
+            "- each tool's launch → first request at the server in the long-context run (imports + data "
+            "generation) is in table 4.",
+        ]
+    L += [
+        "",
+        "## 6. Scaling",
+        "",
+        "`servesweep load --workers` does not exist yet (issue 5): no 1-vs-2-worker figure. Projection method: "
+        "one worker process costs C µs per chunk (table 1) on one core, so a core carries 1e6/C chunks/s; keep it "
+        "under ~50 % busy for the accuracy of table 2, so streams per core ≈ 0.5 × 1e6 / (C × chunks/s per "
+        "stream); a machine with K cores for workers carries ≈ K × that, as long as the master (aggregation only) "
+        "stays off the workers' cores.",
+        "",
+    ]
+    return "\n".join(L)

@@ -1,0 +1,299 @@
+"""The ONE command for the load generator's performance against its peers, side by side (issue 11).
+
+    .venv/bin/python bench/run_all.py                 # everything: installs peers, ~15 min, writes results
+    .venv/bin/python bench/run_all.py --smoke         # servesweep alone, one small point, seconds (CI smoke)
+    .venv/bin/python bench/run_all.py --tools servesweep,sglang --streams 64,256
+
+For every tool and every stream count it starts a FRESH emulator (`servesweep sim`, ground truth on) pinned to
+CPU 0 and runs the tool pinned to CPU 1 (`taskset`), so the two do not steal each other's core. Then:
+1. client CPU per streamed chunk over the steady window (see peers/measure.py),
+2. TTFT and per-chunk arrival error against ground truth (p50/p99 of the absolute error),
+3. the largest stream count whose per-chunk p99 error stays <= 1 ms (from the sweep),
+4. long context: 100k-token prompts at concurrency 32, client TTFT against ground truth,
+5. prompt-pool build for 64 x 100k tokens (servesweep's pool; each tool's launch-to-first-request),
+6. scaling: workers (reported as not available until `servesweep load --workers` exists) and the projection.
+Peers run from bench/.peers-venv/<tool> (bench/peers/install.py); a peer that cannot run is reported with why.
+Results: bench/results/peers.md (figures, command, date, machine, versions) and bench/results/raw/*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))
+
+import measure  # noqa: E402
+import report  # noqa: E402
+import tokenizer_dir  # noqa: E402
+from runners import RUNNERS, VENVS, Job  # noqa: E402
+
+from servesweep.sim.launch import start_sim  # noqa: E402
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# ~20 ms decode steps at 64-256 streams on the H200 profile (weights ~4 ms + 15 ms fixed per step); no EOS before
+# max_tokens whether or not a tool sends ignore_eos, so every tool streams the same number of chunks.
+DECODE_CAL = "step_overhead_s=0.015,eos_median_tokens=1000000000"
+# long context: prefill of 100k tokens sped up 20x so 64 of them fit the time budget; chunks still stream
+LONG_CAL = "speedup=20,eos_median_tokens=1000000000"
+
+
+def sim_args(tok: Path, cal: str, extra: list[str] | None = None) -> list[str]:
+    return [
+        "--model-path",
+        MODEL,
+        "--served-model-name",
+        "m",
+        "--tokenizer-path",
+        str(tok),
+        "--sim-calibration",
+        cal,
+        *(extra or []),
+    ]
+
+
+def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, sim_extra=None) -> dict:
+    """Fresh emulator, one tool run, all measurements. Never raises for a tool failure: it is a result."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    gt_path = job.out / "ground_truth.jsonl"
+    gt_path.unlink(missing_ok=True)
+    res: dict = {"tool": runner.name, "concurrency": job.concurrency, "requests": job.requests}
+    why = runner.available()
+    if why:
+        return {**res, "error": why}
+    with start_sim(
+        sim_args(tok, cal, sim_extra),
+        ground_truth=gt_path,
+        prefix=["taskset", "-c", "0"] if pin else None,
+        log_path=job.out / "sim.log",
+        timeout=60,
+    ) as sim:
+        job.base_url = sim.base_url
+        cmd = [*(["taskset", "-c", "1"] if pin else []), *runner.command(job)]
+        res["command"] = shlex.join(cmd)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OPENAI_API_KEY="none", HF_HUB_OFFLINE="1")
+        env.pop("VIRTUAL_ENV", None)
+        launched = time.monotonic_ns()
+        with open(job.out / "stdout.txt", "wb") as so, open(job.out / "stderr.txt", "wb") as se:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=so,
+                stderr=se,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=job.out,
+                start_new_session=True,
+            )
+            cpu = measure.TreeCpu(proc.pid).start()
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+            finally:
+                cpu.stop()
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+        res["wall_s"] = round((time.monotonic_ns() - launched) / 1e9, 2)
+        res["exit_code"] = rc
+        time.sleep(0.3)
+    gt = measure.read_gt(gt_path)  # the emulator flushed at exit
+    stdout = (job.out / "stdout.txt").read_text(errors="replace")
+    if rc != 0:
+        tail = (job.out / "stderr.txt").read_text(errors="replace")[-1500:] or stdout[-1500:]
+        res["error"] = f"exit {rc if rc is not None else f'timeout {timeout:g}s'}: {tail.strip()[-600:]}"
+        if not gt:
+            return res
+    try:
+        client = runner.parse(job, stdout)
+    except Exception as e:  # a tool's output we cannot read is a reported failure, not a crash of the harness
+        res.setdefault("error", f"could not read the tool's per-request output: {type(e).__name__}: {e}")
+        client = []
+    res["client_requests"] = len(client)
+    res["server_requests"] = len(gt)
+    res["server_chunks"] = sum(len(g.get("chunks") or ()) for g in gt)
+    gaps = measure.gt_gaps_ms(gt)
+    res["emulator_gap_ms"] = measure.pct(gaps, (50, 90, 99)) if gaps.size else None
+    firsts = [g["recv_ns"] for g in gt]
+    res["launch_to_first_request_s"] = round((min(firsts) - launched) / 1e9, 3) if firsts else None
+    res["cpu_total_s"] = round(cpu.total(), 3)
+    win = measure.steady_window(gt, job.concurrency)
+    if win:
+        chunks = measure.chunks_between(gt, *win)
+        c = cpu.cpu_between(*win)
+        res["steady_window_s"] = round((win[1] - win[0]) / 1e9, 2)
+        res["steady_chunks"] = chunks
+        res["cpu_us_per_chunk"] = round(c / chunks * 1e6, 2) if chunks else None
+        res["steady_cpu_util"] = round(c / ((win[1] - win[0]) / 1e9), 3)
+    by = ["id", "pattern"] if runner.name == "servesweep" else ["pattern"]
+    for b in by:
+        a = measure.accuracy(client, gt, b)
+        res[f"acc_{b}"] = {
+            "paired": a.paired,
+            "unpaired": a.unpaired,
+            "ttft_err_ms": measure.pct(a.ttft_err_ms),
+            "chunk_err_ms": measure.pct(a.chunk_err_ms) if runner.per_chunk else None,
+            "abs_chunk_err_ms": measure.pct(a.abs_chunk_err_ms) if a.abs_chunk_err_ms else None,
+        }
+    return res
+
+
+def pool_build_time(tok: Path, n: int, tokens: int) -> dict:
+    """servesweep's prompt pool for n x tokens, built in a fresh process with an empty cache (cold), then again
+    (warm: the on-disk cache of sentence lengths)."""
+    code = (
+        "import time,sys; from servesweep.loadspec import LoadPoint; from servesweep.load import build_bodies;"
+        f"p=LoadPoint(base_url='http://127.0.0.1:9',model='m',probe=False,continuous_usage=False,template_overhead=0,"
+        f"concurrency={n},prompt_tokens={tokens},output_tokens=8,requests={n},pool_size={n},tokenizer={str(tok)!r});"
+        "t=time.perf_counter(); b,_=build_bodies(p); print(time.perf_counter()-t, len(b))"
+    )
+    out = {}
+    import tempfile
+
+    cache = Path(tempfile.mkdtemp(prefix="ss-pool-cache-"))
+    env = dict(os.environ, HOME=str(cache))  # prompts cache under ~/.cache/servesweep: empty at first
+    for label in ("cold", "warm"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cache)
+        if r.returncode != 0:
+            out[label] = {"error": r.stderr.strip()[-400:]}
+        else:
+            secs, count = r.stdout.split()
+            out[label] = {"seconds": round(float(secs), 2), "prompts": int(count)}
+    return out
+
+
+def machine() -> dict:
+    import psutil
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="servesweep alone, one small point (CI)")
+    ap.add_argument("--tools", default=",".join(RUNNERS), help=f"comma list of: {', '.join(RUNNERS)}")
+    ap.add_argument("--streams", default="64,256,1024", help="concurrency points")
+    ap.add_argument("--requests-per-stream", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--long-tokens", type=int, default=100_000, help="long-context prompt length (0: skip)")
+    ap.add_argument("--long-concurrency", type=int, default=32)
+    ap.add_argument("--long-requests", type=int, default=64)
+    ap.add_argument("--pool", type=int, default=64, help="prompts in the pool-build figure (0: skip)")
+    ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
+    ap.add_argument("--timeout", type=float, default=150, help="seconds per tool run")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+
+    if args.smoke:
+        args.tools, args.streams, args.requests_per_stream = "servesweep", "8", 2
+        args.output_tokens, args.long_tokens, args.pool, args.no_install = 24, 0, 0, True
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    bad = [t for t in tools if t not in RUNNERS]
+    if bad:
+        ap.error(f"--tools: unknown {', '.join(bad)}; known: {', '.join(RUNNERS)}")
+    try:
+        streams = [int(s) for s in args.streams.split(",")]
+    except ValueError:
+        ap.error(f"--streams: {args.streams!r} is not a comma list of integers")
+    if any(s < 1 for s in streams):
+        ap.error("--streams: every point must be >= 1")
+
+    started = time.time()
+    raw = args.out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    peers = [t for t in tools if t != "servesweep"]
+    install_log = {}
+    if peers and not args.no_install:
+        import install
+
+        install_log = install.ensure(peers)
+    tok = tokenizer_dir.build(VENVS / "tokenizer" if not args.smoke else args.out / "raw" / "tokenizer")
+    pin = measure.pin_available()
+    results = {
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": machine(),
+        "pinned": pin,
+        "versions": {t: RUNNERS[t].version() for t in tools},
+        "install": install_log,
+        "emulator": {"model": MODEL, "decode_calibration": DECODE_CAL, "long_calibration": LONG_CAL},
+        "shape": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens},
+        "runs": [],
+        "long": [],
+    }
+
+    def save():
+        (raw / ("smoke.json" if args.smoke else "peers.json")).write_text(json.dumps(results, indent=1))
+
+    for c in streams:
+        for t in tools:
+            job = Job(
+                base_url="",
+                model="m",
+                tokenizer=tok,
+                concurrency=c,
+                requests=c * args.requests_per_stream,
+                prompt_tokens=args.prompt_tokens,
+                output_tokens=args.output_tokens,
+                out=raw / f"{t}-c{c}",
+            )
+            r = run_one(RUNNERS[t], job, tok, DECODE_CAL, pin, args.timeout)
+            print(json.dumps({k: r.get(k) for k in ("tool", "concurrency", "cpu_us_per_chunk", "error")}))
+            results["runs"].append(r)
+            save()
+    if args.long_tokens:
+        for t in tools:
+            job = Job(
+                base_url="",
+                model="m",
+                tokenizer=tok,
+                concurrency=args.long_concurrency,
+                requests=args.long_requests,
+                prompt_tokens=args.long_tokens,
+                output_tokens=8,
+                out=raw / f"{t}-long",
+            )
+            extra = ["--context-length", str(args.long_tokens + 4096)]
+            job_tokens = args.long_tokens
+            r = run_one(RUNNERS[t], job, tok, LONG_CAL, pin, args.timeout * 2, extra)
+            r["prompt_tokens"] = job_tokens
+            print(json.dumps({k: r.get(k) for k in ("tool", "acc_pattern", "error")}))
+            results["long"].append(r)
+            save()
+    if args.pool:
+        results["pool_build"] = pool_build_time(tok, args.pool, args.long_tokens or 100_000)
+    results["wall_s"] = round(time.time() - started, 1)
+    save()
+    md = report.render(results)
+    name = "peers-smoke.md" if args.smoke else "peers.md"
+    (args.out / name).write_text(md)
+    print(f"wrote {args.out / name} in {results['wall_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Smoke of the peers benchmark harness (bench/run_all.py --smoke): servesweep alone against a real emulator, one
+small point, real processes pinned as in the full run. Checks that the harness measures what it claims."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_harness_smoke_measures_cpu_and_accuracy(tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run_all.py"), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "raw" / "smoke.json").read_text())
+    (run,) = res["runs"]
+    assert run["tool"] == "servesweep" and run["exit_code"] == 0 and "error" not in run, run
+    # every request the client finished reached the emulator and was paired with its ground truth by id
+    assert run["client_requests"] == run["requests"] == 16
+    assert run["acc_id"]["paired"] == 16 and run["acc_id"]["unpaired"] == 0
+    # 24 output tokens, one chunk each: the emulator wrote them all, at ~20 ms spacing
+    assert run["server_chunks"] >= 16 * 24
+    assert 10 < run["emulator_gap_ms"]["p50"] < 40, run["emulator_gap_ms"]
+    # CPU per chunk is measured over a steady window and is a plausible figure (tens to a few hundred us)
+    assert run["steady_chunks"] > 0 and 5 < run["cpu_us_per_chunk"] < 2000, run
+    # accuracy: errors are finite, and the pattern pairing never does worse than the exact (id) pairing by much
+    acc = run["acc_id"]
+    assert acc["chunk_err_ms"]["p50"] is not None and acc["chunk_err_ms"]["p50"] < 50
+    assert run["acc_pattern"]["chunk_err_ms"]["p50"] <= acc["chunk_err_ms"]["p50"] + 1.0
+    assert acc["abs_chunk_err_ms"]["p50"] < 50
+    md = (tmp_path / "peers-smoke.md").read_text()
+    assert "| 8 | servesweep |" in md and "servesweep by id" in md and "pinning" in md
