@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("servesweep.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
     "report": ("servesweep.report", "command", "Write the HTML and Markdown report of a run folder."),
     "compare": ("servesweep.compare", "command", "Compare runs point by point, with confidence intervals."),
+    "prom": ("servesweep.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
     "gate": ("servesweep.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
 }
 
