@@ -374,3 +374,32 @@ def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
             assert u["prompt_tokens"] == 3000
             hits.append(u["prompt_tokens_details"]["cached_tokens"])
         assert max(hits[:2]) <= 30 and hits[2:] == [2000] * 4, (endpoint, hits)
+
+
+def test_prompts_command_warms_the_cache_and_checks_datasets(tmp_path):
+    from click.testing import CliRunner
+
+    from servesweep.prompts import command
+
+    run = CliRunner().invoke
+    r = run(command, ["--prompt-tokens", "3000", "-n", "4", "--cache-dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert (s["n"], s["tokens_min"], s["tokens_max"], s["nonce_tokens"]) == (4, 3000, 3000, 8)
+    assert len(list(tmp_path.glob("pool-*.json"))) == 1  # warmed: a run with these parameters reads it
+    r = run(command, ["--prompt-tokens", "3000", "-n", "4", "--cache-dir", str(tmp_path), "--show", "2"])
+    assert r.exit_code == 0 and '"content": "<NONCE>\\n' in r.output and "[needle answer: " in r.output
+    good = tmp_path / "ok.jsonl"
+    good.write_text('{"prompt": "Hello there."}\n{"prompt": "How long is a piece of string?"}\n')
+    r = run(command, ["--dataset", str(good), "--json"])
+    assert (
+        r.exit_code == 0
+        and json.loads(r.output)["source"] == f"dataset:{good}"
+        and json.loads(r.output)["n"] == 2
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": 3}\n')
+    r = run(command, ["--dataset", str(bad)])
+    assert r.exit_code == 1 and f"Error: {bad}: line 2: 'prompt' must be a string" in r.output
+    r = run(command, ["-n", "4"])
+    assert r.exit_code == 2 and "give --prompt-tokens N" in r.output

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import click
+
 from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
 
 FORMAT_VERSION = 3  # bump when the text a seed gives changes
@@ -901,3 +903,108 @@ def probe_template_overhead(
             f"its tokenizer differs from {tok.name} (pass the model's tokenizer)"
         )
     return overhead
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# `servesweep prompts`: build (and cache) a pool or check a dataset ahead of a run, and show what it holds.
+
+
+@click.command(name="prompts")
+@click.option("--prompt-tokens", type=int, help="Exact prompt length, as the server counts it.")
+@click.option("-n", "--num-prompts", type=int, default=None, help="Prompts in the pool [64; a dataset: all].")
+@click.option(
+    "--tokenizer", default=None, help="tokenizer.json or model directory (default: built-in Qwen3.6)."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--endpoint", type=click.Choice(ENDPOINTS), default="chat", show_default=True)
+@click.option(
+    "--template-overhead", type=int, default=None, help="Tokens the server's template adds (probe)."
+)
+@click.option("--no-cache-bust", is_flag=True, help="No per-request nonce slot.")
+@click.option("--shared-prefix-tokens", type=int, default=0, show_default=True)
+@click.option("--num-groups", type=int, default=1, show_default=True)
+@click.option("--dataset", type=click.Path(dir_okay=False), default=None, help="ShareGPT JSON or JSONL file.")
+@click.option("--min-prompt-tokens", type=int, default=None, help="Dataset length filter.")
+@click.option("--max-prompt-tokens", type=int, default=None, help="Dataset length filter.")
+@click.option("--cache-dir", default=str(DEFAULT_CACHE_DIR), show_default=True)
+@click.option("--show", type=int, default=None, help="Print prompt I (its nonce slot as <NONCE>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def command(
+    prompt_tokens,
+    num_prompts,
+    tokenizer,
+    seed,
+    endpoint,
+    template_overhead,
+    no_cache_bust,
+    shared_prefix_tokens,
+    num_groups,
+    dataset,
+    min_prompt_tokens,
+    max_prompt_tokens,
+    cache_dir,
+    show,
+    as_json,
+):
+    """Build (and cache) a prompt pool, or load a dataset, and print what it holds.
+
+    Run it on each load host before a long matrix to warm the pool cache, or to check a dataset file.
+    """
+    import statistics
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        if dataset:
+            from servesweep.datasets import load_dataset
+
+            pool = load_dataset(
+                dataset,
+                n=num_prompts,
+                seed=seed,
+                min_prompt_tokens=min_prompt_tokens,
+                max_prompt_tokens=max_prompt_tokens,
+                tokenizer=tokenizer,
+                endpoint=endpoint,
+                cache_bust=not no_cache_bust,
+                template_overhead=template_overhead,
+            )
+        else:
+            if prompt_tokens is None:
+                raise click.UsageError("give --prompt-tokens N (or --dataset FILE)")
+            pool = build_pool(
+                prompt_tokens,
+                num_prompts or 64,
+                tokenizer=tokenizer,
+                seed=seed,
+                endpoint=endpoint,
+                template_overhead=template_overhead,
+                cache_bust=not no_cache_bust,
+                shared_prefix_tokens=shared_prefix_tokens,
+                num_groups=num_groups,
+                cache_dir=cache_dir or None,
+            )
+    except (ValueError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    lengths = [p.tokens for p in pool]
+    summary = pool.meta() | {
+        "seconds": round(time.perf_counter() - t0, 3),
+        "tokens_min": min(lengths),
+        "tokens_median": statistics.median(lengths),
+        "tokens_max": max(lengths),
+    }
+    if show is not None:
+        if not 0 <= show < len(pool):
+            raise click.BadParameter(
+                f"{show}: the pool holds prompts 0..{len(pool) - 1}", param_hint="--show"
+            )
+        p = pool[show]
+        text = json.dumps(p.messages, indent=1, ensure_ascii=False) if p.messages is not None else p.text
+        click.echo((text or "").replace(NONCE_SLOT, "<NONCE>"))
+        if p.answer:
+            click.echo(f"\n[needle answer: {p.answer}]")
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            click.echo(f"{k:>22}: {v}")
