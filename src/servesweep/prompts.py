@@ -565,11 +565,16 @@ def _count(tok: Tokenizer, prompts: list[Prompt], overhead: int | None, nonce: s
     if overhead is None:
         texts = [(p.as_text()).replace(NONCE_SLOT, nonce) for p in prompts]
         return [len(ids) for ids in _encode_batch(tok, texts)]
-    out = []
-    for p in prompts:
+    contents: list[str] = []
+    owner: list[int] = []
+    for i, p in enumerate(prompts):
         r = p.render(nonce)
-        contents = [m["content"] for m in r] if isinstance(r, list) else [r]
-        out.append(overhead + sum(len(ids) for ids in _encode_batch(tok, contents)))
+        for c in [m["content"] for m in r] if isinstance(r, list) else [r]:
+            contents.append(c)
+            owner.append(i)
+    out = [overhead] * len(prompts)
+    for i, ids in zip(owner, _encode_batch(tok, contents), strict=True):
+        out[i] += len(ids)
     return out
 
 
