@@ -362,6 +362,17 @@ def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
             assert u["prompt_tokens"] == 3000
             cached.append(u["prompt_tokens_details"]["cached_tokens"])
     assert sum(cached) / (3000 * len(cached)) <= 0.01
+    # The same chat prompt through /v1/completions and SGLang's /generate (as its ChatML text): same count.
+    p = pool[0]
+    u = post(
+        sim.base_url + "/v1/completions",
+        p.body("m", 1, next(nonces), endpoint="completions", extra={"stream": False}),
+    )
+    assert u["usage"]["prompt_tokens"] == 3000
+    g = post(
+        sim.base_url + "/generate", p.body("m", 1, next(nonces), endpoint="generate", extra={"stream": False})
+    )
+    assert g["meta_info"]["prompt_tokens"] == 3000
     # Shared prefixes: after the first request of each group, every request hits exactly the P-token prefix,
     # so the steady-state hit rate is P / prompt_tokens (2000 / 3000), chat and completions alike.
     for endpoint, path in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions")):
