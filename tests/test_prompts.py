@@ -414,3 +414,17 @@ def test_prompts_command_warms_the_cache_and_checks_datasets(tmp_path):
     assert r.exit_code == 1 and f"Error: {bad}: line 2: 'prompt' must be a string" in r.output
     r = run(command, ["-n", "4"])
     assert r.exit_code == 2 and "give --prompt-tokens N" in r.output
+
+
+def test_cache_keeps_to_its_size_cap_dropping_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "SERVESWEEP_PROMPT_CACHE_MB", "0.15"
+    )  # room for two 3k-token pools of 4 prompts (64 kB each)
+    for seed in (1, 2):
+        build_pool(3000, 4, seed=seed, cache_dir=tmp_path)
+    first, second = sorted(tmp_path.glob("pool-*.json"), key=lambda f: f.stat().st_mtime)
+    time.sleep(0.05)
+    build_pool(3000, 4, seed=1, cache_dir=tmp_path)  # a hit: seed 1 becomes the most recently used
+    build_pool(3000, 4, seed=3, cache_dir=tmp_path)  # over the cap: the least recently used (seed 2) goes
+    left = set(tmp_path.glob("pool-*.json"))
+    assert first in left and second not in left and len(left) == 2

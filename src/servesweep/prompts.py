@@ -658,6 +658,8 @@ def build_pool(
     path = cache_dir / f"pool-{key}.json"
     pool = _load_cached(path, key)
     if pool is not None:
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: pruned last
         return pool
     path.parent.mkdir(parents=True, exist_ok=True)
     # Several Locust workers on one host start together: one builds, the others wait and read its file.
@@ -668,9 +670,32 @@ def build_pool(
             if pool is None:
                 pool = _build(tok, params, cache_dir)
                 _save_cached(path, key, pool)
+                _prune(cache_dir, keep=path)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return pool
+
+
+def _prune(cache_dir: Path, keep: Path) -> None:
+    """Delete the least recently used pool files beyond `SERVESWEEP_PROMPT_CACHE_MB` (default 4096 MB) in all.
+
+    A matrix over many lengths and seeds writes a file per pool (64 prompts of 100k tokens: about 33 MB).
+    """
+    cap = float(os.environ.get("SERVESWEEP_PROMPT_CACHE_MB", "4096")) * 1e6
+    files = []
+    for f in cache_dir.glob("pool-*.json"):
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            files.append((st.st_mtime, st.st_size, f))
+    total = sum(size for _, size, _ in files)
+    for _, size, f in sorted(files):
+        if total <= cap:
+            break
+        if f != keep:
+            with contextlib.suppress(OSError):
+                f.unlink()
+                f.with_suffix(".lock").unlink(missing_ok=True)
+            total -= size
 
 
 def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
