@@ -6,7 +6,9 @@ The emulator runs pinned to core 0 (`taskset -c 0`) with ground truth on; this s
 core 1: raw asyncio sockets that only drain bytes (no SSE parsing), so the client is not the bottleneck. Figures:
 - throughput run: N concurrent streams (all open at once), tokens/s the emulator emitted (from its ground truth:
   tokens of all chunks over first-to-last write), chunks/s, and whether all streams completed;
-- lateness run: M streams; per chunk, write time minus the engine's scheduled emission time (`sched_ns`), p50/p99/max.
+- lateness run: M streams; per chunk, write time minus the engine's scheduled emission time (`sched_ns`), p50/p99/max;
+- both: the emulator's CPU seconds (user/system, from /proc) per chunk and as a share of the wall time: on a shared
+  machine a share well below 1 means the emulator waited for the core, not for its own work.
 The model is Llama-3.1-8B on the H200 profile; `--speedup` divides step times so the engine asks for more tokens/s
 than the target (the emulator must keep up).
 """
@@ -87,7 +89,9 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
     with start_sim(args, ground_truth=gt, prefix=prefix) as sim:
         import uvloop
 
+        cpu0 = proc_cpu(sim.pid)
         ok, wall = uvloop.run(drive(sim.host, sim.port, n, tokens, prompt_words))
+        cpu1 = proc_cpu(sim.pid)
         time.sleep(1.5)  # ground truth is flushed every second
         lines = sim.read_ground_truth()
     writes = [c[0] for ln in lines for c in ln["chunks"]]
@@ -105,8 +109,15 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
     def pct(p):
         return late[min(len(late) - 1, int(p * len(late)))] if late else float("nan")
 
+    user, sys_ = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
     return {
         "streams": n,
+        "emulator_cpu_s": {
+            "user": round(user, 2),
+            "sys": round(sys_, 2),
+            "of_wall": round((user + sys_) / wall, 2),
+        },
+        "cpu_us_per_chunk": round(1e6 * (user + sys_) / max(1, len(writes)), 2),
         "completed": ok,
         "tokens": toks,
         "chunks": len(writes),
@@ -118,6 +129,13 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
         "lateness_ms_p99": round(pct(0.99), 3),
         "lateness_ms_max": round(late[-1], 3) if late else None,
     }
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, from /proc (Linux)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(f[11]) / tick, int(f[12]) / tick
 
 
 def ready_time(prefix: list[str]) -> float:
