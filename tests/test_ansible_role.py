@@ -115,8 +115,7 @@ def server(tmp_path):
 
 
 def test_restart_between_configurations_readiness_idempotence_and_verification(server):
-    base = server.vars()["sglang_server_flags"] if "sglang_server_flags" in server.vars() else {}
-    a = server.apply(sglang_server_flags={**base, "tp_size": 1, "context_length": 4096})
+    a = server.apply(sglang_server_flags={"tp_size": 1, "context_length": 4096})
     assert a.ok, a.error()
     pid_a = server.pid()
     info = a.artifact_data["sglang_server"]

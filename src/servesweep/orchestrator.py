@@ -190,6 +190,8 @@ class Runner:
             "sglang_server_stop_timeout": int(L.stop_timeout_s),
             "sglang_server_api_key_env": L.api_key_env or "",
             "sglang_server_become": L.become,
+            # host facts once per run: gathering them costs a few seconds per restart
+            "sglang_server_gather_facts": not self.m.data["hosts"],
             "sglang_server_unit": L.unit,
             "sglang_server_docker_image": L.image or f"lmsysorg/sglang:v{exp.sglang_version}",
         }

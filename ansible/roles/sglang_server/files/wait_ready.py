@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Wait until an SGLang server's /health answers 200, bounded in time, failing at once if the server exits.
+"""Wait until an SGLang server's /health answers 200, bounded in time, failing at once if the server exits; then
+read /model_info, /server_info and /v1/models.
 
-Run on the server's host by the sglang_server role (stdlib only). Prints one JSON line: how long /model_info
-(liveness, answers before warmup) and /health (ready) took. Exit 0 ready, 3 the server exited, 4 timed out.
+Run on the server's host by the sglang_server role (stdlib only; one task instead of four keeps a restart quick).
+Prints one JSON object: how long /model_info (liveness, answers before warmup) and /health (ready) took, and the
+three documents. The API key, if any, comes from the environment (SERVESWEEP_API_KEY), never from the command line.
+Exit 0 ready, 3 the server exited, 4 timed out, 5 an info endpoint failed.
 """
 
 import argparse
@@ -15,9 +18,19 @@ import urllib.error
 import urllib.request
 
 
+def _request(url):
+    key = os.environ.get("SERVESWEEP_API_KEY")
+    return urllib.request.Request(url, headers={"Authorization": "Bearer " + key} if key else {})
+
+
+def get_json(url):
+    with urllib.request.urlopen(_request(url), timeout=30) as r:
+        return json.loads(r.read())
+
+
 def status(url):
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(_request(url), timeout=5) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
@@ -73,6 +86,13 @@ def main():
             out["model_info_after_s"] = round(time.monotonic() - t0, 3)
         if status(args.url + "/health") == 200:
             out["health_after_s"] = round(time.monotonic() - t0, 3)
+            try:
+                for key, path in (("model_info", "/model_info"), ("server_info", "/server_info"), ("models", "/v1/models")):
+                    out[key] = get_json(args.url + path)
+            except (OSError, ValueError) as e:
+                out["error"] = f"{path} failed after /health answered 200: {e}"
+                print(json.dumps(out))
+                return 5
             print(json.dumps(out))
             return 0
         if not alive(args):
