@@ -107,7 +107,16 @@ class LLMUser(FastHttpUser):
     host = "http://127.0.0.1"
 
     def on_start(self) -> None:
+        # A worker process (--processes, --worker) can spawn users while its init listener is still building the
+        # prompt bodies (the probes yield to the hub): wait for it, bounded.
+        deadline = time.monotonic() + 600
+        while not isinstance(getattr(self.environment, "servesweep", None), LoadContext):
+            if time.monotonic() > deadline:
+                raise RuntimeError("servesweep: no LoadContext after 600 s; see the init errors above")
+            gevent.sleep(0.05)
         ctx: LoadContext = self.environment.servesweep
+        if not ctx.measure_start_ns:  # test_start fired before the context existed
+            ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         self._ctx = ctx
         self._http = self.client.client.clientpool.get_client(URL(ctx.point.base_url + ctx.path))
         # A stream switches its socket to the stall timeout after the first token; whatever path a request ends
