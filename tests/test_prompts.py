@@ -218,6 +218,32 @@ def test_same_seed_same_bytes_other_seed_other_bytes(pools):
     assert short[:40] != long_[:40]
 
 
+def test_same_bytes_in_other_processes_whatever_their_hash_seed():
+    """Locust workers are separate processes: without a disk cache they must still build the same prompts."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib; from servesweep.prompts import build_pool; "
+        "p = build_pool(2000, 4, seed=3, shared_prefix_tokens=600, num_groups=2, cache_dir=None); "
+        "print(hashlib.sha256(b''.join(h + t for h, t in p.bodies('m', 8))).hexdigest())"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": hs},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout.strip()
+        for hs in ("1", "2")
+    }
+    here = build_pool(2000, 4, seed=3, shared_prefix_tokens=600, num_groups=2, cache_dir=None)
+    assert digests == {hashlib.sha256(b"".join(h + t for h, t in here.bodies("m", 8))).hexdigest()}
+
+
 def test_disk_cache_hit_and_corrupt_file_rebuilt(tmp_path):
     t0 = time.perf_counter()
     first = build_pool(30000, 4, seed=9, cache_dir=tmp_path)
