@@ -10,4 +10,5 @@ Options (shown in the UI under "servesweep"): --model, --endpoint, --prompt-toke
 streams still running at the end are measured instead of dropped.
 """
 
+from servesweep import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)
 from servesweep.locustfile import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
