@@ -229,17 +229,21 @@ def test_same_bytes_in_other_processes_whatever_their_hash_seed():
         "p = build_pool(2000, 4, seed=3, shared_prefix_tokens=600, num_groups=2, cache_dir=None); "
         "print(hashlib.sha256(b''.join(h + t for h, t in p.bodies('m', 8))).hexdigest())"
     )
-    digests = {
-        subprocess.run(
+    procs = [  # both at once: the test waits for the slower one only
+        subprocess.Popen(
             [sys.executable, "-c", code],
             env={**os.environ, "PYTHONHASHSEED": hs},
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
-            check=True,
-            timeout=120,
-        ).stdout.strip()
+        )
         for hs in ("1", "2")
-    }
+    ]
+    try:
+        digests = {p.communicate(timeout=120)[0].strip() for p in procs}
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs)
     here = build_pool(2000, 4, seed=3, shared_prefix_tokens=600, num_groups=2, cache_dir=None)
     assert digests == {hashlib.sha256(b"".join(h + t for h, t in here.bodies("m", 8))).hexdigest()}
 
