@@ -249,3 +249,36 @@ def test_legacy_0_5_9_stream_shape():
         ]
         _, _, body = http("GET", sim.base_url + "/model_info")
         assert "served_model_name" not in json.loads(body)  # 0.5.9 lacks it
+
+
+def test_sigterm_drains_running_requests_like_sglang(tmp_path):
+    import os
+    import signal
+    import threading
+
+    gt = tmp_path / "gt.jsonl"
+    sim = start_sim(
+        ["--model-path", LLAMA, "--sim-gpu", "A6000"], ground_truth=gt, env={"SGL_FORCE_SHUTDOWN": ""}
+    )
+    try:
+        box = {}
+        t = threading.Thread(
+            target=lambda: box.setdefault(
+                "r", post_json(sim.base_url + "/v1/chat/completions", chat("hi", 60))
+            )
+        )
+        t.start()
+        time.sleep(0.4)
+        os.killpg(sim.pid, signal.SIGTERM)
+        time.sleep(0.2)
+        assert http("GET", sim.base_url + "/health")[0] == 503  # still listening, not healthy
+        st, _, body = post_json(sim.base_url + "/v1/chat/completions", chat("late", 4))
+        assert st == 503 and b"shutting down" in body
+        t.join(30)
+        st, _, body = box["r"]
+        assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == 60  # the running one finished
+        assert sim.proc.wait(10) == 0
+    finally:
+        sim.stop()
+    lines = [json.loads(x) for x in gt.read_text().splitlines()]
+    assert any(ln["completion_tokens"] == 60 for ln in lines)  # flushed at exit

@@ -96,7 +96,8 @@ def start_sim(
 ) -> SimProcess:
     """Start `python -m servesweep.sim ARGS --host HOST --port PORT` and wait until `/health` is 200.
 
-    `ground_truth` adds `--sim-ground-truth PATH`. `env` is added to the current environment. Output goes to
+    `ground_truth` adds `--sim-ground-truth PATH`. `env` is added to the current environment (SGL_FORCE_SHUTDOWN=1
+    unless `env` sets it: `stop()` then ends streams at once instead of draining them). Output goes to
     `log_path` (a temporary file when omitted). `prefix` runs the command under e.g. `["taskset", "-c", "0"]`.
     Raises RuntimeError with the log's tail when the process exits or does not get ready within `timeout`.
     """
@@ -122,6 +123,8 @@ def start_sim(
         log_path = name
     log_path = Path(log_path)
     full_env = dict(os.environ)
+    # stop() should be prompt: skip SGLang's drain-on-SIGTERM unless the caller asks for it (env SGL_FORCE_SHUTDOWN="")
+    full_env.setdefault("SGL_FORCE_SHUTDOWN", "1")
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     logf = open(log_path, "ab")  # noqa: SIM115 - the child holds it; closed below

@@ -400,6 +400,8 @@ class SimApp:
         return obj
 
     def _not_ready(self):
+        if self.draining:
+            raise HttpError(503, P.error_body("The server is shutting down.", 503))
         if self.tokenizer is None:
             raise HttpError(503, P.error_body("The server is not ready yet (loading).", 503))
 
@@ -691,10 +693,15 @@ def run_server(args) -> int:
         app._sched_attr = lambda: eng._t0 + eng._vt
 
     stop = loop.create_future()
+    force = loop.create_future()
 
     def _signal(*_):
+        # first signal: drain (as SGLang: /health 503, running requests finish, new ones are refused);
+        # a second one, or SGL_FORCE_SHUTDOWN=1, exits at once
         if not stop.done():
             stop.set_result(True)
+        elif not force.done():
+            force.set_result(True)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signal)
@@ -727,8 +734,12 @@ def run_server(args) -> int:
         await stop
         app.draining = True
         st.cancel()
-        fl.cancel()
+        if app._active and os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() not in ("1", "true", "yes"):
+            log.info(f"Gracefully exiting... Remaining number of requests {len(app._active)}.")
+            while app._active and not force.done():  # bounded: every request has a token budget
+                await asyncio.wait([force], timeout=0.05)
         server.close()
+        fl.cancel()
         await app.engine.stop()
 
     try:
