@@ -788,8 +788,8 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
             prompts[i] = make(i, adjust[i])
         for i, c in zip(bad, _count(tok, [prompts[i] for i in bad], overhead, nonce), strict=True):
             counts[i] = c
-    else:
-        off = {i: c for i, c in enumerate(counts) if c != target}
+    off = {i: c for i, c in enumerate(counts) if c != target}
+    if off:
         raise RuntimeError(f"tokenizer {tok.name}: could not make prompts of exactly {target} tokens: {off}")
     return PromptPool(
         prompts=prompts,
