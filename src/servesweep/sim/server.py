@@ -624,7 +624,7 @@ class SimApp:
             now = time.monotonic_ns()
             self.gt.add(
                 {
-                    "id": req.headers.get("x-request-id"),
+                    "id": req.headers.get("x-request-id") or P.new_id(),
                     "response_id": None,
                     "endpoint": req.path,
                     "stream": bool(body.get("stream", False)),
