@@ -95,9 +95,24 @@ def closed_port():
         return s.getsockname()[1]  # closed again on return: nothing listens there
 
 
-def test_refused_connections_and_total_timeout(tmp_path, closed_port):
+@pytest.fixture
+def full_backlog_port():
+    """A listener that never accepts, its backlog filled: the kernel drops further SYNs, so connect() hangs."""
+    with socket.socket() as srv, socket.socket() as filler:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(0)
+        filler.connect(srv.getsockname())
+        yield srv.getsockname()[1]
+
+
+def test_refused_connections_connect_timeout_and_total_timeout(tmp_path, closed_port, full_backlog_port):
     s = run_point(point(f"http://127.0.0.1:{closed_port}", concurrency=2, requests=5), tmp_path / "refused")
     assert s["failures"] == {"connection_reset": 5} and s["requests"]["measured"] == 5
+    s = run_point(
+        point(f"http://127.0.0.1:{full_backlog_port}", concurrency=2, requests=3, connect_s=0.5),
+        tmp_path / "conn",
+    )
+    assert s["failures"] == {"timeout_connect": 3}
     with start_sim(SIM_ARGS) as sim:
         s = run_point(
             point(
