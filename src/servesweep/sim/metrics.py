@@ -159,7 +159,7 @@ class SimMetrics:
         self.verify_calls = 0
         self.http_requests: dict[tuple[str, str], int] = {}
         self.http_responses: dict[tuple[str, str, str], int] = {}
-        self.http_active = 0
+        self.active_fn = lambda: 0  # set by the server: generation requests in flight
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -332,7 +332,7 @@ class SimMetrics:
             hs.add_metric([ep, code, meth], float(val))
         yield hs
         yield GaugeMetricFamily(
-            "sglang:http_requests_active", HELP["http_requests_active"], value=self.http_active
+            "sglang:http_requests_active", HELP["http_requests_active"], value=self.active_fn()
         )
 
 
