@@ -251,6 +251,8 @@ def test_abort_request_ends_the_stream_with_abort(sim):
 
 
 def test_metrics_names_types_and_counts(sim):
+    for stream in (True, False):
+        post_json(sim.base_url + "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": stream})
     st, hdr, body = http("GET", sim.base_url + "/metrics")
     assert st == 200
     fams = {f.name: f for f in text_string_to_metric_families(body.decode())}

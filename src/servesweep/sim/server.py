@@ -85,9 +85,10 @@ class SimApp:
             "/v1/loads": self.h_loads,
             "/ping": self.h_ping,
         }
-        self._active: dict[
-            str, GenerationStream
-        ] = {}  # rid -> request in flight (for /abort_request abort_all)
+        # rid -> request in flight (for /abort_request abort_all and sglang:http_requests_active)
+        self._active: dict[str, GenerationStream] = {}
+        if self.metrics is not None:
+            self.metrics.active_fn = lambda: len(self._active)
         self._sched_attr = None
 
     def log_decode(self, last_steps: int) -> int:
