@@ -156,6 +156,7 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
             assert s["point_id"] == pid and s["requests"]["ok"] == 2 and s["requests"]["failed"] == 0
             assert pq.read_table(d / "records.parquet").num_rows == 2
             assert p["result"]["ok"] == 2
+            assert p["cache_flushed"] is True  # POST /flush_cache answered 200 before the point
         # nothing repeated: the point finished before the kill was neither rerun nor rewritten
         assert pts[done_id]["attempts"] == 1
         assert (run_dir / done_id / "summary.json").read_bytes() == summary_before

@@ -44,11 +44,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+DRY_RUN_OUTPUT_TOKENS = 8
+DRY_RUN_SPEEDUP = 20
+
+
+def shrink_for_dry_run(exp: Experiment) -> Experiment:
+    """The same matrix on the emulator on this machine, shrunk so the whole pipeline runs in minutes: same server
+    configurations (and GPU profile), same points and feasibility, but one request per user, short outputs and an
+    emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
+    before GPU time is booked."""
+    d = exp.model_dump(mode="json")
+    d["name"] = f"{exp.name}-dryrun"[:64]
+    d["target"] = {"inventory": "local", "host_group": exp.target.host_group, "port": 0}
+    launcher = d["launcher"]
+    launcher.update(
+        kind="process", emulator=True, python=None, become=False, startup_timeout_s=300, stop_timeout_s=30
+    )
+    sim = dict(launcher.get("sim_args") or {})
+    sim.setdefault("sim_load_time", 0.3)
+    sim.setdefault("sim_calibration", f"speedup={DRY_RUN_SPEEDUP}")
+    launcher["sim_args"] = sim
+    load = d["load"]
+    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in exp.load.output_tokens})
+    load.update(
+        requests=1, duration_s=None, warmup_s=0.0, workers=0
+    )  # 1 = one request per user, see _run_point
+    d["budget"] = {"wall_time_s": None}
+    return Experiment.model_validate(d)
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
 
-def create_run(exp: Experiment, out: Path, *, experiment_file: str | None = None) -> mf.Manifest:
+def create_run(
+    exp: Experiment, out: Path, *, experiment_file: str | None = None, dry_run: bool = False
+) -> mf.Manifest:
     """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
     plan = make_plan(exp)
     out.mkdir(parents=True, exist_ok=True)
@@ -103,6 +134,7 @@ def create_run(exp: Experiment, out: Path, *, experiment_file: str | None = None
         "updated": mf.now_iso(),
         "status": "created",
         "experiment_file": str(Path(experiment_file).resolve()) if experiment_file else None,
+        "dry_run": dry_run,
         "experiment": exp.model_dump(mode="json"),
         "experiment_digest": exp.digest(),
         "port": port,
@@ -346,8 +378,9 @@ class Runner:
 
         p = self.m.points[pid]
         ld = self.exp.load
+        flushed = None
         if self.exp.flush_cache_between_points:
-            _flush_cache(self.base_url(), self.exp.launcher.api_key_env)
+            flushed = _flush_cache(self.base_url(), self.exp.launcher.api_key_env)
         point = LoadPoint(
             base_url=self.base_url(),
             model=self.exp.model.served_model_name,
@@ -355,7 +388,8 @@ class Runner:
             concurrency=p["concurrency"],
             prompt_tokens=p["prompt_tokens"],
             output_tokens=p["output_tokens"],
-            requests=ld.requests,
+            # a dry run sends one request per user: every user, every point, no more
+            requests=p["concurrency"] if self.m.data.get("dry_run") else ld.requests,
             duration_s=ld.duration_s,
             warmup_s=ld.warmup_s,
             tokenizer=self.exp.model.tokenizer,
@@ -368,7 +402,7 @@ class Runner:
         )
         tmp = self.run_dir / f".tmp-{pid}"
         shutil.rmtree(tmp, ignore_errors=True)
-        p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso())
+        p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
         self.m.save()
         t0 = time.monotonic()
         status = self.console.status(f"{pid}: starting Locust")
@@ -450,7 +484,8 @@ class Runner:
     def print_results(self) -> None:
         from rich.table import Table
 
-        t = Table(title=f"results: {self.run_dir}")
+        dry = "DRY RUN (emulator, shrunk points) - " if self.m.data.get("dry_run") else ""
+        t = Table(title=f"{dry}results: {self.run_dir}")
         for col in (
             "config",
             "wl",
@@ -578,7 +613,12 @@ def _kill_processes_naming(path: Path) -> None:
     help="Folder for run folders.",
 )
 @click.option("--keep-server", is_flag=True, help="Leave the last server running at the end.")
-def command(file: str | None, resume: str | None, out: str, keep_server: bool) -> None:
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="The same matrix on the emulator here, one request per user and 8-token outputs: proves the pipeline.",
+)
+def command(file: str | None, resume: str | None, out: str, keep_server: bool, dry_run: bool) -> None:
     """Run an experiment matrix (or --resume one)."""
     from rich.console import Console
 
@@ -599,6 +639,11 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool) -
         except ExperimentError as e:
             click.echo(str(e), err=True)
             sys.exit(2)
-        m = create_run(exp, Path(out), experiment_file=file)
+        if dry_run:
+            exp = shrink_for_dry_run(exp)
+            console.print(
+                "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
+            )
+        m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
     rc = Runner(m, console=console, keep_server=keep_server).run()
     sys.exit(rc)
