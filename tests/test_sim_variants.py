@@ -209,6 +209,7 @@ def test_queue_full_is_503():
 
 def test_reasoning_parser_splits_thinking():
     with start_sim(["--model-path", QWEN, "--reasoning-parser", "qwen3"]) as sim:
+        # the first half of the token budget is thinking (reasoning_content), the rest the answer
         st, _, body = post_json(
             sim.base_url + "/v1/chat/completions",
             chat("why?", 10, stream=True, stream_options={"include_usage": True}),

@@ -179,6 +179,9 @@ class GenerationStream:
         self.pending = 0
         ereq = self.ereq
         completion = ereq.completion_tokens if ereq is not None else 0
+        r = min(
+            n, self.reasoning_left
+        )  # reasoning tokens in this chunk (a chat chunk may split in two events)
         rb, cb = self._take_text(n)
         kind = self.kind
         f = self.fault
@@ -213,9 +216,12 @@ class GenerationStream:
         if (
             self.chunks is not None
         ):  # the write time is taken just before the write: a client never sees it earlier
-            self.chunks.append((monotonic_ns(), n))
+            t = monotonic_ns()
+            split = kind == "chat" and 0 < r < n  # reasoning and content events: one ground-truth chunk each
+            self.chunks.extend(((t, r), (t, n - r)) if split else ((t, n),))
             if self.sched is not None:
-                self.sched.append(self.app.engine_sched())
+                sc = self.app.engine_sched()
+                self.sched.extend((sc, sc) if split else (sc,))
         conn.transport.write(data)
         self.chunks_written += 1
         if f is not None:
