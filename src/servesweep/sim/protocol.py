@@ -62,7 +62,7 @@ def validation_error_body(errors: list) -> bytes:
     return error_body(str(errors), 400, HTTPStatus.BAD_REQUEST.phrase)
 
 
-def stream_error_event(message: str, status: int, legacy_json: bool = False) -> bytes:
+def stream_error_event(message: str, status: int) -> bytes:
     """0.5.23 in-stream error: `json.dumps` with its default spaced separators, `type` = the HTTPStatus name."""
     err = {
         "object": "error",
