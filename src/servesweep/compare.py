@@ -26,6 +26,7 @@ import click
 import numpy as np
 
 _NS_PER_MS = 1e6
+BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
 
 # ---------------------------------------------------------------- run folders
 
@@ -219,9 +220,31 @@ class PointSample:
     cached: np.ndarray  # cached tokens where reported, NaN elsewhere
     prompt: np.ndarray  # prompt tokens from usage of ok requests, NaN elsewhere
 
+    _sorted: dict = field(default_factory=dict, repr=False)
+
     @property
     def n(self) -> int:
         return int(self.ok.size)
+
+    def sorted_values(self, key: str, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A per-request or pooled metric's values ascending, with the index of the request each belongs to
+        (sorted once: a bootstrap resample only changes the requests' weights). With `cap`, at most about that
+        many: every k-th of the sorted values, which keeps every quantile (for bootstrap resamples of millions of
+        ITL gaps; observed values always use all of them)."""
+        if cap is not None:
+            vals, owner = self.sorted_values(key)
+            step = -(-vals.size // cap)
+            return (vals, owner) if step <= 1 else (vals[::step], owner[::step])
+        if key not in self._sorted:
+            if key in self.pooled:
+                vals, owner = self.pooled[key]
+            else:
+                vals = self.per_request[key]
+                owner = np.flatnonzero(~np.isnan(vals))
+                vals = vals[owner]
+            order = np.argsort(vals, kind="stable")
+            self._sorted[key] = (vals[order], owner[order])
+        return self._sorted[key]
 
     @classmethod
     def from_table(cls, table) -> PointSample:
@@ -373,32 +396,25 @@ class Metric:
     higher_is_better: bool
     relative: bool  # change as % of the baseline (else an absolute difference)
 
-    def value(self, s: PointSample, w: np.ndarray | None = None) -> float:
-        """The metric on the sample, each request counted w[i] times (None: once, the observed value)."""
+    def value(self, s: PointSample, w: np.ndarray | None = None, cap: int | None = None) -> float:
+        """The metric on the sample, each request counted w[i] times (None: once, the observed value); `cap`
+        thins pooled values for bootstrap resamples (see PointSample.sorted_values)."""
         if w is None:
             w = np.ones(s.n)
         if self.stat is None:
             return _scalar(self.base, s, w)
-        key = LATENCY_BASES[self.base][0]
-        if key in s.pooled:
-            vals, owner = s.pooled[key]
-            vw = w[owner] if vals.size else np.zeros(0)
-        else:
-            vals = s.per_request[key]
-            keep = ~np.isnan(vals)
-            vals, vw = vals[keep], w[keep]
-        keep = vw > 0
-        vals, vw = vals[keep], vw[keep]
-        if vals.size == 0:
+        vals, owner = s.sorted_values(LATENCY_BASES[self.base][0], cap)
+        vw = w[owner]
+        if vals.size == 0 or vw.sum() <= 0:
             return math.nan
         if self.stat == "mean":
             return float(np.dot(vals, vw) / vw.sum())
+        present = np.flatnonzero(vw > 0)
         if self.stat == "min":
-            return float(vals.min())
+            return float(vals[present[0]])
         if self.stat == "max":
-            return float(vals.max())
-        order = np.argsort(vals, kind="stable")
-        return weighted_percentile(vals[order], vw[order], float(self.stat[1:]))
+            return float(vals[present[-1]])
+        return weighted_percentile(vals, vw, float(self.stat[1:]))
 
 
 def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
@@ -508,8 +524,8 @@ def bootstrap_changes(
         if wa is None or wb is None or not (math.isfinite(a) and math.isfinite(b)):
             out.append(Change(m, a, b, delta, (math.nan, math.nan), "n/a"))
             continue
-        ra = np.array([m.value(sa, w) for w in wa])
-        rb = np.array([m.value(sb, w) for w in wb])
+        ra = np.array([m.value(sa, w, BOOTSTRAP_CAP) for w in wa])
+        rb = np.array([m.value(sb, w, BOOTSTRAP_CAP) for w in wb])
         d = _diff(m, ra, rb)
         d = d[np.isfinite(d)]
         if d.size < resamples // 2 or not math.isfinite(delta):
