@@ -118,6 +118,9 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
             "of_wall": round((user + sys_) / wall, 2),
         },
         "cpu_us_per_chunk": round(1e6 * (user + sys_) / max(1, len(writes)), 2),
+        "tokens_per_cpu_s": round(toks / (user + sys_))
+        if user + sys_
+        else None,  # what one dedicated core carries
         "completed": ok,
         "tokens": toks,
         "chunks": len(writes),
