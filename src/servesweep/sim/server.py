@@ -664,6 +664,16 @@ def run_server(args) -> int:
     except ValueError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
+    try:  # thousands of concurrent streams need as many descriptors: lift the soft limit to the hard one
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )
+    except (ImportError, ValueError, OSError):
+        pass
     try:
         import uvloop
 
