@@ -355,6 +355,19 @@ def _encode_sentences(
     return [tok.encode(" " + s) for s in sents], [tok.encode(s) for s in sents]
 
 
+def _added(tok: Tokenizer, base: str, more: str) -> int:
+    """Tokens that `more` adds after `base` (in context: some tokenizers mark the start of a text)."""
+    return len(tok.encode(base + more)) - len(tok.encode(base))
+
+
+def _dot(tok: Tokenizer) -> list[int]:
+    """The ids a sentence's final "." adds, as they follow a word."""
+    with_dot, without = tok.encode("x."), tok.encode("x")
+    if with_dot[: len(without)] != without:
+        return tok.encode(".")
+    return with_dot[len(without) :]
+
+
 def _sentence_lengths(
     tok: Tokenizer, sents: list[str], cache_dir: Path | None
 ) -> tuple[list[int], list[int]]:
@@ -373,7 +386,7 @@ def _sentence_lengths(
                 return d["mid"], d["start"]
         except (OSError, ValueError, KeyError, TypeError):
             pass  # missing or damaged: recount
-    dot = tok.encode(".")
+    dot = _dot(tok)
     mids, starts = _encode_sentences(tok, sents, dot)
     n = len(dot)
     mid_len = [len(m) if m[-n:] == dot and s[-n:] == dot else 0 for m, s in zip(mids, starts, strict=True)]
@@ -394,13 +407,12 @@ def _bank(tok: Tokenizer, cache_dir: Path | None = None) -> _Bank:
         raise ValueError(f"tokenizer {tok.name}: sentences do not end on a '.' token; cannot compose prompts")
     keep_set = set(keep)
     topics = [[i for i in t if i in keep_set] for t in topics]
-    dot = tok.encode(".")
     by_mid: dict[int, list[int]] = {}
     by_start: dict[int, list[int]] = {}
     for i in keep:
         by_mid.setdefault(mid_len[i], []).append(i)
         by_start.setdefault(start_len[i], []).append(i)
-    delta = len(tok.encode(".\n\n")) - len(dot)
+    delta = _added(tok, "x.", "\n\n")
     max_cost = max(max(by_mid), max(by_start)) + delta
     limit = _FINAL_WINDOW + 4 * max_cost
     reach = [False] * (limit + 1)
@@ -418,7 +430,7 @@ def _bank(tok: Tokenizer, cache_dir: Path | None = None) -> _Bank:
         by_start_len=by_start,
         reach=reach,
         delta=delta,
-        sep=len(tok.encode("\n")),
+        sep=_added(tok, "x", "\n"),
         instruction=data["instruction"],
         instruction_len=len(tok.encode(data["instruction"])),
         needle_words=data["needles"],
@@ -527,11 +539,11 @@ def nonce_scheme(tokenizer: Tokenizer, digits: int) -> tuple[str, int]:
     rng = random.Random(digits)
     samples = [d * digits for d in "0123456789"]
     samples += ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in range(200)]
-    # "x" (one token) stands for "no nonce" so that the newlines around it stay apart.
+    # Counted against a one-digit nonce (one token), so that the newlines around it stay apart as in a prompt.
     head, tail = "<|im_start|>user\n", "\nThe river was calm."
-    base = len(tokenizer.encode(head + "x" + tail)) - len(tokenizer.encode("x"))
     seen = {}
     for fmt in NONCE_FORMATS:
+        base = len(tokenizer.encode(head + format_nonce("0", fmt) + tail)) - 1
         texts = [head + format_nonce(x, fmt) + tail for x in samples]
         counts = {len(ids) - base for ids in _encode_batch(tokenizer, texts)}
         if len(counts) == 1:
@@ -722,24 +734,39 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
     system_tokens = prefix_p - before if prefix_p else 0
     body_budget = target - (prefix_p if prefix_p else before) - after - k_tokens - sep
 
-    prefixes: list[str] = []
-    for g in range(groups if prefix_p else 0):
+    def make_prefix(g: int, adjust: int = 0) -> str:
         rng = random.Random(f"{seed}:{target}:group:{g}")  # other lengths: other text
         # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
         # In completions text follows the prefix, after a paragraph break.
         end, end_n = ("\n\n", bank.delta) if endpoint != "chat" else ("", 0)
-        filler_n = system_tokens - bank.instruction_len - end_n
-        prefixes.append(_compose(bank, rng, filler_n) + bank.instruction + end)
-    if prefixes and endpoint == "chat":  # the prefix must encode to exactly P tokens, up to the user content
-        heads = [
-            render_chatml([{"role": "system", "content": p}, {"role": "user", "content": NONCE_SLOT}])
-            for p in prefixes
-        ]
-        counts = [len(ids) for ids in _encode_batch(tok, [h[: h.index(NONCE_SLOT)] for h in heads])]
-        if overhead is None and any(c != prefix_p for c in counts):
-            raise RuntimeError(
-                f"shared prefix came out at {counts} tokens, not {prefix_p} (tokenizer {tok.name})"
-            )
+        filler_n = system_tokens - bank.instruction_len - end_n + adjust
+        return _compose(bank, rng, filler_n) + bank.instruction + end
+
+    def prefix_counts(texts: list[str]) -> list[int]:
+        """Tokens up to the user content (chat) or up to the nonce (completions), as the server counts them."""
+        if endpoint == "chat":
+            msgs = [
+                [{"role": "system", "content": t}, {"role": "user", "content": NONCE_SLOT}] for t in texts
+            ]
+            heads = [render_chatml(m) for m in msgs]
+            texts = [h[: h.index(NONCE_SLOT)] for h in heads]
+        return [len(ids) + (0 if endpoint == "chat" else before) for ids in _encode_batch(tok, texts)]
+
+    prefixes = [make_prefix(g) for g in range(groups if prefix_p else 0)]
+    if prefixes and overhead is None:  # each group's prefix must be exactly P tokens: repair it if not
+        p_adjust = [0] * len(prefixes)
+        for attempt in range(9):
+            counts = prefix_counts(prefixes)
+            if all(c == prefix_p for c in counts):
+                break
+            if attempt == 8:
+                raise RuntimeError(
+                    f"tokenizer {tok.name}: shared prefixes came out at {counts}, not {prefix_p}"
+                )
+            for g, c in enumerate(counts):
+                if c != prefix_p:
+                    p_adjust[g] += prefix_p - c
+                    prefixes[g] = make_prefix(g, p_adjust[g])
 
     min_body = min(bank.by_start_len)
 
