@@ -401,7 +401,8 @@ def render_html(rep: Report) -> str:
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
     )
     banner = (
-        "DRY RUN — no real server was measured; numbers are the emulator's / planner's"
+        "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
+        "they do not describe a real server"
         if run.dry_run
         else None
     )
@@ -437,7 +438,10 @@ def render_markdown(rep: Report) -> str:
     run = rep.run
     out = [f"# servesweep report: {run.run_id}", ""]
     if run.dry_run:
-        out += ["> **DRY RUN** — no real server was measured.", ""]
+        out += [
+            "> **DRY RUN** — the emulator on this machine with shrunk points; no real server was measured.",
+            "",
+        ]
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
     for sec in rep.sections:
