@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,7 +217,9 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
     ]
     # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
     if workers:
-        cmd += ["--processes", str(workers)]
+        # The master ends the point (whole seconds: Locust's -t); workers finish their streams within --stop-timeout
+        # and ship their records with their last report.
+        cmd += ["--processes", str(workers), "-t", f"{math.ceil(point.warmup_s + (point.duration_s or 0))}s"]
     return cmd
 
 
@@ -237,9 +240,10 @@ def run_point(
     from servesweep.results import write_json_atomic
     from servesweep.summary import parse_slos, summarize
 
-    if workers:
-        raise NotImplementedError(
-            "workers > 0 (distributed Locust) is issue 5; run_point drives one process now"
+    if workers and point.requests is not None:
+        raise ValueError(
+            f"workers={workers}: a point with a request budget (requests={point.requests}) runs in one Locust "
+            "process for now (sharing the budget between worker processes is issue 5); give duration_s instead"
         )
     parsed_slos = parse_slos(slos)  # fail on a bad SLO before any load
     out_dir = Path(out_dir)
@@ -299,6 +303,7 @@ def run_point(
     write_json_atomic(out_dir / "summary.json", summary)
     if progress is not None:
         progress(_read_progress(work, point, time.monotonic() - started))
+    shutil.rmtree(work, ignore_errors=True)
     return summary
 
 
