@@ -394,7 +394,19 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
 )
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=2000, show_default=True)
 @click.option("--output-tokens", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--requests", type=click.IntRange(min=1), default=None, help="measured requests per point")
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="measured requests per point (default without --duration: max(8, 2 x concurrency))",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Locust worker processes per point (with --duration; 0: one process)",
+)
 @click.option(
     "--duration", default=None, help="measured time per point (e.g. 60s); streams still running finish"
 )
@@ -436,6 +448,7 @@ def command(
     prompt_tokens,
     output_tokens,
     requests,
+    workers,
     duration,
     warmup,
     tokenizer,
@@ -467,6 +480,10 @@ def command(
         parse_slos(slo)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--slo") from None
+    if workers and (duration_s is None or requests is not None):
+        raise click.BadParameter(
+            "worker processes need --duration (and no --requests) for now", param_hint="--workers"
+        )
     if api_key_env is None and os.environ.get(DEFAULT_KEY_ENV):
         api_key_env = DEFAULT_KEY_ENV
     if api_key_env is not None and not os.environ.get(api_key_env):
@@ -549,7 +566,7 @@ def command(
                     )
                     prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
 
-                s = run_point(p, run_dir / p.id, progress=_update, slos=slo)
+                s = run_point(p, run_dir / p.id, workers=workers, progress=_update, slos=slo)
                 summaries.append(s)
                 manifest["points"].append({"point_id": p.id, "dir": p.id, "concurrency": p.concurrency})
                 write_manifest(run_dir, manifest)
