@@ -325,12 +325,17 @@ def _encode_sentences(
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Ids of " Sentence." and "Sentence." for every sentence.
 
-    Fast path: encode all sentences as one text and cut after each "." token (sentences hold no other "."), and
+    Fast path: encode the sentences as running text and cut after each "." token (sentences hold no other "."), and
     derive the paragraph-start form by swapping the first word's ids. A sample is checked against encoding each
     sentence alone; if the tokenizer does not split that way, encode them one by one (slower, same result).
     """
     if len(dot) == 1:
-        ids = tok.encode("".join(" " + s for s in sents))
+        # In chunks: some tokenizers (HF `tokenizers`) slow down on one very long text.
+        ids = [
+            t
+            for i in range(0, len(sents), 200)
+            for t in tok.encode("".join(" " + s for s in sents[i : i + 200]))
+        ]
         mids: list[list[int]] = []
         cur: list[int] = []
         d = dot[0]
