@@ -221,3 +221,31 @@ def test_missing_and_non_utf8_files(tmp_path):
         load_dataset(p)
     with pytest.raises(ValueError, match="format='csv'"):
         load_dataset(p, format="csv")
+
+
+def test_the_server_counts_what_the_pool_says(sharegpt, jsonl):
+    """Dataset prompts through the emulator: usage.prompt_tokens equals each prompt's `tokens`, nonce included."""
+    import urllib.request
+
+    from servesweep.sim.launch import start_sim
+
+    def post(url: str, body: bytes) -> dict:
+        req = urllib.request.Request(
+            url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    with start_sim(["--model-path", "Qwen/Qwen3.6-27B"]) as sim:
+        for pool in (load_dataset(sharegpt, n=4, seed=5), load_dataset(jsonl, n=4, seed=5)):
+            nonces = pool.nonces()
+            for p in pool:
+                body = p.body("m", 1, next(nonces), extra={"stream": False})
+                assert post(sim.base_url + "/v1/chat/completions", body)["usage"]["prompt_tokens"] == p.tokens
+        only = jsonl.with_name("only.jsonl")
+        only.write_text("\n".join(jsonl.read_text().splitlines()[:-1]) + "\n")
+        pool = load_dataset(only, n=4, seed=5, endpoint="completions")
+        nonces = pool.nonces()
+        for p in pool:
+            body = p.body("m", 1, next(nonces), extra={"stream": False})
+            assert post(sim.base_url + "/v1/completions", body)["usage"]["prompt_tokens"] == p.tokens
