@@ -496,7 +496,7 @@ class SimApp:
         if fault is not None and fault.kind in PRE_STREAM:
             status = int(fault.kind)
             msg = f"{PRE_STREAM[fault.kind]} (injected fault)"
-            self._record_fault(req, body, status, fault)
+            self._record_early(req, body, status, fault)
             conn.respond(req, status, P.error_body(msg, status))
             return status
         if ids is None:
@@ -526,7 +526,7 @@ class SimApp:
                 ids = ids[: max(1, ctx - 1 - r.num_reserved_tokens)]
                 n = len(ids) + r.num_reserved_tokens
             else:
-                return self._reject(conn, req, kind, P.context_too_long(n, ctx))
+                return self._reject(conn, req, kind, P.context_too_long(n, ctx), body, len(ids))
         if max_new is not None:
             if not isinstance(max_new, int) or max_new < 0:
                 raise self._field_error("max_tokens", "Input should be a valid integer", "int_type", max_new)
@@ -534,7 +534,7 @@ class SimApp:
                 if self.args.allow_auto_truncate:
                     max_new = max(0, ctx - n)
                 else:
-                    return self._reject(conn, req, kind, P.context_exceeded(n, max_new, ctx))
+                    return self._reject(conn, req, kind, P.context_exceeded(n, max_new, ctx), body, len(ids))
         else:
             max_new = max(1, ctx - n - 1)
         if fault is not None and fault.kind == "slow_first_byte":
@@ -542,7 +542,12 @@ class SimApp:
             return 200
         return self._submit(conn, req, body, kind, ids, max_new, fault, stream)
 
-    def _reject(self, conn, req, kind, msg):
+    def _reject(self, conn, req, kind, msg, body=None, n=0):
+        status = self._reject_write(conn, req, kind, msg)
+        self._record_early(req, body or {}, status, None, n)
+        return status
+
+    def _reject_write(self, conn, req, kind, msg):
         if kind == "generate":
             # native /generate: 400 {"error":{"message":..}} (non-stream); stream: 200 + error event
             if self._stream_of(req):
@@ -620,7 +625,8 @@ class SimApp:
             g._finish()
         return 200
 
-    def _record_fault(self, req, body, status, fault):
+    def _record_early(self, req, body, status, fault=None, prompt_tokens=0):
+        """Ground truth of a generation request answered before it reached the engine (fault or rejection)."""
         if self.gt is not None:
             now = time.monotonic_ns()
             self.gt.add(
@@ -634,11 +640,11 @@ class SimApp:
                     "chunks": [],
                     "end_ns": now,
                     "status": status,
-                    "prompt_tokens": 0,
+                    "prompt_tokens": prompt_tokens,
                     "completion_tokens": 0,
                     "cached_tokens": 0,
                     "finish_reason": None,
-                    "fault": str(fault),
+                    "fault": None if fault is None else str(fault),
                 }
             )
 

@@ -428,8 +428,10 @@ class GenerationStream:
         conn = self.conn
         if conn.closed:
             return
-        if self.chunks is not None:
-            self.chunks.append([time.monotonic_ns(), self.ereq.completion_tokens if self.ereq else 0])
+        t = monotonic_ns()
+        self.headers_ns = t
+        if self.chunks is not None:  # a whole body is one "chunk" holding every token
+            self.chunks.append((t, self.ereq.completion_tokens if self.ereq else 0))
         conn.transport.write(head(status, JSON, len(body)) + body)
 
     def _fault_disconnect(self):
