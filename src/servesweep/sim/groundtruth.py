@@ -1,15 +1,17 @@
-"""Ground truth: one JSON line per finished request, saying exactly what the emulator wrote and when.
+"""Ground truth: one JSON line per generation request, saying exactly what the emulator wrote and when.
 
 Line fields:
-- `id`: the client's `X-Request-Id` header when present, else the response id; `response_id`; `endpoint`
+- `id`: the client's `X-Request-Id` header when present, else the response id; `response_id`; `endpoint`; `stream`
 - `recv_ns`: `time.monotonic_ns()` when the request was complete; `headers_ns`: when the response headers were written
-- `chunks`: `[[write_ns, tokens], ...]`, one per token-bearing SSE event (or one for a whole non-stream body),
-  `write_ns` taken right at `transport.write`
+- `chunks`: `[[write_ns, tokens], ...]`, one per token-bearing SSE event (a chat chunk that carries both reasoning and
+  content is two events, two entries), or one entry for a whole non-stream body; `write_ns` is taken just before
+  `transport.write`, so a client on the same host never receives a chunk before its `write_ns`
 - `end_ns`: when the last byte was written (or the connection dropped)
 - `status`, `prompt_tokens`, `completion_tokens`, `cached_tokens`, `finish_reason`, `fault` (or null)
-- `sched_ns`: the engine's scheduled emission time of each token chunk (same order as `chunks`) when known
+- `sched_ns`: the engine's scheduled emission time of each entry of `chunks`, when known (lateness = write - sched)
 
-Lines are buffered and flushed at least every second and at exit.
+Requests answered before reaching the engine (an injected 429/500/503, a context-length 400) get a line too, with
+no chunks. Lines are buffered and flushed at least every second and at exit.
 """
 
 from __future__ import annotations
