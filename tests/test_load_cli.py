@@ -81,3 +81,23 @@ def test_bad_input_names_the_option(tmp_path):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert needle in r.stderr, (args, r.stderr)
     assert not (tmp_path / "runs").exists(), "nothing is written before the input is valid"
+
+
+def test_api_key_comes_from_the_environment_and_is_never_written(tmp_path):
+    from servesweep.sim.launch import start_sim
+
+    key = "sk-test-servesweep-7f3a9c"
+    with start_sim(
+        ["--model-path", "Qwen/Qwen3.6-27B", "--api-key", key, "--sim-calibration", "speedup=4"]
+    ) as sim:
+        args = ["--base-url", sim.base_url, "--concurrency", "1", "--requests", "2", "--prompt-tokens", "400"]
+        args += ["--output-tokens", "4", "--out", "runs"]
+        denied = run([*args, "--api-key-env", "SS_TEST_KEY"], tmp_path, env={"SS_TEST_KEY": "wrong"})
+        ok = run([*args, "--api-key-env", "SS_TEST_KEY"], tmp_path, env={"SS_TEST_KEY": key})
+    assert denied.returncode != 0 and "401" in denied.stderr, denied.stderr[-2000:]
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert key not in ok.stdout + ok.stderr
+    written = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert any(p.name == "records.parquet" for p in written)
+    for p in written:
+        assert key.encode() not in p.read_bytes(), f"the API key leaked into {p}"

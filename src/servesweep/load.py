@@ -501,7 +501,6 @@ def command(
             err.print(
                 f"[bold]no --base-url: started the SGLang emulator at {base_url}[/] (servesweep sim {shlex.join(args)})"
             )
-        run_id, run_dir = new_run(out_root)
         points = []
         for c in levels:
             n = requests if requests is not None or duration_s is not None else max(8, 2 * c)
@@ -529,7 +528,11 @@ def command(
             except ValidationError as e:
                 raise click.UsageError(str(e)) from None
         # Probe the server once for the whole run; every point reuses what it found.
-        first = resolve_point(points[0])
+        try:
+            first = resolve_point(points[0])
+        except (RuntimeError, ValueError, OSError) as e:
+            raise click.ClickException(f"probing {base_url}: {e}") from None
+        run_id, run_dir = new_run(out_root)
         fixed = {k: getattr(first, k) for k in ("model", "template_overhead", "continuous_usage")}
         points = [p.model_copy(update=fixed) for p in points]
         err.print(
@@ -566,7 +569,10 @@ def command(
                     )
                     prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
 
-                s = run_point(p, run_dir / p.id, workers=workers, progress=_update, slos=slo)
+                try:
+                    s = run_point(p, run_dir / p.id, workers=workers, progress=_update, slos=slo)
+                except (RuntimeError, ValueError, OSError) as e:
+                    raise click.ClickException(f"point {p.id}: {e}") from None
                 summaries.append(s)
                 manifest["points"].append({"point_id": p.id, "dir": p.id, "concurrency": p.concurrency})
                 write_manifest(run_dir, manifest)
