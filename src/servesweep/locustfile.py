@@ -7,6 +7,7 @@ Under distributed Locust, workers ship their records to the master with each rep
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -161,6 +162,9 @@ def _init(environment, **_kw) -> None:
         if getattr(opts, "csv_prefix", None):
             ctx.quit_delay_s = 1.2  # Locust rewrites its CSV once a second and not at exit
         environment.servesweep = ctx
+        # Everything built so far (Locust, the tokenizer, the bodies) lives for the whole run: keep it out of the
+        # collector's generations so a full collection during the run does not walk it (a pause is a late stamp).
+        gc.freeze()
         log.info(
             "servesweep: point %s, model %s, %d prompt bodies, nonce %d digits",
             ctx.point.id,
