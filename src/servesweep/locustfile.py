@@ -92,6 +92,7 @@ def _point_from_options(opts, host: str | None) -> LoadPoint:
         first_token_s=opts.first_token_timeout,
         stall_s=opts.stall_timeout,
         total_s=opts.total_timeout,
+        point_id=f"locust-p{opts.prompt_tokens}-o{opts.output_tokens}-{opts.endpoint}",
     )
 
 
