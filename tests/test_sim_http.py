@@ -319,3 +319,31 @@ def test_ground_truth_matches_what_the_client_received(sim):
         for (w, _), (a, _) in zip(ln["chunks"], r.token_events(), strict=True):
             assert a >= w
         assert ln["finish_reason"] == "length" and ln["fault"] is None and ln["status"] == 200
+
+
+def test_native_generate_batch_like_bench_one_batch_server(sim):
+    """A batched /generate (what sglang.bench_one_batch_server sends): events carry "index", one [DONE] at the end."""
+    batch = {
+        "input_ids": [[11, 12, 13, 14], [21, 22, 23], [31, 32]],
+        "sampling_params": {"max_new_tokens": 5, "ignore_eos": True, "temperature": 0},
+        "stream": True,
+    }
+    st, _, body = http("POST", sim.base_url + "/generate", json.dumps(batch).encode())
+    ev = sse_events(body)
+    assert st == 200 and ev[-1] == b"[DONE]" and ev.count(b"[DONE]") == 1
+    objs = [json.loads(e) for e in ev[:-1]]
+    assert sorted({o["index"] for o in objs}) == [0, 1, 2]
+    for i in range(3):
+        mine = [o for o in objs if o["index"] == i]
+        assert [o["meta_info"]["completion_tokens"] for o in mine] == [1, 2, 3, 4, 5]
+        assert mine[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+        assert mine[0]["meta_info"]["prompt_tokens"] == len(batch["input_ids"][i])
+        assert list(mine[0]) == ["text", "output_ids", "meta_info", "index"]
+    batch["stream"] = False
+    batch["text"], batch["input_ids"] = ["Hello there", "Hi"], None
+    del batch["input_ids"]
+    st, _, body = http("POST", sim.base_url + "/generate", json.dumps(batch).encode())
+    outs = json.loads(body)
+    assert st == 200 and isinstance(outs, list) and len(outs) == 2
+    assert all(o["meta_info"]["completion_tokens"] == 5 and len(o["output_ids"]) == 5 for o in outs)
+    assert all("index" not in o for o in outs)

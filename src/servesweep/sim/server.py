@@ -473,10 +473,7 @@ class SimApp:
                 400, P.dumps({"error": {"message": "Either text or input_ids should be provided."}})
             )
         if isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
-            raise HttpError(
-                400,
-                P.dumps({"error": {"message": "The emulator serves one prompt per request (no batches)."}}),
-            )
+            return self._generate_batch(conn, req, body, text if text is not None else ids)
         sp = body.get("sampling_params") or {}
         merged = {
             "stream": body.get("stream", False),
@@ -583,7 +580,52 @@ class SimApp:
     def active_rids(self):
         return self._active.keys()
 
-    def _submit(self, conn, req, body, kind, ids, max_new, fault, stream):
+    def _generate_batch(self, conn, req, body, items: list):
+        """Native batched /generate (as `sglang.bench_one_batch_server` sends it): one engine request per item;
+        streamed events carry `"index"`, `[DONE]` ends the whole batch; non-stream answers a JSON list."""
+        n = len(items)
+        if n == 0:
+            raise HttpError(400, P.dumps({"error": {"message": "The batch is empty."}}))
+
+        def per(key, default=None):
+            v = body.get(key)
+            return v[i] if isinstance(v, list) else (default if v is None else v)
+
+        stream = bool(body.get("stream", False))
+        prepared = []
+        ctx = self.resolved.context_len
+        for i in range(n):
+            item = items[i]
+            ids = self.tokenizer.encode(item) if isinstance(item, str) else list(item)
+            sp = per("sampling_params", {}) or {}
+            max_new = sp.get("max_new_tokens", 128)
+            k = len(ids) + self.resolved.num_reserved_tokens
+            msg = None
+            if k >= ctx:
+                msg = P.context_too_long(k, ctx)
+            elif max_new is not None and k + max_new > ctx:
+                msg = P.context_exceeded(k, max_new, ctx)
+            if msg is not None:
+                return self._reject(conn, req, "generate", msg, body, len(ids))
+            sub = {
+                "stream": stream,
+                "ignore_eos": sp.get("ignore_eos", False),
+                "rid": per("rid"),
+                "extra_key": per("extra_key"),
+                "cache_salt": per("cache_salt"),
+            }
+            prepared.append((sub, ids, max_new))
+        group = BatchGroup(self, conn, req, stream, n)
+        if stream:
+            conn.transport.write(head(200, SSE, None))
+        conn.active = group
+        for i, (sub, ids, max_new) in enumerate(prepared):
+            if conn.closed:
+                break
+            self._submit(conn, req, sub, "generate", ids, max_new, None, stream, group=group, index=i)
+        return 200
+
+    def _submit(self, conn, req, body, kind, ids, max_new, fault, stream, group=None, index=None):
         if conn.closed:
             return 499
         rid = body.get("rid") or P.new_id()
@@ -591,6 +633,11 @@ class SimApp:
             rid = str(rid)
         model = body.get("model", "default") if kind != "generate" else self.served_model_name
         g = GenerationStream(self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body)
+        if group is not None:
+            g.group, g.index = group, index
+            group.members.append(g)
+            if index is not None and req.headers.get("x-request-id"):
+                g.gt_id = f"{req.headers['x-request-id']}#{index}"
         ns = body.get("cache_salt") or body.get("extra_key")
         ereq = self.engine_mod.EngineRequest(
             rid=rid,
@@ -601,16 +648,24 @@ class SimApp:
             cache_namespace=str(ns) if ns else None,
         )
         g.ereq = ereq
-        if stream:
-            conn.transport.write(head(200, SSE, None))
-            g.headers_ns = time.monotonic_ns()
-        conn.active = g
+        if group is not None:
+            g.headers_ns = group.headers_ns
+        else:
+            if stream:
+                conn.transport.write(head(200, SSE, None))
+                g.headers_ns = time.monotonic_ns()
+            conn.active = g
         self._active[rid] = g
         try:
             self.engine.submit(ereq)
         except ValueError as e:  # a duplicate client-supplied rid
-            conn.active = None
             self._active.pop(rid, None)
+            if group is not None:
+                g.ereq.finish_reason = "abort"
+                g.ereq.abort_status, g.ereq.abort_message = 400, str(e)
+                g._finish()
+                return 200
+            conn.active = None
             if stream:
                 g.done = True
                 g._write_end(P.stream_error_event(str(e), 400) + P.DONE)
@@ -647,6 +702,36 @@ class SimApp:
                     "fault": None if fault is None else str(fault),
                 }
             )
+
+
+class BatchGroup:
+    """The sub-requests of one batched /generate: one HTTP response, ended when the last of them finishes."""
+
+    def __init__(self, app, conn, req, stream: bool, n: int):
+        self.app, self.conn, self.req, self.stream, self.n = app, conn, req, stream, n
+        self.members: list[GenerationStream] = []
+        self.bodies: list = [None] * n
+        self.left = n
+        self.headers_ns = time.monotonic_ns()
+
+    def member_done(self, g, body_obj=None) -> None:
+        if body_obj is not None:
+            self.bodies[g.index] = body_obj
+        self.left -= 1
+        if self.left:
+            return
+        conn = self.conn
+        if conn.closed:
+            return
+        if self.stream:
+            conn.transport.write(b"%x\r\n%s\r\n%s" % (len(P.DONE), P.DONE, CHUNKED_END))
+            conn.done(self.req)
+        else:
+            conn.respond(self.req, 200, P.dumps(self.bodies))
+
+    def client_gone(self) -> None:
+        for g in self.members:
+            g.client_gone()
 
 
 # ====================================================================== entry point

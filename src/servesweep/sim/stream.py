@@ -26,7 +26,7 @@ class GenerationStream:
         "pending", "interval", "reasoning_left", "reasoning", "prompt_tokens", "include_usage", "continuous",
         "cache_report", "chunks", "sched", "chunks_written", "fault", "stall_until", "held_finish", "done",
         "headers_ns", "text_parts", "output_ids", "legacy", "t_recv", "max_new", "client_gone_flag",
-        "endpoint", "final_written", "eng", "fast", "hp", "mt", "base_len",
+        "endpoint", "final_written", "eng", "fast", "hp", "mt", "base_len", "group", "index",
     )  # fmt: skip
 
     def __init__(self, app, conn, req, kind, stream, model, prompt_tokens, max_new, fault, rid, body):
@@ -72,6 +72,8 @@ class GenerationStream:
         self.client_gone_flag = False
         self.ereq = None
         self.final_written = False
+        self.group = None  # a batched /generate this request belongs to (server.BatchGroup), and its index
+        self.index = None
         if kind == "chat":
             self.fmt = P.ChatChunks(rid, self.created, model, self.legacy)
         elif kind == "completion":
@@ -297,13 +299,18 @@ class GenerationStream:
             m["response_sent_to_client_ts"] = time.time()
         return m
 
-    def _generate_event(self, finished: bool) -> bytes:
+    def _generate_obj(self, finished: bool) -> dict:
         obj = {
             "text": "".join(self.text_parts),
             "output_ids": self.output_ids,
             "meta_info": self._meta(finished),
         }
-        return b"data: " + P.dumps(obj) + b"\n\n"
+        if self.index is not None and self.stream:  # batched streams tag each event; a batch body is a list
+            obj["index"] = self.index
+        return obj
+
+    def _generate_event(self, finished: bool) -> bytes:
+        return b"data: " + P.dumps(self._generate_obj(finished)) + b"\n\n"
 
     # ------------------------------------------------------------------ endings
 
@@ -314,6 +321,9 @@ class GenerationStream:
         e = self.ereq
         conn = self.conn
         status = 200
+        if self.group is not None:
+            self._finish_in_group(e)
+            return
         if e is not None and e.finish_reason == "abort" and e.abort_status:
             status = e.abort_status
             msg = e.abort_message or "Aborted"
@@ -355,6 +365,30 @@ class GenerationStream:
         self._record(status)
         if not conn.closed:
             conn.done(self.req)
+
+    def _finish_in_group(self, e):
+        """A member of a batched /generate: its last event (or body) goes out; the group ends the response."""
+        conn = self.conn
+        status = 200
+        if e is not None and e.finish_reason == "abort" and e.abort_status:
+            status = e.abort_status
+            if self.stream:
+                self._write_data(P.stream_error_event(e.abort_message or "Aborted", status))
+            body = {"error": {"message": e.abort_message or "Aborted"}}
+        elif self.stream:
+            if not self.final_written:
+                self._write_data(self._generate_event(finished=True))
+            body = None
+        else:
+            body = self._generate_obj(True)
+        if self.chunks is not None and not self.stream and not conn.closed:
+            self.chunks.append((monotonic_ns(), e.completion_tokens if e is not None else 0))
+        self._record(status)
+        self.group.member_done(self, body)
+
+    def _write_data(self, payload: bytes):
+        if not self.conn.closed:
+            self.conn.transport.write(b"%x\r\n%s\r\n" % (len(payload), payload))
 
     def _nonstream_fault(self, f):
         """Mid-response faults of a non-streaming request, applied to its single body."""
