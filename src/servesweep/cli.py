@@ -13,6 +13,7 @@ import click
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
     "load": ("servesweep.load", "command", "Run one load point or a concurrency sweep against a server."),
+    "prompts": ("servesweep.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
     "plan": ("servesweep.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
     "run": ("servesweep.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
     "report": ("servesweep.report", "command", "Write the HTML and Markdown report of a run folder."),
