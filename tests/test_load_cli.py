@@ -9,6 +9,11 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from servesweep.load import command
+from servesweep.sim.launch import start_sim
 
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
 FAST_SIM = "--sim-calibration speedup=4 --enable-cache-report"
@@ -53,18 +58,50 @@ def test_sweep_prints_the_table_and_writes_parquet_and_json(tmp_path):
         assert s["cache_hit_ratio"] <= 0.01
 
 
-def test_json_output_and_slo_exit_code(tmp_path):
-    r = run(
-        ["--concurrency", "2", "--requests", "2", "--prompt-tokens", "400", "--output-tokens", "4", "--json"]
-        + ["--sim-args", FAST_SIM, "--out", str(tmp_path / "runs"), "--slo", "ttft_p99<=1ms"],
-        tmp_path,
+KEY = "sk-test-servesweep-7f3a9c"
+
+
+@pytest.fixture(scope="module")
+def keyed_sim():
+    """An emulator that wants an API key (SGLang's --api-key: the server's own flag)."""
+    with start_sim(
+        ["--model-path", "Qwen/Qwen3.6-27B", "--api-key", KEY, "--sim-calibration", "speedup=4"]
+    ) as s:
+        yield s
+
+
+def invoke(args, env=None):
+    """In-process (load.py imports no Locust; each point still runs Locust as a subprocess)."""
+    return CliRunner().invoke(command, args, env=env, catch_exceptions=False)
+
+
+def test_json_output_and_slo_exit_code(keyed_sim, tmp_path):
+    r = invoke(
+        ["--base-url", keyed_sim.base_url, "--concurrency", "2", "--requests", "2", "--prompt-tokens", "400"]
+        + ["--output-tokens", "4", "--json", "--out", str(tmp_path / "runs"), "--slo", "ttft_p99<=1ms"]
+        + ["--api-key-env", "SS_TEST_KEY"],
+        env={"SS_TEST_KEY": KEY},
     )
-    assert r.returncode == 3, "a breached SLO is exit code 3\n" + r.stderr
+    assert r.exit_code == 3, "a breached SLO is exit code 3\n" + r.output
     d = json.loads(r.stdout)
     (point,) = d["points"]
     assert point["requests"]["ok"] == 2
     assert point["slos"] == [{"slo": "ttft_p99<=1ms", "value": point["ttft_ms"]["p99"], "pass": False}]
     assert Path(d["run_dir"]).is_dir()
+    # the key came from the environment and is written nowhere
+    written = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert any(p.name == "records.parquet" for p in written)
+    for p in written:
+        assert KEY.encode() not in p.read_bytes(), f"the API key leaked into {p}"
+    assert KEY not in r.output
+
+
+def test_wrong_or_missing_key_is_a_clear_error(keyed_sim, tmp_path):
+    args = ["--base-url", keyed_sim.base_url, "--requests", "1", "--out", str(tmp_path / "runs")]
+    r = invoke([*args, "--api-key-env", "SS_TEST_KEY"], env={"SS_TEST_KEY": "wrong", "OPENAI_API_KEY": None})
+    assert r.exit_code == 1 and "HTTP 401" in r.output, r.output
+    assert "wrong" not in r.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_bad_input_names_the_option(tmp_path):
@@ -75,29 +112,10 @@ def test_bad_input_names_the_option(tmp_path):
         (["--slo", "ttft_p97<=1s"], "--slo"),
         (["--api-key-env", "SERVESWEEP_TEST_UNSET_KEY"], "SERVESWEEP_TEST_UNSET_KEY"),
         (["--endpoint", "responses"], "--endpoint"),
+        (["--workers", "2", "--requests", "4"], "--workers"),
     ]
     for args, needle in cases:
-        r = run(["--base-url", "http://127.0.0.1:9", *args], tmp_path, timeout=60)
-        assert r.returncode == 2, (args, r.stdout, r.stderr)
-        assert needle in r.stderr, (args, r.stderr)
+        r = invoke(["--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "runs"), *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.output, (args, r.output)
     assert not (tmp_path / "runs").exists(), "nothing is written before the input is valid"
-
-
-def test_api_key_comes_from_the_environment_and_is_never_written(tmp_path):
-    from servesweep.sim.launch import start_sim
-
-    key = "sk-test-servesweep-7f3a9c"
-    with start_sim(
-        ["--model-path", "Qwen/Qwen3.6-27B", "--api-key", key, "--sim-calibration", "speedup=4"]
-    ) as sim:
-        args = ["--base-url", sim.base_url, "--concurrency", "1", "--requests", "2", "--prompt-tokens", "400"]
-        args += ["--output-tokens", "4", "--out", "runs"]
-        denied = run([*args, "--api-key-env", "SS_TEST_KEY"], tmp_path, env={"SS_TEST_KEY": "wrong"})
-        ok = run([*args, "--api-key-env", "SS_TEST_KEY"], tmp_path, env={"SS_TEST_KEY": key})
-    assert denied.returncode != 0 and "401" in denied.stderr, denied.stderr[-2000:]
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    assert key not in ok.stdout + ok.stderr
-    written = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
-    assert any(p.name == "records.parquet" for p in written)
-    for p in written:
-        assert key.encode() not in p.read_bytes(), f"the API key leaked into {p}"
