@@ -3,7 +3,7 @@
 A *step* is a stretch of time at one user count: it opens when Locust reports spawning complete at that count and
 closes when the target count changes or the test stops. Steps come from the `StepRamp` shape or from a person
 changing the user count in the web UI by hand; either way each step gets the summary `servesweep load` prints for
-a point (same columns), computed exactly from the per-request records of the requests *scheduled* inside the step
+a point (same columns, same cells), computed exactly from the per-request records of the requests *scheduled* inside the step
 (requests scheduled while users were still spawning belong to no step).
 
     locust -f locustfiles/llm.py --host http://127.0.0.1:30000 --load-shape step-ramp \
@@ -27,20 +27,12 @@ log = logging.getLogger("servesweep")
 DEFAULT_STEPS = "1,2,4,8,16,32,64,100"
 SHAPES = ("manual", "step-ramp")
 
-# The columns of `servesweep load`'s table (servesweep.load.results_table), then what a step adds.
-LOAD_COLUMNS = (
-    "concurrency",
-    "output tok/s",
-    "per-req tok/s",
-    "TTFT p50 ms",
-    "TTFT p99 ms",
-    "ITL p50 ms",
-    "ITL p99 ms",
-    "ok",
-    "failures",
-    "prompt tok Δ%",
-)
-STEP_COLUMNS = ("step", *LOAD_COLUMNS, "start_utc", "duration_s")
+
+def step_columns() -> list[str]:
+    """'step', the columns of `servesweep load`'s table (servesweep.load.results_table), the step's time."""
+    from servesweep.load import results_table
+
+    return ["step", *(c.header for c in results_table([]).columns), "start_utc", "duration_s"]
 
 
 def ui_argument(
@@ -316,40 +308,29 @@ class StepSummarizer:
         return out
 
 
-def _r(v, nd: int):
-    return "" if v is None else round(float(v), nd)
+def step_rows(summaries: list[dict]) -> list[list[str]]:
+    """Each step as a row under step_columns(): the load table's cells as `servesweep load` prints them."""
+    from servesweep.load import results_table
 
-
-def step_row(s: dict) -> dict:
-    """One step as the load table's columns (numbers, not text; empty when there is no value)."""
-
-    def p(metric: str, q: str):
-        st = s.get(metric)
-        return None if st is None else st[q]
-
-    dec = s.get("decode_tokens_per_s")
-    st = s["step"]
-    return {
-        "step": st["index"],
-        "concurrency": s["point"]["concurrency"],
-        "output tok/s": _r(s["output_tokens_per_s"], 2),
-        "per-req tok/s": _r(dec["mean"] if dec else None, 2),
-        "TTFT p50 ms": _r(p("ttft_ms", "p50"), 2),
-        "TTFT p99 ms": _r(p("ttft_ms", "p99"), 2),
-        "ITL p50 ms": _r(p("itl_ms", "p50"), 3),
-        "ITL p99 ms": _r(p("itl_ms", "p99"), 3),
-        "ok": s["requests"]["ok"],
-        "failures": ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0",
-        "prompt tok Δ%": _r(s["prompt_tokens"]["mean_deviation_pct"], 3),
-        "start_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st["start_ns"] / 1e9)),
-        "duration_s": round(st["duration_s"], 3),
-    }
+    table = results_table(summaries)
+    cells = [[str(c) for c in col.cells] for col in table.columns]
+    rows = []
+    for i, s in enumerate(summaries):
+        st = s["step"]
+        rows.append(
+            [
+                str(st["index"]),
+                *(col[i] for col in cells),
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st["start_ns"] / 1e9)),
+                f"{st['duration_s']:.3f}",
+            ]
+        )
+    return rows
 
 
 def steps_csv(summaries: list[dict]) -> str:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(STEP_COLUMNS), lineterminator="\n")
-    w.writeheader()
-    for s in summaries:
-        w.writerow(step_row(s))
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(step_columns())
+    w.writerows(step_rows(summaries))
     return buf.getvalue()

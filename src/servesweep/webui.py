@@ -56,12 +56,6 @@ CLIENTS_TABLE = [
     {"key": "lag_max", "title": "loop lag max ms"},
     {"key": "age", "title": "sampled s ago"},
 ]
-# The steps tab: keys the UI can carry (it camelCases keys), titles = the CSV's (servesweep load's) columns.
-STEP_KEYS = {
-    c: c.replace("Δ%", "dev pct").lower().replace(" ", "_").replace("/", "_per_").replace("-", "_")
-    for c in shapes.STEP_COLUMNS
-}
-
 
 # The load core's options (servesweep.locustfile) that the start form shows; it registers them on an argument
 # group, whose add_argument is argparse's and so leaves them out of Locust's form.
@@ -273,11 +267,8 @@ def client_rows(headroom: dict[str, dict]) -> list[dict]:
 
 
 def step_rows(summaries: list[dict]) -> list[dict]:
-    out = []
-    for s in summaries:
-        r = shapes.step_row(s)
-        out.append({STEP_KEYS[c]: str(r[c]) for c in shapes.STEP_COLUMNS})
-    return out
+    # keys c0, c1, ...: the UI camel-cases keys, and the titles are free text
+    return [{f"c{i}": v for i, v in enumerate(row)} for row in shapes.step_rows(summaries)]
 
 
 # ---------------------------------------------------------------- wiring
@@ -366,7 +357,10 @@ def _install_web_ui(environment, state: LiveState) -> None:
     web_ui.template_args["extended_tables"] = [
         {"key": "llm", "structure": LLM_TABLE},
         {"key": "llm_clients", "structure": CLIENTS_TABLE},
-        {"key": "llm_steps", "structure": [{"key": STEP_KEYS[c], "title": c} for c in shapes.STEP_COLUMNS]},
+        {
+            "key": "llm_steps",
+            "structure": [{"key": f"c{i}", "title": c} for i, c in enumerate(shapes.step_columns())],
+        },
     ]
     web_ui.template_args["extended_csv_files"] = [
         {"href": "." + STEPS_CSV_PATH, "title": "Download LLM per-step summary CSV"},
@@ -420,11 +414,15 @@ def _install_web_ui(environment, state: LiveState) -> None:
 
     @web_ui.auth_required_if_enabled
     def live_json():
+        summaries = state.step_summaries()
         return jsonify(
             {
                 "live": state.snapshot(),
                 "headroom": state.headroom,
-                "steps": [shapes.step_row(s) for s in state.step_summaries()],
+                "steps": [
+                    {**dict(zip(shapes.step_columns(), row, strict=True)), **s["step"], **s["point"]}
+                    for s, row in zip(summaries, shapes.step_rows(summaries), strict=True)
+                ],
                 "shape": type(environment.shape_class).__name__ if environment.shape_class else None,
             }
         )
@@ -464,6 +462,7 @@ def _write_steps_csv(environment, state: LiveState) -> None:
 @events.init.add_listener
 def _init(environment, **_kw) -> None:
     import gevent
+    from locust.runners import WORKER_REPORT_INTERVAL
 
     opts = environment.parsed_options
     if opts is None or environment.runner is None:
@@ -481,7 +480,11 @@ def _init(environment, **_kw) -> None:
         state.steplog.attach(environment)
         ev.test_start.add_listener(lambda **_k: state.reset())
         ev.reset_stats.add_listener(lambda **_k: state.reset())
-        ev.test_stop.add_listener(lambda **_k: _write_steps_csv(environment, state))
+        # A worker ships what finished during the stop with its next periodic report, not at once: write then.
+        delay = WORKER_REPORT_INTERVAL + 1.0 if state.is_master else 0.0
+        ev.test_stop.add_listener(
+            lambda **_k: gevent.spawn_later(delay, _write_steps_csv, environment, state)
+        )
         ev.quitting.add_listener(lambda **_k: _write_steps_csv(environment, state))  # records arrived since
         try:
             _install_shape(environment, state, opts, "command line:")

@@ -1,0 +1,370 @@
+"""Locust's web UI with servesweep's LLM view, driven in a real browser (Debian Chromium via Playwright).
+
+One real Locust master (web UI) with one real worker process against the emulator: a run started from the form
+with custom LLM parameters, the live LLM tab checked against the per-request records, the user count changed
+while running, the per-step CSV downloaded; then a step ramp chosen in the form, and bad ramp input refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+from servesweep.load import results_table
+from servesweep.records import read_parquet
+from servesweep.sim.launch import free_port, start_sim
+from servesweep.summary import summarize
+
+LOAD_COLUMNS = [c.header for c in results_table([]).columns]  # `servesweep load`'s table
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+SIM_ARGS = ["--model-path", "Qwen/Qwen3.6-27B", "--sim-calibration", "speedup=4"]
+CHROMIUM = "/usr/bin/chromium"
+WORKER_REPORT_INTERVAL = (
+    3.0  # locust.runners' (not imported: Locust monkey-patches the process that imports it)
+)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+# Started with one LLM setting, changed in the form: the records prove which one the run used.
+CLI_PROMPT, CLI_OUTPUT = 300, 16
+FORM_PROMPT, FORM_OUTPUT = 400, 24
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+
+class Stack:
+    def __init__(self, ui: str, records: Path, steps_csv: Path, logs: list[Path]) -> None:
+        self.ui = ui
+        self.records = records
+        self.steps_csv = steps_csv
+        self.logs = logs
+
+    def state(self) -> dict:
+        return _get_json(self.ui + "/stats/requests")
+
+    def wait_state(self, want: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            d = self.state()
+            if d["state"] == want:
+                return d
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"state {d['state']!r}, not {want!r} after {timeout}s\n{self.log_tail()}"
+                )
+            time.sleep(0.3)
+
+    def quit(self) -> None:
+        """SIGTERM the master (it quits its worker and writes the records), then the worker; wait for both."""
+        for p in self.procs:
+            _kill(p)
+            assert p.returncode is not None
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in self.logs)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("webui")
+    sim = start_sim(SIM_ARGS, log_path=tmp / "sim.log")
+    procs: list[subprocess.Popen] = []
+    try:
+        mport, wport = free_port(), free_port()
+        common = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(ROOT / "locustfiles" / "llm.py"),
+            "--host",
+            sim.base_url,
+        ]
+        llm = ["--prompt-tokens", str(CLI_PROMPT), "--output-tokens", str(CLI_OUTPUT)]
+        master = [
+            *common,
+            *llm,
+            "--master",
+            "--master-bind-host",
+            "127.0.0.1",
+            "--master-bind-port",
+            str(mport),
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(wport),
+            "--stop-timeout",
+            "3",  # streams running at a stop finish (they take ~0.2 s); the worker is ready again after it
+            "--records",
+            str(tmp / "records.parquet"),
+            "--steps-csv",
+            str(tmp / "steps.csv"),
+        ]
+        worker = [*common, *llm, "--worker", "--master-host", "127.0.0.1", "--master-port", str(mport)]
+        logs = [tmp / "master.log", tmp / "worker.log"]
+        for cmd, log in ((master, logs[0]), (worker, logs[1])):
+            with open(log, "wb") as f:
+                procs.append(
+                    subprocess.Popen(
+                        cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        st = Stack(f"http://127.0.0.1:{wport}", tmp / "records.parquet", tmp / "steps.csv", logs)
+        st.procs = procs
+        deadline = time.monotonic() + 60
+        while True:  # the UI answers and the worker has joined
+            for p in procs:
+                assert p.poll() is None, f"a Locust process exited with {p.returncode}\n{st.log_tail()}"
+            try:
+                if st.state()["worker_count"] == 1:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"no UI with one worker after 60 s\n{st.log_tail()}"
+            time.sleep(0.3)
+        yield st
+    finally:
+        for p in reversed(procs):
+            _kill(p)
+        sim.stop()
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+            pg = ctx.new_page()
+            pg.set_default_timeout(20_000)
+            yield pg
+        finally:
+            browser.close()
+
+
+def read_table(page: Page) -> list[dict[str, str]]:
+    """The visible tab's table as rows of {column title: cell text}."""
+    table = page.locator("table:visible").first
+    heads = [h.strip() for h in table.locator("thead th").all_inner_texts()]
+    rows = []
+    for tr in table.locator("tbody tr").all():
+        cells = [c.strip() for c in tr.locator("td").all_inner_texts()]
+        rows.append(dict(zip(heads, cells, strict=True)))
+    return rows
+
+
+def llm_view(page: Page) -> dict[str, dict[str, str]]:
+    page.get_by_role("tab", name="LLM", exact=True).click()
+    return {r["Metric"]: r for r in read_table(page)}
+
+
+def wait_llm(page: Page, ok, timeout: float = 30.0) -> dict[str, dict[str, str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = llm_view(page)
+        if v and ok(v):
+            return v
+        assert time.monotonic() < deadline, f"LLM tab never got there: {v}"
+        page.wait_for_timeout(500)
+
+
+def num(v: dict[str, dict[str, str]], metric: str, col: str = "value") -> float:
+    return float(v[metric][col])
+
+
+def start_from_form(page: Page, stack: Stack, users: int, fields: dict[str, str], selects: dict[str, str]):
+    page.goto(stack.ui + "/")
+    new = page.get_by_role("button", name="New")
+    if new.count():
+        new.click()
+    page.fill("input[name=userCount]", str(users))
+    page.fill("input[name=spawnRate]", str(users))
+    page.get_by_text("Custom parameters").click()
+    for name, value in fields.items():
+        page.fill(f"input[name={name}]", value)
+    for name, value in selects.items():
+        page.select_option(f"select[name={name}]", value)
+    start = page.get_by_role("button", name="Start")
+    expect(start).to_be_enabled(timeout=15_000)  # disabled until the worker is ready again after a stop
+    start.click()
+
+
+def download_steps(page: Page) -> list[dict[str, str]]:
+    page.get_by_role("tab", name="Download Data").click()
+    with page.expect_download() as dl:
+        page.get_by_text("Download LLM per-step summary CSV").click()
+    text = Path(dl.value.path()).read_text()
+    reader = csv.DictReader(io.StringIO(text))
+    assert reader.fieldnames == ["step", *LOAD_COLUMNS, "start_utc", "duration_s"]
+    return list(reader)
+
+
+def close(a: float, b: float, rel: float, abs_: float = 0.0) -> bool:
+    return abs(a - b) <= max(rel * abs(b), abs_)
+
+
+def final_llm_view(page: Page, stack: Stack) -> dict[str, dict[str, str]]:
+    """After a stop: the UI polls only while running, so wait for the workers' last reports, then reload."""
+    time.sleep(WORKER_REPORT_INTERVAL + 1.5)
+    page.reload()
+    return wait_llm(page, lambda v: "requests ok" in v, timeout=10)
+
+
+def in_window(table: pa.Table, start_ns: int, end_ns: int) -> pa.Table:
+    wall = pc.add(table.column("scheduled_ns"), table.column("mono_to_wall_ns")).to_numpy()
+    return table.filter(pa.array((wall >= start_ns) & (wall < end_ns)))
+
+
+def load_table_row(summary: dict) -> dict[str, str]:
+    """The row `servesweep load` prints for a summary, by column."""
+    t = results_table([summary])
+    return {c.header: str(next(iter(c.cells))) for c in t.columns}
+
+
+def check_steps(rows: list[dict[str, str]], windows: list[dict], records: pa.Table) -> None:
+    """Each CSV row is the load table's row of the records scheduled inside its step, summarized here."""
+    assert len(rows) == len(windows)
+    for r, w in zip(rows, windows, strict=True):
+        mine = summarize(in_window(records, w["start_ns"], w["end_ns"]))
+        mine["point"] = {"concurrency": w["concurrency"]}
+        assert mine["requests"]["ok"] > 0 and not mine["failures"], mine["requests"]
+        assert mine["prompt_tokens"]["max_abs_deviation_pct"] == 0.0  # the server counted the form's length
+        assert {k: r[k] for k in LOAD_COLUMNS} == load_table_row(mine)
+        assert float(r["duration_s"]) == pytest.approx((w["end_ns"] - w["start_ns"]) / 1e9, abs=0.002)
+
+
+def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
+    t0 = time.monotonic()
+    # --- 1. a manual run from the form, with LLM parameters other than the command line's
+    start_from_form(
+        page,
+        stack,
+        2,
+        {"promptTokens": str(FORM_PROMPT), "outputTokens": str(FORM_OUTPUT)},
+        {"loadShape": "manual"},
+    )
+    stack.wait_state("running", 20)
+
+    # The live tab fills while the test runs, with the form's parameters in effect (counted by the server).
+    v = wait_llm(
+        page, lambda v: v["TTFT ms"]["p50"] and float(v["output tok/s (last 10 s)"]["value"] or 0) > 0
+    )
+    assert num(v, "TTFT ms", "p50") > 0 and num(v, "per-request tok/s", "p50") > 0
+    assert num(v, "completion tokens / request") == FORM_OUTPUT
+    assert num(v, "prompt tokens / request (server)") == FORM_PROMPT
+    assert num(v, "requests failed") == 0
+
+    # Change the user count of the running test; the worker reports 3 users in the clients tab.
+    page.get_by_role("button", name="Edit").click()
+    page.fill("input[name=userCount]", "3")
+    page.get_by_role("button", name="Update").click()
+    page.get_by_role("tab", name="LLM clients").click()
+    deadline = time.monotonic() + 20
+    while True:
+        clients = read_table(page)
+        workers = [r for r in clients if r["Process"] != "master"]
+        if workers and workers[0]["Users"] == "3":
+            break
+        assert time.monotonic() < deadline, f"clients tab: {clients}"
+        page.wait_for_timeout(500)
+    assert len(workers) == 1 and float(workers[0]["CPU % (one core)"]) >= 0
+    assert any(r["Process"] == "master" for r in clients)
+    page.wait_for_timeout(4000)  # some requests at 3 users
+
+    page.get_by_role("button", name="Stop").click()
+    stack.wait_state("stopped", 20)
+    final1 = final_llm_view(page, stack)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "webui-llm.png"), full_page=True)
+    steps1 = download_steps(page)
+    windows1 = _get_json(stack.ui + "/servesweep/live.json")["steps"]
+    assert [int(r[LOAD_COLUMNS[0]]) for r in steps1] == [2, 3], steps1
+    between = time.time_ns()
+
+    # --- 2. a step ramp chosen in the form; bad ramp input is refused first, naming the field
+    form = {"user_count": "1", "spawn_rate": "1", "host": "", "load_shape": "step-ramp", "ramp_steps": "1,x"}
+    req = urllib.request.Request(stack.ui + "/swarm", data=urllib.parse.urlencode(form).encode())
+    d = json.load(urllib.request.urlopen(req, timeout=5))
+    assert d["success"] is False and "ramp_steps" in d["message"] and "'x'" in d["message"], d
+    assert stack.state()["state"] == "stopped"
+
+    start_from_form(page, stack, 1, {"rampSteps": "1,2", "rampHold": "3"}, {"loadShape": "step-ramp"})
+    stack.wait_state("running", 20)
+    t = time.monotonic()
+    stack.wait_state("stopped", 30)  # the shape ends the test by itself after its last step
+    assert time.monotonic() - t >= 5
+    time.sleep(WORKER_REPORT_INTERVAL + 1.5)
+    steps2 = download_steps(page)
+    windows2 = _get_json(stack.ui + "/servesweep/live.json")["steps"]
+    assert [int(r[LOAD_COLUMNS[0]]) for r in steps2] == [1, 2], steps2
+    for r in steps2:
+        assert 3.0 <= float(r["duration_s"]) <= 6.0, r
+    # more users, more aggregate throughput on the emulator
+    assert float(steps2[1][LOAD_COLUMNS[1]]) > float(steps2[0][LOAD_COLUMNS[1]])
+
+    # --- 3. quit Locust: the master writes every record; check the UI's numbers against them
+    stack.quit()
+    records = read_parquet(stack.records)
+    run1 = in_window(records, 0, between)
+    s = summarize(run1)
+    assert s["requests"]["failed"] == 0 and s["requests"]["ok"] > 20
+    assert int(final1["requests ok"]["value"]) == s["requests"]["ok"]
+    assert num(final1, "output tokens") == s["output_tokens"] == s["requests"]["ok"] * FORM_OUTPUT
+    assert close(num(final1, "output tok/s (run)"), s["output_tokens_per_s"], 0.005)
+    for metric, key in (
+        ("TTFT ms", "ttft_ms"),
+        ("E2E ms", "e2e_ms"),
+        ("TPOT ms", "tpot_ms"),
+        ("ITL ms", "itl_ms"),
+    ):
+        for q in ("p50", "p90"):
+            # the sketch's 1% bucket error, plus the gap between neighbouring order statistics
+            assert close(num(final1, metric, q), s[key][q], 0.03, 0.05), (metric, q, final1[metric], s[key])
+        assert close(num(final1, metric, "mean"), s[key]["mean"], 0.001, 0.01), (
+            metric,
+            final1[metric],
+            s[key],
+        )
+        assert int(final1[metric]["count"]) == s[key]["n"]
+    assert close(num(final1, "per-request tok/s", "mean"), s["decode_tokens_per_s"]["mean"], 0.001, 0.1)
+    check_steps(steps1, windows1, records)
+    check_steps(steps2, windows2, records)
+    # --steps-csv: written by the master at the last stop, again at quitting
+    assert [int(x[LOAD_COLUMNS[0]]) for x in csv.DictReader(stack.steps_csv.open())] == [1, 2]
+    assert time.monotonic() - t0 < 80
