@@ -183,7 +183,7 @@ def r_events(r):
 
 
 @pytest.mark.parametrize("launcher", ["systemd", "docker"])
-def test_systemd_and_docker_render_version_aware_commands_in_check_mode(tmp_path, launcher):
+def test_systemd_and_docker_render_version_aware_commands_in_check_mode(tmp_path, launcher, monkeypatch):
     s = Server(tmp_path)
     flags = {
         "tp_size": 2,
@@ -193,7 +193,7 @@ def test_systemd_and_docker_render_version_aware_commands_in_check_mode(tmp_path
         "enable_metrics": True,
         "disable_radix_cache": False,
     }
-    os.environ["SERVESWEEP_TEST_KEY"] = "sk-test-secret-123"
+    monkeypatch.setenv("SERVESWEEP_TEST_KEY", "sk-test-secret-123")  # the controller's env, read by the role
     texts = {}
     for version in ("0.5.11", "0.5.23"):
         r = s.apply(

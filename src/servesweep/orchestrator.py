@@ -82,6 +82,7 @@ def create_run(
 ) -> mf.Manifest:
     """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
     plan = make_plan(exp)
+    out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
     out.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id(exp.name)
     run_dir = out / run_id
@@ -627,7 +628,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         raise click.UsageError("give an experiment FILE or --resume runs/<run_id> (one of them)")
     if resume:
         try:
-            m = mf.Manifest.load(Path(resume))
+            m = mf.Manifest.load(Path(resume).resolve())
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         m.data.setdefault("resumed", []).append(mf.now_iso())
