@@ -20,18 +20,24 @@ def sim():
         yield s
 
 
-@pytest.mark.parametrize("prompt_tokens", [30_000, 100_000])
-def test_long_prompt_token_accuracy(sim, tmp_path, prompt_tokens):
+@pytest.mark.parametrize(
+    "endpoint, prompt_tokens", [("chat", 30_000), ("chat", 100_000), ("completions", 3_000)]
+)
+def test_long_prompt_token_accuracy(sim, tmp_path, endpoint, prompt_tokens):
     p = LoadPoint(
-        base_url=sim.base_url, concurrency=2, prompt_tokens=prompt_tokens, output_tokens=4, requests=2
+        base_url=sim.base_url,
+        endpoint=endpoint,
+        concurrency=2,
+        prompt_tokens=prompt_tokens,
+        output_tokens=4,
+        requests=2,
     )
     s = run_point(p, tmp_path)
     assert s["requests"]["ok"] == 2, s["failures"]
     acc = s["prompt_tokens"]
     assert acc["reported"] == 2
-    assert acc["max_abs_deviation_pct"] <= 0.5, (
-        acc
-    )  # the bound; the emulator counts like the pool does
+    # the bound; the emulator counts like the pool does
+    assert acc["max_abs_deviation_pct"] <= 0.5, acc
     assert s["cache_hit_ratio"] <= 0.01
     recs = read_parquet(tmp_path / "records.parquet").to_pylist()
     assert all(abs(r["prompt_tokens"] - prompt_tokens) <= prompt_tokens * 0.005 for r in recs)
