@@ -2,4 +2,15 @@
 
 Run it with `servesweep sim ARGS` or `python -m servesweep.sim ARGS` (SGLang's `launch_server` flags plus
 `--sim-*`); start it from Python with `servesweep.sim.launch.start_sim`.
+
+Modules:
+- `cli`: SGLang's flags for the emulated version (`--sim-sglang-version`), `--config` YAML, the click wrapper
+- `server`: the endpoints (`SimApp`), batched `/generate`, start-up, drain on SIGTERM (`run_server`)
+- `connection`: HTTP/1.1 over asyncio + httptools (keep-alive, chunked streams, TCP_NODELAY)
+- `stream`: one request's engine callbacks turned into SSE chunks or a body (the per-chunk hot path)
+- `protocol`: the exact bytes: chunk pieces, bodies, error texts
+- `metrics`: `/metrics` (`sglang:*` names, types, labels, buckets) from plain counters
+- `faults`, `groundtruth`: fault injection, and the per-request record of what was written when
+- `text`: single-token words for plausible output; `probe`: a small raw-socket client for tests and benchmarks
+- `engine`, `stepmodel`, `speculative`: the discrete-event engine and its step-time model
 """
