@@ -219,3 +219,32 @@ def test_slo_grammar():
         parse_slo("ttft_p99=>2s")
     with pytest.raises(GateError, match="a rate in tok/s takes no unit 'ms'"):
         parse_slo("output_tok_s>=3ms")
+
+
+def test_plain_headless_locust_records_are_gated(tmp_path):
+    """The third way of use: `locust -f locustfiles/llm.py --headless ... --records r.parquet`, then the gate."""
+    import subprocess
+    import sys
+
+    from test_compare import SIM_BASE
+
+    from servesweep.report import write_report
+    from servesweep.sim.launch import start_sim
+
+    rec = tmp_path / "r.parquet"
+    with start_sim(SIM_BASE, log_path=tmp_path / "sim.log") as sim:
+        r = subprocess.run(
+            [sys.executable, "-m", "locust", "-f", "locustfiles/llm.py", "--headless", "--host", sim.base_url,
+             "-u", "2", "-r", "2", "-t", "60s", "-s", "10", "--only-summary", "--max-requests", "6",
+             "--prompt-tokens", "256", "--output-tokens", "16", "--records", rec],
+            capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    j = tmp_path / "gate.xml"
+    code, out, _ = gate(rec, "--slo", "ttft_p99<=30s,error_rate<=1%", "--junit", j)
+    assert code == 0 and out.startswith("PASS r: 2 checks passed"), out
+    assert [c["outcome"] for c in junit(j)] == ["passed", "passed"]
+    code, out, _ = gate(rec, "--slo", "ttft_p50<=0.01ms")
+    assert code == 1 and "ttft_p50 = " in out
+    html, md = write_report(rec)
+    assert html == tmp_path / "r.report.html" and "<svg" in html.read_text()

@@ -50,6 +50,7 @@ class PointInfo:
     est_s: float | None = None  # the planner's estimate
     actual_s: float | None = None  # measured wall time of the point
     warnings: list[str] = field(default_factory=list)
+    records_file: Path | None = None  # a records file not named dir/records.parquet (a bare Locust --records)
     _sample: PointSample | None = field(default=None, repr=False)
 
     @property
@@ -58,6 +59,8 @@ class PointInfo:
 
     @property
     def records_path(self) -> Path | None:
+        if self.records_file is not None:
+            return self.records_file
         return None if self.dir is None else self.dir / "records.parquet"
 
     def sample(self) -> PointSample:
@@ -79,7 +82,7 @@ class PointInfo:
 class Run:
     path: Path
     run_id: str
-    kind: str  # "run" (servesweep run), "load" (servesweep load) or "point" (a bare point folder)
+    kind: str  # "run" (servesweep run), "load" (servesweep load), "point" (a point folder), "records" (one file)
     manifest: dict
     points: list[PointInfo]
 
@@ -140,13 +143,34 @@ def _info_from_summary(pid: str, d: Path, summary: dict, config_id: str = "") ->
     )
 
 
+def _records_file(path: Path) -> Run:
+    """A records file by itself, e.g. what `locust -f locustfiles/llm.py --headless --records r.parquet` wrote."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path}: not a Parquet records file ({e})") from None
+    try:
+        pt = json.loads(meta.get(b"servesweep.point", b"{}"))
+    except ValueError:
+        pt = {}
+    pid = meta.get(b"servesweep.point_id", b"").decode() or path.stem
+    info = _info_from_summary(pid, path.parent, {"point": pt})
+    info.records_file = path
+    return Run(path, path.stem, "records", {}, [info])
+
+
 def load_run(path: str | Path) -> Run:
-    """Read a run folder (servesweep run or load) or a bare point folder. Raises RunError naming what is wrong."""
+    """Read a run folder (servesweep run or load), a point folder or a records.parquet file. Raises RunError
+    naming what is wrong."""
     path = Path(path)
     if not path.exists():
         raise RunError(f"{path}: no such run folder")
+    if path.is_file() and path.suffix == ".parquet":
+        return _records_file(path)
     if not path.is_dir():
-        raise RunError(f"{path}: not a folder (give runs/<run_id>)")
+        raise RunError(f"{path}: not a folder (give runs/<run_id>) nor a records .parquet file")
     mpath = path / "manifest.json"
     if not mpath.is_file():
         if (path / "summary.json").is_file():

@@ -36,6 +36,7 @@ LAG_FLAG_MS = (
     10.0  # a closed loop sends right after the previous response; more lag means the client fell behind
 )
 PROMPT_DEV_FLAG_PCT = 1.0
+KINDS = {"run": "servesweep run", "load": "servesweep load", "point": "one point", "records": "records file"}
 
 # (key, header, metric name, unit for display, decimals)
 COLUMNS = (
@@ -326,7 +327,7 @@ def _run_facts(run: Run) -> list[tuple[str, str]]:
     plan = m.get("plan") or {}
     facts = [
         ("run", run.run_id),
-        ("kind", {"run": "servesweep run", "load": "servesweep load", "point": "one point"}[run.kind]),
+        ("kind", KINDS[run.kind]),
     ]
     if m.get("status"):
         facts.append(("status", str(m["status"])))
@@ -549,8 +550,14 @@ def write_report(
 ) -> tuple[Path, Path]:
     run = load_run(run_dir)
     rep = build_report(run, [load_run(b) for b in baselines or []])
-    html_path = Path(html_path) if html_path else run.path / HTML_NAME
-    md_path = Path(md_path) if md_path else run.path / MD_NAME
+    # next to a bare records file (r.parquet -> r.report.html), else inside the run folder
+    here = (
+        (lambda name: run.path.with_suffix("." + name))
+        if run.kind == "records"
+        else (lambda name: run.path / name)
+    )
+    html_path = Path(html_path) if html_path else here(HTML_NAME)
+    md_path = Path(md_path) if md_path else here(MD_NAME)
     _write_text_atomic(html_path, rep.html)
     _write_text_atomic(md_path, rep.markdown)
     return html_path, md_path
