@@ -10,6 +10,7 @@ general path. When a request ends, its metrics are observed and its ground-truth
 from __future__ import annotations
 
 import time
+import zlib
 from time import monotonic_ns
 
 from . import protocol as P
@@ -41,7 +42,7 @@ class GenerationStream:
         self.rid = rid
         self.gt_id = req.headers.get("x-request-id") or rid
         self.wt = app.words
-        self.word = hash(rid) % self.wt.n
+        self.word = zlib.crc32(rid.encode()) % self.wt.n  # stable across runs, unlike hash()
         self.pending = 0
         self.interval = max(1, app.args.stream_interval)
         self.prompt_tokens = prompt_tokens
