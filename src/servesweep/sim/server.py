@@ -678,6 +678,12 @@ class SimApp:
             ereq.abort_status = 503
             ereq.abort_message = P.QUEUE_FULL
             g._finish()
+            return 200
+        if g.reasoning_left:
+            # think for the first half of what this request will really generate (its EOS draw, when the engine
+            # has made one), so an uncapped request still gets an answer after its thinking
+            target = getattr(ereq, "_target", 0) or max_new
+            g.reasoning_left = min(g.reasoning_left, max(1, target // 2))
         return 200
 
     def _record_early(self, req, body, status, fault=None, prompt_tokens=0):
