@@ -319,6 +319,9 @@ def test_ground_truth_matches_what_the_client_received(sim):
         for (w, _), (a, _) in zip(ln["chunks"], r.token_events(), strict=True):
             assert a >= w
         assert ln["finish_reason"] == "length" and ln["fault"] is None and ln["status"] == 200
+        # every chunk was written at (not before) the engine's scheduled step end; libuv timers are ms-grained
+        assert len(ln["sched_ns"]) == len(ln["chunks"])
+        assert all(w >= s - 2_000_000 for (w, _), s in zip(ln["chunks"], ln["sched_ns"], strict=True))
 
 
 def test_native_generate_batch_like_bench_one_batch_server(sim):

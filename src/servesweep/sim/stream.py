@@ -60,7 +60,8 @@ class GenerationStream:
                 # the first half of the budget is thinking, the rest the answer
                 self.reasoning_left = max_new // 2
         self.chunks: list | None = [] if app.record_chunks else None
-        self.sched: list | None = [] if app.gt is not None else None
+        # the engine's scheduled emission times, when it exposes its clock (see server.run_server)
+        self.sched: list | None = [] if app.gt is not None and getattr(app, "_sched_attr", None) else None
         self.chunks_written = 0
         self.fault = fault
         self.stall_until = 0.0
