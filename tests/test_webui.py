@@ -19,10 +19,12 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
+from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.load import results_table
 from servesweep.records import read_parquet
@@ -239,6 +241,18 @@ def close(a: float, b: float, rel: float, abs_: float = 0.0) -> bool:
     return abs(a - b) <= max(rel * abs(b), abs_)
 
 
+def exporter_totals(url: str) -> dict[str, float]:
+    """Counter totals (all label sets summed) from a Prometheus text endpoint."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name.endswith("_total"):
+                out[fam.name] = out.get(fam.name, 0.0) + smp.value
+    return out
+
+
 def final_llm_view(page: Page, stack: Stack) -> dict[str, dict[str, str]]:
     """After a stop: the UI polls only while running, so wait for the workers' last reports, then reload."""
     time.sleep(WORKER_REPORT_INTERVAL + 1.5)
@@ -315,6 +329,7 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
     steps1 = download_steps(page)
     windows1 = _get_json(stack.ui + "/servesweep/live.json")["steps"]
     assert [int(r[LOAD_COLUMNS[0]]) for r in steps1] == [2, 3], steps1
+    metrics1 = exporter_totals(stack.ui + "/metrics")
     between = time.time_ns()
 
     # --- 2. a step ramp chosen in the form; bad ramp input is refused first, naming the field
@@ -363,8 +378,105 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
         )
         assert int(final1[metric]["count"]) == s[key]["n"]
     assert close(num(final1, "per-request tok/s", "mean"), s["decode_tokens_per_s"]["mean"], 0.001, 0.1)
+    # the exporter beside the UI (what Prometheus scrapes for Grafana) counted the same run
+    assert metrics1["servesweep_completion_tokens"] == s["output_tokens"]
     check_steps(steps1, windows1, records)
     check_steps(steps2, windows2, records)
     # --steps-csv: written by the master at the last stop, again at quitting
     assert [int(x[LOAD_COLUMNS[0]]) for x in csv.DictReader(stack.steps_csv.open())] == [1, 2]
     assert time.monotonic() - t0 < 80
+
+
+def _synthetic_records(n: int, seed: int = 1) -> list[dict]:
+    """Records as the user writes them: three workers (own clock offsets), varied TTFT/ITL, some failures."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        w = i % 3
+        sched = 10**12 + int(rng.integers(0, 60 * 10**9))
+        sent = sched + int(rng.integers(0, 2 * 10**6))
+        row = {
+            "request_id": f"r{i}",
+            "point_id": "p",
+            "worker": f"w{w}",
+            "user": i % 7,
+            "warmup": i < 5,
+            "scheduled_ns": sched,
+            "sent_ns": sent,
+            "target_prompt_tokens": 100,
+            "target_output_tokens": 64,
+            "mono_to_wall_ns": 1_700_000_000 * 10**9 + w * 10**6,
+            "http_status": 200,
+        }
+        if i % 11 == 0:
+            row.update(end_ns=sent + 5 * 10**6, error_class="http_429" if i % 2 else "timeout_stall")
+        else:
+            k = int(rng.integers(2, 80))
+            gaps = rng.lognormal(np.log(8e6), 0.6, k - 1).astype(np.int64)
+            first = sent + int(rng.lognormal(np.log(200e6), 1.0))
+            chunks = [first, *(first + np.cumsum(gaps)).tolist()]
+            row.update(
+                first_token_ns=first,
+                chunk_ns=chunks,
+                end_ns=chunks[-1] + 10**6,
+                completion_tokens=k,
+                prompt_tokens=100,
+                finish_reason="length",
+            )
+        rows.append(row)
+    return rows
+
+
+def test_live_aggregate_merged_across_workers_matches_the_summary():
+    import msgpack
+
+    from servesweep.live import LiveStats, Sketch
+    from servesweep.records import to_table
+
+    rows = _synthetic_records(600)
+    master = LiveStats()
+    for w in range(3):  # each worker ships two deltas over Locust's wire format (msgpack)
+        mine = [r for r in rows if r["worker"] == f"w{w}"]
+        for part in (mine[: len(mine) // 2], mine[len(mine) // 2 :]):
+            delta = LiveStats()
+            for r in part:
+                delta.add_record(r)
+            master.merge_payload(msgpack.unpackb(msgpack.packb(delta.payload()), strict_map_key=False))
+    snap = master.snapshot(now_s=0.0)
+    s = summarize(to_table(rows))
+    assert snap["requests"] == {"ok": s["requests"]["ok"], "failed": s["requests"]["failed"], "warmup": 5}
+    assert snap["errors"] == s["failures"] and snap["output_tokens"] == s["output_tokens"]
+    # one worker's clock is its own: the window is on the wall clock; here offsets differ by 1-2 ms
+    assert close(snap["output_tps"], s["output_tokens_per_s"], 1e-4)
+    for key, skey in (
+        ("ttft_ms", "ttft_ms"),
+        ("itl_ms", "itl_ms"),
+        ("tpot_ms", "tpot_ms"),
+        ("e2e_ms", "e2e_ms"),
+    ):
+        lat = snap["latency"][key]
+        assert lat["n"] == s[skey]["n"] and close(lat["mean"], s[skey]["mean"], 1e-9)
+        for q in ("p50", "p90", "p99"):
+            # within the sketch's relative error of an order statistic next to numpy's interpolated one
+            assert close(lat[q], s[skey][q], Sketch.ALPHA + 0.02), (key, q, lat[q], s[skey][q])
+    assert close(snap["latency"]["decode_tps"]["mean"], s["decode_tokens_per_s"]["mean"], 1e-9)
+
+
+def test_sketch_relative_error_bound_and_merge_is_exact():
+    from servesweep.live import Sketch
+
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(3.0, 2.0, 20_000)  # 4 decades, as TTFT ms spans under load
+    whole, a, b = Sketch(), Sketch(), Sketch()
+    whole.add(values)
+    a.add(values[:7000])
+    for v in values[7000:7100]:
+        b.add_one(float(v))
+    b.add(values[7100:])
+    a.merge(b)
+    assert a.bins == whole.bins and a.count == whole.count == values.size
+    srt = np.sort(values)
+    for q in (0.01, 0.5, 0.9, 0.99, 0.999):
+        exact = srt[int(q * (values.size - 1))]  # the order statistic the sketch looks up
+        assert abs(whole.quantile(q) - exact) <= Sketch.ALPHA * exact * 1.0001, q
+    assert Sketch().quantile(0.5) is None
