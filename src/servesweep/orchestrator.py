@@ -366,8 +366,8 @@ class Runner:
         for pid in todo:
             if self.stop_requested:
                 raise Interrupted("SIGINT")
-            ok = self._run_point(cid, pid)
-            if not ok and not self._healthy():
+            self._run_point(cid, pid)
+            if self.m.points[pid]["status"] == mf.FAILED and not self._healthy():
                 self._server_crashed(cid, pid)
                 return
         c["status"] = "done"
@@ -427,6 +427,19 @@ class Runner:
             self.m.save()
             self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
             return False
+        if not self._healthy():
+            # the server died under this point: its records measure a crash, not the configuration. Keep them
+            # aside for inspection (a folder resume does not adopt) and let the caller record the crash.
+            aside = self.run_dir / f"{pid}.crashed-{p['attempts']}"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(tmp, aside)
+            p.update(
+                status=mf.FAILED,
+                reason=f"the server stopped answering /health during this point; records in {aside.name}",
+                finished=mf.now_iso(),
+            )
+            self.m.save()
+            return False
         final = self.run_dir / pid
         if final.exists():  # a folder from an attempt the manifest never recorded as done
             shutil.rmtree(final)
@@ -441,11 +454,17 @@ class Runner:
         return True
 
     def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.base_url() + "/health", timeout=30) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(self.base_url() + "/health", timeout=30) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            if attempt < 2:
+                time.sleep(2)
+        return False
 
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
         self.server_up = False
