@@ -753,6 +753,12 @@ def _write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def _few(ids: list[str], n: int = 6) -> str:
+    if not ids:
+        return "none"
+    return ", ".join(ids[:n]) + (f" (+{len(ids) - n} more)" if len(ids) > n else "")
+
+
 def parse_fraction(text: str, what: str) -> float:
     """'10%' -> 0.10, '0.1' -> 0.1; click.BadParameter naming the option otherwise."""
     t = text.strip()
@@ -811,7 +817,7 @@ def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json
         if not rc.points:
             click.echo(
                 f"servesweep compare: no matching points between {rc.a.path} and {rc.b.path} "
-                f"(baseline has {', '.join(rc.only_a) or 'none'}; run has {', '.join(rc.only_b) or 'none'})",
+                f"(baseline has {_few(rc.only_a)}; run has {_few(rc.only_b)})",
                 err=True,
             )
             sys.exit(2)

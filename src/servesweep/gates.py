@@ -35,6 +35,7 @@ from servesweep.compare import (
     PointSample,
     Run,
     RunError,
+    _few,
     compare_runs,
     fmt_value,
     load_run,
@@ -340,7 +341,7 @@ def evaluate_run(
         if not rc.points:
             raise GateError(
                 f"no point of {run.path} matches one of the baseline {baseline.path} "
-                f"(baseline: {', '.join(rc.only_a) or 'none'}; run: {', '.join(rc.only_b) or 'none'})"
+                f"(baseline: {_few(rc.only_a)}; run: {_few(rc.only_b)})"
             )
         lim = max_regression * 100
         for pc in rc.points:
