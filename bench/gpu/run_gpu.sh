@@ -3,11 +3,14 @@
 #
 # Usage, from the repo root on the GPU machine (wheels carried in .whl/, see docs/gpu-validation.md):
 #   bench/gpu/run_gpu.sh smoke   # 3 server settings x (3k prompt at concurrency 1,4,16 + 30k and 100k at 1), 64 out
-#   bench/gpu/run_gpu.sh full    # 2 server settings x concurrency 1,4,16,64 x prompt 3k,30k,100k x 256 out
+#   bench/gpu/run_gpu.sh full [SETTING...]   # concurrency 1,4,16,64 x prompt 3k,30k,100k x 256 out, per server
+#       setting cg-mbt8k / cg-mbt32k (CUDA graphs on; max batch tokens 8192 / 32768); default both. One setting
+#       takes ~7 minutes here, so run one per call and join the folders with merge_runs.py.
 # Installs the carried wheels, builds the Qwen3.6 tokenizer and a random-weight Qwen3 model (~1.9 B), runs the
 # sweep with servesweep's load core, writes servesweep's report, and leaves at most 8 files in $OUT.
 set -uo pipefail
 MODE=${1:-smoke}
+shift || true
 OUT=${OUT:-/tmp/servesweep-gpu-out}
 W=${GPU_WORK:-/tmp/servesweep-gpu}
 BUDGET_S=${BUDGET_S:-}
@@ -35,8 +38,16 @@ smoke)
         --output-tokens 64 --budget-s "${BUDGET_S:-400}")
   ;;
 full)
-  args=(--setting "mbt8k=--cb-max-batch-tokens 8192" --setting "mbt32k=--cb-max-batch-tokens 32768"
-        --concurrency 1,4,16,64 --prompt-tokens 3000,30000,100000 --output-tokens 256 --min-requests 1
+  declare -A FLAGS=([cg-mbt8k]="--cb-use-cuda-graph --cb-max-batch-tokens 8192"
+                    [cg-mbt32k]="--cb-use-cuda-graph --cb-max-batch-tokens 32768")
+  args=()
+  for s in "${@:-cg-mbt8k cg-mbt32k}"; do
+    for name in $s; do
+      [ -n "${FLAGS[$name]:-}" ] || { echo "run_gpu.sh: unknown setting '$name' (known: ${!FLAGS[*]})" >&2; exit 2; }
+      args+=(--setting "$name=${FLAGS[$name]}")
+    done
+  done
+  args+=(--concurrency 1,4,16,64 --prompt-tokens 3000,30000,100000 --output-tokens 256 --min-requests 1
         --budget-s "${BUDGET_S:-440}" ${FULL_EXTRA:-})
   ;;
 *) echo "run_gpu.sh: mode must be smoke or full, got '$MODE'" >&2; exit 2 ;;
