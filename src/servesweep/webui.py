@@ -155,8 +155,14 @@ class LiveState:
         cols = buf._cols  # RecordBuffer keeps columns as lists; only appended to in a local runner
         n = len(cols["request_id"])
         if n > self._pulled:
-            self.stats.add_columns({k: v[self._pulled : n] for k, v in cols.items()})
+            names = list(cols)
+            rows = [
+                dict(zip(names, r, strict=True))
+                for r in zip(*(cols[k][self._pulled : n] for k in names), strict=True)
+            ]
             self._pulled = n
+            for r in rows:
+                self.stats.add_record(r)
 
     def _pull_loop(self) -> None:
         import gevent
@@ -436,14 +442,10 @@ def _install_exporter(environment, opts) -> None:
         from servesweep.exporter import ClientMetrics, install_locust
     except ImportError:  # the observability part is optional for the UI
         return
-    point = getattr(getattr(environment, "servesweep", None), "point", None)
-    run_id = time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime())
-    metrics = ClientMetrics(run_id)
+    metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))
+    # point_id left to the exporter: it takes the point of environment.servesweep at each test start
     install_locust(
-        environment,
-        metrics,
-        serve=("127.0.0.1", opts.metrics_port) if opts.metrics_port else None,
-        point_id=point.id if point is not None else None,
+        environment, metrics, serve=("127.0.0.1", opts.metrics_port) if opts.metrics_port else None
     )
     environment.servesweep_metrics = metrics
 
@@ -470,6 +472,8 @@ def _init(environment, **_kw) -> None:
     state = LiveState(environment)
     environment.servesweep_live = state
     ev = environment.events
+    # First of our test_start listeners: the exporter's, added below, reads the point this may replace.
+    ev.test_start.add_listener(lambda **_k: _apply_form_options(environment, state))
     state.sampler.start()
     if not state.is_master:
         state.requested = _point_from(opts, environment.host or opts.host)
@@ -501,6 +505,5 @@ def _init(environment, **_kw) -> None:
         from servesweep.summary import summarize
 
         summarize(RecordBuffer().table())
-    ev.test_start.add_listener(lambda **_k: _apply_form_options(environment, state))
     if environment.web_ui is not None:
         _install_web_ui(environment, state)
