@@ -144,7 +144,10 @@ def test_missing_or_broken_folder_exits_2(tmp_path):
 def test_experiment_slos_are_used_when_none_given(runs):
     code, out, _ = gate(runs["fast"])  # the experiment says ttft_p99<=30s, error_rate<=1%
     assert code == 0 and "8 checks passed" in out
-    code, out, _ = gate(runs["load"])  # a load folder has no experiment
+    code, out, _ = gate(runs["load"])  # a load folder: the SLOs `servesweep load --slo` recorded
+    assert code == 0 and "1 checks passed" in out, out
+    (rec,) = runs["load"].glob("*/records.parquet")  # a bare records file says nothing about SLOs
+    code, out, _ = gate(rec)
     assert code == 2 and "nothing to check" in out
 
 

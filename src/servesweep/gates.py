@@ -308,7 +308,15 @@ def evaluate_records(records, slos, *, name: str = "records") -> Verdict:
 
 
 def experiment_slos(run: Run) -> list[str]:
-    return list((run.manifest.get("experiment") or {}).get("slo") or [])
+    """The SLOs the run was made with: the experiment's `slo:` list, else those `servesweep load --slo` recorded."""
+    exp = list((run.manifest.get("experiment") or {}).get("slo") or [])
+    if exp:
+        return exp
+    seen: dict[str, None] = {}
+    for p in run.points:
+        for s in (p.summary or {}).get("slos") or []:
+            seen.setdefault(s["slo"])
+    return list(seen)
 
 
 def evaluate_run(
@@ -384,7 +392,8 @@ def evaluate_run(
 def command(
     run_dir, slo_texts, baseline, max_regression, reg_metrics, junit_path, as_json, details, resamples, seed
 ):
-    """Check a run against SLOs (given here, else the experiment's `slo`) and a baseline run.
+    """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
+    and a baseline run.
 
     Exit 0 pass, 1 breach, 2 could not run. Prints a one-line verdict; --junit writes one testcase per
     point × check."""
