@@ -154,9 +154,14 @@ def _init(environment, **_kw) -> None:
     if opts is None:  # used as a library without options: the caller sets environment.servesweep itself
         return
     runner = environment.runner
-    point = _point_from_options(opts, environment.host or opts.host)
-    if not isinstance(runner, MasterRunner):
-        ctx = _context_for(opts.point_json, point)
+    try:
+        point = _point_from_options(opts, environment.host or opts.host)
+        ctx = _context_for(opts.point_json, point) if not isinstance(runner, MasterRunner) else None
+    except (ValueError, RuntimeError, OSError) as e:
+        # Locust logs and ignores exceptions of event handlers; without a context the users would only wait.
+        log.error("servesweep: cannot start the point: %s", e)
+        raise SystemExit(f"servesweep: {e}") from None
+    if ctx is not None:
         LLMUser.host = ctx.point.base_url
         LLMUser.connection_timeout = ctx.point.connect_s
         LLMUser.network_timeout = ctx.point.first_token_s
