@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite drives for real. Idempotent: does nothing when all are present.
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
 need=()
 # command -> Debian package
 declare -A pkgs=(
@@ -9,6 +10,8 @@ declare -A pkgs=(
   [promtool]=prometheus
   [prometheus-pushgateway]=prometheus-pushgateway
   [chromium]=chromium
+  [sshd]=openssh-server
+  [ssh]=openssh-client
 )
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
