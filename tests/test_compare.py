@@ -301,3 +301,12 @@ def test_metric_names():
         metric("ttft")
     with pytest.raises(ValueError, match="unknown metric 'ttft_p101'"):
         metric("ttft_p101")
+
+
+def test_one_configuration_of_a_run(runs):
+    """runs/<id>:<config> keeps one configuration (to compare configurations of one run with each other)."""
+    whole = compare_json(runs["fast"], runs["slow"], resamples=200)
+    one = compare_json(f"{runs['fast']}:s01", f"{runs['slow']}:s01", resamples=200)
+    assert one["points"] == whole["points"]
+    r = servesweep("compare", f"{runs['fast']}:s09", runs["slow"])
+    assert r.returncode == 2 and "no configuration 's09'; it has s01" in r.stderr

@@ -162,9 +162,20 @@ def _records_file(path: Path) -> Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """Read a run folder (servesweep run or load), a point folder or a records.parquet file. Raises RunError
-    naming what is wrong."""
+    """Read a run folder (servesweep run or load), a point folder or a records.parquet file; `runs/<id>:<config>`
+    keeps one server configuration of a run (to compare configurations of one run). Raises RunError naming what is
+    wrong."""
     path = Path(path)
+    if not path.exists() and ":" in path.name:
+        folder, _, cfg = str(path).rpartition(":")
+        run = load_run(folder)
+        pts = [p for p in run.points if p.config_id == cfg]
+        if not pts:
+            have = sorted({p.config_id for p in run.points if p.config_id})
+            raise RunError(f"{folder}: no configuration {cfg!r}; it has {', '.join(have) or 'none'}")
+        run.points = pts
+        run.run_id = f"{run.run_id}:{cfg}"
+        return run
     if not path.exists():
         raise RunError(f"{path}: no such run folder")
     if path.is_file() and path.suffix == ".parquet":
