@@ -51,6 +51,7 @@ CHROMIUM_ARGS = [
 # Started with one LLM setting, changed in the form: the records prove which one the run used.
 CLI_PROMPT, CLI_OUTPUT = 300, 16
 FORM_PROMPT, FORM_OUTPUT = 400, 24
+FORM_SLO = "ttft<=60ms,tpot<=1s,ttft_p50<=5s,e2e_p99<=1ms,error_rate<=1%"
 
 
 def _get_json(url: str, timeout: float = 5.0) -> dict:
@@ -290,7 +291,7 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
         page,
         stack,
         2,
-        {"promptTokens": str(FORM_PROMPT), "outputTokens": str(FORM_OUTPUT)},
+        {"promptTokens": str(FORM_PROMPT), "outputTokens": str(FORM_OUTPUT), "slo": FORM_SLO},
         {"loadShape": "manual"},
     )
     stack.wait_state("running", 20)
@@ -357,7 +358,7 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
     stack.quit()
     records = read_parquet(stack.records)
     run1 = in_window(records, 0, between)
-    s = summarize(run1)
+    s = summarize(run1, slos=FORM_SLO)
     assert s["requests"]["failed"] == 0 and s["requests"]["ok"] > 20
     assert int(final1["requests ok"]["value"]) == s["requests"]["ok"]
     assert num(final1, "output tokens") == s["output_tokens"] == s["requests"]["ok"] * FORM_OUTPUT
@@ -380,6 +381,15 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
     assert close(num(final1, "per-request tok/s", "mean"), s["decode_tokens_per_s"]["mean"], 0.001, 0.1)
     # the exporter beside the UI (what Prometheus scrapes for Grafana) counted the same run
     assert metrics1["servesweep_completion_tokens"] == s["output_tokens"]
+    # SLOs from the form: goodput counted per request as the summary does; aggregate ones checked live
+    gp = final1["goodput (ttft<=60ms, tpot<=1s)"]["value"]
+    assert gp.startswith(f"{s['goodput']['requests']} req, {s['goodput']['ratio'] * 100:.1f}%"), (
+        gp,
+        s["goodput"],
+    )
+    assert final1["SLO ttft_p50<=5s"]["value"].endswith("PASS")
+    assert final1["SLO e2e_p99<=1ms"]["value"].endswith("FAIL")
+    assert final1["SLO error_rate<=1%"]["value"] == "0 PASS"
     check_steps(steps1, windows1, records)
     check_steps(steps2, windows2, records)
     # --steps-csv: written by the master at the last stop, again at quitting

@@ -31,6 +31,7 @@ LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "e2e_ms": "E2E ms",
     "decode_tps": "per-request tok/s",
 }
+_PER_REQUEST = ("ttft", "itl", "tpot", "e2e")
 RATE_WINDOW_S = 10  # the "now" output rate: this many whole seconds ...
 KEEP_BINS_S = 120  # ... from per-second bins kept this long
 
@@ -152,9 +153,15 @@ def _num(v) -> float | None:
 
 
 class LiveStats:
-    """The mergeable aggregate of finished requests (see the module docstring for every definition)."""
+    """The mergeable aggregate of finished requests (see the module docstring for every definition).
 
-    def __init__(self) -> None:
+    `slos`: summary.SLO objects; the per-request ones (no percentile: 'ttft<=2s') count each successful request
+    that meets all of them (goodput, as summary.py defines it: itl = the request's largest chunk gap).
+    """
+
+    def __init__(self, slos=()) -> None:
+        self.slos = [x for x in slos if x.stat is None and x.metric in _PER_REQUEST]
+        self.good = 0
         self.sketches: dict[str, Sketch] = {k: Sketch() for k in LATENCIES}
         self.ok = 0
         self.failed = 0
@@ -197,20 +204,29 @@ class LiveStats:
             self.prompt_reported += 1
         sent = rec["sent_ns"]
         sk = self.sketches
-        sk["e2e_ms"].add_one((rec["end_ns"] - sent) / 1e6)
+        e2e = (rec["end_ns"] - sent) / 1e6
+        sk["e2e_ms"].add_one(e2e)
         first = rec.get("first_token_ns")
+        ttft = math.nan
         if first is not None:
-            sk["ttft_ms"].add_one((first - sent) / 1e6)
+            ttft = (first - sent) / 1e6
+            sk["ttft_ms"].add_one(ttft)
         ch = rec.get("chunk_ns") or ()
+        tpot = math.nan
+        max_itl = 0.0
         if len(ch) > 1:
             itl = sk["itl_ms"]
             if len(ch) < 32:
                 prev = ch[0]
                 for t in ch[1:]:
-                    itl.add_one((t - prev) / 1e6)
+                    g = (t - prev) / 1e6
+                    itl.add_one(g)
+                    max_itl = max(max_itl, g)
                     prev = t
             else:
-                itl.add(np.diff(np.asarray(ch, dtype=np.float64)) / 1e6)
+                gaps = np.diff(np.asarray(ch, dtype=np.float64)) / 1e6
+                itl.add(gaps)
+                max_itl = float(gaps.max())
             toks = rec.get("chunk_tokens")
             first_tokens = toks[0] if toks is not None and len(toks) == len(ch) else 1
             if c is not None and c > first_tokens:
@@ -218,6 +234,10 @@ class LiveStats:
                 sk["tpot_ms"].add_one(tpot)
                 if tpot > 0:
                     sk["decode_tps"].add_one(1000.0 / tpot)
+        if self.slos:
+            per = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": max_itl}
+            if all(not math.isnan(per[x.metric]) and x.holds(per[x.metric]) for x in self.slos):
+                self.good += 1
 
     def add_columns(self, cols: Mapping[str, list]) -> None:
         """A batch in RecordBuffer.take() form (column name -> list)."""
@@ -240,6 +260,7 @@ class LiveStats:
             "t0": self.first_scheduled_ns,
             "t1": self.last_end_ns,
             "bins": self.bins,
+            "good": self.good,
         }
 
     def empty(self) -> bool:
@@ -256,6 +277,7 @@ class LiveStats:
         self.output_tokens += d["out"]
         self.prompt_tokens += d["prompt"]
         self.prompt_reported += d["prompt_n"]
+        self.good += d.get("good", 0)
         self.first_scheduled_ns = min(self.first_scheduled_ns, d["t0"])
         self.last_end_ns = max(self.last_end_ns, d["t1"])
         for sec, (tok, ok, failed) in d["bins"].items():
@@ -324,6 +346,19 @@ class LiveStats:
             "prompt_tokens_mean": self.prompt_tokens / self.prompt_reported if self.prompt_reported else None,
             "completion_tokens_mean": self.output_tokens / self.ok if self.ok else None,
             "recent": self.recent(now_s, lag_s),
+            "goodput": self.goodput(),
+        }
+
+    def goodput(self) -> dict | None:
+        """Requests meeting every per-request SLO: count, share of measured requests, per second of window."""
+        if not self.slos:
+            return None
+        n, w = self.ok + self.failed, self.window_s()
+        return {
+            "slos": [x.text for x in self.slos],
+            "requests": self.good,
+            "ratio": self.good / n if n else None,
+            "per_s": self.good / w if w else None,
         }
 
 

@@ -101,6 +101,7 @@ class LiveState:
         self.environment = environment
         self.is_worker = isinstance(environment.runner, WorkerRunner)
         self.is_master = isinstance(environment.runner, MasterRunner)
+        self.slos: list = []  # summary.SLO of --slo / the form's slo
         self.stats = LiveStats()  # worker: the delta since the last report; else: the whole test
         self.headroom: dict[str, dict] = {}  # process -> latest sample (master/local)
         self.sampler = Headroom()
@@ -135,7 +136,7 @@ class LiveState:
                 "process": getattr(ctx, "worker", client_id),
             },
         }
-        self.stats = LiveStats()
+        self.stats = LiveStats(self.slos)
 
     def on_worker_report(self, client_id, data, **_kw) -> None:  # master
         d = data.get(LIVE_KEY)
@@ -174,8 +175,13 @@ class LiveState:
             except Exception:  # noqa: BLE001 - the live view must never take the test down
                 log.exception("servesweep: live stats update failed")
 
+    def set_slos(self, text: str) -> None:
+        from servesweep.summary import parse_slos
+
+        self.slos = parse_slos(text or "")
+
     def reset(self) -> None:
-        self.stats = LiveStats()
+        self.stats = LiveStats(self.slos)
         self._steps_cache = None
 
     # ------------------------------------------------------------ numbers out
@@ -195,7 +201,9 @@ class LiveState:
         lag = WORKER_REPORT_INTERVAL + 1.0 if self.is_master else 1.0
         if not self.is_master:
             self.pull_local()
-        return self.stats.snapshot(time.time(), lag)
+        snap = self.stats.snapshot(time.time(), lag)
+        snap["slo_checks"] = slo_checks(self.slos, snap)
+        return snap
 
     def step_summaries(self, live: bool = False) -> list[dict]:
         """Each step's summary from the records.
@@ -250,9 +258,40 @@ def llm_rows(snap: dict) -> list[dict]:
         ("prompt tokens / request (server)", _fmt(snap["prompt_tokens_mean"])),
     ]
     scalars += [(f"errors: {k}", str(v)) for k, v in snap["errors"].items()] or [("errors", "0")]
+    gp = snap["goodput"]
+    if gp is not None:
+        ratio = "" if gp["ratio"] is None else f"{gp['ratio'] * 100:.1f}%"
+        per_s = "" if gp["per_s"] is None else f"{gp['per_s']:.2f}/s"
+        scalars.append((f"goodput ({', '.join(gp['slos'])})", f"{gp['requests']} req, {ratio}, {per_s}"))
+    for c in snap.get("slo_checks", ()):
+        v = "-" if c["value"] is None else f"{c['value']:.4g}"
+        scalars.append((f"SLO {c['slo']}", f"{v} {'PASS' if c['pass'] else 'FAIL'}"))
     for name, v in scalars:
         rows.append({"metric": name, "p50": "", "p90": "", "p99": "", "mean": "", "count": "", "value": v})
     return rows
+
+
+def slo_checks(slos, snap: dict) -> list[dict]:
+    """Each aggregate SLO (a percentile, a rate) against the live value; per-request ones make the goodput."""
+    req = snap["requests"]
+    n = req["ok"] + req["failed"]
+    w = snap["window_s"]
+    gp = snap["goodput"]
+    out = []
+    for x in slos:
+        if x.stat is None and x.metric in ("ttft", "itl", "tpot", "e2e"):
+            continue
+        if x.stat is not None:
+            v = snap["latency"][f"{x.metric}_ms"][x.stat]
+        else:
+            v = {
+                "error_rate": req["failed"] / n if n else None,
+                "output_tps": snap["output_tps"],
+                "request_rate": req["ok"] / w if w else None,
+                "goodput_ratio": gp["ratio"] if gp else None,
+            }[x.metric]
+        out.append({"slo": x.text, "value": v, "pass": v is not None and x.holds(v)})
+    return out
 
 
 def client_rows(headroom: dict[str, dict]) -> list[dict]:
@@ -298,6 +337,8 @@ def _apply_form_options(environment, state: LiveState) -> None:
     message) just before test_start; the locustfile built its context at init from the command line.
     """
     opts = environment.parsed_options
+    state.set_slos(opts.slo)
+    state.reset()
     wanted = _point_from(opts, environment.host or opts.host)
     if state.is_master:
         ms = getattr(environment, "servesweep", None)
@@ -354,6 +395,8 @@ def _form_options(form, opts):
 def _install_web_ui(environment, state: LiveState) -> None:
     from flask import Response, jsonify, request
 
+    from servesweep.summary import parse_slos
+
     web_ui = environment.web_ui
     web_ui.template_args["extended_tabs"] = [
         {"title": "LLM", "key": "llm"},
@@ -389,6 +432,7 @@ def _install_web_ui(environment, state: LiveState) -> None:
             o = _form_options(request.form, environment.parsed_options)
             _install_shape(environment, state, o, "start form:")
             _point_from(o, request.form.get("host") or environment.host)  # a bad LLM option: refused here
+            parse_slos(o.slo or "")
         except (ValueError, TypeError) as e:
             environment.shape_class = None
             return jsonify({"success": False, "message": f"servesweep: {e}", "host": environment.host})
@@ -492,6 +536,7 @@ def _init(environment, **_kw) -> None:
         ev.quitting.add_listener(lambda **_k: _write_steps_csv(environment, state))  # records arrived since
         try:
             _install_shape(environment, state, opts, "command line:")
+            state.set_slos(opts.slo)
         except ValueError as e:
             raise SystemExit(f"servesweep: {e}") from None
         _install_exporter(environment, opts)
