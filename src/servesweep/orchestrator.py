@@ -406,11 +406,15 @@ class Runner:
         p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
         self.m.save()
         t0 = time.monotonic()
-        status = self.console.status(f"{pid}: starting Locust")
+        counts = self.m.counts()
+        n_done = counts.get(mf.DONE, 0) + 1
+        n_all = sum(v for k, v in counts.items() if k != mf.INFEASIBLE)
+        head = f"[{n_done}/{n_all}] {pid}"
+        status = self.console.status(f"{head}: starting Locust")
 
         def progress(d: dict) -> None:
             status.update(
-                f"{pid}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
+                f"{head}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
             )
 
         try:
