@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -64,7 +65,12 @@ def main() -> None:
             output_tokens=args.output_tokens,
             requests=args.requests,
         )
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         summary = run_point(point, tmp / "point", command_prefix=["taskset", "-c", "1"] if pin else None)
+        ru1 = resource.getrusage(
+            resource.RUSAGE_CHILDREN
+        )  # the Locust process (reaped); the emulator still runs
+        locust_cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         recs = read_parquet(tmp / "point" / "records.parquet").to_pylist()
         ids = {r["request_id"] for r in recs}
         deadline = time.monotonic() + 15
@@ -98,6 +104,9 @@ def main() -> None:
         "first_token_arrival_minus_write_ms": pct(first_err),
         "ttft_client_minus_server_ms": pct(ttft_err),
         "client_output_tokens_per_s": summary["output_tokens_per_s"],
+        "locust_cpu_s": locust_cpu_s,
+        "locust_cpu_us_per_chunk": locust_cpu_s / max(1, len(chunk_err)) * 1e6,  # start-up included
+        "load_average_1m": os.getloadavg()[0],
         "itl_p50_ms": summary["itl_ms"]["p50"],
         "wall_s": time.time() - t0,
     }
