@@ -351,6 +351,12 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
     assert [int(r[LOAD_COLUMNS[0]]) for r in steps2] == [1, 2], steps2
     for r in steps2:
         assert 3.0 <= float(r["duration_s"]) <= 6.0, r
+    # the steps tab shows the same rows (after the stop the UI polls no more: reload)
+    page.reload()
+    page.get_by_role("tab", name="LLM steps").click()
+    expect(page.locator("table:visible tbody tr")).to_have_count(2)
+    page.screenshot(path=str(ARTIFACTS / "webui-llm-steps.png"), full_page=True)
+    assert read_table(page) == steps2
     # more users, more aggregate throughput on the emulator
     assert float(steps2[1][LOAD_COLUMNS[1]]) > float(steps2[0][LOAD_COLUMNS[1]])
 
