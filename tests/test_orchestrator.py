@@ -181,6 +181,10 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
         assert m["git_rev"]
         # the results table and where the results are
         assert "results:" in out and str(run_dir) in out
+        assert (
+            f"report: {run_dir / 'report.html'}" in out.replace("\n", "")
+            and (run_dir / "report.md").is_file()
+        )
         # the server was stopped at the end, and no load generator of the run is left
         assert _port_free(m["port"])
         assert not [

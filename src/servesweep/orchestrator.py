@@ -287,6 +287,7 @@ class Runner:
         if not self.keep_server:
             self._stop_server_quietly()
         self.print_results()
+        self.write_report()
         return 0 if all(p["status"] in mf.FINISHED for p in self.m.points.values()) else 1
 
     def _adopt_and_clean(self) -> None:
@@ -504,6 +505,19 @@ class Runner:
             pass
 
     # -- results --
+
+    def write_report(self) -> None:
+        """The report helper's HTML + Markdown report of this run folder; a report problem never fails the run."""
+        try:
+            from servesweep.report import write_report
+
+            html, md = write_report(self.run_dir)
+        except Exception as e:
+            self.console.print(
+                f"[yellow]report not written ({type(e).__name__}: {e}); try: servesweep report {self.run_dir}[/]"
+            )
+            return
+        self.console.print(f"report: {html} (and {md.name})")
 
     def print_results(self) -> None:
         from rich.table import Table
