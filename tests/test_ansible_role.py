@@ -156,10 +156,12 @@ def test_restart_between_configurations_readiness_idempotence_and_verification(s
 
 def test_server_that_exits_at_start_has_its_log_captured(server):
     t0 = time.monotonic()
-    r = server.apply(sglang_server_flags={"tp_size": 1, "no_such_flag": 3}, sglang_server_startup_timeout=600)
+    r = server.apply(sglang_server_flags={"tp_size": 1, "no_such_flag": 3}, sglang_server_startup_timeout=900)
     took = time.monotonic() - t0
     assert not r.ok
-    assert took < 60  # it noticed the exit; it did not wait out the 600 s startup bound
+    assert (
+        took < 300
+    )  # it noticed the exit; it did not wait out the 900 s startup bound (margin for a loaded box)
     log = (server.results / "server.log").read_text()
     assert "unrecognized arguments: --no-such-flag 3" in log
     assert "the server process exited before /health answered 200" in r.error()
