@@ -104,9 +104,14 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def sim(tmp_path_factory):
+    with start_sim(SIM_ARGS, log_path=tmp_path_factory.mktemp("sim") / "sim.log") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, sim):
     tmp = tmp_path_factory.mktemp("webui")
-    sim = start_sim(SIM_ARGS, log_path=tmp / "sim.log")
     procs: list[subprocess.Popen] = []
     try:
         mport, wport = free_port(), free_port()
@@ -165,7 +170,6 @@ def stack(tmp_path_factory):
     finally:
         for p in reversed(procs):
             _kill(p)
-        sim.stop()
 
 
 @pytest.fixture(scope="module")
@@ -496,3 +500,47 @@ def test_sketch_relative_error_bound_and_merge_is_exact():
         exact = srt[int(q * (values.size - 1))]  # the order statistic the sketch looks up
         assert abs(whole.quantile(q) - exact) <= Sketch.ALPHA * exact * 1.0001, q
     assert Sketch().quantile(0.5) is None
+
+
+def test_local_runner_step_ramp_from_the_command_line(sim, tmp_path):
+    """No workers: one Locust process with the UI, the ramp chosen by --load-shape, --autostart/--autoquit."""
+    port = free_port()
+    ui = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "llm.py"), "--host", sim.base_url,
+        "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "--autoquit", "4", "-s", "3",
+        "--load-shape", "step-ramp", "--ramp-steps", "2,1", "--ramp-hold", "2",
+        "--prompt-tokens", "300", "--output-tokens", "16", "--slo", "ttft<=40ms",
+        "--records", str(tmp_path / "records.parquet"), "--steps-csv", str(tmp_path / "steps.csv"),
+    ]  # fmt: skip
+    log = tmp_path / "locust.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        live = None
+        while proc.poll() is None:  # poll the live JSON until the shape has stopped the test
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                state = _get_json(ui + "/stats/requests")["state"]
+                live = _get_json(ui + "/servesweep/live.json")
+            except OSError:
+                time.sleep(0.3)
+                continue
+            if state == "stopped":
+                break
+            time.sleep(0.3)
+        assert live is not None and live["shape"] == "StepRamp", log.read_text()[-3000:]
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        _kill(proc)
+    records = read_parquet(tmp_path / "records.parquet")
+    s = summarize(records, slos="ttft<=40ms")
+    snap = live["live"]
+    assert snap["requests"]["ok"] == s["requests"]["ok"] == records.num_rows > 10
+    assert snap["output_tokens"] == s["output_tokens"] == 16 * records.num_rows
+    assert snap["goodput"]["requests"] == s["goodput"]["requests"]
+    assert close(snap["latency"]["ttft_ms"]["p50"], s["ttft_ms"]["p50"], 0.03, 0.05)
+    steps = list(csv.DictReader((tmp_path / "steps.csv").open()))
+    assert [int(r[LOAD_COLUMNS[0]]) for r in steps] == [2, 1]
+    check_steps(steps, live["steps"], records)
