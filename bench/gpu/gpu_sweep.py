@@ -169,6 +169,15 @@ def accept_finish_without_done(point_dir: Path, summary: dict) -> dict:
     return summary
 
 
+def serves(url: str, model: str) -> bool:
+    """Whether the server still completes a tiny request."""
+    try:
+        chat(url, model, "Are you alive?", 2, timeout=60)
+        return True
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
 def requests_for(concurrency: int, prompt_tokens: int, args) -> int:
     """Measured requests per point: one full wave of the closed loop (each user one request), at least
     --min-requests; long prompts get fewer waves, since each costs a long prefill."""
@@ -308,6 +317,15 @@ def main() -> int:
                     )
                     write_manifest(run_dir, manifest)
                     print(json.dumps(brief(pid, s)), flush=True)
+                    if s["requests"]["ok"] == 0 and not serves(server.url, args.model):
+                        # e.g. the CB worker died (CUDA OOM): /health still answers 200, every request fails.
+                        # Restart so the next points measure a live server; the log keeps the crash.
+                        event = f"after {pid}: the server no longer completes a request; restarted"
+                        info.setdefault("restarts", []).append(event)
+                        print(f"[{name}] {event}", flush=True)
+                        server.stop()
+                        server.start(args.startup_timeout_s)
+                        chat(server.url, args.model, "Warm up the continuous batching manager.", 8)
         except (RuntimeError, OSError, urllib.error.URLError) as e:
             info["error"] = str(e)[:3000]
             print(f"[{name}] setting failed: {str(e)[:1500]}", flush=True)

@@ -39,7 +39,8 @@ smoke)
   ;;
 full)
   declare -A FLAGS=([cg-mbt8k]="--cb-use-cuda-graph --cb-max-batch-tokens 8192"
-                    [cg-mbt32k]="--cb-use-cuda-graph --cb-max-batch-tokens 32768")
+                    [cg-mbt32k]="--cb-use-cuda-graph --cb-max-batch-tokens 32768"
+                    [cg-mbt8k-mem60]="--cb-use-cuda-graph --cb-max-batch-tokens 8192 --cb-max-memory-percent 0.6")
   args=()
   for s in "${@:-cg-mbt8k cg-mbt32k}"; do
     for name in $s; do
