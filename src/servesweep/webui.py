@@ -5,11 +5,15 @@ Importing this module (locustfiles/llm.py does) registers it on Locust's `init` 
   a worker ships its delta and headroom with every report, and the master merges them;
 - the master (or local runner) keeps the steps of the test (`shapes.StepLog`), runs the `StepRamp` shape when
   `--load-shape step-ramp` is chosen on the command line or in the start form, and serves:
-  tabs "LLM" (latency quantiles, throughput, errors), "LLM clients" (CPU and event-loop lag of each process) and
-  "LLM steps" (each step's summary, the columns of `servesweep load`'s table), refreshed by the UI every 2 s through
-  `extended_stats` in `/stats/requests`; `/servesweep/steps.csv` (the per-step summary, linked from the download
-  tab); `/servesweep/live.json` (the same numbers as JSON); and `/metrics` (servesweep.exporter) so Grafana sees
-  the run.
+  tabs "LLM" (TTFT/ITL/TPOT/E2E/per-request tok/s quantiles, output tok/s, errors by class, goodput and SLO
+  checks of --slo), "LLM clients" (users, CPU and event-loop lag of each process) and "LLM steps" (each step's
+  row of `servesweep load`'s table), refreshed by the UI every 2 s while a test runs (through `extended_stats`
+  in `/stats/requests`; after a stop, reload the page for the final numbers); `/servesweep/steps.csv` (the
+  per-step table, linked from "Download Data"); `/servesweep/live.json` (the same numbers as JSON); and
+  `/metrics` (servesweep.exporter) so Prometheus/Grafana see the same run.
+- the start form carries the load core's LLM options (model, endpoint, prompt/output tokens, cache busting, SLOs,
+  timeouts) and the ramp's; a run started with other LLM options than the process was built for gets its prompt
+  bodies built again at test start (on each worker).
 
 Where a finished request's record comes from: the request event's `context[RECORD_CONTEXT_KEY]` when the user puts
 it there; until then, on a worker, the record batches the locustfile ships to the master with each report, and in
@@ -111,7 +115,7 @@ class LiveState:
         self._pulled = 0
         self._pulled_ctx = None
         self.summarizer = shapes.StepSummarizer()
-        self._steps_cache: tuple[float, list[dict]] | None = None
+        self._steps_cache: tuple[float, float, list[dict]] | None = None  # (when, seconds it took, rows)
 
     # ------------------------------------------------------------ records in
 
@@ -201,7 +205,9 @@ class LiveState:
         lag = WORKER_REPORT_INTERVAL + 1.0 if self.is_master else 1.0
         if not self.is_master:
             self.pull_local()
-        snap = self.stats.snapshot(time.time(), lag)
+        now = time.time()
+        self.stats.prune(now)
+        snap = self.stats.snapshot(now, lag)
         snap["slo_checks"] = slo_checks(self.slos, snap)
         return snap
 
@@ -209,18 +215,21 @@ class LiveState:
         """Each step's summary from the records.
 
         live (the UI's 2 s poll): in a local runner only the closed steps, since summarizing the open one
-        blocks the event loop that also times the streams; on a master at most every STEPS_REFRESH_S.
+        blocks the event loop that also times the streams; on a master at most every STEPS_REFRESH_S, or
+        rarer when a refresh is slow (it summarizes ~8k streamed requests a second), so that the master keeps
+        up with its workers' reports and heartbeats.
         """
         buf = getattr(getattr(self.environment, "servesweep", None), "buffer", None)
         if buf is None:
             return []
         now = time.monotonic()
-        if live and self._steps_cache is not None and now - self._steps_cache[0] < STEPS_REFRESH_S:
-            return self._steps_cache[1]
+        c = self._steps_cache
+        if live and c is not None and now - c[0] < max(STEPS_REFRESH_S, 20.0 * c[1]):
+            return c[2]
         out = self.summarizer.summaries(
             buf, list(self.steplog.steps), include_open=not live or self.is_master
         )
-        self._steps_cache = (now, out)
+        self._steps_cache = (now, time.monotonic() - now, out)
         return out
 
 
@@ -477,8 +486,10 @@ def _install_web_ui(environment, state: LiveState) -> None:
             }
         )
 
-    app.add_url_rule(STEPS_CSV_PATH, "servesweep_steps_csv", steps_csv)
-    app.add_url_rule(LIVE_JSON_PATH, "servesweep_live_json", live_json)
+    # Locust's own routes sit under --web-base-path (a Blueprint); ones added to the app do not, so add it here.
+    base = (getattr(environment.parsed_options, "web_base_path", "") or "").rstrip("/")
+    app.add_url_rule(base + STEPS_CSV_PATH, "servesweep_steps_csv", steps_csv)
+    app.add_url_rule(base + LIVE_JSON_PATH, "servesweep_live_json", live_json)
 
 
 def _install_exporter(environment, opts) -> None:
