@@ -4,9 +4,10 @@ emulator, every chunk's recorded arrival compared with the emulator's ground-tru
     .venv/bin/python bench/bench_accuracy.py [--concurrency 100] [--requests 300] [--output-tokens 256] [--pin]
 
 --pin puts the emulator on CPU 0 and Locust on CPU 1 (taskset), so neither steals the other's core; --nice -15
-raises both above whatever else runs (a shared machine). Prints p50/p99/max of (arrival − write) per chunk and of the TTFT difference (client TTFT − server TTFT, which also holds the request
-upload and the emulator's own event-loop delay before it stamps the request as received), the p99 of each second
-(bursts from other processes on a shared machine), and the Locust CPU per chunk. Goal: p99 ≤ 1 ms.
+raises both above whatever else runs (a shared machine). Prints p50/p99/max of (arrival − write) per chunk; the p99
+of each second (other processes on a shared machine come in bursts); the TTFT difference (client TTFT − server
+TTFT, which also holds the request upload and the emulator's own event-loop delay before it stamps the request as
+received); and the Locust CPU per chunk. Goal: p99 ≤ 1 ms.
 """
 
 from __future__ import annotations
