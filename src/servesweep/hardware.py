@@ -972,15 +972,48 @@ def _mamba_ratio(radix: bool, strategy: str | None, no_overlap: bool) -> int:
     return 3
 
 
+# A DFLASH/DSPARK draft is a small block-diffusion drafter, not a copy of the target: the z-lab drafters stack a few
+# decoder layers of the target's width, read the target's hidden states of a few layers through one fusing
+# projection, and share the target's embedding and LM head. Without the draft's config.json we assume this shape.
+DFLASH_DEFAULT_DRAFT_LAYERS = 5
+DFLASH_DEFAULT_TARGET_LAYERS_TAPPED = 5
+
+
+def dflash_draft_params(arch: ModelArch, draft_path: Any = None) -> int:
+    """Params of a DFLASH drafter: its decoder layers (plain attention + MLP) and the fusing projection, sized from
+    `<draft_path>/config.json` when it is a local folder, else DFLASH_DEFAULT_DRAFT_LAYERS layers of the target's
+    shape. The embedding and LM head are the target's (shared), so they are not counted again."""
+    layers, tapped, shape = DFLASH_DEFAULT_DRAFT_LAYERS, DFLASH_DEFAULT_TARGET_LAYERS_TAPPED, arch
+    cfg_file = Path(str(draft_path)).expanduser() / "config.json" if draft_path else None
+    if cfg_file is not None and cfg_file.is_file():
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read the DFLASH draft's {cfg_file}: {e}") from e
+        text = cfg.get("text_config") or cfg
+        d = _arch_from_config({**text, "vocab_size": text.get("vocab_size") or arch.vocab}, str(draft_path))
+        layers, shape = d.num_layers, d
+        dcfg = cfg.get("dflash_config") or {}
+        ids = dcfg.get("target_layer_ids") if isinstance(dcfg, Mapping) else None
+        tapped = len(ids) if isinstance(ids, list) and ids else tapped
+    # the drafter's layers are plain attention (no output gate) + a dense MLP
+    plain = replace(shape, full_attention_layers=shape.num_layers, linear_num_value_heads=0)
+    per_layer = _attention_params(plain) + _mlp_params_per_layer(plain, active=False)
+    return layers * per_layer + tapped * arch.hidden * plain.hidden
+
+
 def _draft_weight_bytes(spec: str | None, arch: ModelArch, draft_path: Any, tp: int) -> float:
     """Weights of the draft worker per rank.
 
     NEXTN/EAGLE without a draft path load the checkpoint's MTP layer(s) and share the target's embedding and
-    LM head; an external draft loads its own model (a built-in profile or a config.json when resolvable, else one
-    decoder layer of the target's shape). NGRAM has no draft model.
+    LM head; DFLASH/DSPARK load a small drafter (`dflash_draft_params`); another external draft loads its own model
+    (a built-in profile or a config.json when resolvable, else one decoder layer of the target's shape). NGRAM has
+    no draft model.
     """
     if spec is None or spec == "NGRAM":
         return 0.0
+    if spec in ("DFLASH", "DSPARK"):
+        return dflash_draft_params(arch, draft_path) * arch.weight_bytes / tp
     if draft_path:
         try:
             d = load_model_arch(draft_path)

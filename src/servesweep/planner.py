@@ -27,6 +27,30 @@ LONG_PREFILL_S = 20.0  # a prefill this long is worth a warning
 MULTI_MINUTE_S = 60.0
 OVERRIDE_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
+# Stable pitfall codes (`plan --json` → "pitfalls"): what people running these matrices by hand get wrong.
+CONTEXT_TOO_SHORT = "context_length_too_short"  # --context-length below prompt + output of some points
+CONTEXT_ABOVE_MAX = (
+    "context_length_above_model_max"  # above config.json's maximum without the override variable
+)
+TP_OVER_KV_HEADS = "tp_exceeds_kv_heads"  # KV heads replicate: KV capacity per GPU stops growing with tp
+MEMORY_FIT = (
+    "kv_state_memory"  # KV pool and recurrent-state slots per tp and memory fraction; points that do not fit
+)
+SPEC_RESET = "spec_resets_max_running_requests"  # any spec algorithm sets max_running_requests=48 when unset
+MULTI_MINUTE_PREFILL = "multi_minute_prefill"  # TTFT of the last concurrent prompt above a minute
+OVER_BUDGET = "over_budget"  # the estimate exceeds budget.wall_time; the points to cut first
+CANNOT_START = "server_cannot_start"  # the configuration fails SGLang's start-up checks (memory, tp)
+PITFALLS = (
+    CONTEXT_TOO_SHORT,
+    CONTEXT_ABOVE_MAX,
+    TP_OVER_KV_HEADS,
+    MEMORY_FIT,
+    SPEC_RESET,
+    MULTI_MINUTE_PREFILL,
+    OVER_BUDGET,
+    CANNOT_START,
+)
+
 
 @dataclass
 class PointPlan:
@@ -35,7 +59,8 @@ class PointPlan:
     reasons: list[str] = field(default_factory=list)  # why it was dropped
     warnings: list[str] = field(default_factory=list)
     est_s: float = 0.0
-    detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s
+    detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s
+    codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
 
 
 @dataclass
@@ -49,6 +74,8 @@ class ConfigPlan:
     start_s: float = 0.0
     facts: dict[str, Any] = field(default_factory=dict)
     restart: bool = True  # False when the previous configuration launches the same server
+    error_code: str | None = None
+    context_fix: dict[str, Any] | None = None  # what to set instead when the context length is too short
 
     @property
     def feasible_points(self) -> list[PointPlan]:
@@ -67,6 +94,9 @@ class Plan:
     excluded_configs: list[tuple[ServerConfig, int]]
     warnings: list[str] = field(default_factory=list)
     cut_first: list[str] = field(default_factory=list)  # point ids to drop first to fit the budget
+    pitfalls: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # structured, one entry per code (see PITFALLS)
 
     @property
     def total_s(self) -> float:
@@ -94,6 +124,7 @@ def make_plan(exp: Experiment) -> Plan:
     plan = Plan(exp, plans, excluded)
     _budget(plan)
     _global_warnings(plan)
+    plan.pitfalls = _pitfalls(plan)
     return plan
 
 
@@ -141,6 +172,7 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         )
     if problems:
         cp.error = "; ".join(problems)
+        cp.error_code = CONTEXT_ABOVE_MAX if ctx_asked and ctx_asked > arch.max_position_embeddings else None
         return cp
     try:
         rs = hardware.resolve_server(
@@ -189,6 +221,16 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset, need_max)
         if pp.feasible:
             _estimate_point(exp, rs, pp, timer)
+    if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
+        want = _needed_context(need_max)
+        above = want > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True")
+        cp.context_fix = {
+            "context_length": rs.context_len,
+            "largest_point_tokens": need_max,
+            "set_context_length": want,
+            "model_max": arch.max_position_embeddings,
+            "set_env": {OVERRIDE_ENV: "1"} if above else {},
+        }
     capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
     queue = f": concurrency {', '.join(map(str, capped))} will queue" if capped else ""
     if spec_reset:
@@ -219,12 +261,15 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
             fix += f" and {OVERRIDE_ENV}=1 (above the model's maximum {arch.max_position_embeddings})"
         extra = f" + {rs.num_reserved_tokens} reserved draft tokens" if rs.num_reserved_tokens else ""
         pp.reasons.append(f"prompt {p} + output {o}{extra} = {need} ≥ context length {rs.context_len}; {fix}")
+        pp.codes.append(CONTEXT_TOO_SHORT)
     if p + o > rs.max_total_num_tokens:
+        pp.codes.append(MEMORY_FIT)
         pp.reasons.append(
             f"one request needs {p + o} tokens of KV but the pool holds {rs.max_total_num_tokens} "
             f"(tp {rs.tp_size}, mem_fraction_static {rs.mem_fraction_static})"
         )
     elif min(c, mrr) * (p + o) > rs.max_total_num_tokens:
+        pp.codes.append(MEMORY_FIT)
         fit = rs.max_total_num_tokens // (p + o)
         pp.reasons.append(
             f"KV capacity {rs.max_total_num_tokens} tokens < {min(c, mrr)} running × {p + o} tokens: at most {fit} "
@@ -234,6 +279,10 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
     if pp.feasible and c > mrr:
         why = " (speculative decoding's reset to 48)" if spec_reset else ""
         pp.warnings.append(f"concurrency {c} > max running requests {mrr}{why}: {c - mrr} requests queue")
+        if spec_reset:
+            pp.codes.append(SPEC_RESET)
+        if rs.is_hybrid and rs.state_slots // max(1, rs.mamba_ratio) <= mrr:
+            pp.codes.append(MEMORY_FIT)  # the state slots, not the KV pool, bound the running requests
 
 
 class _Timer:
@@ -299,13 +348,20 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
         "request_s": round(prefill + steps * itl, 3),
     }
     pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + measure
-    if prefill >= LONG_PREFILL_S:
-        last = b * prefill  # closed loop: b prompts arrive together and prefill one after the other
+    # The first token of the last of c concurrent prompts (closed loop: all c arrive together). Their prefills share
+    # the GPU one after another (chunked prefill runs one chunk budget per step), so the b that run wait ≈ b ×
+    # prefill; the c - b queued ones start only when a running request finishes, one wave (b prefills + the decode)
+    # later per extra wave. A single 29 s prefill is then a multi-minute TTFT at concurrency 4.
+    waves = math.ceil(c / b)
+    last_ttft = b * prefill + (waves - 1) * (b * prefill + steps * itl)
+    pp.detail["last_ttft_s"] = round(last_ttft, 2)
+    if prefill >= LONG_PREFILL_S or last_ttft >= MULTI_MINUTE_S:
         msg = f"prefill of {p} tokens takes ~{prefill:.0f} s at tp {rs.tp_size}"
-        if b > 1:
-            msg += f"; the last of {b} concurrent prompts waits ~{last / 60:.1f} min"
-        if last >= MULTI_MINUTE_S:
+        if c > 1:
+            msg += f"; the last of {c} concurrent prompts waits ~{last_ttft / 60:.1f} min for its first token"
+        if last_ttft >= MULTI_MINUTE_S:
             msg += ": multi-minute TTFT"
+            pp.codes.append(MULTI_MINUTE_PREFILL)
         pp.warnings.append(msg)
     if prefill * b > ld.first_token_timeout_s:
         pp.warnings.append(
@@ -370,6 +426,184 @@ def _budget(plan: Plan) -> None:
     )
 
 
+def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
+    """One structured entry per pitfall code that applies: code, message, affected configs and points, detail."""
+    out: list[dict[str, Any]] = []
+    live = [cp for cp in plan.configs if cp.error is None]
+
+    def pts(code: str) -> list[str]:
+        return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
+
+    def add(code: str, message: str, configs: list[str], points: list[str], detail: dict[str, Any]) -> None:
+        out.append({"code": code, "message": message, "configs": configs, "points": points, "detail": detail})
+
+    # context length below prompt + output
+    fixes = {cp.config.id: cp.context_fix for cp in live if cp.context_fix}
+    if fixes:
+        want = max(f["set_context_length"] for f in fixes.values())
+        env = {k: v for f in fixes.values() for k, v in f["set_env"].items()}
+        now = sorted({f["context_length"] for f in fixes.values()})
+        affected = pts(CONTEXT_TOO_SHORT)
+        msg = (
+            f"context_length {', '.join(map(str, now))} is below prompt + output of {len(affected)} points (they are "
+            f"dropped): set context_length to {want}"
+        )
+        msg += (
+            f" and {OVERRIDE_ENV}=1 in server.env (above the model's maximum)"
+            if env
+            else f" (within the model's maximum {max(f['model_max'] for f in fixes.values())}: no override needed)"
+        )
+        add(
+            CONTEXT_TOO_SHORT,
+            msg,
+            sorted(fixes),
+            affected,
+            {"set_context_length": want, "set_env": env, "per_config": fixes},
+        )
+    above = [cp for cp in plan.configs if cp.error_code == CONTEXT_ABOVE_MAX]
+    if above:
+        add(
+            CONTEXT_ABOVE_MAX,
+            f"context_length above the model's maximum: SGLang refuses to start unless server.env sets {OVERRIDE_ENV}=1",
+            [cp.config.id for cp in above],
+            [pp.spec.id for cp in above for pp in cp.points],
+            {"set_env": {OVERRIDE_ENV: "1"}},
+        )
+    # tensor parallel beyond the KV heads
+    over = [cp for cp in live if cp.resolved.tp_size > cp.resolved.arch.num_kv_heads]
+    if over:
+        arch = over[0].resolved.arch
+        per_tp = {}
+        for cp in live:
+            rs = cp.resolved
+            per_tp.setdefault(
+                rs.tp_size,
+                {
+                    "kv_heads_per_gpu": cp.facts["kv_heads_per_gpu"],
+                    "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+                    "kv_tokens_per_gpu": rs.max_total_num_tokens,
+                },
+            )
+        add(
+            TP_OVER_KV_HEADS,
+            f"tp_size {', '.join(sorted({str(cp.resolved.tp_size) for cp in over}))} exceeds the model's "
+            f"{arch.num_kv_heads} KV heads: KV heads replicate, KV bytes per token per GPU stay as at tp "
+            f"{arch.num_kv_heads}, so KV capacity per GPU stops growing with tp (the extra GPUs buy compute, not context)",
+            [cp.config.id for cp in over],
+            [pp.spec.id for cp in over for pp in cp.points],
+            {"num_kv_heads": arch.num_kv_heads, "per_tp": dict(sorted(per_tp.items()))},
+        )
+    # KV and recurrent-state memory, and the points that do not fit
+    mem = []
+    for cp in live:
+        rs, mu = cp.resolved, cp.resolved.memory_usage
+        mem.append(
+            {
+                "config": cp.config.id,
+                "tp_size": rs.tp_size,
+                "mem_fraction_static": rs.mem_fraction_static,
+                "weights_gib_per_gpu": mu.get("weight"),
+                "kv_gib_per_gpu": mu.get("kvcache"),
+                "kv_tokens": rs.max_total_num_tokens,
+                "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+                "state_gib_per_gpu": mu.get("mamba", 0.0),
+                "state_slot_mib_per_gpu": round(rs.state_slot_bytes / 2**20, 2),
+                "state_slots": rs.state_slots,
+                "slots_per_running_request": rs.mamba_ratio,
+                "max_running_requests": rs.effective_max_running_requests,
+            }
+        )
+    if mem:
+        hybrid = any(cp.resolved.is_hybrid for cp in live)
+        arch = live[0].resolved.arch
+        affected = pts(MEMORY_FIT)
+        head = (
+            f"hybrid model: only {arch.full_attention_layers} of {arch.num_layers} layers hold KV; each running "
+            "request also holds Gated DeltaNet state slots. "
+            if hybrid
+            else ""
+        )
+        rows = "; ".join(
+            f"{m['config']} (tp {m['tp_size']}, mem {m['mem_fraction_static']}): KV {m['kv_gib_per_gpu']} GiB = "
+            f"{m['kv_tokens']:,} tokens"
+            + (
+                f", state {m['state_gib_per_gpu']} GiB = {m['state_slots']} slots of {m['state_slot_mib_per_gpu']} MiB"
+                if hybrid
+                else ""
+            )
+            + f" → {m['max_running_requests']} running"
+            for m in mem[:6]
+        )
+        more = f" (+{len(mem) - 6} more in detail)" if len(mem) > 6 else ""
+        add(
+            MEMORY_FIT,
+            f"{head}Per GPU: {rows}{more}. {len(affected)} concurrency × context points do not fit (dropped, or "
+            "queued behind the running-request cap)",
+            [m["config"] for m in mem],
+            affected,
+            {"hybrid": hybrid, "per_config": mem},
+        )
+    # speculative decoding's reset of max_running_requests
+    reset = [
+        cp
+        for cp in live
+        if cp.resolved.spec_algorithm is not None and cp.config.flags.get("max_running_requests") is None
+    ]
+    if reset:
+        add(
+            SPEC_RESET,
+            "speculative decoding resets max_running_requests to 48 when it is not set, capping the concurrency "
+            "sweep (the higher points only queue): set server.base.max_running_requests, the same in every "
+            "configuration, so autoregressive and speculative runs compare",
+            [cp.config.id for cp in reset],
+            pts(SPEC_RESET),
+            {
+                "reset_to": 48,
+                "max_running_requests": {
+                    cp.config.id: cp.resolved.effective_max_running_requests for cp in reset
+                },
+            },
+        )
+    slow = [(cp, pp) for cp in live for pp in cp.points if MULTI_MINUTE_PREFILL in pp.codes]
+    if slow:
+        add(
+            MULTI_MINUTE_PREFILL,
+            f"{len(slow)} points have a multi-minute TTFT: the step model's prefill of one prompt, times the "
+            "prompts of one wave (concurrency, up to the running cap) that prefill one after another, plus one "
+            "wave per extra group of queued requests (detail: prefill_s of one request, last_ttft_s)",
+            sorted({cp.config.id for cp, _ in slow}),
+            [pp.spec.id for _, pp in slow],
+            {
+                pp.spec.id: {
+                    "prefill_s": pp.detail.get("prefill_s"),
+                    "last_ttft_s": pp.detail.get("last_ttft_s"),
+                }
+                for _, pp in slow
+            },
+        )
+    if plan.cut_first:
+        add(
+            OVER_BUDGET,
+            f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(plan.budget_s or 0)}: cut first the "
+            f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first)",
+            sorted(
+                {pp.spec.id.split(".")[0] for pp in plan.point_plans() if pp.spec.id in set(plan.cut_first)}
+            ),
+            list(plan.cut_first),
+            {"total_s": round(plan.total_s, 1), "budget_s": plan.budget_s},
+        )
+    dead = [cp for cp in plan.configs if cp.error is not None and cp.error_code is None]
+    if dead:
+        add(
+            CANNOT_START,
+            "; ".join(f"{cp.config.id}: {cp.error}" for cp in dead),
+            [cp.config.id for cp in dead],
+            [pp.spec.id for cp in dead for pp in cp.points],
+            {cp.config.id: cp.error for cp in dead},
+        )
+    return out
+
+
 def _global_warnings(plan: Plan) -> None:
     exp = plan.experiment
     if exp.launcher.emulator is False and not exp.launcher.gpu:
@@ -422,6 +656,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                         "warnings": p.warnings,
                         "est_s": round(p.est_s, 2),
                         "estimate": p.detail,
+                        "pitfalls": p.codes,
                     }
                     for p in cp.points
                 ],
@@ -446,6 +681,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "within_budget": plan.budget_s is None or plan.total_s <= plan.budget_s,
         "cut_first": plan.cut_first,
         "warnings": plan.warnings,
+        "pitfalls": plan.pitfalls,
     }
 
 
@@ -518,6 +754,10 @@ def print_plan(plan: Plan, console) -> None:
     )
     for w in plan.warnings:
         console.print(f"[yellow]! {w}[/]")
+    if plan.pitfalls:
+        console.print(f"[bold]pitfalls ({len(plan.pitfalls)})[/]")
+        for pf in plan.pitfalls:
+            console.print(f"[magenta]{pf['code']}[/] ({len(pf['points'])} points): {pf['message']}")
     if plan.cut_first:
         console.print(
             "cut first: " + ", ".join(plan.cut_first[:20]) + (" …" if len(plan.cut_first) > 20 else "")
