@@ -24,7 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.reader import ReaderError
 
 # --------------------------------------------------------------------------------------------------------------
 # SGLang flags we know the type of (dest names, reference sglang.md §1). Other flags are accepted as they are
@@ -341,6 +342,12 @@ class Experiment(_Strict):
     load: Load
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     flush_cache_between_points: bool = True
+    retries: int = Field(
+        1,
+        ge=0,
+        le=10,
+        description="times a point is run again after its server died under it (restarted first)",
+    )
     slo: list[str] = Field(
         default_factory=list, description="e.g. ttft_p99<=2s, itl_p99<=50ms, error_rate<=1%"
     )
@@ -542,6 +549,13 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
     except MarkedYAMLError as e:
         line = (e.problem_mark.line + 1) if e.problem_mark else 0
         raise ExperimentError([f"{filename}:{line}: YAML syntax error: {e.problem}"]) from None
+    except ReaderError as e:  # a control character: the reader knows its offset, not its line
+        line = text.count("\n", 0, max(0, e.position)) + 1
+        raise ExperimentError(
+            [f"{filename}:{line}: YAML syntax error: character {e.character:#x} is not allowed in YAML"]
+        ) from None
+    except (YAMLError, ValueError, RecursionError) as e:  # anything else the YAML library refuses
+        raise ExperimentError([f"{filename}:1: YAML error: {type(e).__name__}: {e}"[:500]]) from None
     if not isinstance(doc, CommentedMap):
         raise ExperimentError(
             [f"{filename}:1: expected a mapping of keys (name, target, model, ...) at the top"]

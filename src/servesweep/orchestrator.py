@@ -12,12 +12,14 @@ half-way is thrown away and run again, and nothing finished is lost.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +38,82 @@ PLAYBOOK = "sglang_server.yml"
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM: stop after cleaning up; the run can be resumed."""
+
+
+class DiskTrouble(Exception):
+    """The results folder filled up (or went read-only) mid-run: stop before a point is half-written; finished
+    points stay as they are and the run can be resumed once there is room."""
+
+
+# errno values that mean "the results folder cannot take more": full, over quota, read-only
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
+POINT_OVERHEAD_BYTES = 256 * 1024  # summary, Locust CSVs and log, per point
+CONFIG_OVERHEAD_BYTES = 4 * 1024 * 1024  # server log and Ansible artifacts, per configuration start
+MANIFEST_RESERVE_BYTES = 1024 * 1024  # the manifest is rewritten after every change: always leave room for it
+
+
+def point_bytes(requests: int, output_tokens: int) -> int:
+    """A generous estimate of one point's files: a records row is ~0.5 KiB plus 16 bytes per streamed chunk."""
+    return POINT_OVERHEAD_BYTES + requests * (512 + 16 * output_tokens)
+
+
+def _point_requests(exp: Experiment, concurrency: int, dry_run: bool) -> int:
+    if dry_run:
+        return concurrency
+    if exp.load.requests:
+        return exp.load.requests
+    # a duration point: assume at most 20 requests per user per second (short outputs on a fast server)
+    return int(concurrency * 20 * ((exp.load.duration_s or 60) + exp.load.warmup_s))
+
+
+def estimate_run_bytes(exp: Experiment, *, dry_run: bool = False) -> int:
+    plan = make_plan(exp)
+    total = 0
+    for cp in plan.configs:
+        if cp.error:
+            continue
+        total += CONFIG_OVERHEAD_BYTES
+        for pp in cp.points:
+            if pp.feasible:
+                s = pp.spec
+                total += point_bytes(_point_requests(exp, s.concurrency, dry_run), s.output_tokens)
+    return total
+
+
+def preflight_results_dir(folder: Path, need_bytes: int) -> None:
+    """Before any server starts: the results folder must exist or be creatable, take a file (written, synced and
+    removed) and have room for the estimate. Raises click.ClickException naming the folder and what is wrong."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.ClickException(f"results folder {folder}: cannot create it ({e.strerror})") from None
+    probe = folder / f".servesweep-write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise click.ClickException(
+            f"results folder {folder} is not writable ({e.strerror}); choose another with --out"
+        ) from None
+    finally:
+        probe.unlink(missing_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise click.ClickException(
+            f"results folder {folder}: {_mib(free)} free, the run needs about {_mib(need_bytes)} "
+            "(records, summaries, logs); free some space or choose another folder with --out"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _is_disk_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in _DISK_ERRNOS
 
 
 def _free_port() -> int:
@@ -220,6 +298,9 @@ class Runner:
             "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
             "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
             "sglang_server_startup_timeout": int(L.startup_timeout_s),
+            # never adopt a server that is already up (a killed run's leftover may be mid-point or wedged): the
+            # role stops it through its pidfile and starts a fresh one
+            "sglang_server_force_restart": state == "started",
             "sglang_server_stop_timeout": int(L.stop_timeout_s),
             "sglang_server_api_key_env": L.api_key_env or "",
             "sglang_server_become": L.become,
@@ -229,7 +310,7 @@ class Runner:
             "sglang_server_docker_image": L.image or f"lmsysorg/sglang:v{exp.sglang_version}",
         }
 
-    def ansible(self, cfg_id: str, state: str, what: str):
+    def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
         from servesweep.ansible_run import run_playbook
 
         c = self.m.configs[cfg_id]
@@ -248,7 +329,7 @@ class Runner:
                     PLAYBOOK,
                     inventory=self._inventory(),
                     extravars=self.role_vars(cfg_id, state),
-                    artifact_dir=self.run_dir / "servers" / cfg_id / "ansible",
+                    artifact_dir=artifact_dir or self.run_dir / "servers" / cfg_id / "ansible",
                     ident=ident,
                     timeout_s=self.exp.launcher.startup_timeout_s + self.exp.launcher.stop_timeout_s + 300,
                     on_event=on_event,
@@ -281,6 +362,28 @@ class Runner:
             self.console.print(f"[yellow]interrupted[/]: resume with  servesweep run --resume {self.run_dir}")
             self._stop_server_quietly()
             return 130
+        except DiskTrouble as e:
+            for tmp in self.run_dir.glob(".tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                self._mark_interrupted()  # may fail too: the previous manifest then stays, whole
+            except OSError:
+                pass
+            self.console.print(
+                f"[red]stopped: {e}[/]\nfinished points are kept; make room, then resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            self._stop_server_quietly(outside_run_dir=True)
+            return 4
+        except OSError as e:
+            if not _is_disk_error(e):
+                raise
+            self._stop_server_quietly(outside_run_dir=True)
+            self.console.print(
+                f"[red]stopped: the results folder cannot be written ({e.strerror}: {e.filename})[/]\n"
+                f"finished points are kept; fix it, then resume with  servesweep run --resume {self.run_dir}"
+            )
+            return 4
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
@@ -337,42 +440,72 @@ class Runner:
         self.m.save()
         if self.exp.target.managed:
             self.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
-            res = self.ansible(cid, "started", f"server {cid}")
-            server = res.artifact_data.get("sglang_server")
-            if not res.ok:
-                log = self.run_dir / "servers" / cid / "server.log"
-                self.server_up = False
-                c.update(
-                    status="failed", error=res.error(), server=server, log=str(log) if log.exists() else None
-                )
-                for pid in todo:
-                    self.m.points[pid].update(
-                        status=mf.SERVER_FAILED, reason=f"server did not start: {res.error()}"
-                    )
-                self.m.save()
-                self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
+            if not self._start_server(cid, todo):
                 return
-            self.server_up = True
-            c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
-            if server and server.get("facts"):
-                self.m.data["hosts"][server.get("host", "?")] = server["facts"]
-            self.m.save()
-            ready = (server or {}).get("ready") or {}
-            self.event(
-                f"[green]✓ {cid}[/] ready (/health after {ready.get('health_after_s', '?')} s, role {res.duration_s:.1f} s)"
-            )
         else:
             c.update(status="ready", server={"server_info": _get_json(self.base_url() + "/server_info")})
             self.m.save()
-        for pid in todo:
-            if self.stop_requested:
-                raise Interrupted("SIGINT")
-            self._run_point(cid, pid)
-            if self.m.points[pid]["status"] == mf.FAILED and not self._healthy():
+        for i, pid in enumerate(todo):
+            while True:
+                if self.stop_requested:
+                    raise Interrupted("SIGINT")
+                self._run_point(cid, pid)
+                p = self.m.points[pid]
+                if p["status"] != mf.FAILED or self._healthy():
+                    break
+                # the server died under this point: keep its log with the point, restart it, retry the point
                 self._server_crashed(cid, pid)
-                return
+                retry = p["attempts"] <= self.exp.retries
+                later = todo[i + 1 :]
+                if not self.exp.target.managed or not (retry or later):
+                    for other in later:
+                        self.m.points[other].update(
+                            status=mf.SERVER_FAILED, reason=f"server crashed during {pid}"
+                        )
+                    self.m.save()
+                    return
+                if not self._start_server(cid, ([pid] if retry else []) + later, restart=True):
+                    return
+                if not retry:
+                    self.event(
+                        f"[red]✗ {pid}[/]: failed after {p['attempts']} attempts (retries: {self.exp.retries})"
+                    )
+                    break
+                self.event(f"retrying {pid} (attempt {p['attempts'] + 1} of {self.exp.retries + 1})")
         c["status"] = "done"
         self.m.save()
+
+    def _start_server(self, cid: str, todo: list[str], *, restart: bool = False) -> bool:
+        """Apply the role (state started); on failure every point of `todo` is marked server_failed."""
+        c = self.m.configs[cid]
+        if restart:
+            c["restarts"] = c.get("restarts", 0) + 1
+        res = self.ansible(cid, "started", f"{'restarting' if restart else 'server'} {cid}")
+        server = res.artifact_data.get("sglang_server")
+        if not res.ok:
+            log = self.run_dir / "servers" / cid / "server.log"
+            self.server_up = False
+            c.update(
+                status="failed", error=res.error(), server=server, log=str(log) if log.exists() else None
+            )
+            for pid in todo:
+                self.m.points[pid].update(
+                    status=mf.SERVER_FAILED, reason=f"server did not start: {res.error()}"
+                )
+            self.m.save()
+            self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
+            return False
+        self.server_up = True
+        c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
+        if server and server.get("facts"):
+            self.m.data["hosts"][server.get("host", "?")] = server["facts"]
+        self.m.save()
+        ready = (server or {}).get("ready") or {}
+        self.event(
+            f"[green]✓ {cid}[/] {'restarted' if restart else 'ready'} (/health after "
+            f"{ready.get('health_after_s', '?')} s, role {res.duration_s:.1f} s)"
+        )
+        return True
 
     def _run_point(self, cid: str, pid: str) -> bool:
         from servesweep.load import run_point  # no Locust import: it runs Locust as a subprocess
@@ -404,6 +537,15 @@ class Runner:
         )
         tmp = self.run_dir / f".tmp-{pid}"
         shutil.rmtree(tmp, ignore_errors=True)
+        need = point_bytes(
+            _point_requests(self.exp, p["concurrency"], bool(self.m.data.get("dry_run"))), p["output_tokens"]
+        )
+        free = shutil.disk_usage(self.run_dir).free
+        if free < need + MANIFEST_RESERVE_BYTES:
+            raise DiskTrouble(
+                f"the results folder {self.run_dir} has {_mib(free)} free, point {pid} needs about "
+                f"{_mib(need + MANIFEST_RESERVE_BYTES)}"
+            )
         p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
         self.m.save()
         t0 = time.monotonic()
@@ -427,6 +569,11 @@ class Runner:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         except Exception as e:  # the point failed; the run goes on
+            if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise DiskTrouble(
+                    f"the results folder filled up during {pid} ({type(e).__name__}: {e})"
+                ) from e
             msg = f"{type(e).__name__}: {e}"
             p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
             self.m.save()
@@ -472,37 +619,49 @@ class Runner:
         return False
 
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
+        """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
+        records; the configuration keeps a list of its crashes."""
         self.server_up = False
         c = self.m.configs[cid]
+        p = self.m.points[failed_pid]
         if self.exp.target.managed:
             self.ansible(cid, "logs", f"server {cid} crashed: fetching its log")
         log = self.run_dir / "servers" / cid / "server.log"
+        aside = self.run_dir / f"{failed_pid}.crashed-{p['attempts']}"
+        attached = None
+        if log.exists():
+            aside.mkdir(exist_ok=True)
+            shutil.copyfile(log, aside / "server.log")
+            attached = str(aside / "server.log")
+        c.setdefault("crashes", []).append({"t": mf.now_iso(), "point": failed_pid, "log": attached})
         c.update(
-            status="crashed",
-            error=f"server stopped answering /health during {failed_pid}",
-            log=str(log) if log.exists() else None,
+            status="crashed", error=f"server stopped answering /health during {failed_pid}", log=attached
         )
-        for pid in self._pending(cid):
-            if self.m.points[pid]["status"] != mf.FAILED:
-                self.m.points[pid].update(
-                    status=mf.SERVER_FAILED, reason=f"server crashed during {failed_pid}"
-                )
+        p.update(server_log=attached, records_aside=aside.name if aside.exists() else None)
         self.m.save()
-        self.event(f"[red]✗ {cid}[/] crashed; its log: {log}")
+        self.event(f"[red]✗ {cid}[/] crashed during {failed_pid}; its log: {attached}")
 
-    def _stop_server_quietly(self) -> None:
+    def _stop_server_quietly(self, *, outside_run_dir: bool = False) -> None:
+        """Stop the server through the role. With a full results folder Ansible's artifacts go to a temporary
+        folder instead (removed after)."""
         if not self.exp.target.managed or self.keep_server:
             return
         cid = next(iter(self.m.configs), None)
         if cid is None:
             return
         self.stop_requested = False
+        scratch = Path(tempfile.mkdtemp(prefix="servesweep-stop-")) if outside_run_dir else None
         try:
-            res = self.ansible(cid, "stopped", "stopping the server")
+            res = self.ansible(cid, "stopped", "stopping the server", artifact_dir=scratch)
             if not res.ok:
                 self.console.print(f"[yellow]could not stop the server: {res.error()}[/]")
         except Interrupted:
             pass
+        except OSError as e:
+            self.console.print(f"[yellow]could not stop the server: {e}[/]")
+        finally:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     # -- results --
 
@@ -668,6 +827,18 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             m = mf.Manifest.load(Path(resume).resolve())
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
+        exp_r = Experiment.model_validate(m.data["experiment"])
+        left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
+        preflight_results_dir(
+            m.run_dir,
+            sum(
+                point_bytes(
+                    _point_requests(exp_r, p["concurrency"], bool(m.data.get("dry_run"))), p["output_tokens"]
+                )
+                for p in left
+            )
+            + MANIFEST_RESERVE_BYTES,
+        )
         m.data.setdefault("resumed", []).append(mf.now_iso())
         done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
         console.print(f"resuming {m.data['run_id']}: {done} of {len(m.points)} points already done")
@@ -682,6 +853,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             console.print(
                 "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
             )
+        preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
     rc = Runner(m, console=console, keep_server=keep_server).run()
     sys.exit(rc)
