@@ -356,9 +356,11 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
     last_ttft = b * prefill + (waves - 1) * (b * prefill + steps * itl)
     pp.detail["last_ttft_s"] = round(last_ttft, 2)
     if prefill >= LONG_PREFILL_S or last_ttft >= MULTI_MINUTE_S:
-        msg = f"prefill of {p} tokens takes ~{prefill:.0f} s at tp {rs.tp_size}"
+        msg = f"prefill of {p} tokens takes ~{prefill:.1f} s at tp {rs.tp_size}"
         if c > 1:
             msg += f"; the last of {c} concurrent prompts waits ~{last_ttft / 60:.1f} min for its first token"
+            if waves > 1:
+                msg += f" ({waves - 1} more waves queue behind {b} running)"
         if last_ttft >= MULTI_MINUTE_S:
             msg += ": multi-minute TTFT"
             pp.codes.append(MULTI_MINUTE_PREFILL)
