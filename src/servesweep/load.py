@@ -59,23 +59,48 @@ def _request(point: LoadPoint, path: str, body: dict | None = None, timeout: flo
     return urllib.request.urlopen(req, timeout=timeout)
 
 
+_TRANSIENT = re.compile(r"HTTP (429|5\d\d)|cannot reach|timed out|Connection (reset|refused)", re.I)
+PROBE_ATTEMPTS = 4  # 0.5 + 1 + 2 s of back-off: a server that sheds a request now and then still gets probed
+
+
+def _retrying(what: str, fn: Callable[[], object]):
+    """Run a probe, retrying what looks transient (429, 5xx, a refused or reset connection, a timeout)."""
+    delay = 0.5
+    for attempt in range(1, PROBE_ATTEMPTS + 1):
+        try:
+            return fn()
+        except (RuntimeError, OSError) as e:
+            if attempt == PROBE_ATTEMPTS or not _TRANSIENT.search(str(e)):
+                raise RuntimeError(f"{what} (attempt {attempt} of {PROBE_ATTEMPTS}): {e}") from None
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
 def fetch_model(point: LoadPoint) -> str:
     """The first model the server lists at GET /v1/models."""
-    try:
-        with _request(point, "/v1/models", timeout=point.connect_s + 20) as r:
-            d = json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raise RuntimeError(f"{point.base_url}/v1/models answered HTTP {e.code}: {e.read()[:200]!r}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise RuntimeError(f"{point.base_url}/v1/models: cannot reach the server ({e})") from None
-    models = d.get("data") or []
+
+    def once() -> dict:
+        try:
+            with _request(point, "/v1/models", timeout=point.connect_s + 20) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(
+                f"{point.base_url}/v1/models answered HTTP {e.code}: {e.read()[:200]!r}"
+            ) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise RuntimeError(f"{point.base_url}/v1/models: cannot reach the server ({e})") from None
+
+    d = _retrying("listing models", once)
+    models = d.get("data") or [] if isinstance(d, dict) else []
     if not models or not models[0].get("id"):
         raise RuntimeError(f"{point.base_url}/v1/models lists no model; give --model")
     return models[0]["id"]
 
 
 def probe_continuous_usage(point: LoadPoint) -> bool:
-    """Whether the server adds per-chunk usage with stream_options.continuous_usage_stats (SGLang, vLLM do)."""
+    """Whether the server adds per-chunk usage with stream_options.continuous_usage_stats (SGLang, vLLM do).
+    A server that rejects the option (4xx) does not; 429/5xx and connection errors are retried."""
     body = {
         "model": point.model,
         "stream": True,
@@ -88,27 +113,44 @@ def probe_continuous_usage(point: LoadPoint) -> bool:
     else:
         body["prompt"] = "Say hi."
         path = "/v1/completions"
-    try:
-        with _request(point, path, body, timeout=point.first_token_s) as r:
-            for raw in r:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                try:
-                    ev = json.loads(line[5:])
-                except ValueError:
-                    continue
-                for ch in ev.get("choices") or ():
-                    d = ch.get("delta") or {}
-                    if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get("usage"):
-                        return True
-    except (urllib.error.URLError, OSError, ValueError):
+
+    def once() -> bool:
+        try:
+            with _request(point, path, body, timeout=point.first_token_s) as r:
+                for raw in r:
+                    line = raw.strip()
+                    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                        continue
+                    try:
+                        ev = json.loads(line[5:])
+                    except ValueError:
+                        continue
+                    if not isinstance(ev, dict):
+                        continue
+                    if "error" in ev:  # an in-stream error (an overloaded server): try again
+                        raise RuntimeError(
+                            f"per-chunk usage probe: HTTP 500-like in-stream error {ev['error']}"
+                        )
+                    for ch in ev.get("choices") or ():
+                        d = ch.get("delta") or {}
+                        if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get(
+                            "usage"
+                        ):
+                            return True
+        except urllib.error.HTTPError as e:
+            if e.code == 429 or e.code >= 500:
+                raise RuntimeError(f"per-chunk usage probe: POST {path} answered HTTP {e.code}") from None
+            return False  # the option itself was refused
+        except (urllib.error.URLError, OSError) as e:
+            raise RuntimeError(f"per-chunk usage probe: cannot reach {point.base_url} ({e})") from None
         return False
-    return False
+
+    return bool(_retrying("probing per-chunk usage", once))
 
 
 def resolve_point(point: LoadPoint) -> LoadPoint:
-    """Fill what the point leaves to the server: model name, chat template overhead, continuous usage support."""
+    """Fill what the point leaves to the server: model name, chat template overhead, continuous usage support.
+    Each probe is one small request, retried when the failure looks transient."""
     upd: dict = {}
     if not point.probe:
         return (
@@ -123,12 +165,16 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
         from servesweep.prompts import probe_template_overhead
 
         upd["template_overhead"] = int(
-            probe_template_overhead(
-                point.base_url,
-                point.model,
-                api_key=api_key_for(point),
-                endpoint="chat",
-                tokenizer=point.tokenizer,
+            _retrying(
+                "probing the chat template overhead",
+                lambda: probe_template_overhead(
+                    point.base_url,
+                    point.model,
+                    api_key=api_key_for(point),
+                    endpoint="chat",
+                    tokenizer=point.tokenizer,
+                    extra=point.extra_body or None,
+                ),
             )
         )
     if point.continuous_usage is None:
