@@ -108,6 +108,7 @@ class Net:
             "ansible_user=root\n"
             f"ansible_ssh_private_key_file={self.key}\n"
             "ansible_python_interpreter=/usr/bin/python3\n"
+            "ansible_pipelining=true\n"  # modules over the open SSH session: no file transfer per task
             f'ansible_ssh_common_args=\'-o ProxyCommand="{relay}" -o UserKnownHostsFile=/dev/null '
             "-o StrictHostKeyChecking=no -o LogLevel=ERROR'\n"
             # A control path of our own (short: unix socket paths are limited) so runs never share masters

@@ -1,4 +1,5 @@
-"""Print the state of the Locust workers in one folder as JSON (stdlib only; run by the role on the host).
+"""Print the state of the Locust workers in one folder as JSON and keep it in FOLDER/state.json (stdlib only;
+the role runs it on the host as `python -c <this file> FOLDER`).
 
 Per worker index I the launch script leaves I.pgid (its process group), I.pid (the Locust process), I.rc (its
 exit status, when it ended by itself), I.stopped (when the role had to stop it), I.status.json (its counters).
@@ -53,7 +54,11 @@ def main(folder: str) -> None:
                 "log": base + ".log",
             }
         )
-    print(json.dumps({"hostname": socket.gethostname(), "folder": folder, "workers": workers}))
+    text = json.dumps({"hostname": socket.gethostname(), "folder": folder, "workers": workers})
+    if os.path.isdir(folder):
+        with open(os.path.join(folder, "state.json"), "w") as f:
+            f.write(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

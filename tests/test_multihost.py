@@ -1,0 +1,209 @@
+"""Distributed load across hosts: master, two workers and the emulator each in its own network namespace with its
+own address (real TCP between them); the workers installed and started over SSH by the locust_worker role (Debian's
+sshd inside the namespaces), the master a headless Locust master waiting for both.
+
+Checked as a user would: every request the emulator served has a record, the records come from both workers (named
+by their own host names), each worker's counters match what the master received; a worker killed mid-point is
+named, with its exit status and the requests it lost, and the point is degraded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import netns
+from servesweep.loadspec import LoadPoint
+from servesweep.records import read_parquet
+from servesweep.remote_workers import account, build_package, master_command, start_remote_workers
+from servesweep.sim.launch import read_ground_truth, start_sim
+from servesweep.summary import summarize
+
+MODEL = "Qwen/Qwen3.6-27B"
+SIM_PORT = 30000  # inside the emulator's own namespace: no other test can hold it
+MASTER_PORT = 5557
+
+
+class Lab:
+    def __init__(self, net: netns.Net, tmp: Path, sim, wheel: Path):
+        self.net, self.tmp, self.sim, self.wheel = net, tmp, sim, wheel
+        self.base_url = f"http://{net['sim'].addr}:{SIM_PORT}"
+        vars_ = net.inventory_vars(via="master")
+        self.inventory = (
+            "[loadgen]\n"
+            f"w1 ansible_host={net['w1'].addr} locust_worker_dir={tmp}/hosts/w1\n"
+            f"w2 ansible_host={net['w2'].addr} locust_worker_dir={tmp}/hosts/w2\n"
+            f"[loadgen:vars]\n{vars_}"
+        )
+        # The hosts share this machine's disk, so the role installs servesweep from the wheel into a fresh
+        # environment per host and takes the dependencies from the test's environment (no index, no network).
+        self.extravars = {
+            "locust_worker_python": sys._base_executable,
+            "locust_worker_pip_from_base": True,
+            "locust_worker_site_dirs": [p for p in sys.path if p.endswith("site-packages")],
+            "locust_worker_start_timeout": 60,
+            "locust_worker_stop_timeout": 10,
+        }
+
+    def gt_ids(self) -> set[str]:
+        time.sleep(1.5)  # the emulator flushes its ground truth at least once a second
+        return {d["id"] for d in read_ground_truth(self.sim.ground_truth_path)}
+
+    def point(self, name: str, **kw) -> tuple[LoadPoint, Path, Path]:
+        p = LoadPoint(
+            base_url=self.base_url,
+            model=MODEL,
+            probe=False,  # only the point's own requests reach the emulator
+            concurrency=4,
+            prompt_tokens=300,
+            point_id=name,
+            **kw,
+        )
+        run_dir = self.tmp / name
+        work = run_dir / ".work"
+        work.mkdir(parents=True)
+        (work / "point.json").write_text(p.model_dump_json())
+        return p, run_dir, work
+
+    def run_master(self, point: LoadPoint, work: Path, during=None) -> str:
+        """The master in its namespace until the point ends (bounded); `during(proc)` runs while it does."""
+        cmd = master_command(
+            point,
+            work,
+            expect_workers=2,
+            bind_host=self.net["master"].addr,
+            bind_port=MASTER_PORT,
+            max_wait_s=60,
+        )
+        log = work.parent / "master.log"
+        proc = self.net.popen("master", cmd, log)
+        try:
+            if during is not None:
+                during(proc)
+            proc.wait(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        return log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multihost")
+    wheel = build_package(tmp / "dist")
+    with netns.hosts(["master", "w1", "w2", "sim"], ssh=["w1", "w2"]) as net:
+        sim = start_sim(
+            ["--model-path", MODEL, "--sim-calibration", "speedup=2"],
+            host=net["sim"].addr,
+            port=SIM_PORT,
+            ground_truth=tmp / "gt.jsonl",
+            prefix=net["sim"].prefix(),
+            wait_ready=False,
+        )
+        try:
+            net.wait_http("master", f"http://{net['sim'].addr}:{SIM_PORT}/health", timeout=60)
+            yield Lab(net, tmp, sim, wheel)
+        finally:
+            sim.stop()
+
+
+def test_point_runs_across_hosts_with_complete_records_from_both_workers(lab):
+    point, run_dir, work = lab.point("mh-ok", output_tokens=24, duration_s=3.0)
+    before = lab.gt_ids()
+    t0 = time.monotonic()
+    workers = start_remote_workers(
+        lab.inventory,
+        "loadgen",
+        lab.net["master"].addr,
+        MASTER_PORT,
+        1,
+        work / "point.json",
+        run_dir,
+        package=lab.wheel,
+        extravars=lab.extravars,
+    )
+    try:
+        assert {(w.host, w.hostname) for w in workers.started} == {("w1", "w1"), ("w2", "w2")}
+        assert all(w.exit_code is None and w.pid for w in workers.started), workers.started
+        started_s = time.monotonic() - t0
+        master_log = lab.run_master(point, work)
+    finally:
+        states = workers.stop()
+    served = lab.gt_ids() - before
+
+    table = read_parquet(work / "records.parquet")
+    recs = table.to_pylist()
+    assert recs, f"no records; master log:\n{master_log[-3000:]}"
+    assert {r["request_id"] for r in recs} == served, "every request the emulator served has exactly one record"
+    by_worker = {w.identity: w for w in states}
+    assert {r["worker"] for r in recs} == set(by_worker), "records from both workers, and only from them"
+    assert sorted(w.split(":")[0] for w in by_worker) == ["w1", "w2"]
+    assert all(w.exit_code == 0 and not w.stopped_by_role for w in states), (
+        "workers ended by themselves when the master quit"
+    )
+    for w in states:
+        assert w.log is not None and "servesweep: point mh-ok" in w.log.read_text()
+
+    acc = account(states, table, master_log)
+    assert not acc["degraded"] and acc["lost_requests"] == 0, acc
+    for row in acc["workers"]:
+        assert row["issued"] == row["records"] > 0, row  # each worker's own count = what reached the master
+    s = summarize(table)
+    assert s["requests"]["ok"] == len(recs) == len(served)
+    assert s["failures"] == {}
+    print(f"\nstart over SSH (install + 2 workers) {started_s:.1f} s; {len(recs)} requests")
+
+
+def test_killed_worker_is_named_with_the_requests_it_lost(lab):
+    point, run_dir, work = lab.point("mh-kill", output_tokens=64, duration_s=8.0)
+    before = lab.gt_ids()
+    workers = start_remote_workers(
+        lab.inventory,
+        "loadgen",
+        lab.net["master"].addr,
+        MASTER_PORT,
+        1,
+        work / "point.json",
+        run_dir,
+        package=lab.wheel,
+        extravars=lab.extravars,
+    )
+    victim = next(w for w in workers.started if w.host == "w2")
+    status = Path(f"{lab.tmp}/hosts/w2/{victim.index}.status.json")
+
+    def kill_mid_point(proc: subprocess.Popen) -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None:
+            if status.is_file() and '"issued": 0,' not in status.read_text():
+                break
+            time.sleep(0.1)
+        time.sleep(1.5)  # streams in flight and records not shipped yet
+        os.kill(victim.pid, signal.SIGKILL)
+
+    try:
+        master_log = lab.run_master(point, work, during=kill_mid_point)
+    finally:
+        states = workers.stop()
+    served = lab.gt_ids() - before
+    table = read_parquet(work / "records.parquet")
+    got = set(table.column("request_id").to_pylist())
+    true_lost = served - got
+    assert got <= served and true_lost, "the killed worker's requests in flight never reached the master"
+
+    acc = account(states, table, master_log)
+    rows = {r["host"]: r for r in acc["workers"]}
+    assert acc["degraded"]
+    assert rows["w2"]["exit_code"] == 128 + signal.SIGKILL and not rows["w2"]["ended_cleanly"]
+    assert rows["w2"]["heartbeat_missing"], "the master noticed the missing heartbeats"
+    # its last counters (written every second) say at least this many never arrived; the emulator saw them all
+    assert 1 <= rows["w2"]["lost"] <= len(true_lost), (rows["w2"], len(true_lost))
+    assert acc["lost_requests"] == rows["w2"]["lost"]
+    assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0 and rows["w1"]["records"] > 0
+    assert len(acc["problems"]) == 1 and "on w2" in acc["problems"][0] and "exited with 137" in acc["problems"][0]
+    print(f"\n{acc['problems'][0]}; the emulator's ground truth: {len(true_lost)} lost")
