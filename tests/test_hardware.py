@@ -236,3 +236,19 @@ def test_bad_tp_and_too_big_model():
         resolve_server({"model_path": "Qwen/Qwen3.6-27B", "tp_size": 5})
     with pytest.raises(RuntimeError, match="Not enough memory"):
         resolve_server({"model_path": "meta-llama/Llama-3.1-70B", "sim_gpu": "a6000"})
+
+
+def test_spec_v2_variable_is_a_no_op_notice_from_0_5_15_on():
+    args = {
+        "model_path": "Qwen/Qwen3.6-27B",
+        "tp_size": 2,
+        "sim_gpu": "RTX A6000",
+        "speculative_algorithm": "NEXTN",
+    }
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    new = resolve_server({**args, "sim_sglang_version": "0.5.23"}, env)
+    old = resolve_server(
+        {**args, "sim_sglang_version": "0.5.11", "mamba_scheduler_strategy": "extra_buffer"}, env
+    )
+    assert any("SGLANG_ENABLE_SPEC_V2 has been removed" in w for w in new.warnings)
+    assert not any("SGLANG_ENABLE_SPEC_V2" in w for w in old.warnings)

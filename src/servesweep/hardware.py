@@ -657,6 +657,11 @@ def resolve_server(
         warns.append(msg)
         log.append(f"WARNING {msg}")
 
+    if "SGLANG_ENABLE_SPEC_V2" in env and vt >= (0, 5, 15):
+        # removed in 0.5.15 (arg_groups/speculative_hook.py): setting it only logs a notice (reference §0)
+        warn(
+            "SGLANG_ENABLE_SPEC_V2 has been removed; it has no effect. Use --disable-overlap-schedule to turn spec v2 off."
+        )
     tp = int(a["tp_size"] or 1)
     dp = int(a["dp_size"] or 1)
     pp = int(a.get("pp_size") or 1)
