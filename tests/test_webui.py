@@ -298,13 +298,13 @@ def load_table_row(summary: dict) -> dict[str, str]:
     return {c.header: str(next(iter(c.cells))) for c in t.columns}
 
 
-def check_steps(rows: list[dict[str, str]], windows: list[dict], records: pa.Table) -> None:
+def check_steps(rows: list[dict[str, str]], windows: list[dict], records: pa.Table, failures=False) -> None:
     """Each CSV row is the load table's row of the records scheduled inside its step, summarized here."""
     assert len(rows) == len(windows)
     for r, w in zip(rows, windows, strict=True):
         mine = summarize(in_window(records, w["start_ns"], w["end_ns"]))
         mine["point"] = {"concurrency": w["concurrency"]}
-        assert mine["requests"]["ok"] > 0 and not mine["failures"], mine["requests"]
+        assert mine["requests"]["ok"] > 0 and bool(mine["failures"]) == failures, mine["requests"]
         assert mine["prompt_tokens"]["max_abs_deviation_pct"] == 0.0  # the server counted the form's length
         assert {k: r[k] for k in LOAD_COLUMNS} == load_table_row(mine)
         assert float(r["duration_s"]) == pytest.approx((w["end_ns"] - w["start_ns"]) / 1e9, abs=0.002)
@@ -522,8 +522,15 @@ def test_sketch_relative_error_bound_and_merge_is_exact():
     assert Sketch().quantile(0.5) is None
 
 
-def test_local_runner_step_ramp_from_the_command_line(sim, tmp_path):
-    """No workers: one Locust process with the UI, the ramp chosen by --load-shape, --autostart/--autoquit."""
+def test_local_runner_step_ramp_from_the_command_line(tmp_path):
+    """No workers: one Locust process with the UI, the ramp chosen by --load-shape, --autostart/--autoquit;
+    an emulator that refuses or breaks some requests, so errors by class show."""
+    faults = ["--sim-fault-rate", "429=0.1,500=0.05,disconnect=0.05", "--sim-seed", "3"]
+    with start_sim([*SIM_ARGS, *faults], log_path=tmp_path / "sim.log") as sim:
+        _local_runner_step_ramp(sim, tmp_path)
+
+
+def _local_runner_step_ramp(sim, tmp_path):
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
     cmd = [
@@ -551,14 +558,21 @@ def test_local_runner_step_ramp_from_the_command_line(sim, tmp_path):
                 break
             time.sleep(0.3)
         assert live is not None and live["shape"] == "StepRamp", log.read_text()[-3000:]
-        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        assert proc.wait(30) == 1, log.read_text()[-3000:]  # Locust: 1 when any request failed
     finally:
         _kill(proc)
     records = read_parquet(tmp_path / "records.parquet")
     s = summarize(records, slos="ttft<=40ms")
     snap = live["live"]
-    assert snap["requests"]["ok"] == s["requests"]["ok"] == records.num_rows > 10
-    assert snap["output_tokens"] == s["output_tokens"] == 16 * records.num_rows
+    assert snap["requests"]["ok"] == s["requests"]["ok"] > 10
+    assert snap["requests"]["failed"] == s["requests"]["failed"] > 0
+    assert snap["errors"] == s["failures"] and set(s["failures"]) <= {
+        "http_429",
+        "http_5xx",
+        "connection_reset",
+        "no_done",
+    }
+    assert snap["output_tokens"] == s["output_tokens"] == 16 * s["requests"]["ok"]
     assert snap["goodput"]["requests"] == s["goodput"]["requests"]
     lat = latencies(records)
     for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
@@ -567,4 +581,4 @@ def test_local_runner_step_ramp_from_the_command_line(sim, tmp_path):
             assert close(snap["latency"][key][q], want, Sketch.ALPHA * 1.0001), (key, q)
     steps = list(csv.DictReader((tmp_path / "steps.csv").open()))
     assert [int(r[LOAD_COLUMNS[0]]) for r in steps] == [2, 1]
-    check_steps(steps, live["steps"], records)
+    check_steps(steps, live["steps"], records, failures=True)
