@@ -143,6 +143,9 @@ def test_rtxpro_plan_reports_kv_head_replication_spec_reset_prefill_and_budget()
     assert plan["budget_s"] == 7200 and plan["total_s"] > 7200
     cut = set(budget["points"])
     kept = sum(p["est_s"] for p in pts.values() if p["feasible"] and p["id"] not in cut)
+    # the cut points sit mostly on TP1 and the 100k prompts: the axis values to trim first
+    assert budget["detail"]["trim_first"]["prompt_tokens"][0] == "100000"
+    assert budget["detail"]["trim_first"]["config"][0].split("-")[1] == "tp1"
     assert kept < plan["total_s"] and plan["total_s"] - sum(pts[i]["est_s"] for i in cut) <= 7200 + 1
 
 
@@ -363,3 +366,32 @@ def test_rtxpro_dry_run_completes_on_the_emulator(tmp_path):
             assert argv[argv.index("--speculative-algorithm") + 1] == "DDTREE"
         if cid.endswith("dflash"):
             assert "--speculative-draft-model-path" in argv
+
+
+def test_ddtree_of_the_forked_build_accepts_more_tokens_per_step_as_its_budget_grows():
+    """The emulator takes DDTREE only when declared (--sim-extra-spec-algorithms) and draws accept lengths from the
+    per-budget model: 16 → 4.4, 32 → 5.0, 64 → 5.5 tokens per verify step (docs/examples/qwen36-27b-rtxpro6000.md)."""
+    from servesweep.sim.engine import Engine, EngineRequest
+
+    measured = {}
+    for budget, want in ((16, 4.4), (32, 5.0), (64, 5.5)):
+        rs = hardware.resolve_server(
+            {
+                "model_path": "Qwen/Qwen3.6-27B",
+                "tp_size": 8,
+                "sim_gpu": "RTX PRO 6000 Blackwell",
+                "speculative_algorithm": "DDTREE",
+                "speculative_num_draft_tokens": budget,
+            },
+            extra_spec_algorithms={"DDTREE"},
+        )
+        eng = Engine(rs, seed=1)
+        reqs = [
+            EngineRequest(f"r{i}", list(range(1, 300)), 400, lambda *a: None, ignore_eos=True)
+            for i in range(8)
+        ]
+        eng.run_simulated(reqs)
+        assert all(r.completion_tokens == 400 for r in reqs)
+        measured[budget] = eng.stats().spec_accept_length
+        assert abs(measured[budget] - want) < 0.35, (budget, measured[budget])
+    assert measured[16] < measured[32] < measured[64]

@@ -584,15 +584,40 @@ def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
             },
         )
     if plan.cut_first:
+        cut = set(plan.cut_first)
+        by: dict[str, dict[str, float]] = {
+            "config": {},
+            "prompt_tokens": {},
+            "output_tokens": {},
+            "concurrency": {},
+        }
+        for pp in plan.point_plans():
+            if pp.spec.id in cut:
+                for axis, key in (
+                    ("config", pp.spec.id.split(".")[0]),
+                    ("prompt_tokens", str(pp.spec.prompt_tokens)),
+                    ("output_tokens", str(pp.spec.output_tokens)),
+                    ("concurrency", str(pp.spec.concurrency)),
+                ):
+                    by[axis][key] = round(by[axis].get(key, 0.0) + pp.est_s, 1)
+        # the axis values whose points cost the most: the ones to trim in the experiment file
+        heavy = {axis: sorted(v.items(), key=lambda kv: -kv[1])[:3] for axis, v in by.items()}
         add(
             OVER_BUDGET,
             f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(plan.budget_s or 0)}: cut first the "
-            f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first)",
+            f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first); they sit "
+            + "; ".join(f"{axis} {', '.join(k for k, _ in v)}" for axis, v in heavy.items())
+            + " (the values to trim first)",
             sorted(
                 {pp.spec.id.split(".")[0] for pp in plan.point_plans() if pp.spec.id in set(plan.cut_first)}
             ),
             list(plan.cut_first),
-            {"total_s": round(plan.total_s, 1), "budget_s": plan.budget_s},
+            {
+                "total_s": round(plan.total_s, 1),
+                "budget_s": plan.budget_s,
+                "cut_s_by": by,
+                "trim_first": {axis: [k for k, _ in v] for axis, v in heavy.items()},
+            },
         )
     dead = [cp for cp in plan.configs if cp.error is not None and cp.error_code is None]
     if dead:
