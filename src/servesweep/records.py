@@ -169,15 +169,43 @@ def classify_status(status: int, message: str) -> str:
     return "http_4xx"
 
 
+class _Malformed(Exception):
+    """An event whose fields have the wrong types: the chunk is malformed, the user's task goes on."""
+
+
+def _count(v) -> int | None:
+    """A token count from the server, or None when it is not a plausible one (wrong type, negative, absurd)."""
+    return v if type(v) is int and 0 <= v < 2**53 else None
+
+
 def _token_bearing(ev: dict) -> bool:
-    for ch in ev.get("choices") or ():
+    """True when the event carries generated text; raises _Malformed when its shape is not an OpenAI chunk's."""
+    choices = ev.get("choices")
+    if choices is None:
+        return False
+    if not isinstance(choices, list):
+        raise _Malformed("choices is not a list")
+    found = False
+    for ch in choices:
+        if not isinstance(ch, dict):
+            raise _Malformed("a choice is not an object")
         d = ch.get("delta")
-        if d:
-            if d.get("content") or d.get("reasoning_content") or d.get("tool_calls"):
-                return True
-        elif ch.get("text"):
-            return True
-    return False
+        if d is not None:
+            if not isinstance(d, dict):
+                raise _Malformed("delta is not an object")
+            for key in ("content", "reasoning_content"):
+                v = d.get(key)
+                if v is not None and not isinstance(v, str):
+                    raise _Malformed(f"delta.{key} is not a string")
+                found = found or bool(v)
+            tc = d.get("tool_calls")
+            found = found or (isinstance(tc, list) and bool(tc))
+        else:
+            v = ch.get("text")
+            if v is not None and not isinstance(v, str):
+                raise _Malformed("text is not a string")
+            found = found or bool(v)
+    return found
 
 
 def is_token_line(line: bytes) -> bool:
@@ -189,19 +217,20 @@ def is_token_line(line: bytes) -> bool:
         return False
     try:
         ev = json.loads(payload)
-    except ValueError:
+        return isinstance(ev, dict) and _token_bearing(ev)
+    except (ValueError, RecursionError, _Malformed):
         return False
-    return isinstance(ev, dict) and _token_bearing(ev)
 
 
 def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
-    """Fill the record from the kept SSE lines: token chunks, usage, finish reason, and the error class if any."""
+    """Fill the record from the kept SSE lines: token chunks, usage, finish reason, and the error class if any.
+    Whatever the bytes, this never raises and the record fits SCHEMA (a bad field makes a malformed chunk)."""
     chunk_ns: list[int] = []
     chunk_tokens: list[int] | None = []
     done = False
     error = None
     malformed = None
-    usage = None
+    usage: dict | None = None
     finish = None
     prev_completion = 0
     for line, t in zip(lines, times, strict=True):
@@ -213,51 +242,64 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
             continue
         try:
             ev = json.loads(payload)
-        except ValueError:
-            malformed = malformed or short(payload[:120].decode("utf-8", "replace"))
+            if not isinstance(ev, dict):
+                raise _Malformed("not a JSON object")
+            if ev.get("error") is not None:
+                e = ev["error"]
+                error = error or short(e.get("message", e) if isinstance(e, dict) else e)
+                continue
+            u = ev.get("usage")
+            if u is not None and not isinstance(u, dict):
+                raise _Malformed("usage is not an object")
+            tokens = _token_bearing(ev)
+        except (ValueError, RecursionError, _Malformed) as e:
+            what = payload[:120].decode("utf-8", "replace")
+            malformed = malformed or short(f"{e}: {what}" if isinstance(e, _Malformed) else what)
             continue
-        if not isinstance(ev, dict):
-            malformed = malformed or short(payload[:120].decode("utf-8", "replace"))
-            continue
-        if "error" in ev:
-            e = ev["error"]
-            error = error or short(e.get("message", e) if isinstance(e, dict) else e)
-            continue
-        u = ev.get("usage")
         if u:
             usage = u
-        if _token_bearing(ev):
+        if tokens:
             chunk_ns.append(t)
             if chunk_tokens is not None:
-                if u and u.get("completion_tokens") is not None:
-                    c = int(u["completion_tokens"])
+                c = _count(u.get("completion_tokens")) if u else None
+                if c is not None and c >= prev_completion and c - prev_completion < 2**31:
                     chunk_tokens.append(c - prev_completion)
                     prev_completion = c
                 else:
-                    chunk_tokens = None  # the server does not say per chunk
+                    chunk_tokens = None  # the server does not say per chunk (or says nonsense)
         for ch in ev.get("choices") or ():
-            if ch.get("finish_reason"):
+            if ch.get("finish_reason") is not None:
                 finish = ch["finish_reason"]
     rec["chunk_ns"] = chunk_ns
     rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
     rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
-    rec["finish_reason"] = finish if isinstance(finish, str) else (json.dumps(finish) if finish else None)
+    rec["finish_reason"] = (
+        finish if isinstance(finish, str) else (json.dumps(finish) if finish is not None else None)
+    )
     if usage:
-        rec["prompt_tokens"] = usage.get("prompt_tokens")
-        rec["completion_tokens"] = usage.get("completion_tokens")
-        details = usage.get("prompt_tokens_details") or {}
-        rec["cached_tokens"] = details.get("cached_tokens") if isinstance(details, dict) else None
-        cdet = usage.get("completion_tokens_details") or {}
+        rec["prompt_tokens"] = _count(usage.get("prompt_tokens"))
+        rec["completion_tokens"] = _count(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        rec["cached_tokens"] = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         rt = usage.get("reasoning_tokens")
+        cdet = usage.get("completion_tokens_details")
         if rt is None and isinstance(cdet, dict):
             rt = cdet.get("reasoning_tokens")
-        rec["reasoning_tokens"] = rt
+        rec["reasoning_tokens"] = _count(rt)
     if error is not None:
         rec["error_class"], rec["error_message"] = "stream_error_event", error
     elif malformed is not None:
         rec["error_class"], rec["error_message"] = "malformed_chunk", malformed
     elif finish == "abort" or isinstance(finish, dict):
-        rec["error_class"], rec["error_message"] = "stream_error_event", short(f"finish_reason {finish}")
+        rec["error_class"], rec["error_message"] = (
+            "stream_error_event",
+            short(f"finish_reason {rec['finish_reason']}"),
+        )
+    elif finish is not None and not isinstance(finish, str):
+        rec["error_class"], rec["error_message"] = (
+            "malformed_chunk",
+            short(f"finish_reason {rec['finish_reason']}"),
+        )
     elif not done:
         rec["error_class"], rec["error_message"] = "no_done", "stream ended without data: [DONE]"
     elif not chunk_ns:

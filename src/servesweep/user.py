@@ -247,7 +247,13 @@ class LLMUser(FastHttpUser):
         if rec.get("error_class") is None or lines:
             err = rec.get("error_class")
             msg = rec.get("error_message")
-            parse_stream(lines, times, rec)
+            try:
+                parse_stream(lines, times, rec)
+            except Exception as e:  # noqa: BLE001 - parse_stream never raises by design; if it does, keep the record
+                rec["error_class"], rec["error_message"] = (
+                    "client_error",
+                    short(f"parse: {type(e).__name__}: {e}"),
+                )
             if err is not None:  # a transport failure wins over what the partial stream says
                 rec["error_class"], rec["error_message"] = err, msg
 
