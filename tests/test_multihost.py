@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+import netns
 import pytest
 
-import netns
 from servesweep.loadspec import LoadPoint
 from servesweep.records import read_parquet
 from servesweep.remote_workers import account, build_package, master_command, start_remote_workers
@@ -140,7 +140,9 @@ def test_point_runs_across_hosts_with_complete_records_from_both_workers(lab):
     table = read_parquet(work / "records.parquet")
     recs = table.to_pylist()
     assert recs, f"no records; master log:\n{master_log[-3000:]}"
-    assert {r["request_id"] for r in recs} == served, "every request the emulator served has exactly one record"
+    assert {r["request_id"] for r in recs} == served, (
+        "every request the emulator served has exactly one record"
+    )
     by_worker = {w.identity: w for w in states}
     assert {r["worker"] for r in recs} == set(by_worker), "records from both workers, and only from them"
     assert sorted(w.split(":")[0] for w in by_worker) == ["w1", "w2"]
@@ -205,5 +207,9 @@ def test_killed_worker_is_named_with_the_requests_it_lost(lab):
     assert 1 <= rows["w2"]["lost"] <= len(true_lost), (rows["w2"], len(true_lost))
     assert acc["lost_requests"] == rows["w2"]["lost"]
     assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0 and rows["w1"]["records"] > 0
-    assert len(acc["problems"]) == 1 and "on w2" in acc["problems"][0] and "exited with 137" in acc["problems"][0]
+    assert (
+        len(acc["problems"]) == 1
+        and "on w2" in acc["problems"][0]
+        and "exited with 137" in acc["problems"][0]
+    )
     print(f"\n{acc['problems'][0]}; the emulator's ground truth: {len(true_lost)} lost")
