@@ -75,11 +75,14 @@ def run_playbook(
     timeout_s: float | None = None,
     on_event: Callable[[dict], None] | None = None,
     cancel: Callable[[], bool] | None = None,
+    tag: str | None = None,
 ) -> PlaybookResult:
     """Run one playbook (a path; relative ones are looked up in ansible_dir()) and return what happened.
 
     `inventory` is a path to an inventory file or inventory text (INI). `on_event` sees every ansible-runner
-    event (for progress display); `cancel` is polled and stops the run when it returns True.
+    event (for progress display); `cancel` is polled and stops the run when it returns True. `tag` goes into the
+    private data dir's name, which every Ansible process names on its command line: kill_tagged(tag) finds what a
+    SIGKILLed caller left running.
     """
     for mod in ("gevent", "locust"):
         if mod in sys.modules:
@@ -98,7 +101,7 @@ def run_playbook(
     inv_path = Path(inventory).expanduser()
     inv_is_file = "\n" not in inventory and inv_path.exists()
     artifact_dir.mkdir(parents=True, exist_ok=True)
-    pd = Path(tempfile.mkdtemp(prefix="servesweep-ansible-"))
+    pd = Path(tempfile.mkdtemp(prefix=_prefix(tag)))
     try:
         if not inv_is_file:
             (pd / "inventory").mkdir()
@@ -182,6 +185,27 @@ def _tail(path: Path, n: int) -> str:
     except OSError:
         return ""
     return " | ".join(lines[-n:])
+
+
+def _prefix(tag: str | None) -> str:
+    return f"servesweep-ansible-{tag}-" if tag else "servesweep-ansible-"
+
+
+def kill_tagged(tag: str) -> int:
+    """Kill Ansible processes of a run_playbook(tag=...) whose caller died (SIGKILL leaves them running: they
+    could start a server behind the back of the run that resumes). Returns how many were killed."""
+    needle = os.path.join(tempfile.gettempdir(), _prefix(tag))
+    me, n = os.getpid(), 0
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] != me and any(needle in a for a in (p.info["cmdline"] or [])):
+                p.send_signal(signal.SIGKILL)
+                n += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for leftover in Path(tempfile.gettempdir()).glob(_prefix(tag) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return n
 
 
 def _kill_orphans(pd: Path) -> None:

@@ -13,6 +13,7 @@ half-way is thrown away and run again, and nothing finished is lost.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -256,6 +257,11 @@ class Runner:
     def run_dir(self) -> Path:
         return self.m.run_dir
 
+    @property
+    def ansible_tag(self) -> str:
+        """Names this run's Ansible processes (their private data dir), so a resume can find a killed run's."""
+        return hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
+
     def event(self, text: str) -> None:
         self.m.data["events"].append({"t": mf.now_iso(), "event": text})
         self.console.print(text)
@@ -334,6 +340,7 @@ class Runner:
                     timeout_s=self.exp.launcher.startup_timeout_s + self.exp.launcher.stop_timeout_s + 300,
                     on_event=on_event,
                     cancel=lambda: self.stop_requested,
+                    tag=self.ansible_tag,
                 )
         finally:
             self.in_ansible = False
@@ -396,7 +403,14 @@ class Runner:
     def _adopt_and_clean(self) -> None:
         """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
         finished point folders the manifest did not get to record."""
+        from servesweep.ansible_run import kill_tagged
+
+        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first;
+        # a server it left is stopped through its pidfile when the role starts this run's (force restart)
+        n = kill_tagged(self.ansible_tag)
         _kill_processes_naming(self.run_dir)
+        if n:
+            self.event(f"stopped {n} Ansible process(es) left by the interrupted run")
         for tmp in self.run_dir.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
         changed = False
@@ -582,12 +596,12 @@ class Runner:
         if not self._healthy():
             # the server died under this point: its records measure a crash, not the configuration. Keep them
             # aside for inspection (a folder resume does not adopt) and let the caller record the crash.
-            aside = self.run_dir / f"{pid}.crashed-{p['attempts']}"
+            aside = _aside(self.run_dir, pid, p["attempts"])
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, aside)
             p.update(
                 status=mf.FAILED,
-                reason=f"the server stopped answering /health during this point; records in {aside.name}",
+                reason=f"the server stopped answering /health during this point; records in {aside.relative_to(self.run_dir)}",
                 finished=mf.now_iso(),
             )
             self.m.save()
@@ -627,7 +641,7 @@ class Runner:
         if self.exp.target.managed:
             self.ansible(cid, "logs", f"server {cid} crashed: fetching its log")
         log = self.run_dir / "servers" / cid / "server.log"
-        aside = self.run_dir / f"{failed_pid}.crashed-{p['attempts']}"
+        aside = _aside(self.run_dir, failed_pid, p["attempts"])
         attached = None
         if log.exists():
             aside.mkdir(exist_ok=True)
@@ -637,7 +651,14 @@ class Runner:
         c.update(
             status="crashed", error=f"server stopped answering /health during {failed_pid}", log=attached
         )
-        p.update(server_log=attached, records_aside=aside.name if aside.exists() else None)
+        reason = p.get("reason") or ""
+        p.update(
+            server_log=attached,
+            records_aside=str(aside.relative_to(self.run_dir))
+            if (aside / "records.parquet").exists()
+            else None,
+            reason=f"the server died during this point (log: {attached}); {reason}"[:4000],
+        )
         self.m.save()
         self.event(f"[red]✗ {cid}[/] crashed during {failed_pid}; its log: {attached}")
 
@@ -723,6 +744,14 @@ class Runner:
             + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             + f"\nresults: {self.run_dir}/<point>/summary.json, records.parquet; manifest: {self.m.path}"
         )
+
+
+def _aside(run_dir: Path, pid: str, attempt: int) -> Path:
+    """Where a crashed attempt's records and the server log go: one level deeper than point folders, so nothing
+    that globs `<run>/*/summary.json` (resume, reports, the exporter) takes them for a finished point."""
+    d = run_dir / "crashed" / f"{pid}.{attempt}"
+    d.parent.mkdir(exist_ok=True)
+    return d
 
 
 def _headline(summary: dict) -> dict[str, Any]:
