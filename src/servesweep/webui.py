@@ -359,8 +359,12 @@ def _apply_form_options(environment, state: LiveState) -> None:
     from servesweep.user import LLMUser
 
     log.info("servesweep: options changed in the start form; building the prompt bodies again")
-    old = environment.servesweep
+    old = getattr(
+        environment, "servesweep", None
+    )  # None: a spawn came while the locustfile's init still probes
     ctx = _locustfile.build_context(wanted)
+    if old is not None and hasattr(old, "quit_delay_s"):
+        ctx.quit_delay_s = old.quit_delay_s
     ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
     LLMUser.host = ctx.point.base_url
     LLMUser.connection_timeout = ctx.point.connect_s
