@@ -3,7 +3,8 @@ server setting side by side.
 
 Each GPU call is capped at 10 minutes, and one server setting of the full matrix takes about 7 of them, so each
 setting runs in its own call and lands in its own folder. Point folders are copied as they are (their ids carry
-the setting's name, so they cannot clash); the manifests' point lists, servers and not-run points are joined.
+the setting's name; the same point twice is an error); the manifests' point lists, servers and not-run points
+are joined, and a setting that appears in several calls keeps each call's server info.
 
 Usage: python bench/gpu/merge_runs.py OUT_DIR RUN_DIR [RUN_DIR...]
 """
@@ -34,13 +35,20 @@ def merge(out: Path, runs: list[Path]) -> dict:
         merged["merged_from"].append(m["run_id"])
         for key in ("server", "model_dir"):
             merged.setdefault(key, m.get(key))
-        for name in m.get("servers", {}):
-            if name in merged["servers"]:
-                raise SystemExit(f"merge_runs: server setting {name!r} appears in two runs ({run})")
-        merged["servers"].update(m.get("servers", {}))
+        for name, info in m.get("servers", {}).items():
+            info = {**info, "run_id": m["run_id"]}
+            if name in merged["servers"]:  # the same setting, more points in a later call
+                merged["servers"][name].setdefault("later_calls", []).append(info)
+            else:
+                merged["servers"][name] = info
         merged["settings"].update(m.get("settings", {}))
+        done_here = {p["point_id"] for p in m["points"]}
+        # a point skipped in one call and run in a later one is not "not run"
+        merged["not_run"] = [x for x in merged["not_run"] if x["point_id"] not in done_here]
         merged["not_run"] += m.get("not_run", [])
         for p in m["points"]:
+            if (out / p["dir"]).exists():
+                raise SystemExit(f"merge_runs: point {p['dir']} is in two runs (again in {run})")
             shutil.copytree(run / p["dir"], out / p["dir"])
             merged["points"].append(p)
         if (run / "servers").is_dir():
