@@ -79,7 +79,7 @@ def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, si
         job.base_url = sim.base_url
         cmd = [*(["taskset", "-c", "1"] if pin else []), *runner.command(job)]
         res["command"] = shlex.join(cmd)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OPENAI_API_KEY="none", HF_HUB_OFFLINE="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OPENAI_API_KEY="none", **runner.env)
         env.pop("VIRTUAL_ENV", None)
         launched = time.monotonic_ns()
         with open(job.out / "stdout.txt", "wb") as so, open(job.out / "stderr.txt", "wb") as se:
@@ -120,6 +120,9 @@ def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, si
     res["client_requests"] = len(client)
     res["server_requests"] = len(gt)
     res["server_chunks"] = sum(len(g.get("chunks") or ()) for g in gt)
+    for k in ("prompt_tokens", "completion_tokens"):  # as the emulator counted them: is the shape the same?
+        v = [g[k] for g in gt if g.get(k) is not None]
+        res[f"server_{k}_p50"] = int(sorted(v)[len(v) // 2]) if v else None
     gaps = measure.gt_gaps_ms(gt)
     res["emulator_gap_ms"] = measure.pct(gaps, (50, 90, 99)) if gaps.size else None
     firsts = [g["recv_ns"] for g in gt]
@@ -133,14 +136,14 @@ def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, si
         res["steady_chunks"] = chunks
         res["cpu_us_per_chunk"] = round(c / chunks * 1e6, 2) if chunks else None
         res["steady_cpu_util"] = round(c / ((win[1] - win[0]) / 1e9), 3)
-    by = ["id", "pattern"] if runner.name == "servesweep" else ["pattern"]
-    for b in by:
+    for b in runner.pair_by:
         a = measure.accuracy(client, gt, b)
         res[f"acc_{b}"] = {
             "paired": a.paired,
             "unpaired": a.unpaired,
             "ttft_err_ms": measure.pct(a.ttft_err_ms),
-            "chunk_err_ms": measure.pct(a.chunk_err_ms) if runner.per_chunk else None,
+            "chunk_err_ms": measure.pct(a.chunk_err_ms),
+            "last_chunk_only": not runner.per_chunk,
             "abs_chunk_err_ms": measure.pct(a.abs_chunk_err_ms) if a.abs_chunk_err_ms else None,
         }
     return res
@@ -196,7 +199,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="servesweep alone, one small point (CI)")
     ap.add_argument("--tools", default=",".join(RUNNERS), help=f"comma list of: {', '.join(RUNNERS)}")
     ap.add_argument("--streams", default="64,256,1024", help="concurrency points")
-    ap.add_argument("--requests-per-stream", type=int, default=3)
+    ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--long-tokens", type=int, default=100_000, help="long-context prompt length (0: skip)")
@@ -204,7 +207,7 @@ def main() -> int:
     ap.add_argument("--long-requests", type=int, default=64)
     ap.add_argument("--pool", type=int, default=64, help="prompts in the pool-build figure (0: skip)")
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
-    ap.add_argument("--timeout", type=float, default=150, help="seconds per tool run")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds per tool run")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
 
@@ -279,7 +282,7 @@ def main() -> int:
             )
             extra = ["--context-length", str(args.long_tokens + 4096)]
             job_tokens = args.long_tokens
-            r = run_one(RUNNERS[t], job, tok, LONG_CAL, pin, args.timeout * 2, extra)
+            r = run_one(RUNNERS[t], job, tok, LONG_CAL, pin, args.timeout, extra)
             r["prompt_tokens"] = job_tokens
             print(json.dumps({k: r.get(k) for k in ("tool", "acc_pattern", "error")}))
             results["long"].append(r)

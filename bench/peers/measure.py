@@ -85,7 +85,9 @@ class ClientReq:
     ttft_s: float
     offsets_s: list[float] | None = None  # arrival of each token chunk, seconds after the send
     request_id: str | None = None
-    abs_chunk_ns: list[int] | None = None  # servesweep: arrivals on the monotonic clock
+    abs_chunk_ns: list[int] | None = None  # arrivals on the monotonic clock, when the tool keeps them
+    response_id: str | None = None  # the server's response id, when the tool saves it
+    span_s: float | None = None  # last chunk - first chunk, for tools that keep only those two arrivals
 
 
 @dataclass
@@ -139,10 +141,14 @@ def accuracy(client: list[ClientReq], gt: list[dict], by: str) -> Accuracy:
     """Pair client requests with ground truth (`by` = "id" or "pattern") and collect the errors."""
     acc = Accuracy()
     good = [g for g in gt if g.get("chunks") and g.get("status", 200) == 200]
-    if by == "id":
-        index = {g["id"]: g for g in good}
+    if by in ("id", "response_id"):
+        key = "id" if by == "id" else "response_id"
+        index = {g.get(key): g for g in good}
         for c in client:
-            g = index.get(c.request_id or "")
+            g = index.get((c.request_id if by == "id" else c.response_id) or "")
+            if g is not None and c.offsets_s is None and c.span_s is not None:
+                _add(acc, c, g)
+                continue
             if g is None or c.offsets_s is None or len(c.offsets_s) != len(g["chunks"]):
                 acc.unpaired += 1
                 continue
@@ -156,7 +162,11 @@ def accuracy(client: list[ClientReq], gt: list[dict], by: str) -> Accuracy:
         idx = np.unique(np.linspace(0, n - 1, min(n, 64)).astype(int))
         mat = np.array([[(g["chunks"][i][0] - g["chunks"][0][0]) / 1e9 for i in idx] for g in gs])
         groups[n] = (gs, idx, mat)
+    spans = np.array([(g["chunks"][-1][0] - g["chunks"][0][0]) / 1e9 for g in good])
     for c in client:
+        if c.offsets_s is None and c.span_s is not None and len(good):
+            _add(acc, c, good[int(np.argmin(np.abs(spans - c.span_s)))])  # span-only tools: closest span
+            continue
         if c.offsets_s is None or len(c.offsets_s) not in groups:
             acc.unpaired += 1
             continue
@@ -170,14 +180,18 @@ def accuracy(client: list[ClientReq], gt: list[dict], by: str) -> Accuracy:
 
 def _add(acc: Accuracy, c: ClientReq, g: dict) -> None:
     w = np.array([ch[0] for ch in g["chunks"]], dtype=np.int64)
+    acc.ttft_err_ms.append((c.ttft_s - _gt_ttft_s(g)) * 1e3)
+    acc.paired += 1
+    if c.offsets_s is None:  # only the last chunk's arrival is known
+        if c.span_s is not None:
+            acc.chunk_err_ms.append(abs(c.span_s - (w[-1] - w[0]) / 1e9) * 1e3)
+        return
     off = np.asarray(c.offsets_s, dtype=np.float64)
     rel_c = off - off[0]
     rel_w = (w - w[0]) / 1e9
     acc.chunk_err_ms.extend(np.abs(rel_c[1:] - rel_w[1:]) * 1e3)
-    acc.ttft_err_ms.append((c.ttft_s - _gt_ttft_s(g)) * 1e3)
     if c.abs_chunk_ns is not None:
         acc.abs_chunk_err_ms.extend(np.abs(np.asarray(c.abs_chunk_ns, dtype=np.int64) - w) / 1e6)
-    acc.paired += 1
 
 
 def pct(xs, qs=(50, 99)) -> dict[str, float | None]:

@@ -7,6 +7,10 @@ def _f(v, spec=".1f") -> str:
     return "–" if v is None else format(v, spec)
 
 
+def _clean(err) -> str:
+    return (err or "").replace("|", "/").replace("\n", " ")[:200]
+
+
 def _ratio(mine, best) -> str:
     if mine is None or best in (None, 0):
         return "–"
@@ -53,8 +57,9 @@ def render(res: dict) -> str:
         "User+sys CPU of the client's whole process tree while ≥ 90 % of the streams were open, ÷ chunks the "
         "emulator wrote in that window. Gap = the emulator's actual chunk spacing (ground truth), p50/p99.",
         "",
-        "| streams | tool | µs/chunk | ratio to best peer | client core busy | gap p50/p99 ms | error |",
-        "|---|---|---|---|---|---|---|",
+        "| streams | tool | µs/chunk | ratio to best peer | client core busy | gap p50/p99 ms | server prompt/output "
+        "tokens p50 | error |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in conc:
         rows = [r for r in runs if r["concurrency"] == c]
@@ -64,7 +69,8 @@ def render(res: dict) -> str:
             L.append(
                 f"| {c} | {r['tool']} | {_f(r.get('cpu_us_per_chunk'))} | "
                 f"{_ratio(r.get('cpu_us_per_chunk'), best)} | {_f(r.get('steady_cpu_util'), '.0%')} | "
-                f"{_f(g.get('p50'))}/{_f(g.get('p99'))} | {(r.get('error') or '')[:160]} |"
+                f"{_f(g.get('p50'))}/{_f(g.get('p99'))} | {r.get('server_prompt_tokens_p50', '–')}/"
+                f"{r.get('server_completion_tokens_p50', '–')} | {_clean(r.get('error'))} |"
             )
     L += [
         "",
@@ -75,27 +81,34 @@ def render(res: dict) -> str:
         "error), servesweep both by pattern and by its X-Request-Id (exact), plus its absolute |arrival − write| "
         "on the shared monotonic clock.",
         "",
-        "| streams | tool | paired | chunk p50 | chunk p99 | ratio p99 to best peer | TTFT p50 | TTFT p99 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| streams | tool | paired | chunk p50 | chunk p99 | ratio p99 to best peer | TTFT p50 | TTFT p99 | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in conc:
         rows = [r for r in runs if r["concurrency"] == c]
-        best = _best_peer(rows, lambda r: _acc(r, "chunk_err_ms", "p99"))
+        # tools that keep only the last chunk are not comparable per chunk: not a baseline
+        best = _best_peer(
+            [r for r in rows if not (r.get("acc_pattern") or {}).get("last_chunk_only")],
+            lambda r: _acc(r, "chunk_err_ms", "p99"),
+        )
         for r in rows:
-            a = r.get("acc_pattern") or {}
-            L.append(
-                f"| {c} | {r['tool']} | {a.get('paired', '–')} | {_f(_acc(r, 'chunk_err_ms', 'p50'), '.3f')} | "
-                f"{_f(_acc(r, 'chunk_err_ms', 'p99'), '.3f')} | {_ratio(_acc(r, 'chunk_err_ms', 'p99'), best)} | "
-                f"{_f(_acc(r, 'ttft_err_ms', 'p50'), '.2f')} | {_f(_acc(r, 'ttft_err_ms', 'p99'), '.2f')} |"
-            )
-            if r.get("acc_id"):
-                i = r["acc_id"]
-                ab = i.get("abs_chunk_err_ms") or {}
+            for by in ("pattern", "id", "response_id"):
+                a = r.get(f"acc_{by}")
+                if not a:
+                    continue
+                ch, tt, ab = (
+                    a.get("chunk_err_ms") or {},
+                    a.get("ttft_err_ms") or {},
+                    a.get("abs_chunk_err_ms") or {},
+                )
+                label = r["tool"] + ("" if by == "pattern" else f" (by {by.replace('_', ' ')}, exact)")
+                note = "last chunk only" if a.get("last_chunk_only") else ""
+                if ab:
+                    note = f"abs arrival−write p50/p99 {_f(ab.get('p50'), '.3f')}/{_f(ab.get('p99'), '.3f')}"
+                ratio = _ratio(ch.get("p99"), best) if by == "pattern" else ""
                 L.append(
-                    f"| {c} | servesweep by id | {i['paired']} | {_f(i['chunk_err_ms']['p50'], '.3f')} | "
-                    f"{_f(i['chunk_err_ms']['p99'], '.3f')} | abs: {_f(ab.get('p50'), '.3f')}/"
-                    f"{_f(ab.get('p99'), '.3f')} | {_f(i['ttft_err_ms']['p50'], '.2f')} | "
-                    f"{_f(i['ttft_err_ms']['p99'], '.2f')} |"
+                    f"| {c} | {label} | {a['paired']} | {_f(ch.get('p50'), '.3f')} | {_f(ch.get('p99'), '.3f')} | "
+                    f"{ratio} | {_f(tt.get('p50'), '.2f')} | {_f(tt.get('p99'), '.2f')} | {note} |"
                 )
     L += ["", "## 3. Streams per worker process before the per-chunk p99 error exceeds 1 ms", ""]
     for t in dict.fromkeys(r["tool"] for r in runs):
@@ -125,7 +138,7 @@ def render(res: dict) -> str:
                 f"| {r['tool']} | {r.get('prompt_tokens', '')} | {r['concurrency']} | {a.get('paired', '–')} | "
                 f"{_f(_acc(r, 'ttft_err_ms', 'p50'), '.1f')} | {_f(_acc(r, 'ttft_err_ms', 'p99'), '.1f')} | "
                 f"{_ratio(_acc(r, 'ttft_err_ms', 'p99'), best)} | {_f(r.get('launch_to_first_request_s'), '.2f')} "
-                f"| {(r.get('error') or '')[:160]} |"
+                f"| {_clean(r.get('error'))} |"
             )
     pb = res.get("pool_build")
     if pb:

@@ -33,8 +33,12 @@ class Job:
 
 class Runner:
     name = ""
-    # whether the tool records per-chunk arrivals (else only TTFT accuracy can be scored)
+    # whether the tool records every chunk's arrival (else only the first and last: "last chunk only")
     per_chunk = True
+    # how its requests pair with ground truth: "pattern" always; "id" (X-Request-Id) or "response_id" if kept
+    pair_by: tuple[str, ...] = ("pattern",)
+    # no hub on this machine: fail fast instead of retrying the network
+    env: dict[str, str] = {"HF_HUB_OFFLINE": "1"}  # noqa: RUF012 - read-only class default
 
     def venv_bin(self, exe: str) -> Path:
         return VENVS / self.name / "bin" / exe
@@ -66,6 +70,7 @@ class Runner:
 
 class Servesweep(Runner):
     name = "servesweep"
+    pair_by = ("id", "pattern")
 
     def command(self, job: Job) -> list[str]:
         exe = Path(sys.executable).parent / "servesweep"
@@ -144,7 +149,7 @@ class SglangBench(Runner):
             "--tokenizer",
             str(job.tokenizer),
             "--dataset-name",
-            "random",
+            "random-ids",
             "--random-input-len",
             str(job.prompt_tokens),
             "--random-output-len",
@@ -229,4 +234,156 @@ class VllmBench(Runner):
         return out
 
 
-RUNNERS: dict[str, Runner] = {r.name: r for r in (Servesweep(), SglangBench(), VllmBench())}
+class Guidellm(Runner):
+    """`guidellm run` (0.8 CLI): concurrent profile, synthetic text, max_requests constraint, JSON output."""
+
+    name = "guidellm"
+    per_chunk = False  # keeps first and last token iteration times only
+    pair_by = ("response_id", "pattern")
+
+    def command(self, job: Job) -> list[str]:
+        return [
+            str(self.venv_bin("guidellm")),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={job.base_url},model={job.model}",
+            "--profile",
+            f"kind=concurrent,streams={job.concurrency}",
+            "--constraint",
+            f"kind=max_requests,count={job.requests}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens={job.prompt_tokens},output_tokens={job.output_tokens}",
+            "--tokenizer",
+            f"kind=hf_auto,model={job.tokenizer}",
+            "--output",
+            f"kind=json,path={job.out / 'guidellm.json'}",
+            "--disable-console-interactive",
+        ]
+
+    def parse(self, job: Job, stdout: str) -> list[ClientReq]:
+        d = json.loads((job.out / "guidellm.json").read_text())
+        out = []
+        for b in d["benchmarks"]:
+            for r in b["requests"]["successful"]:
+                t = r["info"]["timings"]
+                first, last, start = (
+                    t.get("first_token_iteration"),
+                    t.get("last_token_iteration"),
+                    t["request_start"],
+                )
+                if first is None or last is None:
+                    continue
+                out.append(
+                    ClientReq(ttft_s=first - start, span_s=last - first, response_id=r.get("response_id"))
+                )
+        return out
+
+
+class Aiperf(Runner):
+    """`aiperf profile`: streaming chat, --concurrency, --request-count, synthetic ISL/OSL with zero stddev."""
+
+    name = "aiperf"
+    pair_by = ("id", "pattern")  # it sends X-Request-ID and exports it per request
+    env = {}  # noqa: RUF012 - its tokenizer loader rejects a local path under HF_HUB_OFFLINE
+
+    def command(self, job: Job) -> list[str]:
+        return [
+            str(self.venv_bin("aiperf")),
+            "profile",
+            "--model",
+            job.model,
+            "--url",
+            job.base_url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--concurrency",
+            str(job.concurrency),
+            "--request-count",
+            str(job.requests),
+            "--isl",
+            str(job.prompt_tokens),
+            "--isl-stddev",
+            "0",
+            "--osl",
+            str(job.output_tokens),
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--tokenizer",
+            str(job.tokenizer),
+            "--artifact-dir",
+            str(job.out / "aiperf"),
+        ]
+
+    def parse(self, job: Job, stdout: str) -> list[ClientReq]:
+        out = []
+        for line in (job.out / "aiperf" / "profile_export.jsonl").read_text().splitlines():
+            d = json.loads(line)
+            m = d.get("metrics") or {}
+            if d.get("error") or "time_to_first_token" not in m:
+                continue
+            ttft = m["time_to_first_token"]["value"] / 1e3
+            icl = [v / 1e3 for v in (m.get("inter_chunk_latency") or {}).get("value") or []]
+            out.append(
+                ClientReq(
+                    ttft_s=ttft, offsets_s=_cumsum(ttft, icl), request_id=d["metadata"].get("x_request_id")
+                )
+            )
+        return out
+
+
+class GenaiBench(Runner):
+    """`genai-bench benchmark` (Locust inside): one concurrency level, scenario D(in,out), request cap."""
+
+    name = "genai-bench"
+    per_chunk = False  # keeps TTFT and the output span per request
+
+    def command(self, job: Job) -> list[str]:
+        return [
+            str(self.venv_bin("genai-bench")),
+            "benchmark",
+            "--api-backend",
+            "openai",
+            "--api-base",
+            job.base_url,
+            "--api-key",
+            "none",
+            "--task",
+            "text-to-text",
+            "--api-model-name",
+            job.model,
+            "--model-tokenizer",
+            str(job.tokenizer),
+            "--num-concurrency",
+            str(job.concurrency),
+            "--traffic-scenario",
+            f"D({job.prompt_tokens},{job.output_tokens})",
+            "--max-requests-per-run",
+            str(job.requests),
+            "--max-time-per-run",
+            "3",
+            "--server-engine",
+            "SGLang",
+            "--server-gpu-type",
+            "H200",
+            "--server-gpu-count",
+            "1",
+            "--experiment-base-dir",
+            str(job.out / "exp"),
+            "--experiment-folder-name",
+            "run",
+        ]
+
+    def parse(self, job: Job, stdout: str) -> list[ClientReq]:
+        out = []
+        for f in sorted((job.out / "exp" / "run").glob("D*.json")):
+            for r in json.loads(f.read_text()).get("individual_request_metrics") or []:
+                if r.get("error_code") or r.get("ttft") is None:
+                    continue
+                out.append(ClientReq(ttft_s=r["ttft"], span_s=r.get("output_latency")))
+        return out
+
+
+RUNNERS: dict[str, Runner] = {
+    r.name: r for r in (Servesweep(), SglangBench(), VllmBench(), Guidellm(), Aiperf(), GenaiBench())
+}
