@@ -33,6 +33,7 @@ class Lab:
     def __init__(self, net: netns.Net, tmp: Path, sim, wheel: Path):
         self.net, self.tmp, self.sim, self.wheel = net, tmp, sim, wheel
         self.base_url = f"http://{net['sim'].addr}:{SIM_PORT}"
+        self.quiet_since: float | None = None  # when the emulator last had nothing in flight
         vars_ = net.inventory_vars(via="master")
         self.inventory = (
             "[loadgen]\n"
@@ -51,7 +52,10 @@ class Lab:
         }
 
     def gt_ids(self) -> set[str]:
-        time.sleep(1.5)  # the emulator flushes its ground truth at least once a second
+        """Every request the emulator has served so far (after the last point's were flushed)."""
+        if self.quiet_since is None or time.monotonic() - self.quiet_since < 1.5:
+            time.sleep(1.5)  # the emulator flushes its ground truth at least once a second
+        self.quiet_since = time.monotonic()
         return {d["id"] for d in read_ground_truth(self.sim.ground_truth_path)}
 
     def point(self, name: str, **kw) -> tuple[LoadPoint, Path, Path]:
@@ -86,6 +90,7 @@ class Lab:
             if during is not None:
                 during(proc)
             proc.wait(timeout=90)
+            self.quiet_since = None
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -149,8 +154,7 @@ def test_point_runs_across_hosts_with_complete_records_from_both_workers(lab):
     assert all(w.exit_code == 0 and not w.stopped_by_role for w in states), (
         "workers ended by themselves when the master quit"
     )
-    for w in states:
-        assert w.log is not None and "servesweep: point mh-ok" in w.log.read_text()
+    assert all(w.log is None for w in states), "logs come back only from workers that did not end cleanly"
 
     acc = account(states, table, master_log)
     assert not acc["degraded"] and acc["lost_requests"] == 0, acc
@@ -203,7 +207,7 @@ def test_killed_worker_is_named_with_the_requests_it_lost(lab):
     assert acc["degraded"]
     assert rows["w2"]["exit_code"] == 128 + signal.SIGKILL and not rows["w2"]["ended_cleanly"]
     assert rows["w2"]["heartbeat_missing"], "the master noticed the missing heartbeats"
-    # its last counters (written every second) say at least this many never arrived; the emulator saw them all
+    # its last counters (written every 0.25 s) say at least this many never arrived; the emulator saw them all
     assert 1 <= rows["w2"]["lost"] <= len(true_lost), (rows["w2"], len(true_lost))
     assert acc["lost_requests"] == rows["w2"]["lost"]
     assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0 and rows["w1"]["records"] > 0

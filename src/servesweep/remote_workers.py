@@ -249,9 +249,9 @@ def account(workers: list[WorkerState], records, master_log: str | None = None) 
     not end by itself (killed, crashed, stopped by the role) or lost requests makes the point degraded.
 
     `records` is the point's Arrow table (or anything with to_pylist-able `worker` and `warmup` columns).
-    `lost` counts measured requests the worker issued (by its last counters, written every second and at each
+    `lost` counts measured requests the worker issued (by its last counters, written every 0.25 s and at each
     report) whose records never reached the master: in flight when it died, or finished but not shipped yet. It is a
-    lower bound when the worker died: requests it issued in its last second are not in its counters.
+    lower bound when the worker died: requests it issued in its last 0.25 s are not in its counters.
     """
     names = records.column("worker").to_pylist()
     warm = records.column("warmup").to_pylist()
