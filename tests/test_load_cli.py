@@ -82,7 +82,7 @@ def test_json_output_and_slo_exit_code(keyed_sim, tmp_path):
         + ["--api-key-env", "SS_TEST_KEY"],
         env={"SS_TEST_KEY": KEY},
     )
-    assert r.exit_code == 3, "a breached SLO is exit code 3\n" + r.output
+    assert r.exit_code == 1, "a breached SLO is exit code 1\n" + r.output
     d = json.loads(r.stdout)
     (point,) = d["points"]
     assert point["requests"]["ok"] == 2

@@ -162,6 +162,9 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
         upd["model"] = fetch_model(point)
         point = point.model_copy(update=upd)
     if point.template_overhead is None and point.endpoint == "chat":
+        from servesweep.workloads import request_extra as _extra
+
+        tpl_extra = {k: v for k, v in _extra(point).items() if k == "chat_template_kwargs"}
         from servesweep.prompts import probe_template_overhead
 
         upd["template_overhead"] = int(
@@ -173,45 +176,31 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
                     api_key=api_key_for(point),
                     endpoint="chat",
                     tokenizer=point.tokenizer,
-                    extra=point.extra_body or None,
+                    extra={**point.extra_body, **tpl_extra} or None,
                 ),
             )
         )
-    if point.continuous_usage is None:
+    if point.continuous_usage is None and point.endpoint == "generate":
+        upd["continuous_usage"] = False  # /generate says its counts in every event's meta_info anyway
+    elif point.continuous_usage is None:
         upd["continuous_usage"] = probe_continuous_usage(point.model_copy(update=upd))
     return point.model_copy(update=upd) if upd else point
 
 
 def request_extra(point: LoadPoint) -> dict:
-    """Body fields besides model/messages/max tokens: streaming with usage, fixed output length, the user's extras."""
-    so = {"include_usage": True}
-    if point.continuous_usage:
-        so["continuous_usage_stats"] = True
-    extra = {"stream": True, "stream_options": so}
-    if point.ignore_eos:
-        extra["ignore_eos"] = True
-    extra.update(point.extra_body)
-    return extra
+    """Body fields besides model/messages/max tokens (servesweep.workloads.request_extra)."""
+    from servesweep.workloads import request_extra as extra
+
+    return extra(point)
 
 
 def build_bodies(point: LoadPoint) -> tuple[list[tuple[bytes, bytes]], int]:
-    """Pre-encoded request bodies from the prompt pool: per prompt (head, tail) around the nonce, and the nonce
-    length in digits (0 when cache busting is off)."""
-    from servesweep.prompts import build_pool
+    """Pre-encoded request bodies of the point's workload: per prompt (head, tail) around the nonce, and the nonce
+    length in digits (0 when cache busting is off). `servesweep.workloads.build_workload` has the rest."""
+    from servesweep.workloads import build_workload
 
-    pool = build_pool(
-        point.prompt_tokens,
-        point.effective_pool_size(),
-        tokenizer=point.tokenizer,
-        seed=point.seed,
-        endpoint=point.endpoint,
-        template_overhead=point.template_overhead if point.endpoint == "chat" else None,
-        cache_bust=point.cache_bust,
-    )
-    extra = request_extra(point)
-    bodies = [p.body_parts(point.model, point.output_tokens, point.endpoint, extra) for p in pool.prompts]
-    digits = int(pool.nonce_digits) if point.cache_bust else 0
-    return bodies, digits
+    w = build_workload(point)
+    return w.bodies, w.nonce_digits
 
 
 # ---------------------------------------------------------------- one point
@@ -638,4 +627,4 @@ def command(
     slo_fail = [s for s in summaries if any(not c["pass"] for c in s.get("slos", []))]
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")
-        sys.exit(3)
+        sys.exit(1)  # issue 8's exit codes: 0 pass, 1 breach, 2 could not run

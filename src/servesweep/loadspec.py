@@ -30,7 +30,9 @@ class LoadPoint(BaseModel):
     model: str | None = Field(
         None, description="model name sent in each body; None: the first of GET /v1/models"
     )
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Literal["chat", "completions", "generate"] = Field(
+        "chat", description="/v1/chat/completions, /v1/completions, or SGLang's native /generate"
+    )
     concurrency: int = Field(ge=1, le=100_000, description="number of Locust users (closed loop, no wait)")
     prompt_tokens: int = Field(ge=1, description="target prompt length as the server counts it")
     output_tokens: int = Field(ge=1, description="fixed output length (max_tokens with ignore_eos)")
@@ -58,7 +60,32 @@ class LoadPoint(BaseModel):
         description="ask the server what is left open (model, template overhead, per-chunk usage); False: model "
         "must be given, the template overhead is the local chat template's, per-chunk usage off unless set",
     )
-    ignore_eos: bool = True
+    ignore_eos: bool = Field(
+        True, description="send ignore_eos (False: leave it out, for servers that reject it)"
+    )
+    # -- workloads (issue 9; docs/workloads.md) --
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = "synthetic"
+    output_dist: str | None = Field(
+        None, description="output lengths drawn per prompt, e.g. 'lognormal:mean=512,sigma=0.5'; None: fixed"
+    )
+    shared_prefix_tokens: int = Field(0, ge=0, description="shared_prefix: tokens each group shares")
+    num_groups: int = Field(1, ge=1, description="shared_prefix: number of groups")
+    dataset: str | None = Field(None, description="dataset: a ShareGPT JSON or JSONL file")
+    dataset_min_tokens: int | None = Field(None, ge=0)
+    dataset_max_tokens: int | None = Field(None, ge=0)
+    thinking: bool | None = Field(
+        None, description="reasoning models: chat_template_kwargs.enable_thinking; None: the server's default"
+    )
+    session_turns: int = Field(4, ge=1, description="agent: turns per session")
+    tool_result_tokens: int = Field(
+        500, ge=0, description="agent: tokens of the tool result after each answer"
+    )
+    think_time_s: float = Field(
+        0.0, ge=0, description="agent: pause between a turn's answer and the next turn"
+    )
+    context_cap_tokens: int = Field(
+        100_000, ge=1, description="agent: a session ends before its context passes this"
+    )
     extra_body: dict = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     point_id: str | None = Field(None, description="None: derived from the load axes")
@@ -119,6 +146,28 @@ class LoadPoint(BaseModel):
             raise ValueError("requests or duration_s: give at least one (how the point stops)")
         if not self.probe and self.model is None:
             raise ValueError("model: required when probe is False (nothing asks the server for it)")
+        if self.workload == "shared_prefix" and not 0 < self.shared_prefix_tokens < self.prompt_tokens:
+            raise ValueError(
+                f"shared_prefix_tokens={self.shared_prefix_tokens}: the shared_prefix workload needs "
+                f"0 < shared_prefix_tokens < prompt_tokens={self.prompt_tokens}"
+            )
+        if self.workload != "shared_prefix" and self.shared_prefix_tokens:
+            raise ValueError("shared_prefix_tokens: only with workload shared_prefix")
+        if self.workload == "dataset" and not self.dataset:
+            raise ValueError("dataset: the dataset workload needs a file (ShareGPT JSON or JSONL)")
+        if self.workload == "agent":
+            if self.endpoint != "chat":
+                raise ValueError(f"endpoint={self.endpoint!r}: agent sessions need the chat endpoint")
+            if self.context_cap_tokens <= self.prompt_tokens:
+                raise ValueError(
+                    f"context_cap_tokens={self.context_cap_tokens} must be above prompt_tokens={self.prompt_tokens}"
+                )
+        if self.thinking is not None and self.endpoint != "chat":
+            raise ValueError("thinking: chat_template_kwargs apply to the chat endpoint only")
+        if self.output_dist is not None:
+            from servesweep.workloads import parse_output_dist
+
+            parse_output_dist(self.output_dist)  # a ValueError names what is wrong
         return self
 
     # -- derived values (no state: the point is frozen) --
@@ -130,6 +179,8 @@ class LoadPoint(BaseModel):
             return self.point_id
         stop = f"n{self.requests}" if self.requests else f"d{self.duration_s:g}s"
         base = f"c{self.concurrency}-p{self.prompt_tokens}-o{self.output_tokens}-{self.endpoint}-{stop}"
+        if self.workload != "synthetic":
+            base = f"{self.workload}-{base}"
         return base + "-" + self.digest()[:6]
 
     def digest(self) -> str:

@@ -36,43 +36,80 @@ _FOREVER = 3.0e7  # seconds: "no duration of our own"
 
 @events.init_command_line_parser.add_listener
 def _args(parser) -> None:
-    g = parser.add_argument_group("servesweep", "LLM streaming load (servesweep)")
-    g.add_argument("--point-json", default=None, help="a LoadPoint JSON file (overrides the options below)")
-    g.add_argument("--model", default="", help="model name; empty: the first of GET /v1/models")
-    g.add_argument("--endpoint", default="chat", choices=["chat", "completions"], help="API to stream")
-    g.add_argument("--prompt-tokens", type=int, default=2000, help="prompt length as the server counts it")
-    g.add_argument("--output-tokens", type=int, default=128, help="fixed output length (ignore_eos)")
-    g.add_argument(
-        "--no-cache-bust", action="store_true", default=False, help="send repeated prompt prefixes"
+    # Locust's own add_argument: include_in_web_ui puts an option in the start form (an argparse group's would not).
+    def opt(*a, ui=True, **kw):
+        parser.add_argument(*a, include_in_web_ui=ui, **kw)
+
+    opt("--point-json", default=None, ui=False, help="a LoadPoint JSON file (overrides the options below)")
+    opt("--model", default="", help="model name; empty: the first of GET /v1/models")
+    opt(
+        "--endpoint",
+        default="chat",
+        choices=["chat", "completions", "generate"],
+        help="/v1/chat/completions, /v1/completions or SGLang's native /generate",
     )
-    g.add_argument("--seed", type=int, default=0, help="prompt pool seed")
-    g.add_argument(
-        "--tokenizer", default="", help="tokenizer for sizing prompts; empty: the built-in Qwen3.6"
+    opt("--prompt-tokens", type=int, default=2000, help="prompt length as the server counts it")
+    opt("--output-tokens", type=int, default=128, help="output length (max_tokens; fixed with ignore_eos)")
+    opt("--no-ignore-eos", action="store_true", default=False, help="leave ignore_eos out (servers that 422)")
+    opt("--no-cache-bust", action="store_true", default=False, help="send repeated prompt prefixes")
+    opt("--seed", type=int, default=0, help="prompt pool seed")
+    opt("--tokenizer", default="", help="tokenizer for sizing prompts; empty: the built-in Qwen3.6")
+    opt("--max-requests", type=int, default=0, help="stop after this many measured requests (0: no)")
+    opt("--warmup", type=float, default=0.0, help="seconds from the start whose requests are warmup")
+    opt("--api-key-env", default="", help="NAME of the env var with the API key (never the key)")
+    opt("--first-token-timeout", type=float, default=900.0, help="seconds to the first token")
+    opt("--stall-timeout", type=float, default=120.0, help="longest gap between chunks, seconds")
+    opt("--total-timeout", type=float, default=3600.0, help="longest request, seconds")
+    opt("--records", default="", ui=False, help="write per-request records (Parquet) here at the end")
+    opt("--progress-file", default="", ui=False, help="rewrite {issued, completed, failed} here every second")
+    opt(
+        "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 1"
     )
-    g.add_argument(
-        "--max-requests", type=int, default=0, help="stop after this many measured requests (0: no)"
+    # Workloads (docs/workloads.md)
+    opt(
+        "--workload",
+        default="synthetic",
+        choices=["synthetic", "shared_prefix", "dataset", "agent"],
+        help="what the requests are made of",
     )
-    g.add_argument(
-        "--warmup", type=float, default=0.0, help="seconds from the start whose requests are warmup"
+    opt(
+        "--output-dist", default="", help="output lengths drawn per prompt, e.g. lognormal:mean=512,sigma=0.5"
     )
-    g.add_argument("--api-key-env", default="", help="NAME of the env var with the API key (never the key)")
-    g.add_argument("--first-token-timeout", type=float, default=900.0, help="seconds to the first token")
-    g.add_argument("--stall-timeout", type=float, default=120.0, help="longest gap between chunks, seconds")
-    g.add_argument("--total-timeout", type=float, default=3600.0, help="longest request, seconds")
-    g.add_argument("--records", default="", help="write per-request records (Parquet) here at the end")
-    g.add_argument(
-        "--progress-file", default="", help="rewrite {issued, completed, failed} here every second"
+    opt("--shared-prefix-tokens", type=int, default=0, help="shared_prefix/agent: tokens a group shares")
+    opt("--num-groups", type=int, default=1, help="shared_prefix: number of groups")
+    opt("--dataset", default="", help="dataset: a ShareGPT JSON or JSONL file")
+    opt("--thinking", default="", choices=["", "on", "off"], help="reasoning models: enable_thinking on/off")
+    opt("--session-turns", type=int, default=4, help="agent: turns per session")
+    opt("--tool-result-tokens", type=int, default=500, help="agent: tool-result tokens appended per turn")
+    opt("--think-time", type=float, default=0.0, help="agent: seconds between an answer and the next turn")
+    opt(
+        "--context-cap",
+        type=int,
+        default=100_000,
+        help="agent: a session ends before its context passes this",
     )
-    g.add_argument(
-        "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 3"
-    )
+    if (
+        "servesweep.webui" not in sys.modules
+    ):  # the web UI module registers it (and installs the exporter) itself
+        opt(
+            "--metrics-port",
+            type=int,
+            default=0,
+            ui=False,
+            help="serve the client Prometheus metrics on this port of 127.0.0.1 (0: none)",
+        )
 
 
-def _point_from_options(opts, host: str | None) -> LoadPoint:
+def _point_from_options(opts, host: str | None) -> LoadPoint | None:
+    """The point of the command line (or --point-json); None on a worker started without --host (the master sends
+    the host with the first spawn, and the context is built then)."""
     if opts.point_json:
         return LoadPoint.model_validate_json(Path(opts.point_json).read_text())
     if not host:
+        if getattr(opts, "worker", False):
+            return None
         raise SystemExit("servesweep: give the server with --host http://HOST:PORT")
+    workload = opts.workload
     return LoadPoint(
         base_url=host,
         model=opts.model or None,
@@ -92,16 +129,28 @@ def _point_from_options(opts, host: str | None) -> LoadPoint:
         first_token_s=opts.first_token_timeout,
         stall_s=opts.stall_timeout,
         total_s=opts.total_timeout,
-        point_id=f"locust-p{opts.prompt_tokens}-o{opts.output_tokens}-{opts.endpoint}",
+        ignore_eos=not opts.no_ignore_eos,
+        workload=workload,
+        output_dist=opts.output_dist or None,
+        shared_prefix_tokens=opts.shared_prefix_tokens if workload in ("shared_prefix", "agent") else 0,
+        num_groups=opts.num_groups,
+        dataset=opts.dataset or None,
+        thinking={"on": True, "off": False}.get(opts.thinking),
+        session_turns=opts.session_turns,
+        tool_result_tokens=opts.tool_result_tokens,
+        think_time_s=opts.think_time,
+        context_cap_tokens=opts.context_cap,
+        point_id=f"locust-{workload}-p{opts.prompt_tokens}-o{opts.output_tokens}-{opts.endpoint}",
     )
 
 
 def build_context(point: LoadPoint) -> LoadContext:
     """Resolve what the point left open (model, template overhead, continuous usage) and pre-encode the bodies."""
-    from servesweep.load import api_key_for, build_bodies, resolve_point
+    from servesweep.load import api_key_for, resolve_point
+    from servesweep.workloads import build_workload
 
     point = resolve_point(point)
-    bodies, nonce_digits = build_bodies(point)
+    w = build_workload(point)
     headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream",
@@ -111,8 +160,16 @@ def build_context(point: LoadPoint) -> LoadContext:
     key = api_key_for(point)
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    path = "/v1/chat/completions" if point.endpoint == "chat" else "/v1/completions"
-    return LoadContext(point=point, bodies=bodies, nonce_digits=nonce_digits, headers=headers, path=path)
+    return LoadContext(
+        point=point,
+        bodies=w.bodies,
+        nonce_digits=w.nonce_digits,
+        headers=headers,
+        path=w.path,
+        nonce_format=w.nonce_format,
+        output_tokens=w.output_tokens,
+        agent=w.agent,
+    )
 
 
 def _prebuild() -> tuple[str, LoadContext] | None:
@@ -142,6 +199,9 @@ def _context_for(point_json: str | None, point: LoadPoint) -> LoadContext:
             nonce_digits=pre.nonce_digits,
             headers=pre.headers,
             path=pre.path,
+            nonce_format=pre.nonce_format,
+            output_tokens=pre.output_tokens,
+            agent=pre.agent,
         )
     return build_context(point)
 
@@ -156,7 +216,11 @@ def _init(environment, **_kw) -> None:
     runner = environment.runner
     try:
         point = _point_from_options(opts, environment.host or opts.host)
-        ctx = _context_for(opts.point_json, point) if not isinstance(runner, MasterRunner) else None
+        ctx = (
+            _context_for(opts.point_json, point)
+            if point is not None and not isinstance(runner, MasterRunner)
+            else None
+        )
     except (ValueError, RuntimeError, OSError) as e:
         # Locust logs and ignores exceptions of event handlers; without a context the users would only wait.
         log.error("servesweep: cannot start the point: %s", e)
@@ -178,10 +242,19 @@ def _init(environment, **_kw) -> None:
             len(ctx.bodies),
             ctx.nonce_digits,
         )
-    else:
+    elif isinstance(runner, MasterRunner):
         from servesweep.records import RecordBuffer
 
         environment.servesweep = _MasterState(point=point, buffer=RecordBuffer())
+    # else: a worker without --host builds its context at test start, with the host the master sent
+
+    port = getattr(opts, "metrics_port", 0)
+    if port and "servesweep.webui" not in sys.modules and not isinstance(runner, WorkerRunner):
+        from servesweep.exporter import ClientMetrics, install_locust
+
+        metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))
+        install_locust(environment, metrics, serve=("127.0.0.1", port))
+        environment.servesweep_metrics = metrics
 
     if isinstance(runner, WorkerRunner):
 
@@ -209,6 +282,16 @@ class _MasterState:
 @events.test_start.add_listener
 def _start(environment, **_kw) -> None:
     ctx = getattr(environment, "servesweep", None)
+    opts = environment.parsed_options
+    if ctx is None and opts is not None and "servesweep.webui" not in sys.modules:
+        # A worker started without --host: the master's host has arrived with the spawn (the web UI module
+        # builds the context itself when it is loaded).
+        point = _point_from_options(opts, environment.host)
+        if point is not None:
+            ctx = environment.servesweep = build_context(point)
+            LLMUser.host = ctx.point.base_url
+            LLMUser.connection_timeout = ctx.point.connect_s
+            LLMUser.network_timeout = ctx.point.first_token_s
     if isinstance(ctx, LoadContext):
         ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         opts = environment.parsed_options
@@ -266,6 +349,14 @@ def _stop(environment, **_kw) -> None:
     path = _write_records(environment)
     if path is not None:
         log.info("servesweep: %d records written to %s", len(environment.servesweep.buffer), path)
+    from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner
+
+    if path is not None and isinstance(environment.runner, MasterRunner):
+        # Workers ship what finished during the stop with their next reports: write again once those are in
+        # (the UI's master may not quit for a long time; a headless one writes again at quit as well).
+        import gevent
+
+        gevent.spawn_later(WORKER_REPORT_INTERVAL + 1.0, _write_records, environment)
 
 
 @events.quitting.add_listener
@@ -280,11 +371,15 @@ def _quitting(environment, **_kw) -> None:
     opts = environment.parsed_options
     if opts is None or not opts.slo:
         return
-    from servesweep.summary import check_slos, parse_slos, summarize
+    from servesweep.gates import GateError, evaluate_records
 
     ctx = environment.servesweep
-    summary = summarize(ctx.buffer.table(), slos=parse_slos(opts.slo))
-    verdict = check_slos(summary)
-    print(json.dumps({"slo": verdict}, indent=None))
-    if not verdict["pass"]:
-        environment.process_exit_code = 3
+    try:
+        verdict = evaluate_records(ctx.buffer.table(), opts.slo, name=ctx.point.id if ctx.point else "locust")
+    except (GateError, ValueError) as e:
+        print(f"servesweep: SLO gate could not run: {e}")
+        environment.process_exit_code = 2
+        return
+    print(verdict.line, flush=True)
+    if verdict.exit_code:
+        environment.process_exit_code = verdict.exit_code  # 1 breach, 2 could not run (issue 8)

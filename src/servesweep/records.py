@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 1
+RECORD_CONTEXT_KEY = "servesweep_record"  # the POST request event's context key holding the finished record
 _CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
 _MSG_MAX = 300
 
@@ -66,9 +67,16 @@ SCHEMA = pa.schema(
         pa.field("error_class", pa.string()),  # null on success; else one of ERROR_CLASSES
         pa.field("error_message", pa.string()),  # short
         pa.field("mono_to_wall_ns", pa.int64(), nullable=False),  # wall-clock anchor of the worker
+        # Added with the workloads of issue 9; files written before lack them and read as nulls.
+        pa.field("first_reasoning_ns", pa.int64()),  # first chunk carrying reasoning_content
+        pa.field("first_answer_ns", pa.int64()),  # first chunk carrying content (or text, tool calls)
+        pa.field("session_id", pa.string()),  # agent sessions: the session this turn belongs to
+        pa.field("turn", pa.int32()),  # agent sessions: 0-based turn within the session
+        pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
+OPTIONAL_COLUMNS = ("first_reasoning_ns", "first_answer_ns", "session_id", "turn", "workload")
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:
@@ -106,9 +114,12 @@ def read_parquet(path: Path) -> pa.Table:
     if not path.is_file():
         raise FileNotFoundError(f"records file {path} does not exist")
     t = pq.read_table(path)
-    missing = [n for n in COLUMNS if n not in t.schema.names]
+    missing = [n for n in COLUMNS if n not in t.schema.names and n not in OPTIONAL_COLUMNS]
     if missing:
         raise ValueError(f"records file {path}: missing columns {missing}; not a servesweep records file")
+    for n in OPTIONAL_COLUMNS:  # a file from before these columns existed
+        if n not in t.schema.names:
+            t = t.append_column(SCHEMA.field(n), pa.nulls(t.num_rows, SCHEMA.field(n).type))
     return t
 
 
@@ -128,6 +139,16 @@ class RecordBuffer:
     def extend_columns(self, cols: dict[str, list]) -> None:
         for n, col in self._cols.items():
             col.extend(cols.get(n, ()))
+
+    def columns_since(self, n: int) -> tuple[dict[str, list], int]:
+        """The rows added since the buffer held `n` rows, as columns, and the count to pass next time.
+
+        For readers that follow a local runner's buffer (the web UI, the exporter) without touching its lists; after
+        a `take()` the buffer is shorter than `n`, and reading starts again from its first row.
+        """
+        total = len(self)
+        start = n if 0 <= n <= total else 0
+        return {k: v[start:total] for k, v in self._cols.items()}, total
 
     def take(self) -> dict[str, list]:
         out, self._cols = self._cols, {n: [] for n in COLUMNS}
@@ -208,6 +229,19 @@ def _token_bearing(ev: dict) -> bool:
     return found
 
 
+def _kinds(ev: dict) -> tuple[bool, bool]:
+    """(carries reasoning, carries answer) of a chat chunk known to be token-bearing."""
+    r = a = False
+    for ch in ev.get("choices") or ():
+        d = ch.get("delta")
+        if d is None:
+            a = a or bool(ch.get("text"))
+        else:
+            r = r or bool(d.get("reasoning_content"))
+            a = a or bool(d.get("content")) or bool(d.get("tool_calls"))
+    return r, a
+
+
 def is_token_line(line: bytes) -> bool:
     """Used only until the first token (to switch the socket from first-token to stall timeout)."""
     if not line.startswith(b"data:"):
@@ -217,9 +251,66 @@ def is_token_line(line: bytes) -> bool:
         return False
     try:
         ev = json.loads(payload)
+        if isinstance(ev, dict) and "meta_info" in ev:  # SGLang's native /generate: cumulative text
+            return isinstance(ev.get("text"), str) and bool(ev["text"])
         return isinstance(ev, dict) and _token_bearing(ev)
     except (ValueError, RecursionError, _Malformed):
         return False
+
+
+def _generate_event(ev: dict, prev_text: int) -> tuple[bool, dict | None, str | None]:
+    """(new tokens?, usage-like dict, finish reason) of one native /generate event (cumulative `text`, counts in
+    `meta_info`). A finish_reason object {"type": "length", ...} becomes its type."""
+    text = ev.get("text")
+    meta = ev.get("meta_info")
+    if not isinstance(text, str) or not isinstance(meta, dict):
+        raise _Malformed("a /generate event needs a string text and an object meta_info")
+    u = {
+        "prompt_tokens": meta.get("prompt_tokens"),
+        "completion_tokens": meta.get("completion_tokens"),
+        "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens")},
+    }
+    if meta.get("reasoning_tokens"):
+        u["reasoning_tokens"] = meta["reasoning_tokens"]
+    fr = meta.get("finish_reason")
+    fin = None
+    if isinstance(fr, dict):
+        fin = fr.get("type") if isinstance(fr.get("type"), str) else json.dumps(fr)
+    elif isinstance(fr, str):
+        fin = fr
+    elif fr is not None:
+        raise _Malformed("meta_info.finish_reason is neither an object nor a string")
+    return len(text) > prev_text, u, fin
+
+
+def stream_text(lines: list[bytes]) -> str:
+    """The answer text of a chat stream (delta.content joined; reasoning left out, as a chat template drops it)."""
+    out: list[str] = []
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if not payload or payload == b"[DONE]":
+            continue
+        try:
+            ev = json.loads(payload)
+        except ValueError:
+            continue
+        if not isinstance(ev, dict):
+            continue
+        for ch in ev.get("choices") or ():
+            d = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(d, dict) and isinstance(d.get("content"), str):
+                out.append(d["content"])
+    return "".join(out)
+
+
+def _usage_complete(usage: dict | None) -> bool:
+    return (
+        bool(usage)
+        and _count(usage.get("prompt_tokens")) is not None
+        and (_count(usage.get("completion_tokens")) is not None)
+    )
 
 
 def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
@@ -233,6 +324,8 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
     usage: dict | None = None
     finish = None
     prev_completion = 0
+    prev_text = 0  # /generate: length of the cumulative text so far
+    first_reasoning = first_answer = None
     for line, t in zip(lines, times, strict=True):
         if not line.startswith(b"data:"):
             continue  # blank separators, comments, `event:` lines
@@ -248,10 +341,25 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
                 e = ev["error"]
                 error = error or short(e.get("message", e) if isinstance(e, dict) else e)
                 continue
-            u = ev.get("usage")
-            if u is not None and not isinstance(u, dict):
-                raise _Malformed("usage is not an object")
-            tokens = _token_bearing(ev)
+            if "meta_info" in ev:
+                tokens, u, fin = _generate_event(ev, prev_text)
+                if tokens:
+                    prev_text = len(ev["text"])
+                    first_answer = first_answer or t
+                if fin is not None:
+                    finish = fin
+                ev = {}
+            else:
+                u = ev.get("usage")
+                if u is not None and not isinstance(u, dict):
+                    raise _Malformed("usage is not an object")
+                tokens = _token_bearing(ev)
+                if tokens and (first_answer is None or first_reasoning is None):
+                    r, a = _kinds(ev)
+                    if r and first_reasoning is None:
+                        first_reasoning = t
+                    if a and first_answer is None:
+                        first_answer = t
         except (ValueError, RecursionError, _Malformed) as e:
             what = payload[:120].decode("utf-8", "replace")
             malformed = malformed or short(f"{e}: {what}" if isinstance(e, _Malformed) else what)
@@ -273,6 +381,8 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
     rec["chunk_ns"] = chunk_ns
     rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
     rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
+    rec["first_reasoning_ns"] = first_reasoning
+    rec["first_answer_ns"] = first_answer
     rec["finish_reason"] = (
         finish if isinstance(finish, str) else (json.dumps(finish) if finish is not None else None)
     )
@@ -300,7 +410,9 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict) -> None:
             "malformed_chunk",
             short(f"finish_reason {rec['finish_reason']}"),
         )
-    elif not done:
+    elif not done and not (finish in ("stop", "length") and _usage_complete(usage)):
+        # Some servers (transformers serve) end a complete stream without [DONE]: a finish reason and the usage
+        # say it ended as it should; without them the stream was cut.
         rec["error_class"], rec["error_message"] = "no_done", "stream ended without data: [DONE]"
     elif not chunk_ns:
         rec["error_class"], rec["error_message"] = "no_tokens", "complete stream without a token"

@@ -23,6 +23,7 @@ from locust.contrib.fasthttp import FastHttpUser
 
 from servesweep.loadspec import LoadPoint
 from servesweep.records import (
+    RECORD_CONTEXT_KEY,
     RecordBuffer,
     classify_status,
     error_message,
@@ -49,6 +50,10 @@ class LoadContext:
     nonce_digits: int  # 0: no nonce (cache busting off)
     headers: dict[str, str]
     path: str
+    nonce_format: str = "digits"  # the pool's (prompts.nonce_scheme): "spaced" puts a space before each digit
+    output_tokens: list[int] | None = None  # per body: its max_tokens (None: the point's output_tokens)
+    agent: object | None = None  # workloads.AgentSpec: users run agent sessions instead of single requests
+    sessions_started: int = 0
     buffer: RecordBuffer = field(default_factory=RecordBuffer)
     measure_start_ns: int = 0  # requests scheduled before this are warmup
     issued: int = 0  # measured requests started (the budget of `requests`)
@@ -67,15 +72,25 @@ class LoadContext:
         if not self.bodies:
             raise ValueError("LoadContext: the prompt pool is empty")
         self._next_prompt = random.randrange(len(self.bodies))  # workers start at different prompts
-        self._nonces = Nonces(self.nonce_digits)  # random start per process: two workers never send the same
+        # Digits least-significant first from a random start per process: consecutive requests differ from the
+        # nonce's first token, and two workers rarely send the same nonce at once.
+        self._nonces = Nonces(self.nonce_digits, spaced=self.nonce_format == "spaced")
 
     def next_body(self) -> bytes:
+        return self.next_request()[0]
+
+    def next_request(self) -> tuple[bytes, int]:
+        """The next body (with a fresh nonce) and its output length."""
         i = self._next_prompt
         self._next_prompt = (i + 1) % len(self.bodies)
         head, tail = self.bodies[i]
+        out = self.output_tokens[i] if self.output_tokens else self.point.output_tokens
         if not self.nonce_digits:
-            return head + tail
-        return b"".join((head, next(self._nonces), tail))  # one copy of a body that can be ~400 KB
+            return head + tail, out
+        return b"".join((head, next(self._nonces), tail)), out  # one copy of a body that can be ~400 KB
+
+    def next_nonce(self) -> str:
+        return next(self._nonces).decode() if self.nonce_digits else ""
 
     def claim(self) -> bool:
         """Take one measured request from the budget; False when the point has issued all it should."""
@@ -145,8 +160,11 @@ class LLMUser(FastHttpUser):
             # that stops itself leaves Locust complaining at shutdown).
             gevent.sleep(0.2)
             return
+        if ctx.agent is not None:
+            self._session(ctx, scheduled, warm)
+            return
         rid = uuid.uuid4().hex
-        body = ctx.next_body()
+        body, out_tokens = ctx.next_request()
         headers = dict(ctx.headers)
         headers["X-Request-Id"] = rid
         rec = {
@@ -157,11 +175,15 @@ class LLMUser(FastHttpUser):
             "warmup": warm,
             "scheduled_ns": scheduled,
             "target_prompt_tokens": ctx.point.prompt_tokens,
-            "target_output_tokens": ctx.point.output_tokens,
+            "target_output_tokens": out_tokens,
             "mono_to_wall_ns": ctx.mono_to_wall_ns,
             "http_status": 0,
+            "workload": ctx.point.workload,
         }
         self._do_request(ctx, body, headers, rec)
+        self._finish(ctx, rec, warm)
+
+    def _finish(self, ctx: LoadContext, rec: dict, warm: bool) -> None:
         ctx.buffer.add(rec)
         self._report(ctx, rec)
         if not warm:
@@ -173,9 +195,53 @@ class LLMUser(FastHttpUser):
                 ctx.quit_requested = True
                 gevent.spawn_later(ctx.quit_delay_s, self.environment.runner.quit)
 
-    def _do_request(self, ctx: LoadContext, body: bytes, headers: dict, rec: dict) -> None:
+    def _session(self, ctx: LoadContext, scheduled: int, warm: bool) -> None:
+        """One agent session: turns of the growing conversation, each a measured request (one of the budget)."""
+        from servesweep.records import stream_text
+        from servesweep.workloads import AgentSession
+
+        spec = ctx.agent
+        sid = uuid.uuid4().hex[:16]
+        sess = AgentSession.start(spec, ctx.sessions_started, ctx.next_nonce(), sid)
+        ctx.sessions_started += 1
+        while True:
+            rid = uuid.uuid4().hex
+            headers = dict(ctx.headers)
+            headers["X-Request-Id"] = rid
+            rec = {
+                "request_id": rid,
+                "point_id": ctx.point.id,
+                "worker": ctx.worker,
+                "user": self._index,
+                "warmup": warm,
+                "scheduled_ns": scheduled,
+                "target_prompt_tokens": ctx.point.prompt_tokens if sess.turn == 0 else 0,
+                "target_output_tokens": spec.output_tokens,
+                "mono_to_wall_ns": ctx.mono_to_wall_ns,
+                "http_status": 0,
+                "workload": "agent",
+                "session_id": sid,
+                "turn": sess.turn,
+            }
+            lines: list[bytes] = []
+            self._do_request(ctx, sess.body(), headers, rec, keep=lines)
+            self._finish(ctx, rec, warm)
+            if rec.get("error_class") is not None:
+                return  # a failed turn ends the session (its context is unknown)
+            if not sess.advance(stream_text(lines), rec.get("prompt_tokens"), rec.get("completion_tokens")):
+                return
+            if spec.think_time_s:
+                gevent.sleep(spec.think_time_s)
+            scheduled = time.monotonic_ns()
+            warm = scheduled < ctx.measure_start_ns
+            if not warm and not ctx.claim():
+                return
+
+    def _do_request(
+        self, ctx: LoadContext, body: bytes, headers: dict, rec: dict, keep: list | None = None
+    ) -> None:
         p = ctx.point
-        lines: list[bytes] = []
+        lines: list[bytes] = [] if keep is None else keep
         times: list[int] = []
         first_seen = False
         resp = None
@@ -267,7 +333,8 @@ class LLMUser(FastHttpUser):
             response_time=e2e_ms,
             response_length=rec.get("completion_tokens") or 0,
             exception=LLMFailure(err) if err else None,
-            context={},
+            # The finished request's record, for listeners (exporter, web UI) that must not read our buffer.
+            context={RECORD_CONTEXT_KEY: rec},
         )
         if err is None:
             self._fire(
