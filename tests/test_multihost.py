@@ -122,21 +122,17 @@ def test_point_runs_across_hosts_with_complete_records_from_both_workers(lab):
     point, run_dir, work = lab.point("mh-ok", output_tokens=24, duration_s=3.0)
     before = lab.gt_ids()
     t0 = time.monotonic()
-    workers = start_remote_workers(
-        lab.inventory,
-        "loadgen",
-        lab.net["master"].addr,
-        MASTER_PORT,
-        1,
-        work / "point.json",
-        run_dir,
-        package=lab.wheel,
-        extravars=lab.extravars,
-    )
+    args = (lab.inventory, "loadgen", lab.net["master"].addr, MASTER_PORT, 1, work / "point.json", run_dir)
+    workers = start_remote_workers(*args, package=lab.wheel, extravars=lab.extravars)
     try:
         assert {(w.host, w.hostname) for w in workers.started} == {("w1", "w1"), ("w2", "w2")}
         assert all(w.exit_code is None and w.pid for w in workers.started), workers.started
         started_s = time.monotonic() - t0
+        again = start_remote_workers(*args, package=lab.wheel, extravars=lab.extravars)
+        assert again.changed_hosts == [], "starting the same point twice changes nothing"
+        assert {w.pid for w in again.started} == {w.pid for w in workers.started}, (
+            "and keeps the same workers"
+        )
         master_log = lab.run_master(point, work)
     finally:
         states = workers.stop()

@@ -71,6 +71,7 @@ class RemoteWorkers:
     started: list[WorkerState] = field(default_factory=list)
     states: list[WorkerState] | None = None
     start_s: float = 0.0
+    changed_hosts: list[str] = field(default_factory=list)  # hosts where the start changed something
 
     def stop(self, timeout_s: float = 300) -> list[WorkerState]:
         if self.states is not None:
@@ -175,6 +176,7 @@ def start_remote_workers(
         except RemoteWorkersError:
             pass
         raise RemoteWorkersError(f"starting the Locust workers: {res.error()}")
+    handle.changed_hosts = sorted(h for h, n in ((res.stats or {}).get("changed") or {}).items() if n)
     handle.started = _read_states(results)
     handle.expected = len(handle.started)
     if not handle.started:
