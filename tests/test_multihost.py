@@ -18,6 +18,7 @@ from pathlib import Path
 import netns
 import pytest
 
+from servesweep.load import LOCUSTFILE
 from servesweep.loadspec import LoadPoint
 from servesweep.records import read_parquet
 from servesweep.remote_workers import account, build_package, master_command, start_remote_workers
@@ -84,6 +85,12 @@ class Lab:
             bind_port=MASTER_PORT,
             max_wait_s=60,
         )
+        # The master runs the same servesweep as the workers (the wheel the role installed on w1), as every
+        # machine of a lab would, not this checkout (which may change while the test runs).
+        host_dir = self.tmp / "hosts" / "w1"
+        swap = {sys.executable: str(host_dir / "venv" / "bin" / "python"), str(LOCUSTFILE): ""}
+        swap[str(LOCUSTFILE)] = (host_dir / "locustfile.txt").read_text().strip()
+        cmd = [swap.get(c, c) for c in cmd]
         log = work.parent / "master.log"
         proc = self.net.popen("master", cmd, log)
         try:
