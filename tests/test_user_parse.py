@@ -94,3 +94,41 @@ def test_error_event_message_is_kept():
 )
 def test_status_classes(status, msg, cls):
     assert classify_status(status, msg) == cls
+
+
+def test_reasoning_and_answer_times():
+    r = run([ROLE, REASON, CONTENT, FINISH, USAGE, DONE])
+    assert (r["first_reasoning_ns"], r["first_answer_ns"]) == (101, 102)
+    r = run([ROLE, CONTENT, FINISH, USAGE, DONE])
+    assert r["first_reasoning_ns"] is None and r["first_answer_ns"] == 101
+
+
+def test_complete_stream_without_done_is_a_success():
+    """transformers serve ends a complete stream with a finish reason and usage but no [DONE]."""
+    r = run([ROLE, CONTENT, FINISH, USAGE])
+    assert r.get("error_class") is None, r.get("error_message")
+    assert r["completion_tokens"] == 256 and r["finish_reason"] == "length"
+
+
+def test_cut_stream_without_done_is_no_done():
+    for lines in ([ROLE, CONTENT], [ROLE, CONTENT, FINISH], [ROLE, CONTENT, USAGE]):
+        r = run(lines)
+        assert r["error_class"] == "no_done", lines
+
+
+GEN = b'data: {"text":"%s","output_ids":[1],"meta_info":{"id":"x","finish_reason":%s,"prompt_tokens":40,"completion_tokens":%d,"cached_tokens":8}}\n'
+
+
+def test_native_generate_stream():
+    lines = [
+        GEN % (b"a", b"null", 1),
+        GEN % (b"ab", b"null", 2),
+        GEN % (b"abc", b'{"type":"length","length":3}', 3),
+    ]
+    r = run([*lines, DONE])
+    assert r.get("error_class") is None, r.get("error_message")
+    assert r["chunk_ns"] == [100, 101, 102] and r["chunk_tokens"] == [1, 1, 1]
+    assert (r["prompt_tokens"], r["completion_tokens"], r["cached_tokens"]) == (40, 3, 8)
+    assert r["finish_reason"] == "length"
+    abort = run([GEN % (b"a", b'{"type":"abort","message":"x"}', 1), DONE])
+    assert abort["error_class"] == "stream_error_event"

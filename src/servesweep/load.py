@@ -266,10 +266,12 @@ def run_point(
     progress: Callable[[dict], None] | None = None,
     slos: str | None = None,
     command_prefix: list[str] | None = None,
+    metrics_port: int | None = None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
-    {"point_id", "elapsed_s", "completed", "issued", "failed"}.
+    {"point_id", "elapsed_s", "completed", "issued", "failed"}. `metrics_port`: the Locust process serves its live
+    client metrics (servesweep.exporter) on this port of 127.0.0.1 while the point runs.
     """
     from servesweep.records import read_parquet
     from servesweep.results import write_json_atomic
@@ -294,6 +296,8 @@ def run_point(
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
     cmd = [*(command_prefix or []), *locust_command(point, work, workers=workers)]  # e.g. taskset -c 1
+    if metrics_port:
+        cmd += ["--metrics-port", str(metrics_port)]
     log_path = out_dir / "locust.log"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -423,7 +427,9 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--base-url", default=None, help="server root (http://HOST:PORT); omitted: start the emulator")
 @click.option("--model", default=None, help="model name; default: the first of /v1/models")
-@click.option("--endpoint", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option(
+    "--endpoint", type=click.Choice(["chat", "completions", "generate"]), default="chat", show_default=True
+)
 @click.option(
     "--concurrency", "concurrency_text", default="8", show_default=True, help="N or a sweep: 1,2,4,8"
 )
@@ -475,6 +481,32 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="print the summaries as JSON instead of the table")
+@click.option(
+    "--no-ignore-eos", is_flag=True, help="leave ignore_eos out of the body (servers that reject it)"
+)
+@click.option(
+    "--workload",
+    type=click.Choice(["synthetic", "shared_prefix", "dataset", "agent"]),
+    default="synthetic",
+    show_default=True,
+    help="what the requests are made of (docs/workloads.md)",
+)
+@click.option(
+    "--output-dist", default=None, help="output lengths per prompt, e.g. lognormal:mean=512,sigma=0.5"
+)
+@click.option("--shared-prefix-tokens", type=click.IntRange(min=0), default=0, help="shared_prefix/agent")
+@click.option("--num-groups", type=click.IntRange(min=1), default=1, show_default=True, help="shared_prefix")
+@click.option("--dataset", default=None, help="dataset workload: a ShareGPT JSON or JSONL file")
+@click.option("--dataset-min-tokens", type=click.IntRange(min=0), default=None)
+@click.option("--dataset-max-tokens", type=click.IntRange(min=0), default=None)
+@click.option("--thinking", type=click.Choice(["on", "off"]), default=None, help="chat_template_kwargs")
+@click.option("--session-turns", type=click.IntRange(min=1), default=4, show_default=True, help="agent")
+@click.option(
+    "--tool-result-tokens", type=click.IntRange(min=0), default=500, show_default=True, help="agent"
+)
+@click.option("--think-time", default="0s", show_default=True, help="agent: pause between turns")
+@click.option("--context-cap", type=click.IntRange(min=1), default=100_000, show_default=True, help="agent")
+@click.option("--metrics-port", type=click.IntRange(min=0), default=0, help="serve live client metrics here")
 def command(
     base_url,
     model,
@@ -496,6 +528,20 @@ def command(
     sim_args,
     out_root,
     as_json,
+    no_ignore_eos,
+    workload,
+    output_dist,
+    shared_prefix_tokens,
+    num_groups,
+    dataset,
+    dataset_min_tokens,
+    dataset_max_tokens,
+    thinking,
+    session_turns,
+    tool_result_tokens,
+    think_time,
+    context_cap,
+    metrics_port,
 ):
     """Run one load point or a concurrency sweep (one Locust process per point) and print the results table."""
     from contextlib import ExitStack
@@ -558,6 +604,19 @@ def command(
                         first_token_s=parse_duration(first_token_timeout, "--first-token-timeout"),
                         stall_s=parse_duration(stall_timeout, "--stall-timeout"),
                         point_id=f"c{c}",
+                        ignore_eos=not no_ignore_eos,
+                        workload=workload,
+                        output_dist=output_dist,
+                        shared_prefix_tokens=shared_prefix_tokens,
+                        num_groups=num_groups,
+                        dataset=dataset,
+                        dataset_min_tokens=dataset_min_tokens,
+                        dataset_max_tokens=dataset_max_tokens,
+                        thinking={"on": True, "off": False}.get(thinking),
+                        session_turns=session_turns,
+                        tool_result_tokens=tool_result_tokens,
+                        think_time_s=parse_duration(think_time, "--think-time"),
+                        context_cap_tokens=context_cap,
                     )
                 )
             except ValidationError as e:
@@ -605,7 +664,14 @@ def command(
                     prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
 
                 try:
-                    s = run_point(p, run_dir / p.id, workers=workers, progress=_update, slos=slo)
+                    s = run_point(
+                        p,
+                        run_dir / p.id,
+                        workers=workers,
+                        progress=_update,
+                        slos=slo,
+                        metrics_port=metrics_port or None,
+                    )
                 except (RuntimeError, ValueError, OSError) as e:
                     raise click.ClickException(f"point {p.id}: {e}") from None
                 summaries.append(s)

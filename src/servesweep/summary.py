@@ -113,6 +113,74 @@ def _col(t: pa.Table, name: str) -> np.ndarray:
     return t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
+def _opt(t: pa.Table, name: str) -> np.ndarray:
+    """An optional column (records.OPTIONAL_COLUMNS) as float64, all NaN when the table lacks it."""
+    if name in t.column_names:
+        return _col(t, name)
+    return np.full(t.num_rows, np.nan)
+
+
+def _reasoning(ok: pa.Table, sent: np.ndarray) -> dict:
+    """Reasoning models: time to the first reasoning and the first answer chunk, and the reasoning tokens."""
+    fr = _opt(ok, "first_reasoning_ns")
+    fa = _opt(ok, "first_answer_ns")
+    rt = _col(ok, "reasoning_tokens")
+    return {
+        "time_to_first_reasoning_ms": stats(((fr - sent) / _NS_PER_MS)[~np.isnan(fr)]),
+        "time_to_first_answer_ms": stats(((fa - sent) / _NS_PER_MS)[~np.isnan(fa)]),
+        "reasoning_tokens": stats(rt[~np.isnan(rt)]),
+    }
+
+
+def _sessions(ok: pa.Table, measured: pa.Table, window_s: float) -> dict | None:
+    """Agent sessions: per turn (TTFT, prompt and cached tokens) and per session (turns, time to finish)."""
+    if (
+        "session_id" not in measured.column_names
+        or measured.column("session_id").null_count == measured.num_rows
+    ):
+        return None
+    sid_all = measured.column("session_id").to_pylist()
+    sid = ok.column("session_id").to_pylist()
+    turn = _opt(ok, "turn")
+    sent, first, end = _col(ok, "sent_ns"), _col(ok, "first_token_ns"), _col(ok, "end_ns")
+    prompt, cached = _col(ok, "prompt_tokens"), _col(ok, "cached_tokens")
+    per_turn = []
+    for k in sorted({int(x) for x in turn[~np.isnan(turn)]}):
+        sel = turn == k
+        p, c = prompt[sel], cached[sel]
+        has = ~np.isnan(p) & ~np.isnan(c)
+        ttft = stats((first[sel] - sent[sel]) / _NS_PER_MS)
+        per_turn.append(
+            {
+                "turn": k,
+                "requests": int(sel.sum()),
+                "ttft_ms_p50": ttft["p50"] if ttft else None,
+                "ttft_ms_p99": ttft["p99"] if ttft else None,
+                "prompt_tokens_mean": float(np.nanmean(p)) if (~np.isnan(p)).any() else None,
+                "cached_tokens_mean": float(np.nanmean(c)) if (~np.isnan(c)).any() else None,
+                "cache_hit_ratio": float(c[has].sum() / p[has].sum())
+                if has.any() and p[has].sum() > 0
+                else None,
+            }
+        )
+    spans: dict[str, list[float]] = {}
+    for i, s in enumerate(sid):
+        if s is None:
+            continue
+        a = spans.setdefault(s, [sent[i], end[i], 0])
+        a[0], a[1], a[2] = min(a[0], sent[i]), max(a[1], end[i]), a[2] + 1
+    failed = {s for s, e in zip(sid_all, measured.column("error_class").to_pylist(), strict=True) if e and s}
+    done = [v for s, v in spans.items() if s not in failed]
+    return {
+        "sessions": len(set(filter(None, sid_all))),
+        "failed_sessions": len(failed),
+        "turns_per_session": stats([v[2] for v in done]),
+        "session_duration_ms": stats([(v[1] - v[0]) / _NS_PER_MS for v in done]),
+        "turns_per_s": len(sid) / window_s if window_s == window_s and window_s > 0 else None,
+        "per_turn": per_turn,
+    }
+
+
 def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
     """Everything docs/metrics.md defines, for one point's records."""
     if isinstance(slos, str):
@@ -185,7 +253,8 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
     comp_ok = completion[~np.isnan(completion)]
     out_tokens = float(comp_ok.sum()) if comp_ok.size else 0.0
     has_usage = ~np.isnan(prompt)
-    dev_pct = (prompt[has_usage] - target_prompt[has_usage]) / target_prompt[has_usage] * 100.0
+    sized = has_usage & (target_prompt > 0)  # agent turns after the first have no target length
+    dev_pct = (prompt[sized] - target_prompt[sized]) / target_prompt[sized] * 100.0
     has_cache = ~np.isnan(cached) & has_usage
     tpot_v = tpot[~np.isnan(tpot)]
 
@@ -214,7 +283,7 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
         "decode_tokens_per_s": stats(1000.0 / tpot_v[tpot_v > 0]),
         "schedule_lag_ms": stats((_col(m, "sent_ns") - _col(m, "scheduled_ns")) / _NS_PER_MS),
         "prompt_tokens": {
-            "target": float(target_prompt[0]) if n_ok else None,
+            "target": float(target_prompt[0]) if n_ok and target_prompt[0] > 0 else None,
             "mean": float(prompt[has_usage].mean()) if has_usage.any() else None,
             "mean_deviation_pct": float(dev_pct.mean()) if dev_pct.size else None,
             "max_abs_deviation_pct": float(np.abs(dev_pct).max()) if dev_pct.size else None,
@@ -227,6 +296,8 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
         "goodput": None,
         "slos": [],
     }
+    summary.update(_reasoning(ok, sent))
+    summary["sessions"] = _sessions(ok, m, window_s)
 
     per_request = [s for s in slos if s.stat is None and s.metric in _LATENCY]
     if per_request and n_meas:
