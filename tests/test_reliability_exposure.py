@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from servesweep.sim.launch import start_sim
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -63,6 +65,7 @@ def _stop(p: subprocess.Popen) -> None:
 
 def test_locust_ui_and_metrics_bind_to_loopback_by_default(tmp_path):
     web, metrics = _free_port(), _free_port()
+    sim = start_sim(["--model-path", "Qwen/Qwen3.6-27B"])  # the locustfile probes its server at start
     p = _start(
         [
             sys.executable,
@@ -71,7 +74,7 @@ def test_locust_ui_and_metrics_bind_to_loopback_by_default(tmp_path):
             "-f",
             str(ROOT / "locustfiles" / "llm.py"),
             "--host",
-            "http://127.0.0.1:9",
+            sim.base_url,
             "--web-port",
             str(web),
             "--metrics-port",
@@ -83,6 +86,7 @@ def test_locust_ui_and_metrics_bind_to_loopback_by_default(tmp_path):
         bound = _listening(p.pid, {web, metrics})
     finally:
         _stop(p)
+        sim.stop()
     log = (tmp_path / "locust.log").read_text()
     assert set(bound) == {web, metrics}, log[-2000:]
     assert bound == {web: "127.0.0.1", metrics: "127.0.0.1"}, (bound, log[-1000:])

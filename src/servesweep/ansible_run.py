@@ -76,6 +76,8 @@ def run_playbook(
     on_event: Callable[[dict], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     tag: str | None = None,
+    secrets: Mapping[str, str] | None = None,
+    hide_env: tuple[str, ...] = (),
 ) -> PlaybookResult:
     """Run one playbook (a path; relative ones are looked up in ansible_dir()) and return what happened.
 
@@ -83,6 +85,12 @@ def run_playbook(
     event (for progress display); `cancel` is polled and stops the run when it returns True. `tag` goes into the
     private data dir's name, which every Ansible process names on its command line: kill_tagged(tag) finds what a
     SIGKILLed caller left running.
+
+    `secrets` (extravar name -> value) reach the playbook through 0600 files in the private data dir (removed at
+    the end), never through extravars (ansible-runner may put those on ansible-playbook's command line) or the
+    environment; `hide_env` names environment variables (the ones holding those secrets) that Ansible must not
+    see: ansible-runner writes its whole environment into the artifact folder (`command`), and fact gathering
+    records it too.
     """
     for mod in ("gevent", "locust"):
         if mod in sys.modules:
@@ -116,6 +124,15 @@ def run_playbook(
             "ANSIBLE_LOCAL_TEMP": str(pd / "tmp"),
             "ANSIBLE_DEPRECATION_WARNINGS": "0",
         }
+        extravars = dict(extravars)
+        if secrets:
+            (pd / "secrets").mkdir(mode=0o700)
+            for name, value in secrets.items():
+                f = pd / "secrets" / name
+                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(value)
+                extravars[name] = "{{ lookup('ansible.builtin.file', " + repr(str(f)) + ", rstrip=False) }}"
         cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
         failures: list[str] = []
         artifact: dict[str, Any] = {}
@@ -158,7 +175,11 @@ def run_playbook(
             kwargs["cmdline"] = cmdline
         if timeout_s is not None:
             kwargs["timeout"] = int(timeout_s)
-        r = ansible_runner.run(**kwargs)
+        hidden = {n: os.environ.pop(n) for n in hide_env if n in os.environ}
+        try:
+            r = ansible_runner.run(**kwargs)
+        finally:
+            os.environ.update(hidden)
         result = PlaybookResult(
             status=r.status,
             rc=r.rc if r.rc is not None else -1,

@@ -113,6 +113,15 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def _check_api_key_env(exp: Experiment) -> None:
+    name = exp.launcher.api_key_env
+    if name and not os.environ.get(name):
+        raise click.ClickException(
+            f"launcher.api_key_env names the environment variable {name}, which is not set (or empty): export it "
+            "(e.g. from a file or a secret store) before the run; the key itself never goes in the experiment"
+        )
+
+
 def _is_disk_error(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in _DISK_ERRNOS
 
@@ -316,6 +325,13 @@ class Runner:
             "sglang_server_docker_image": L.image or f"lmsysorg/sglang:v{exp.sglang_version}",
         }
 
+    def _secrets(self) -> dict[str, Any]:
+        """The API key goes to the role through a 0600 file; its variable is hidden from Ansible's environment."""
+        name = self.exp.launcher.api_key_env
+        if not name or not os.environ.get(name):
+            return {}
+        return {"secrets": {"sglang_server_api_key": os.environ[name]}, "hide_env": (name,)}
+
     def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
         from servesweep.ansible_run import run_playbook
 
@@ -341,6 +357,7 @@ class Runner:
                     on_event=on_event,
                     cancel=lambda: self.stop_requested,
                     tag=self.ansible_tag,
+                    **self._secrets(),
                 )
         finally:
             self.in_ansible = False
@@ -857,6 +874,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         exp_r = Experiment.model_validate(m.data["experiment"])
+        _check_api_key_env(exp_r)
         left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
         preflight_results_dir(
             m.run_dir,
@@ -882,6 +900,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             console.print(
                 "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
             )
+        _check_api_key_env(exp)
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
     rc = Runner(m, console=console, keep_server=keep_server).run()
