@@ -21,7 +21,13 @@ import pytest
 from servesweep.load import LOCUSTFILE
 from servesweep.loadspec import LoadPoint
 from servesweep.records import read_parquet
-from servesweep.remote_workers import account, build_package, master_command, start_remote_workers
+from servesweep.remote_workers import (
+    RemoteWorkersError,
+    account,
+    build_package,
+    master_command,
+    start_remote_workers,
+)
 from servesweep.sim.launch import read_ground_truth, start_sim
 from servesweep.summary import summarize
 
@@ -220,3 +226,23 @@ def test_killed_worker_is_named_with_the_requests_it_lost(lab):
         and "exited with 137" in acc["problems"][0]
     )
     print(f"\n{acc['problems'][0]}; the emulator's ground truth: {len(true_lost)} lost")
+
+
+def test_a_worker_that_cannot_start_fails_the_start_with_its_log(lab, tmp_path):
+    point, run_dir, work = lab.point("mh-bad", output_tokens=8, duration_s=1.0)
+    args = (lab.inventory, "loadgen", lab.net["master"].addr, MASTER_PORT, 1, work / "point.json", run_dir)
+    with pytest.raises(RemoteWorkersError) as e:
+        start_remote_workers(
+            *args,
+            package=lab.wheel,
+            extravars={**lab.extravars, "locust_worker_extra_args": ["--no-such-flag"]},
+        )
+    msg = str(e.value)
+    assert "exited with code 2 while starting" in msg and "--no-such-flag" in msg, msg
+    assert f"logs: {run_dir}/workers/w" in msg
+    for host in ("w1", "w2"):  # the rescue brought every log back and left nothing running
+        assert "unrecognized arguments: --no-such-flag" in (run_dir / "workers" / host / "1.log").read_text()
+    with pytest.raises(ValueError, match="workers_per_host must be >= 1, got 0"):
+        start_remote_workers(*args[:4], 0, *args[5:], package=lab.wheel)
+    with pytest.raises(FileNotFoundError, match="package .*nope.whl does not exist"):
+        start_remote_workers(*args, package=tmp_path / "nope.whl")

@@ -171,10 +171,13 @@ def start_remote_workers(
         start_s=time.monotonic() - t0,
     )
     if not res.ok:
-        try:
-            handle.stop()  # another host may have started its workers
-        except RemoteWorkersError:
-            pass
+        stats = res.stats or {}
+        failed = set(stats.get("failures") or {}) | set(stats.get("dark") or {})
+        if res.stats is None or set(stats.get("processed") or {}) - failed:
+            try:
+                handle.stop()  # hosts that did start keep no workers (failed hosts stopped theirs in the rescue)
+            except RemoteWorkersError:
+                pass
         raise RemoteWorkersError(f"starting the Locust workers: {res.error()}")
     handle.changed_hosts = sorted(h for h, n in ((res.stats or {}).get("changed") or {}).items() if n)
     handle.started = _read_states(results)
