@@ -18,6 +18,7 @@ from pathlib import Path
 import netns
 import pytest
 
+from servesweep.ansible_run import local_inventory, run_playbook
 from servesweep.load import LOCUSTFILE
 from servesweep.loadspec import LoadPoint
 from servesweep.records import read_parquet
@@ -246,3 +247,16 @@ def test_a_worker_that_cannot_start_fails_the_start_with_its_log(lab, tmp_path):
         start_remote_workers(*args[:4], 0, *args[5:], package=lab.wheel)
     with pytest.raises(FileNotFoundError, match="package .*nope.whl does not exist"):
         start_remote_workers(*args, package=tmp_path / "nope.whl")
+
+
+def test_stop_where_nothing_was_started_changes_nothing(tmp_path):
+    inv = local_inventory("loadgen") + f"[loadgen:vars]\nlocust_worker_dir={tmp_path}/never\n"
+    r = run_playbook(
+        "locust_workers.yml",
+        inventory=inv,
+        extravars={"locust_worker_state": "stopped", "locust_worker_results_dir": str(tmp_path / "res")},
+        artifact_dir=tmp_path / "a",
+        ident="stop",
+    )
+    assert r.ok, r.error()
+    assert not any((r.stats or {}).get("changed", {}).values())
