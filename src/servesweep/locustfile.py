@@ -260,8 +260,8 @@ def _init(environment, **_kw) -> None:
 
         @events.report_to_master.add_listener
         def _ship(client_id, data, **_k) -> None:
-            ctx = environment.servesweep
-            if len(ctx.buffer):
+            ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
+            if ctx is not None and len(ctx.buffer):
                 data[_RECORDS_KEY] = ctx.buffer.take()
 
     if isinstance(runner, MasterRunner):
@@ -371,10 +371,12 @@ def _quitting(environment, **_kw) -> None:
     opts = environment.parsed_options
     if opts is None or not opts.slo:
         return
-    from servesweep.gates import GateError, evaluate_records
+    from servesweep.gates import GateError, evaluate_records, parse_slos
 
     ctx = environment.servesweep
     try:
+        if all(s.per_request for s in parse_slos(opts.slo)):
+            return  # per-request SLOs (ttft<=2s) shape goodput; there is no aggregate to gate on
         verdict = evaluate_records(ctx.buffer.table(), opts.slo, name=ctx.point.id if ctx.point else "locust")
     except (GateError, ValueError) as e:
         print(f"servesweep: SLO gate could not run: {e}")
