@@ -317,3 +317,60 @@ def test_agent_sessions_grow_and_hit_the_cache(sim, tmp_path):
     assert s["turns_per_session"]["mean"] == turns and s["session_duration_ms"]["n"] == 2
     assert [t["turn"] for t in s["per_turn"]] == list(range(turns))
     assert s["per_turn"][-1]["cache_hit_ratio"] > 0.8 and s["turns_per_s"] > 0
+
+
+def test_headless_point_serves_live_client_metrics(sim, tmp_path):
+    """run_point(metrics_port=...): the Locust process exposes servesweep's client metrics while the point runs,
+    fed from each request's record in the request event's context."""
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen: list[float] = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                got = [
+                    float(m[1])
+                    for m in re.finditer(r"^servesweep_requests_total\{[^}]*\} (\S+)$", text, re.M)
+                ]
+                if got:
+                    seen.append(sum(got))
+            except OSError:
+                pass
+            time.sleep(0.1)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    try:
+        summary = run_point(
+            point(sim, requests=40, output_tokens=40, thinking=False), tmp_path / "m", metrics_port=port
+        )
+    finally:
+        stop.set()
+        t.join(5)
+    assert summary["requests"]["ok"] == 40
+    assert seen and max(seen) > 0, "the client metrics were served during the run"
+    assert len(set(seen)) > 1, f"the count grew while the point ran: {sorted(set(seen))}"
+
+
+def test_record_buffer_columns_since():
+    from servesweep.records import RecordBuffer
+
+    buf = RecordBuffer()
+    for i in range(3):
+        buf.add({"request_id": f"r{i}"})
+    cols, n = buf.columns_since(0)
+    assert cols["request_id"] == ["r0", "r1", "r2"] and n == 3
+    buf.add({"request_id": "r3"})
+    cols, n = buf.columns_since(n)
+    assert cols["request_id"] == ["r3"] and n == 4 and cols["workload"] == [None]
+    buf.take()  # handed over: a reader past the end starts again
+    buf.add({"request_id": "r4"})
+    cols, n = buf.columns_since(n)
+    assert cols["request_id"] == ["r4"] and n == 1
