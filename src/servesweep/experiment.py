@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 # --------------------------------------------------------------------------------------------------------------
@@ -554,8 +554,11 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
         raise ExperimentError(
             [f"{filename}:{line}: YAML syntax error: character {e.character:#x} is not allowed in YAML"]
         ) from None
-    except (YAMLError, ValueError, RecursionError) as e:  # anything else the YAML library refuses
-        raise ExperimentError([f"{filename}:1: YAML error: {type(e).__name__}: {e}"[:500]]) from None
+    except Exception as e:  # noqa: BLE001 - the YAML library fails on odd scalars with IndexError etc.: a clean error
+        line = _first_failing_line(text, type(e))
+        raise ExperimentError(
+            [f"{filename}:{line}: YAML error: the YAML reader fails here ({type(e).__name__}: {e})"[:500]]
+        ) from None
     if not isinstance(doc, CommentedMap):
         raise ExperimentError(
             [f"{filename}:1: expected a mapping of keys (name, target, model, ...) at the top"]
@@ -576,6 +579,19 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
         raise ExperimentError([f"{filename}:{n}: {key}: {msg}" for n, key, msg in lines])
     assert exp is not None
     return exp
+
+
+def _first_failing_line(text: str, exc: type) -> int:
+    """The first line whose inclusion makes the YAML reader raise `exc` (the reader gives no position for these)."""
+    lines = text.splitlines(keepends=True)
+    for n in range(1, len(lines) + 1):
+        try:
+            YAML(typ="rt").load("".join(lines[:n]))
+        except exc:
+            return n
+        except Exception:  # noqa: BLE001 - a different problem of a truncated document: keep looking
+            continue
+    return 1
 
 
 def _plain(node: Any) -> Any:
