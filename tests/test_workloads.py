@@ -374,3 +374,34 @@ def test_record_buffer_columns_since():
     buf.add({"request_id": "r4"})
     cols, n = buf.columns_since(n)
     assert cols["request_id"] == ["r4"] and n == 1
+
+
+def test_servesweep_load_agent_workload_from_the_command_line(sim, tmp_path):
+    from click.testing import CliRunner
+
+    from servesweep.load import command
+
+    args = ["--base-url", sim.base_url, "--concurrency", "1", "--requests", "3", "--prompt-tokens", "500"]
+    args += [
+        "--output-tokens",
+        "8",
+        "--workload",
+        "agent",
+        "--session-turns",
+        "3",
+        "--tool-result-tokens",
+        "100",
+    ]
+    args += ["--think-time", "50ms", "--thinking", "off", "--json", "--out", str(tmp_path / "runs")]
+    r = CliRunner().invoke(command, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    (s,) = json.loads(r.stdout)["points"]
+    assert s["point"]["workload"] == "agent" and s["point"]["think_time_s"] == 0.05
+    assert s["requests"]["ok"] == 3 and s["sessions"]["sessions"] == 1
+    turns = s["sessions"]["per_turn"]
+    assert [t["turn"] for t in turns] == [0, 1, 2]
+    assert turns[0]["prompt_tokens_mean"] < turns[1]["prompt_tokens_mean"] < turns[2]["prompt_tokens_mean"]
+    # three turns with two 50 ms thinks between them
+    assert s["sessions"]["session_duration_ms"]["max"] >= 100
+    bad = CliRunner().invoke(command, [*args, "--output-dist", "lognormal:mean=5"], catch_exceptions=False)
+    assert bad.exit_code != 0 and "missing sigma" in bad.output
