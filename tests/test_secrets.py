@@ -96,7 +96,7 @@ def test_the_api_key_never_leaks(tmp_path):
     # on the server host: only the 0600 secret files hold it; the launch script and the server log do not
     workdir = next(srv.iterdir())
     holders = sorted(f.name for f in workdir.rglob("*") if f.is_file() and key.encode() in f.read_bytes())
-    assert set(holders) <= {"secret.env", "secret.yaml"} and holders, holders
+    assert set(holders) <= {"secret.env", "secret.yaml", "secret.key"} and holders, holders
     for name in holders:
         assert stat.S_IMODE((workdir / name).stat().st_mode) == 0o600, name
     assert key not in (workdir / "launch.sh").read_text()
