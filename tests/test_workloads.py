@@ -221,6 +221,10 @@ def test_shared_prefix_hit_rate_within_5_points_of_target(sim, tmp_path):
     # the server's own counter agrees with the per-request usage
     server = cached_total(sim) - before
     assert server == pytest.approx(sum(r["cached_tokens"] for r in records), rel=0.02, abs=64)
+    # and the summary says the same
+    sp = summary["shared_prefix"]
+    assert sp["target_hit_ratio"] == pytest.approx(target) and sp["measured_hit_ratio"] == hit
+    assert sp["server_cached_tokens"] == pytest.approx(server, rel=0.02, abs=64)
 
 
 # ---------------------------------------------------------------- datasets

@@ -301,6 +301,7 @@ def run_point(
     log_path = out_dir / "locust.log"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
     started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
@@ -335,6 +336,11 @@ def run_point(
         "wall_s": time.time() - t0,
         **summarize(table, slos=parsed_slos),
     }
+    if point.workload == "shared_prefix":
+        summary["shared_prefix"] = shared_prefix_check(point, summary, cached_before)
+    elif cached_before is not None:
+        after = server_cached_tokens(point)
+        summary["server_cached_tokens"] = None if after is None else after - cached_before
     os.replace(rec_path, out_dir / "records.parquet")
     for name in ("locust-report.html",):
         if (work / name).is_file():
@@ -344,6 +350,34 @@ def run_point(
         progress(_read_progress(work, point, time.monotonic() - started))
     shutil.rmtree(work, ignore_errors=True)
     return summary
+
+
+_CACHED_TOTAL = re.compile(r"^sglang:cached_tokens_total(?:\{[^}]*\})? (\S+)$", re.M)
+
+
+def server_cached_tokens(point: LoadPoint) -> float | None:
+    """SGLang's `sglang:cached_tokens_total` (summed over label sets) from GET /metrics; None when not exposed."""
+    try:
+        with _request(point, "/metrics", timeout=10) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    got = [float(m[1]) for m in _CACHED_TOTAL.finditer(text)]
+    return sum(got) if got else None
+
+
+def shared_prefix_check(point: LoadPoint, summary: dict, cached_before: float | None) -> dict:
+    """The shared-prefix target next to what was measured: every measured request but each group's first can be
+    served the group's prefix (an upper bound: warmup requests raise it, evictions lower it)."""
+    n = summary["requests"]["ok"]
+    g = min(point.num_groups, n)
+    target = (n - g) / n * point.shared_prefix_tokens / point.prompt_tokens if n else None
+    after = server_cached_tokens(point) if cached_before is not None else None
+    return {
+        "target_hit_ratio": target,
+        "measured_hit_ratio": summary["cache_hit_ratio"],
+        "server_cached_tokens": None if after is None else after - cached_before,
+    }
 
 
 def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
