@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE / "peers"))
 import measure  # noqa: E402
 import report  # noqa: E402
 import tokenizer_dir  # noqa: E402
-from runners import RUNNERS, VENVS, Job  # noqa: E402
+from runners import EXPERIMENTS, RUNNERS, VENVS, Job  # noqa: E402
 
 from servesweep.sim.launch import start_sim  # noqa: E402
 
@@ -60,12 +60,16 @@ def sim_args(tok: Path, cal: str, extra: list[str] | None = None) -> list[str]:
     ]
 
 
-def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, sim_extra=None) -> dict:
+def run_one(
+    runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, sim_extra=None, prompt_tokens=None
+) -> dict:
     """Fresh emulator, one tool run, all measurements. Never raises for a tool failure: it is a result."""
     job.out.mkdir(parents=True, exist_ok=True)
     gt_path = job.out / "ground_truth.jsonl"
     gt_path.unlink(missing_ok=True)
     res: dict = {"tool": runner.name, "concurrency": job.concurrency, "requests": job.requests}
+    if prompt_tokens:
+        res["prompt_tokens"] = prompt_tokens
     why = runner.available()
     if why:
         return {**res, "error": why}
@@ -136,6 +140,23 @@ def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, si
         res["steady_chunks"] = chunks
         res["cpu_us_per_chunk"] = round(c / chunks * 1e6, 2) if chunks else None
         res["steady_cpu_util"] = round(c / ((win[1] - win[0]) / 1e9), 3)
+    score(res, runner, client, gt)
+    return res
+
+
+def score(res: dict, runner, client: list, gt: list[dict]) -> None:
+    """Accuracy figures of one run, from the tool's per-request output and the emulator's ground truth."""
+    res["max_open_streams"] = measure.max_open(gt)
+    target = res.get("prompt_tokens")
+    if target and gt and res.get("launch_to_first_request_s") is not None:
+        # the first request carrying a full-size prompt (servesweep's probe request is small): data generation
+        launched = min(g["recv_ns"] for g in gt) - res["launch_to_first_request_s"] * 1e9
+        big = [g["recv_ns"] for g in gt if (g.get("prompt_tokens") or 0) >= 0.5 * target]
+        res["launch_to_first_full_prompt_s"] = round((min(big) - launched) / 1e9, 2) if big else None
+    ct = sorted(c.ttft_s * 1e3 for c in client)
+    st = sorted((g["chunks"][0][0] - g["recv_ns"]) / 1e6 for g in gt if g.get("chunks"))
+    res["client_ttft_ms_p50"] = round(ct[len(ct) // 2], 1) if ct else None
+    res["server_ttft_ms_p50"] = round(st[len(st) // 2], 1) if st else None
     for b in runner.pair_by:
         a = measure.accuracy(client, gt, b)
         res[f"acc_{b}"] = {
@@ -146,7 +167,23 @@ def run_one(runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, si
             "last_chunk_only": not runner.per_chunk,
             "abs_chunk_err_ms": measure.pct(a.abs_chunk_err_ms) if a.abs_chunk_err_ms else None,
         }
-    return res
+
+
+def rescore(results: dict, raw: Path) -> None:
+    """Recompute the accuracy figures from the files a run left in raw/ (CPU figures stay as measured)."""
+    known = {**RUNNERS, **EXPERIMENTS}
+    for kind in ("runs", "long"):
+        for r in results.get(kind, []):
+            runner = known[r["tool"]]
+            out = raw / (f"{r['tool']}-long" if kind == "long" else f"{r['tool']}-c{r['concurrency']}")
+            if not (out / "ground_truth.jsonl").is_file():
+                continue
+            job = Job("", "m", Path(), r["concurrency"], r["requests"], 0, 0, out)
+            try:
+                client = runner.parse(job, (out / "stdout.txt").read_text(errors="replace"))
+            except Exception:  # noqa: BLE001 - a run whose output cannot be read keeps its recorded figures
+                continue
+            score(r, runner, client, measure.read_gt(out / "ground_truth.jsonl"))
 
 
 def pool_build_time(tok: Path, n: int, tokens: int) -> dict:
@@ -209,15 +246,26 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
     ap.add_argument("--timeout", type=float, default=120, help="seconds per tool run")
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument(
+        "--render", action="store_true", help="only re-score and re-render peers.md from the files in raw/"
+    )
     args = ap.parse_args()
+    if args.render:
+        results = json.loads((args.out / "raw" / "peers.json").read_text())
+        rescore(results, args.out / "raw")
+        (args.out / "raw" / "peers.json").write_text(json.dumps(results, indent=1))
+        (args.out / "peers.md").write_text(report.render(results))
+        print(f"wrote {args.out / 'peers.md'}")
+        return 0
 
     if args.smoke:
         args.tools, args.streams, args.requests_per_stream = "servesweep", "8", 2
         args.output_tokens, args.long_tokens, args.pool, args.no_install = 24, 0, 0, True
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    bad = [t for t in tools if t not in RUNNERS]
+    known = {**RUNNERS, **EXPERIMENTS}
+    bad = [t for t in tools if t not in known]
     if bad:
-        ap.error(f"--tools: unknown {', '.join(bad)}; known: {', '.join(RUNNERS)}")
+        ap.error(f"--tools: unknown {', '.join(bad)}; known: {', '.join(known)}")
     try:
         streams = [int(s) for s in args.streams.split(",")]
     except ValueError:
@@ -228,7 +276,7 @@ def main() -> int:
     started = time.time()
     raw = args.out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    peers = [t for t in tools if t != "servesweep"]
+    peers = [t for t in tools if t in RUNNERS and t != "servesweep"]
     install_log = {}
     if peers and not args.no_install:
         import install
@@ -241,7 +289,7 @@ def main() -> int:
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": machine(),
         "pinned": pin,
-        "versions": {t: RUNNERS[t].version() for t in tools},
+        "versions": {t: known[t].version() for t in tools},
         "install": install_log,
         "emulator": {"model": MODEL, "decode_calibration": DECODE_CAL, "long_calibration": LONG_CAL},
         "shape": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens},
@@ -264,7 +312,7 @@ def main() -> int:
                 output_tokens=args.output_tokens,
                 out=raw / f"{t}-c{c}",
             )
-            r = run_one(RUNNERS[t], job, tok, DECODE_CAL, pin, args.timeout)
+            r = run_one(known[t], job, tok, DECODE_CAL, pin, args.timeout)
             print(json.dumps({k: r.get(k) for k in ("tool", "concurrency", "cpu_us_per_chunk", "error")}))
             results["runs"].append(r)
             save()
@@ -282,8 +330,7 @@ def main() -> int:
             )
             extra = ["--context-length", str(args.long_tokens + 4096)]
             job_tokens = args.long_tokens
-            r = run_one(RUNNERS[t], job, tok, LONG_CAL, pin, args.timeout, extra)
-            r["prompt_tokens"] = job_tokens
+            r = run_one(known[t], job, tok, LONG_CAL, pin, args.timeout, extra, prompt_tokens=job_tokens)
             print(json.dumps({k: r.get(k) for k in ("tool", "acc_pattern", "error")}))
             results["long"].append(r)
             save()

@@ -37,4 +37,4 @@ def test_harness_smoke_measures_cpu_and_accuracy(tmp_path):
     assert run["acc_pattern"]["chunk_err_ms"]["p50"] <= acc["chunk_err_ms"]["p50"] + 1.0
     assert acc["abs_chunk_err_ms"]["p50"] < 50
     md = (tmp_path / "peers-smoke.md").read_text()
-    assert "| 8 | servesweep |" in md and "servesweep by id" in md and "pinning" in md
+    assert "| 8 | servesweep |" in md and "servesweep (by id, exact)" in md and "pinning" in md

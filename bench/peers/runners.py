@@ -123,6 +123,17 @@ class Servesweep(Runner):
         return m.version("servesweep")
 
 
+class ServesweepIdle(Servesweep):
+    """EXPERIMENT: servesweep with the proposed hot-path change (parse a finished stream only when the loop is
+    idle), applied by bench/peers/servesweep_idle.py without editing src/. Not run unless asked for."""
+
+    name = "servesweep-idle"
+
+    def command(self, job: Job) -> list[str]:
+        cmd = super().command(job)
+        return [sys.executable, str(Path(__file__).with_name("servesweep_idle.py")), *cmd[1:]]
+
+
 def _cumsum(ttft: float, itls: list[float]) -> list[float]:
     out = [ttft]
     for g in itls:
@@ -387,3 +398,4 @@ class GenaiBench(Runner):
 RUNNERS: dict[str, Runner] = {
     r.name: r for r in (Servesweep(), SglangBench(), VllmBench(), Guidellm(), Aiperf(), GenaiBench())
 }
+EXPERIMENTS: dict[str, Runner] = {r.name: r for r in (ServesweepIdle(),)}
