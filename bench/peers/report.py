@@ -44,6 +44,9 @@ def render(res: dict) -> str:
         f"`{res['emulator']['decode_calibration']}`; long context `{res['emulator']['long_calibration']}`",
         f"- workload: closed loop, {res['shape']['prompt_tokens']} prompt / {res['shape']['output_tokens']} "
         "output tokens, streaming chat completions, a fresh emulator per run",
+        "- method, pairing caveats, install notes and findings: `bench/peers/README.md`. TTFT errors of peers "
+        "paired by pattern are noisy (a twin with the same chunk pattern may have another TTFT); exact rows are "
+        "the reference.",
         "",
     ]
     if res.get("install"):
