@@ -251,6 +251,31 @@ def test_dataset_workload_end_to_end(sim, tmp_path):
         r["completion_tokens"] == r["target_output_tokens"] for r in records
     )  # ignore_eos: exactly drawn
     assert all(4 <= r["target_output_tokens"] <= 16 for r in records)
+    # output lengths from the dataset's reference answers (ShareGPT's gpt turn), else the point's output_tokens
+    share = tmp_path / "share.json"
+    conv = [
+        {
+            "conversations": [
+                {"from": "human", "value": f"Tell me about lake {i}."},
+                {"from": "gpt", "value": "Calm. " * (i + 2)},
+            ]
+        }
+        for i in range(6)
+    ]
+    share.write_text(json.dumps(conv))
+    ref, ref_recs = run(
+        sim,
+        tmp_path,
+        "dataset-ref",
+        workload="dataset",
+        dataset=str(share),
+        requests=6,
+        output_dist="dataset",
+        thinking=False,
+    )
+    assert ref["requests"]["ok"] == 6, ref["failures"]
+    assert len({r["target_output_tokens"] for r in ref_recs}) > 1
+    assert all(r["completion_tokens"] == r["target_output_tokens"] for r in ref_recs)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"prompt": \n')
     with pytest.raises(ValueError, match=r"bad\.jsonl.*line 2"):

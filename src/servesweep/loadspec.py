@@ -168,6 +168,8 @@ class LoadPoint(BaseModel):
             from servesweep.workloads import parse_output_dist
 
             parse_output_dist(self.output_dist)  # a ValueError names what is wrong
+            if self.output_dist.strip() == "dataset" and self.workload != "dataset":
+                raise ValueError("output_dist 'dataset' (reference answer lengths) needs workload dataset")
         return self
 
     # -- derived values (no state: the point is frozen) --

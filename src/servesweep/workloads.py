@@ -42,12 +42,16 @@ class OutputDist:
         return int(min(MAX_OUTPUT_TOKENS, max(1, round(v))))
 
 
-def parse_output_dist(text: str) -> OutputDist:
-    """'lognormal:mean=512,sigma=0.5', 'normal:mean=512,sigma=64' or 'uniform:min=128,max=1024'."""
+def parse_output_dist(text: str) -> OutputDist | None:
+    """'lognormal:mean=512,sigma=0.5', 'normal:mean=512,sigma=64', 'uniform:min=128,max=1024', or 'dataset' (each
+    dataset prompt's reference answer length; None here)."""
+    if (text or "").strip() == "dataset":
+        return None
     m = _DIST.match(text or "")
     if not m:
         raise ValueError(
-            f"output_dist {text!r}: expected lognormal:mean=M,sigma=S, normal:mean=M,sigma=S or uniform:min=A,max=B"
+            f"output_dist {text!r}: expected lognormal:mean=M,sigma=S, normal:mean=M,sigma=S, uniform:min=A,max=B "
+            "or dataset"
         )
     kind = m["kind"]
     want = _DIST_PARAMS[kind]
@@ -165,6 +169,8 @@ def output_lengths(point: LoadPoint, n: int, refs: list[int | None] | None = Non
     if point.output_dist is None:
         return [point.output_tokens] * n
     dist = parse_output_dist(point.output_dist)
+    if dist is None:  # "dataset": the reference answer's length where the record has one
+        return [r or point.output_tokens for r in (refs or [None] * n)]
     rng = random.Random(f"servesweep-output-{point.seed}")
     return [dist.draw(rng) for _ in range(n)]
 
@@ -177,7 +183,7 @@ def build_workload(point: LoadPoint) -> Workload:
         return _build_agent(point)
     pool_endpoint = "completions" if point.endpoint == "generate" else point.endpoint
     pool = _pool(point, pool_endpoint)
-    lengths = output_lengths(point, len(pool))
+    lengths = output_lengths(point, len(pool), [p.output_tokens for p in pool.prompts])
     extra = request_extra(point)
     bodies = [
         p.body_parts(point.model, n, point.endpoint, extra)
