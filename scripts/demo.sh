@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# What `make demo` runs: a concurrency sweep against the SGLang emulator (started and stopped by servesweep itself),
-# 2k-token prompts, 128 output tokens, 2 x concurrency requests per point (at least 8). About a minute.
+# What `make demo` runs: the quick-start matrix (examples/quickstart.yaml) against the SGLang emulator, which the
+# sglang_server Ansible role starts and restarts on this machine with the process launcher: 2 server configurations
+# (autoregressive, MTP) x 3 concurrencies x 2 prompt lengths. It plans, runs every point, prints the results table,
+# and writes the HTML/Markdown report. A few minutes; no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 OUT="${OUT:-runs}"
-exec "$VENV/bin/servesweep" load \
-  --sim-args "--model-path Qwen/Qwen3.6-27B --enable-cache-report" \
-  --concurrency 1,2,4,8 \
-  --prompt-tokens 2000 \
-  --output-tokens 128 \
-  --out "$OUT" \
-  "$@"
+"$VENV/bin/servesweep" plan examples/quickstart.yaml
+exec "$VENV/bin/servesweep" run examples/quickstart.yaml --out "$OUT" "$@"

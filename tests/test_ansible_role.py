@@ -226,11 +226,11 @@ def test_systemd_and_docker_render_version_aware_commands_in_check_mode(tmp_path
         assert "SGLANG_HEALTH_CHECK_TIMEOUT=120" in t
         assert "--speculative-algorithm NEXTN --tp-size 2" in t and "--enable-metrics" in t
         assert "--disable-radix-cache" not in t
-        assert "--api-key" in t and "SERVESWEEP_API_KEY" in t
+        # the key travels in a 0600 config file, never on the server's command line (/proc/<pid>/cmdline)
+        assert "--api-key" not in t and "--config" in t and "secret.yaml" in t
     if launcher == "systemd":
         assert "ExecStart=/opt/sglang/bin/python -m sglang.launch_server --model-path Qwen/Qwen3.6-27B" in new
         assert f"--port {s.port}" in new and "KillMode=control-group" in new
-        assert "EnvironmentFile=" in new
     else:
         assert "docker run --detach --name servesweep-sglang" in new
         assert "--gpus all --ipc=host" in new and f"-p 127.0.0.1:{s.port}:{s.port}" in new

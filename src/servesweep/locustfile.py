@@ -40,6 +40,9 @@ def _args(parser) -> None:
     def opt(*a, ui=True, **kw):
         parser.add_argument(*a, include_in_web_ui=ui, **kw)
 
+    # The web UI starts load against a GPU server: bind it to loopback unless told otherwise (--web-host).
+    parser.set_defaults(web_host="127.0.0.1")
+
     opt("--point-json", default=None, ui=False, help="a LoadPoint JSON file (overrides the options below)")
     opt("--model", default="", help="model name; empty: the first of GET /v1/models")
     opt(
