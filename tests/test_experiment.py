@@ -155,3 +155,100 @@ def test_examples_parse():
     q = load_experiment(ROOT / "examples" / "quickstart.yaml")
     configs, _ = q.server_configs()
     assert len(configs) == 2 and sum(len(q.points_for(c)[0]) for c in configs) == 12
+
+
+WORKLOADS = """\
+  endpoint: [chat, completions]
+  workload: [single, agent, prefix]
+  workloads:
+    agent: {session_turns: 3, tool_result_tokens: 200, context_cap_tokens: 200k}
+    prefix: {workload: shared_prefix, shared_prefix_tokens: 2k, num_groups: 2}
+  output_dist: "lognormal:mean=128,sigma=0.5"
+  ignore_eos: false
+exclude:
+  - {workload: agent, endpoint: completions}
+"""
+
+
+def _with_workloads(text: str = WORKLOADS) -> str:
+    head = GOOD[: GOOD.index("  requests: 2\n") + len("  requests: 2\n")]
+    return head + text
+
+
+def test_old_workload_key_still_means_the_endpoint_and_keeps_point_ids():
+    old = parse_experiment(_replace("  requests: 2\n", "  requests: 2\n  workload: [chat, completions]\n"))
+    assert old.load.endpoint == ["chat", "completions"] and old.load.workload == ["single"]
+    ids = [p.id for p in old.points_for(old.server_configs()[0][0])[0]]
+    # the ids of files written before `endpoint` existed: resume finds its points
+    assert ids == [
+        "s01-tp1-ar.chat-p3000-o256-c1",
+        "s01-tp1-ar.chat-p3000-o256-c4",
+        "s01-tp1-ar.completions-p3000-o256-c1",
+        "s01-tp1-ar.completions-p3000-o256-c4",
+    ]
+    # an exclude rule on `workload: completions` keeps its old meaning too
+    ex = parse_experiment(
+        _replace("  requests: 2\n", "  requests: 2\n  workload: [chat, completions]\n").replace(
+            "  - {bundle: nextn, tp_size: 1}", "  - {bundle: nextn, tp_size: 1}\n  - {workload: completions}"
+        )
+    )
+    assert {p.endpoint for p in ex.points_for(ex.server_configs()[0][0])[0]} == {"chat"}
+
+
+def test_workloads_axis_names_points_and_carries_loadpoint_fields():
+    exp = parse_experiment(_with_workloads())
+    ar1 = exp.server_configs()[0][0]
+    pts, excl = exp.points_for(ar1)
+    # 3 workloads × 2 endpoints × 2 prompts × 2 concurrencies, minus agent on completions (4)
+    assert len(pts) == 20 and {p.workload for p in pts} == {"single", "agent", "prefix"}
+    assert "s01-tp1-ar.agent-chat-p3000-o256-c4" in {p.id for p in pts}
+    assert not any(p.workload == "agent" and p.endpoint == "completions" for p in pts)
+    assert exp.load.workload_fields("prefix") == {
+        "ignore_eos": False,
+        "output_dist": "lognormal:mean=128,sigma=0.5",
+        "workload": "shared_prefix",
+        "shared_prefix_tokens": 2000,
+        "num_groups": 2,
+    }
+    assert exp.load.workload_fields("agent")["workload"] == "agent"  # the name is the kind
+    assert exp.load.workload_fields("single") == {
+        "ignore_eos": False,
+        "output_dist": "lognormal:mean=128,sigma=0.5",
+    }
+
+
+def test_workload_errors_name_the_workload_key_and_line():
+    errs = _errors(_with_workloads(WORKLOADS.replace("[single, agent, prefix]", "[single, agnet]")))
+    assert len(errs) == 1 and errs[0].startswith(
+        "experiment.yaml:28: load.workload[1]: workload 'agnet' is not "
+    )
+    assert "(did you mean 'agent'?)" in errs[0]
+    # the agent's context cap must exceed every prompt of the matrix; agent sessions need the chat endpoint
+    errs = _errors(_with_workloads(WORKLOADS.replace("context_cap_tokens: 200k", "context_cap_tokens: 50k")))
+    assert errs == [
+        "experiment.yaml:30: load.workloads.agent: workload 'agent' with endpoint chat, prompt_tokens 100000: "
+        "context_cap_tokens=50000 must be above prompt_tokens=100000"
+    ]
+    errs = _errors(_with_workloads(WORKLOADS.replace("num_groups: 2", "num_grups: 2")))
+    assert errs == [
+        "experiment.yaml:31: load.workloads.prefix.num_grups: unknown key 'num_grups' (did you mean 'num_groups'?)"
+    ]
+
+
+def test_dry_run_of_the_rtx_pro_6000_example_keeps_configs_and_the_ends_of_each_axis():
+    from servesweep.orchestrator import shrink_for_dry_run
+    from servesweep.planner import make_plan
+
+    exp = load_experiment(ROOT / "examples" / "qwen36-27b-rtxpro6000.yaml")
+    dry = shrink_for_dry_run(exp)
+    full, small = make_plan(exp), make_plan(dry)
+    assert [c.config.id for c in small.configs] == [c.config.id for c in full.configs]  # every configuration
+    assert dry.load.concurrency == [1, 100] and dry.load.prompt_tokens == [3000, 100000]
+    assert dry.load.output_tokens == [8] and dry.load.requests == 1
+    assert dry.load.workload == ["single", "agent"] and dry.load.workloads["agent"].session_turns == 2
+    n_full = sum(len(c.points) for c in full.configs)
+    n_small = sum(len(c.points) for c in small.configs)
+    # 15 configurations × (single: 2 prompts × 2 concurrencies, the 100k×100 point excluded = 3; agent: 3k only, 2)
+    # = 75 points at most (instead of hundreds), each one short request per user
+    assert n_small <= 75 < n_full, (n_small, n_full)
+    print(f"dry-run points: {n_small} of {n_full}")

@@ -109,8 +109,8 @@ RESERVED_FLAGS = {
     "api_key": "secrets",
 }
 
-WORKLOADS = ("chat", "completions")
-LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload")
+ENDPOINTS = ("chat", "completions", "generate")
+LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -271,11 +271,56 @@ class Server(_Strict):
     env_axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
 
 
+WORKLOAD_KINDS = ("synthetic", "shared_prefix", "dataset", "agent")
+BUILTIN_WORKLOADS = ("single", "chat")  # single-shot synthetic prompts, no settings needed
+
+
+class WorkloadSpec(_Strict):
+    """One named workload of `load.workloads` (docs/workloads.md): the LoadPoint workload fields. Unset fields keep
+    LoadPoint's defaults; `workload` may be left out when the name is a kind (agent, shared_prefix, dataset)."""
+
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] | None = None
+    shared_prefix_tokens: int | None = Field(None, ge=0)
+    num_groups: int | None = Field(None, ge=1)
+    dataset: str | None = None
+    dataset_min_tokens: int | None = Field(None, ge=0)
+    dataset_max_tokens: int | None = Field(None, ge=0)
+    session_turns: int | None = Field(None, ge=1)
+    tool_result_tokens: int | None = Field(None, ge=0)
+    think_time_s: float | None = Field(None, ge=0)
+    context_cap_tokens: int | None = Field(None, ge=1)
+    output_dist: str | None = None
+    thinking: bool | None = None
+
+    @field_validator("shared_prefix_tokens", "context_cap_tokens", "tool_result_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return human_int(v) if isinstance(v, str) else v
+
+    @field_validator("think_time_s", mode="before")
+    @classmethod
+    def _dur(cls, v):
+        return None if v is None else duration_s(v)
+
+
 class Load(_Strict):
     concurrency: list[int] = Field(min_length=1)
     prompt_tokens: list[int] = Field(min_length=1)
     output_tokens: list[int] = Field(min_length=1)
-    workload: list[Literal["chat", "completions"]] = Field(default_factory=lambda: ["chat"], min_length=1)
+    endpoint: list[Literal["chat", "completions", "generate"]] = Field(
+        default_factory=lambda: ["chat"], min_length=1
+    )
+    workload: list[str] = Field(
+        default_factory=lambda: ["single"],
+        min_length=1,
+        description="names of load.workloads (or single); the old 'chat'/'completions' meaning an endpoint",
+    )
+    workloads: dict[str, WorkloadSpec] = Field(default_factory=dict)
+    output_dist: str | None = Field(None, description="output lengths drawn per prompt; None: fixed")
+    thinking: bool | None = Field(
+        None, description="chat_template_kwargs.enable_thinking; None: server default"
+    )
+    ignore_eos: bool = True
     requests: int | None = Field(None, ge=1, description="measured requests per point")
     duration_s: float | None = Field(None, gt=0, description="measured seconds per point")
     warmup_s: float = Field(0.0, ge=0)
@@ -284,7 +329,19 @@ class Load(_Strict):
     first_token_timeout_s: float = Field(900.0, gt=0)
     workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
 
-    @field_validator("concurrency", "prompt_tokens", "output_tokens", "workload", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _old_workload(cls, v):
+        # before `endpoint` existed, `workload: chat|completions` named the endpoint: keep such files working
+        if isinstance(v, dict) and "endpoint" not in v and not v.get("workloads"):
+            wl = v.get("workload")
+            wls = wl if isinstance(wl, list) else [wl]
+            if wl is not None and wls and all(w in ("chat", "completions") for w in wls):
+                v = {k: x for k, x in v.items() if k != "workload"}
+                v["endpoint"] = wls
+        return v
+
+    @field_validator("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", mode="before")
     @classmethod
     def _listify(cls, v, info):
         v = v if isinstance(v, list) else [v]
@@ -307,6 +364,16 @@ class Load(_Strict):
             raise ValueError(f"values must be ≥ 1, got {bad}")
         return v
 
+    @field_validator("workloads")
+    @classmethod
+    def _names(cls, v):
+        for name in v:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_]{0,31}$", name):
+                raise ValueError(
+                    f"workload name {name!r} must be 1-32 letters, digits or '_' (it goes into point ids)"
+                )
+        return v
+
     @field_validator("duration_s", "warmup_s", mode="before")
     @classmethod
     def _dur(cls, v):
@@ -317,6 +384,27 @@ class Load(_Strict):
         if self.requests is None and self.duration_s is None:
             raise ValueError("give load.requests or load.duration_s (how each point stops)")
         return self
+
+    @property
+    def workload_axis(self) -> bool:
+        """True when points differ by named workload: the name then goes into the point ids."""
+        return bool(self.workloads) or any(w not in BUILTIN_WORKLOADS for w in self.workload)
+
+    def workload_fields(self, name: str) -> dict[str, Any]:
+        """The LoadPoint workload fields of a workload name (the load-wide scalars, then the workload's own)."""
+        out: dict[str, Any] = {"ignore_eos": self.ignore_eos}
+        if self.output_dist is not None:
+            out["output_dist"] = self.output_dist
+        if self.thinking is not None:
+            out["thinking"] = self.thinking
+        spec = self.workloads.get(name)
+        if spec is None:
+            if name in BUILTIN_WORKLOADS:
+                return out
+            raise KeyError(name)
+        own = spec.model_dump(exclude_none=True)
+        own.setdefault("workload", name if name in WORKLOAD_KINDS else "synthetic")
+        return out | own
 
 
 class Budget(_Strict):
@@ -329,6 +417,15 @@ class Budget(_Strict):
             v = dict(v)
             v["wall_time_s"] = duration_s(v.pop("wall_time"))
         return v
+
+
+class Exporter(_Strict):
+    """The run's live client metrics (Prometheus /metrics, docs/observability.md), served while `servesweep run`
+    runs; port 0: a free one, printed at the start and recorded in the manifest."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
 
 
 class Experiment(_Strict):
@@ -352,6 +449,7 @@ class Experiment(_Strict):
         default_factory=list, description="e.g. ttft_p99<=2s, itl_p99<=50ms, error_rate<=1%"
     )
     budget: Budget = Field(default_factory=Budget)
+    exporter: Exporter = Field(default_factory=Exporter)
 
     @field_validator("name")
     @classmethod
@@ -419,17 +517,25 @@ class Experiment(_Strict):
         kept: list[PointSpec] = []
         dropped: list[tuple[PointSpec, int]] = []
         ld = self.load
-        for wl, p, o, c in itertools.product(ld.workload, ld.prompt_tokens, ld.output_tokens, ld.concurrency):
+        named = ld.workload_axis
+        for wl, ep, p, o, c in itertools.product(
+            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency
+        ):
+            # ids of files without named workloads stay as before (resume finds its points by id)
+            head = f"{wl}-{ep}" if named else ep
             pt = PointSpec(
-                id=f"{cfg.id}.{wl}-p{p}-o{o}-c{c}",
+                id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}",
                 config_id=cfg.id,
                 workload=wl,
+                endpoint=ep,
                 prompt_tokens=p,
                 output_tokens=o,
                 concurrency=c,
             )
             values = cfg.match_values() | {
-                "workload": wl,
+                # without named workloads, `workload` still matches the endpoint (the old meaning)
+                "workload": wl if named else ep,
+                "endpoint": ep,
                 "prompt_tokens": p,
                 "output_tokens": o,
                 "concurrency": c,
@@ -522,10 +628,11 @@ class PointSpec:
 
     id: str
     config_id: str
-    workload: str
+    workload: str  # a name of load.workloads, or 'single'
     prompt_tokens: int
     output_tokens: int
     concurrency: int
+    endpoint: str = "chat"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -673,14 +780,17 @@ def _translate(err: dict) -> tuple[tuple, str]:
 
 def _fields_at(loc: tuple) -> list[str]:
     model: Any = Experiment
+    mapping_key = False  # the part after a dict[str, Model] field is a user's key (a workload name)
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or mapping_key:
+            mapping_key = False
             continue
         f = getattr(model, "model_fields", {}).get(part)
         if f is None:
             return []
         ann = f.annotation
         inner = getattr(ann, "__args__", None)
+        mapping_key = getattr(ann, "__origin__", None) is dict
         model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
         if model is None:
             return []
@@ -829,6 +939,7 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
                 "target.base_url is a server servesweep does not restart: no server axes or bundles",
             )
         )
+    _check_workloads(exp, problems)
     known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
     for b in srv.bundles:
         known |= set(b.flags) | set(b.env)
@@ -843,3 +954,55 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
                         f"'{k}' is not an axis, flag or env var of this experiment{_did_you_mean(k, known)}",
                     )
                 )
+
+
+def _check_workloads(exp: Experiment, problems: list) -> None:
+    """Every name of load.workload is defined, and each workload makes valid points with every endpoint and
+    prompt length of the matrix (LoadPoint's own checks, so the file fails now and not mid-run)."""
+    from servesweep.loadspec import LoadPoint
+
+    ld = exp.load
+    for i, name in enumerate(ld.workload):
+        if name not in ld.workloads and name not in BUILTIN_WORKLOADS:
+            defined = sorted(ld.workloads) + list(BUILTIN_WORKLOADS)
+            problems.append(
+                (
+                    ("load", "workload", i),
+                    f"workload '{name}' is not defined in load.workloads (defined: {', '.join(defined)})"
+                    f"{_did_you_mean(name, defined)}",
+                )
+            )
+            continue
+        fields = ld.workload_fields(name)
+        where = ("load", "workloads", name) if name in ld.workloads else ("load", "workload", i)
+        for ep, p in itertools.product(ld.endpoint, ld.prompt_tokens):
+            if _combo_excluded(exp, name, ep, p):
+                continue
+            try:
+                LoadPoint(
+                    base_url="http://127.0.0.1:1",
+                    endpoint=ep,
+                    concurrency=1,
+                    prompt_tokens=p,
+                    output_tokens=ld.output_tokens[0],
+                    requests=1,
+                    **fields,
+                )
+            except (ValidationError, ValueError) as e:
+                msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+                problems.append(
+                    (
+                        where,
+                        f"workload '{name}' with endpoint {ep}, prompt_tokens {p}: {msg.removeprefix('Value error, ')}",
+                    )
+                )
+                break
+
+
+def _combo_excluded(exp: Experiment, workload: str, endpoint: str, prompt_tokens: int) -> bool:
+    """Whether a rule on these three axes alone drops every point of this combination (e.g. agent × completions)."""
+    values = {"workload": workload, "endpoint": endpoint, "prompt_tokens": prompt_tokens}
+    return any(
+        set(rule) <= set(values) and all(_rule_matches(v, values[k]) for k, v in rule.items())
+        for rule in exp.exclude
+    )

@@ -153,12 +153,34 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     sim.setdefault("sim_calibration", f"speedup={DRY_RUN_SPEEDUP}")
     launcher["sim_args"] = sim
     load = d["load"]
-    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in exp.load.output_tokens})
+    # the ends of each load axis prove what the middle would: the longest prompt, the most users, the shortest
+    ld = exp.load
+    load["concurrency"] = _ends(ld.concurrency)
+    load["prompt_tokens"] = _ends(ld.prompt_tokens)
+    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in _ends(ld.output_tokens)})
+    # an agent session is many requests per user: two short turns still prove the multi-turn path
+    for name, w in (load.get("workloads") or {}).items():
+        if w.get("workload") == "agent" or (name == "agent" and not w.get("workload")):
+            w["session_turns"] = min(w.get("session_turns") or 2, 2)
+            w["think_time_s"] = 0.0
     load.update(
         requests=1, duration_s=None, warmup_s=0.0, workers=0
     )  # 1 = one request per user, see _run_point
     d["budget"] = {"wall_time_s": None}
     return Experiment.model_validate(d)
+
+
+def _ends(values: list[int]) -> list[int]:
+    return sorted({min(values), max(values)})
+
+
+def _endpoint(p: dict) -> str:
+    """A manifest point's endpoint; manifests from before `load.endpoint` kept it under `workload`."""
+    return p.get("endpoint") or p["workload"]
+
+
+def _workload(p: dict) -> str:
+    return p["workload"] if "endpoint" in p else "single"
 
 
 def new_run_id(name: str) -> str:
@@ -203,6 +225,7 @@ def create_run(
             points[pp.spec.id] = {
                 "config_id": cp.config.id,
                 "workload": pp.spec.workload,
+                "endpoint": pp.spec.endpoint,
                 "concurrency": pp.spec.concurrency,
                 "prompt_tokens": pp.spec.prompt_tokens,
                 "output_tokens": pp.spec.output_tokens,
@@ -252,6 +275,8 @@ class Runner:
         self.stop_requested = False
         self.in_ansible = False
         self.server_up = False
+        self.metrics = None  # servesweep.exporter.ClientMetrics while the run runs (see _start_exporter)
+        self.exporter_at: str | None = None
 
     # -- signals: Ctrl-C / SIGTERM set a flag; outside Ansible they interrupt at once --
 
@@ -371,6 +396,7 @@ class Runner:
         old_term = signal.signal(signal.SIGTERM, self._on_signal)
         try:
             self._adopt_and_clean()
+            self._start_exporter()
             self.m.data["status"] = "running"
             self.m.data.setdefault("resumed", [])
             self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
@@ -416,6 +442,71 @@ class Runner:
         self.print_results()
         self.write_report()
         return 0 if all(p["status"] in mf.FINISHED for p in self.m.points.values()) else 1
+
+    # -- live client metrics (issue 6, docs/observability.md) --
+
+    def _start_exporter(self) -> None:
+        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here, after each point, from the
+        point's records (observe_many) and summary (point_finished): Locust gets no metrics_port, so nothing is
+        counted twice. A resumed run serves again (new port unless fixed) and shows the points it runs."""
+        ex = self.exp.exporter
+        if not ex.enabled or self.metrics is not None:
+            return
+        from servesweep.exporter import ClientMetrics
+
+        m = ClientMetrics(self.m.data["run_id"])
+        try:
+            port = m.serve(ex.host, ex.port)
+        except OSError as e:
+            raise click.ClickException(
+                f"exporter: cannot serve client metrics on {ex.host}:{ex.port} ({e.strerror}); "
+                "set exporter.port to a free port, or exporter.enabled: false"
+            ) from None
+        self.metrics = m
+        self.exporter_at = f"{ex.host}:{port}"
+        self.m.data["exporter"] = {"host": ex.host, "port": port, "url": f"http://{self.exporter_at}/metrics"}
+        self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
+
+    def close(self) -> None:
+        """Stop serving client metrics (after the run; a test scrapes them in between)."""
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+
+    def _write_targets(self, cid: str) -> None:
+        """Prometheus file_sd targets of this configuration: the exporter and the server's /metrics."""
+        if self.metrics is None:
+            return
+        from urllib.parse import urlsplit
+
+        from servesweep.promconfig import write_targets
+
+        server = urlsplit(self.base_url()).netloc
+        write_targets(
+            self.run_dir / "prometheus",
+            self.m.data["run_id"],
+            exporters=[self.exporter_at],
+            servers=[{"target": server, "config": cid}],
+        )
+
+    def _metrics_started(self, pid: str, point) -> None:
+        if self.metrics is None:
+            return
+        from servesweep.exporter import loadpoint_axes
+
+        self.metrics.point_started(pid, loadpoint_axes(point))
+
+    def _metrics_finished(self, pid: str, folder: Path, summary: dict | None) -> None:
+        if self.metrics is None:
+            return
+        if summary is not None:
+            try:
+                from servesweep.records import read_parquet
+
+                self.metrics.observe_many(read_parquet(folder / "records.parquet").to_pylist())
+            except (OSError, ValueError) as e:  # the gauges still come from the summary
+                self.console.print(f"[yellow]client metrics: records of {pid} not read ({e})[/]")
+        self.metrics.point_finished(pid, summary)
 
     def _adopt_and_clean(self) -> None:
         """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
@@ -476,6 +567,7 @@ class Runner:
         else:
             c.update(status="ready", server={"server_info": _get_json(self.base_url() + "/server_info")})
             self.m.save()
+        self._write_targets(cid)
         for i, pid in enumerate(todo):
             while True:
                 if self.stop_requested:
@@ -550,7 +642,7 @@ class Runner:
         point = LoadPoint(
             base_url=self.base_url(),
             model=self.exp.model.served_model_name,
-            endpoint=p["workload"],
+            endpoint=_endpoint(p),
             concurrency=p["concurrency"],
             prompt_tokens=p["prompt_tokens"],
             output_tokens=p["output_tokens"],
@@ -564,6 +656,7 @@ class Runner:
             api_key_env=self.exp.launcher.api_key_env,
             first_token_s=ld.first_token_timeout_s,
             point_id=pid,
+            **self.exp.load.workload_fields(_workload(p)),
             labels={"config_id": cid, "run_id": self.m.data["run_id"], **self.m.configs[cid]["labels"]},
         )
         tmp = self.run_dir / f".tmp-{pid}"
@@ -579,6 +672,7 @@ class Runner:
             )
         p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
         self.m.save()
+        self._metrics_started(pid, point)
         t0 = time.monotonic()
         counts = self.m.counts()
         n_done = counts.get(mf.DONE, 0) + 1
@@ -598,6 +692,7 @@ class Runner:
                 )
         except Interrupted:
             shutil.rmtree(tmp, ignore_errors=True)
+            self._metrics_finished(pid, tmp, None)
             raise
         except Exception as e:  # the point failed; the run goes on
             if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
@@ -608,6 +703,7 @@ class Runner:
             msg = f"{type(e).__name__}: {e}"
             p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
             self.m.save()
+            self._metrics_finished(pid, tmp, None)
             self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
             return False
         if not self._healthy():
@@ -616,6 +712,7 @@ class Runner:
             aside = _aside(self.run_dir, pid, p["attempts"])
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, aside)
+            self._metrics_finished(pid, aside, None)
             p.update(
                 status=mf.FAILED,
                 reason=f"the server stopped answering /health during this point; records in {aside.relative_to(self.run_dir)}",
@@ -627,6 +724,7 @@ class Runner:
         if final.exists():  # a folder from an attempt the manifest never recorded as done
             shutil.rmtree(final)
         os.replace(tmp, final)
+        self._metrics_finished(pid, final, summary)
         p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
         self.m.save()
         r = p["result"]
@@ -742,7 +840,7 @@ class Runner:
             color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
             t.add_row(
                 p["config_id"],
-                p["workload"],
+                _endpoint(p) if _workload(p) == "single" else f"{_workload(p)}/{_endpoint(p)}",
                 str(p["prompt_tokens"]),
                 str(p["output_tokens"]),
                 str(p["concurrency"]),
@@ -903,5 +1001,9 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         _check_api_key_env(exp)
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
-    rc = Runner(m, console=console, keep_server=keep_server).run()
+    runner = Runner(m, console=console, keep_server=keep_server)
+    try:
+        rc = runner.run()
+    finally:
+        runner.close()
     sys.exit(rc)
