@@ -210,3 +210,91 @@ def test_run_refuses_a_bad_experiment_with_its_line(tmp_path):
     assert r.returncode == 2
     assert "bad.yaml:25: load.output_tokens: expected a list of integers, got 'four'" in r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_path):
+    """single + agent + shared_prefix as one axis, on the emulator: each point's summary shows its workload, and the
+    run's client metrics (Prometheus) list every finished point while the run's exporter is up."""
+    import io
+    import urllib.request
+
+    from rich.console import Console
+
+    from servesweep.experiment import load_experiment
+    from servesweep.orchestrator import Runner, create_run
+
+    f = tmp_path / "wl.yaml"
+    f.write_text(
+        textwrap.dedent(
+            f"""\
+            name: wltest
+            sglang_version: 0.5.23
+            target: {{inventory: local, port: 0}}
+            model: {{path: Qwen/Qwen3.6-27B}}
+            launcher:
+              emulator: true
+              gpu: H200
+              workdir: {tmp_path / "srv"}
+              startup_timeout_s: 120
+              stop_timeout_s: 20
+              sim_args: {{sim_load_time: 0.2}}
+            server:
+              base: {{context_length: 4096, max_running_requests: 8}}
+            load:
+              concurrency: 1
+              prompt_tokens: 300
+              output_tokens: 4
+              requests: 2
+              workload: [single, agent, prefix]
+              workloads:
+                agent: {{session_turns: 2, tool_result_tokens: 20, context_cap_tokens: 2000}}
+                prefix: {{workload: shared_prefix, shared_prefix_tokens: 200, num_groups: 1}}
+            flush_cache_between_points: false
+            """
+        )
+    )
+    exp = load_experiment(f)
+    m = create_run(exp, tmp_path / "runs", experiment_file=str(f))
+    out = io.StringIO()
+    runner = Runner(m, console=Console(file=out, width=200))
+    try:
+        rc = runner.run()
+        assert rc == 0, out.getvalue()[-3000:]
+        man = _manifest(m.run_dir)
+        pts = man["points"]
+        assert sorted(pts) == [
+            "s01.agent-chat-p300-o4-c1",
+            "s01.prefix-chat-p300-o4-c1",
+            "s01.single-chat-p300-o4-c1",
+        ]
+        summaries = {pid: json.loads((m.run_dir / pid / "summary.json").read_text()) for pid in pts}
+        for pid, s in summaries.items():
+            assert pts[pid]["status"] == "done" and s["requests"]["ok"] >= 2, (pid, s["requests"])
+        agent = summaries["s01.agent-chat-p300-o4-c1"]
+        assert agent["point"]["workload"] == "agent" and agent["sessions"]["sessions"] >= 1
+        prefix = summaries["s01.prefix-chat-p300-o4-c1"]
+        assert prefix["point"]["workload"] == "shared_prefix" and prefix["shared_prefix"]
+        single = summaries["s01.single-chat-p300-o4-c1"]
+        assert single["point"]["workload"] == "synthetic" and not single.get("sessions")
+        # the exporter: announced, recorded in the manifest, listed in the Prometheus targets with the server
+        ex = man["exporter"]
+        assert f"http://127.0.0.1:{ex['port']}/metrics" in out.getvalue()
+        targets = json.loads((m.run_dir / "prometheus" / f"servesweep-{m.data['run_id']}.json").read_text())
+        assert targets[0]["targets"] == [f"127.0.0.1:{ex['port']}"]
+        sglang = json.loads((m.run_dir / "prometheus" / f"sglang-{m.data['run_id']}.json").read_text())
+        assert sglang[0]["targets"] == [f"127.0.0.1:{man['port']}"] and sglang[0]["labels"]["config"] == "s01"
+        with urllib.request.urlopen(ex["url"], timeout=10) as r:
+            text = r.read().decode()
+        info = [ln for ln in text.splitlines() if ln.startswith("servesweep_point_info{")]
+        assert {pid for pid in pts if any(f'point_id="{pid}"' in ln for ln in info)} == set(pts), info
+        # records were observed once each (no double counting): TTFT histogram counts = ok requests
+        for pid, s in summaries.items():
+            count = [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("servesweep_ttft_seconds_count{") and f'point_id="{pid}"' in ln
+            ]
+            assert count and float(count[0].rsplit(" ", 1)[1]) == s["requests"]["ok"], (pid, count)
+    finally:
+        runner.close()
+        _cleanup(m.run_dir, tmp_path / "srv")
