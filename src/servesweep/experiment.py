@@ -526,7 +526,7 @@ class Experiment(_Strict):
             pt = PointSpec(
                 id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}",
                 config_id=cfg.id,
-                workload=wl,
+                workload=wl if named else ep,  # what reports group by, as before named workloads existed
                 endpoint=ep,
                 prompt_tokens=p,
                 output_tokens=o,
@@ -628,7 +628,7 @@ class PointSpec:
 
     id: str
     config_id: str
-    workload: str  # a name of load.workloads, or 'single'
+    workload: str  # a name of load.workloads or 'single'; the endpoint when the file names no workloads
     prompt_tokens: int
     output_tokens: int
     concurrency: int

@@ -179,10 +179,6 @@ def _endpoint(p: dict) -> str:
     return p.get("endpoint") or p["workload"]
 
 
-def _workload(p: dict) -> str:
-    return p["workload"] if "endpoint" in p else "single"
-
-
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
@@ -656,7 +652,8 @@ class Runner:
             api_key_env=self.exp.launcher.api_key_env,
             first_token_s=ld.first_token_timeout_s,
             point_id=pid,
-            **self.exp.load.workload_fields(_workload(p)),
+            # without named workloads a point's `workload` is its endpoint (the old meaning): single-shot
+            **self.exp.load.workload_fields(p["workload"] if self.exp.load.workload_axis else "single"),
             labels={"config_id": cid, "run_id": self.m.data["run_id"], **self.m.configs[cid]["labels"]},
         )
         tmp = self.run_dir / f".tmp-{pid}"
@@ -840,7 +837,7 @@ class Runner:
             color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
             t.add_row(
                 p["config_id"],
-                _endpoint(p) if _workload(p) == "single" else f"{_workload(p)}/{_endpoint(p)}",
+                p["workload"] if p["workload"] == _endpoint(p) else f"{p['workload']}/{_endpoint(p)}",
                 str(p["prompt_tokens"]),
                 str(p["output_tokens"]),
                 str(p["concurrency"]),
