@@ -138,8 +138,8 @@ DRY_RUN_SPEEDUP = 20
 
 def shrink_for_dry_run(exp: Experiment) -> Experiment:
     """The same matrix on the emulator on this machine, shrunk so the whole pipeline runs in minutes: same server
-    configurations (and GPU profile), same points and feasibility, but one request per user, short outputs and an
-    emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
+    configurations (and GPU profile) and feasibility, but only the smallest and largest value of each load axis, one
+    request per user, short outputs, 2-turn agent sessions and an emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
     before GPU time is booked."""
     d = exp.model_dump(mode="json")
     d["name"] = f"{exp.name}-dryrun"[:64]
@@ -954,7 +954,8 @@ def _kill_processes_naming(path: Path) -> None:
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="The same matrix on the emulator here, one request per user and 8-token outputs: proves the pipeline.",
+    help="The same matrix on the emulator here: every configuration, the ends of each load axis, one request per "
+    "user, 8-token outputs; proves the pipeline.",
 )
 def command(file: str | None, resume: str | None, out: str, keep_server: bool, dry_run: bool) -> None:
     """Run an experiment matrix (or --resume one)."""
