@@ -114,7 +114,8 @@ def test_random_sigkills_then_resume_finish_every_point_exactly_once(tmp_path):
             # as a point is finished (its folder renamed, the manifest rewritten)
             phase = rng.choice(["start", "point", "point", "finish"])
             kill_at = _wait_for_phase(proc, runs, run_dir, phase, rng)
-            if proc.poll() is None:
+            killed = proc.poll() is None
+            if killed:
                 os.kill(
                     proc.pid, signal.SIGKILL
                 )  # the orchestrator alone: Locust, Ansible, the server live on
@@ -124,8 +125,9 @@ def test_random_sigkills_then_resume_finish_every_point_exactly_once(tmp_path):
             if run_dir:
                 m = manifest(run_dir)
                 _check_consistent(run_dir, finished)
-                if m and all(p["status"] == "done" for p in m["points"].values()):
-                    break  # finished before the kill landed
+                if not killed and m and all(p["status"] == "done" for p in m["points"].values()):
+                    rc = proc.returncode  # finished on its own before the kill landed
+                    break
         else:
             rc = None
         out = (tmp_path / f"cycle{cycle}.log").read_text()

@@ -404,7 +404,13 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
         for q in ("p50", "p90", "p99"):
             # the order statistic at rank q*(n-1) within the sketch's relative error, plus the UI's 2 decimals
             want = order_stat(lat1[key], float(q[1:]) / 100)
-            assert close(num(final1, metric, q), want, Sketch.ALPHA, 0.006), (metric, q, final1[metric], want)
+            # (the sketch answers with a bucket of the rank's neighbourhood: allow one more alpha for that)
+            assert close(num(final1, metric, q), want, 2 * Sketch.ALPHA, 0.006), (
+                metric,
+                q,
+                final1[metric],
+                want,
+            )
         assert close(num(final1, metric, "mean"), s[key]["mean"], 0.001, 0.01), (
             metric,
             final1[metric],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -13,10 +15,8 @@ import pytest
 
 from servesweep.load import run_point
 from servesweep.loadspec import LoadPoint
-from servesweep.prompts import build_pool
 from servesweep.records import read_parquet
 from servesweep.sim.launch import start_sim
-from servesweep.user import LoadContext
 from servesweep.workloads import PATHS, build_workload, parse_output_dist
 
 SIM_ARGS = [
@@ -72,25 +72,31 @@ def run(sim, tmp_path, name, **kw):
 # ---------------------------------------------------------------- no server
 
 
+_NONCE_SCRIPT = r"""
+import json, sys
+from servesweep.loadspec import LoadPoint
+from servesweep.prompts import build_pool
+from servesweep.user import LoadContext  # imports Locust: kept out of the pytest process (gevent patches it)
+
+pool = build_pool(300, 2, seed=3, cache_dir=None)
+head, tail = pool.prompts[0].body_parts("m", 8, "chat", {})
+ctx = LoadContext(
+    point=LoadPoint(base_url="http://127.0.0.1:1", model="m", concurrency=1, prompt_tokens=300, output_tokens=8,
+                    requests=1),
+    bodies=[(head, tail)], nonce_digits=pool.nonce_digits, headers={}, path="/v1/chat/completions",
+    nonce_format=pool.nonce_format,
+)
+bodies = [ctx.next_body() for _ in range(30)]
+json.dump({"head": head.decode("latin-1"), "tail": tail.decode("latin-1"),
+           "bodies": [b.decode("latin-1") for b in bodies]}, sys.stdout)
+"""
+
+
 def test_consecutive_requests_differ_from_the_first_user_token():
-    pool = build_pool(300, 2, seed=3, cache_dir=None)
-    head, tail = pool.prompts[0].body_parts("m", 8, "chat", {})
-    ctx = LoadContext(
-        point=LoadPoint(
-            base_url="http://127.0.0.1:1",
-            model="m",
-            concurrency=1,
-            prompt_tokens=300,
-            output_tokens=8,
-            requests=1,
-        ),
-        bodies=[(head, tail)],
-        nonce_digits=pool.nonce_digits,
-        headers={},
-        path="/v1/chat/completions",
-        nonce_format=pool.nonce_format,
-    )
-    bodies = [ctx.next_body() for _ in range(30)]
+    out = subprocess.run([sys.executable, "-c", _NONCE_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    head, tail, bodies = got["head"], got["tail"], got["bodies"]
     firsts = [b[len(head) : len(head) + 1] for b in bodies]
     # the nonce opens the user content; its first digit changes on every request (least-significant first)
     assert all(a != b for a, b in zip(firsts, firsts[1:], strict=False)), firsts
