@@ -153,11 +153,15 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     sim.setdefault("sim_calibration", f"speedup={DRY_RUN_SPEEDUP}")
     launcher["sim_args"] = sim
     load = d["load"]
-    # the ends of each load axis prove what the middle would: the longest prompt, the most users, the shortest
+    # the ends of each load axis prove what the middle would: the longest prompt, the most users, the shortest.
+    # Ends among the points that would run (feasible, not excluded): a 100k prompt no configuration can take
+    # would leave the longest runnable one unproven.
     ld = exp.load
-    load["concurrency"] = _ends(ld.concurrency)
-    load["prompt_tokens"] = _ends(ld.prompt_tokens)
-    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in _ends(ld.output_tokens)})
+    plan = make_plan(exp)
+    runs = [pp.spec for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
+    for axis in ("concurrency", "prompt_tokens", "output_tokens"):
+        load[axis] = _ends([getattr(s, axis) for s in runs] or getattr(ld, axis))
+    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in load["output_tokens"]})
     # an agent session is many requests per user: two short turns still prove the multi-turn path
     for name, w in (load.get("workloads") or {}).items():
         if w.get("workload") == "agent" or (name == "agent" and not w.get("workload")):
