@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -q -U pip setuptools wheel
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
