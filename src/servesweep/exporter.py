@@ -616,17 +616,15 @@ def install_locust(
             gevent.sleep(1.0)
             try:
                 ctx = getattr(environment, "servesweep", None)
-                cols = getattr(getattr(ctx, "buffer", None), "_cols", None)  # RecordBuffer's column lists
-                if not cols or via_context[0]:
+                buf = getattr(ctx, "buffer", None)
+                if buf is None or via_context[0]:
                     continue
                 if ctx is not seen_ctx:
                     seen_ctx, seen = ctx, 0
-                n = len(cols["request_id"])
-                seen = min(seen, n)
+                cols, seen = buf.columns_since(seen)
                 names = list(cols)
-                for i in range(seen, n):
-                    _observe({k: cols[k][i] for k in names})
-                seen = n
+                for row in zip(*(cols[k] for k in names), strict=True):
+                    _observe(dict(zip(names, row, strict=True)))
             except Exception:  # noqa: BLE001 - metrics must never take the load test down
                 logging.getLogger("servesweep").exception("servesweep exporter: reading records failed")
 

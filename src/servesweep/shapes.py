@@ -257,10 +257,9 @@ class StepSummarizer:
         if buf is not self._buf:
             self.__init__()
             self._buf = buf
-        cols = buf._cols  # RecordBuffer's columns (lists); read a slice, never modified here
-        n = len(cols["request_id"])
+        cols, n = buf.columns_since(self._rows)
         if n > self._rows:
-            t = columns_to_table({k: v[self._rows : n] for k, v in cols.items()})
+            t = columns_to_table(cols)
             self._tables.append(t)
             sched = t.column("scheduled_ns").to_numpy(zero_copy_only=False).astype(np.int64)
             off = t.column("mono_to_wall_ns").to_numpy(zero_copy_only=False).astype(np.int64)

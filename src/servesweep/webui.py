@@ -157,14 +157,10 @@ class LiveState:
             return
         if ctx is not self._pulled_ctx:
             self._pulled_ctx, self._pulled = ctx, 0
-        cols = buf._cols  # RecordBuffer keeps columns as lists; only appended to in a local runner
-        n = len(cols["request_id"])
+        cols, n = buf.columns_since(self._pulled)
         if n > self._pulled:
             names = list(cols)
-            rows = [
-                dict(zip(names, r, strict=True))
-                for r in zip(*(cols[k][self._pulled : n] for k in names), strict=True)
-            ]
+            rows = [dict(zip(names, r, strict=True)) for r in zip(*(cols[k] for k in names), strict=True)]
             self._pulled = n
             for r in rows:
                 self.stats.add_record(r)
