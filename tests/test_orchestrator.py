@@ -9,43 +9,29 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
-
-SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
+from support import SERVESWEEP, emulator_experiment_head, start_servesweep
 
 
 def _experiment(tmp: Path) -> Path:
     f = tmp / "exp.yaml"
     f.write_text(
-        textwrap.dedent(
-            f"""\
-            name: killtest
-            sglang_version: 0.5.23
-            target: {{inventory: local, port: 0}}
-            model: {{path: Qwen/Qwen3.6-27B}}
-            launcher:
-              emulator: true
-              gpu: H200
-              workdir: {tmp / "srv"}
-              startup_timeout_s: 120
-              stop_timeout_s: 20
-              sim_args: {{sim_load_time: 0.2}}
-            server:
-              base: {{context_length: 4096, max_running_requests: 8}}
+        emulator_experiment_head(tmp, "killtest")
+        + textwrap.dedent(
+            """\
               bundles:
                 - name: good
                 - name: broken
-                  flags: {{no_such_flag: 1}}
+                  flags: {no_such_flag: 1}
                 - name: mtp
-                  flags: {{speculative_algorithm: NEXTN, speculative_num_steps: 2}}
+                  flags: {speculative_algorithm: NEXTN, speculative_num_steps: 2}
             exclude:
-              - {{bundle: mtp, concurrency: 2}}
+              - {bundle: mtp, concurrency: 2}
             load:
               concurrency: [1, 2]
               prompt_tokens: [160]
@@ -56,17 +42,6 @@ def _experiment(tmp: Path) -> Path:
         )
     )
     return f
-
-
-def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        SERVESWEEP + args,
-        cwd=cwd,
-        stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
 
 
 def _manifest(run_dir: Path) -> dict:
@@ -107,7 +82,7 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
     exp = _experiment(tmp_path)
     runs = tmp_path / "runs"
     run_dir = None
-    first = _start(["run", str(exp), "--out", str(runs)], tmp_path, tmp_path / "first.log")
+    first = start_servesweep(["run", str(exp), "--out", str(runs)], tmp_path, tmp_path / "first.log")
     try:
         # wait until the first point is done and the second is running, then kill the orchestrator outright
         deadline = time.monotonic() + 180
@@ -134,7 +109,7 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
         summary_before = (run_dir / done_id / "summary.json").read_bytes()
         records_mtime = (run_dir / done_id / "records.parquet").stat().st_mtime_ns
 
-        second = _start(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "second.log")
+        second = start_servesweep(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "second.log")
         try:
             rc = second.wait(timeout=300)
         finally:
@@ -225,21 +200,9 @@ def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_p
 
     f = tmp_path / "wl.yaml"
     f.write_text(
-        textwrap.dedent(
-            f"""\
-            name: wltest
-            sglang_version: 0.5.23
-            target: {{inventory: local, port: 0}}
-            model: {{path: Qwen/Qwen3.6-27B}}
-            launcher:
-              emulator: true
-              gpu: H200
-              workdir: {tmp_path / "srv"}
-              startup_timeout_s: 120
-              stop_timeout_s: 20
-              sim_args: {{sim_load_time: 0.2}}
-            server:
-              base: {{context_length: 4096, max_running_requests: 8}}
+        emulator_experiment_head(tmp_path, "wltest")
+        + textwrap.dedent(
+            """\
             load:
               concurrency: 1
               prompt_tokens: 300
@@ -247,8 +210,8 @@ def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_p
               requests: 2
               workload: [single, agent, prefix]
               workloads:
-                agent: {{session_turns: 2, tool_result_tokens: 20, context_cap_tokens: 2000}}
-                prefix: {{workload: shared_prefix, shared_prefix_tokens: 200, num_groups: 1}}
+                agent: {session_turns: 2, tool_result_tokens: 20, context_cap_tokens: 2000}
+                prefix: {workload: shared_prefix, shared_prefix_tokens: 200, num_groups: 1}
             flush_cache_between_points: false
             """
         )

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from test_reliability_server import SERVESWEEP, cleanup, manifest, run_dir_of, start, write_experiment
+from support import SERVESWEEP
+from test_reliability_server import cleanup, manifest, run_dir_of, start, write_experiment
 
 
 def _mount_tmpfs(where: Path, size: str, *, ro: bool = False) -> Path:

@@ -8,35 +8,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
-
-SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
+from support import emulator_experiment_head
+from support import start_servesweep as start
 
 
 def write_experiment(tmp: Path, *, retries: int, name: str = "crash", extra: str = "") -> Path:
     f = tmp / f"{name}.yaml"
     f.write_text(
-        textwrap.dedent(
+        emulator_experiment_head(tmp, name, load_time=0.1)
+        + textwrap.dedent(
             f"""\
-            name: {name}
-            sglang_version: 0.5.23
-            target: {{inventory: local, port: 0}}
-            model: {{path: Qwen/Qwen3.6-27B}}
-            launcher:
-              emulator: true
-              gpu: H200
-              workdir: {tmp / "srv"}
-              startup_timeout_s: 120
-              stop_timeout_s: 20
-              sim_args: {{sim_load_time: 0.1}}
-            server:
-              base: {{context_length: 4096, max_running_requests: 8}}
             load:
               concurrency: [1, 2]
               prompt_tokens: [100]
@@ -49,17 +36,6 @@ def write_experiment(tmp: Path, *, retries: int, name: str = "crash", extra: str
         + extra
     )
     return f
-
-
-def start(args: list[str], cwd: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        SERVESWEEP + args,
-        cwd=cwd,
-        stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-    )
 
 
 def manifest(run_dir: Path) -> dict | None:

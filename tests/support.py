@@ -1,0 +1,45 @@
+"""Helpers shared by the tests that run whole matrices on the emulator (imported as `support`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
+
+
+def emulator_experiment_head(tmp: Path, name: str, *, load_time: float = 0.2) -> str:
+    """The start of an experiment file that runs on the emulator on this machine, up to `server.base`; the caller
+    appends the rest (bundles under `server:`, then `load:` ...)."""
+    return textwrap.dedent(
+        f"""\
+        name: {name}
+        sglang_version: 0.5.23
+        target: {{inventory: local, port: 0}}
+        model: {{path: Qwen/Qwen3.6-27B}}
+        launcher:
+          emulator: true
+          gpu: H200
+          workdir: {tmp / "srv"}
+          startup_timeout_s: 120
+          stop_timeout_s: 20
+          sim_args: {{sim_load_time: {load_time}}}
+        server:
+          base: {{context_length: 4096, max_running_requests: 8}}
+        """
+    )
+
+
+def start_servesweep(args: list[str], cwd: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """`servesweep ARGS` in its own session (so a test can SIGKILL it alone), output to `log`."""
+    return subprocess.Popen(
+        SERVESWEEP + args,
+        cwd=cwd,
+        stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+    )
