@@ -698,8 +698,10 @@ class Runner:
         except Exception as e:  # the point failed; the run goes on
             if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
                 shutil.rmtree(tmp, ignore_errors=True)
+                # the first line only: a failed Locust's message carries its log tail, tracebacks included
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 raise DiskTrouble(
-                    f"the results folder filled up during {pid} ({type(e).__name__}: {e})"
+                    f"the results folder filled up during {pid} ({type(e).__name__}: {first})"
                 ) from e
             msg = f"{type(e).__name__}: {e}"
             p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
