@@ -1,0 +1,133 @@
+"""Where an API key comes from: an environment variable, a file of its own, or an Ansible Vault file.
+
+The key itself never goes into an experiment file, a command line or an artifact; only the NAME of a variable or
+the PATH of a file does. Every failure here is a SecretError that names the experiment key and the file, and says
+nothing of the key's content.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+# The standard variable ansible-vault and ansible-playbook read a vault password file from.
+VAULT_PASSWORD_ENV = "ANSIBLE_VAULT_PASSWORD_FILE"
+
+
+class SecretError(ValueError):
+    """A key or password that cannot be read; the message names where it was looked for, never its value."""
+
+
+def read_key_file(path: str | os.PathLike, *, what: str = "API key file") -> str:
+    """The key a file holds (its content, surrounding whitespace stripped).
+
+    Refused, as ssh refuses a private key, when the group or others may read or write it (chmod 600), when it is
+    not a regular file, or when it is empty."""
+    p = Path(path).expanduser()
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise SecretError(f"{what} {p}: no such file") from None
+    except OSError as e:
+        raise SecretError(f"{what} {p}: cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SecretError(f"{what} {p}: not a regular file")
+    if st.st_mode & 0o077:
+        raise SecretError(
+            f"{what} {p}: permissions {stat.S_IMODE(st.st_mode):04o} are too open (group or others may access it); "
+            f"run: chmod 600 {p}"
+        )
+    try:
+        key = p.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise SecretError(f"{what} {p}: not UTF-8 text") from None
+    except OSError as e:
+        raise SecretError(f"{what} {p}: cannot read: {e.strerror}") from None
+    if not key:
+        raise SecretError(f"{what} {p}: the file is empty")
+    if "\n" in key or "\r" in key:
+        raise SecretError(f"{what} {p}: holds more than one line; a key is one line")
+    return key
+
+
+def vault_password_file(explicit: str | os.PathLike | None) -> Path:
+    """The vault password file: the one given, else $ANSIBLE_VAULT_PASSWORD_FILE."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get(VAULT_PASSWORD_ENV)
+    if env:
+        return Path(env).expanduser()
+    raise SecretError(
+        f"no vault password: set launcher.vault_password_file or the environment variable {VAULT_PASSWORD_ENV}"
+    )
+
+
+def read_vault_key(path: str | os.PathLike, password_file: str | os.PathLike | None = None) -> str:
+    """Decrypt an Ansible Vault file in-process (ansible-core's VaultLib) and return the key it holds (stripped).
+
+    The password comes from `password_file` (else $ANSIBLE_VAULT_PASSWORD_FILE); that file must be private too.
+    The vault file may be a whole encrypted file (`ansible-vault encrypt`) holding just the key."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import VaultLib, VaultSecret, is_encrypted
+
+    p = Path(path).expanduser()
+    pw_path = vault_password_file(password_file)
+    password = read_key_file(pw_path, what="vault password file")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise SecretError(f"vault file {p}: no such file") from None
+    except OSError as e:
+        raise SecretError(f"vault file {p}: cannot read: {e.strerror}") from None
+    if not is_encrypted(data):
+        raise SecretError(
+            f"vault file {p}: not an Ansible Vault file (expected $ANSIBLE_VAULT;... at its start)"
+        )
+    vault = VaultLib([("default", VaultSecret(password.encode()))])
+    try:
+        plain = vault.decrypt(data)
+    except AnsibleError:
+        # Ansible's message may quote the file; it never holds the password, but keep ours short and certain
+        raise SecretError(
+            f"vault file {p}: cannot decrypt it with the password from {pw_path} (wrong password?)"
+        ) from None
+    try:
+        key = plain.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise SecretError(f"vault file {p}: the decrypted content is not UTF-8 text") from None
+    if not key:
+        raise SecretError(f"vault file {p}: the decrypted content is empty")
+    if "\n" in key or "\r" in key:
+        raise SecretError(
+            f"vault file {p}: the decrypted content holds more than one line; a key is one line"
+        )
+    return key
+
+
+def resolve_api_key(
+    *,
+    env: str | None = None,
+    file: str | os.PathLike | None = None,
+    vault: str | os.PathLike | None = None,
+    vault_password_file: str | os.PathLike | None = None,
+    prefix: str = "launcher.",
+) -> str | None:
+    """The API key from at most one source (None when none is given). `prefix` names the keys in messages
+    (`launcher.api_key_file`), so an error says which setting of which file is wrong."""
+    given = [n for n, v in (("api_key_env", env), ("api_key_file", file), ("api_key_vault", vault)) if v]
+    if len(given) > 1:
+        raise SecretError(f"give at most one of {', '.join(prefix + g for g in given)}")
+    try:
+        if env:
+            key = os.environ.get(env, "")
+            if not key:
+                raise SecretError(f"the environment variable {env} is not set (or empty)")
+            return key
+        if file:
+            return read_key_file(file)
+        if vault:
+            return read_vault_key(vault, vault_password_file)
+    except SecretError as e:
+        raise SecretError(f"{prefix}{given[0]}: {e}") from None
+    return None
