@@ -22,7 +22,8 @@ _OWNED_BODY_KEYS = {"model", "messages", "prompt", "stream", "max_tokens", "max_
 
 
 class LoadPoint(BaseModel):
-    """One load point: a closed loop of `concurrency` users streaming fixed-size requests at one server."""
+    """One load point: `concurrency` users streaming requests at one server, in a closed loop (default) or at an
+    open-loop arrival rate (constant or Poisson, `rate_rps`), with `concurrency` as the cap of streams in flight."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -33,7 +34,17 @@ class LoadPoint(BaseModel):
     endpoint: Literal["chat", "completions", "generate"] = Field(
         "chat", description="/v1/chat/completions, /v1/completions, or SGLang's native /generate"
     )
-    concurrency: int = Field(ge=1, le=100_000, description="number of Locust users (closed loop, no wait)")
+    concurrency: int = Field(
+        ge=1,
+        le=100_000,
+        description="number of Locust users: the closed loop's streams, or open loop's cap of streams in flight",
+    )
+    arrival: Literal["closed", "constant", "poisson"] = Field(
+        "closed",
+        description="closed: each user sends again as soon as its stream ends; constant/poisson: requests are "
+        "scheduled at rate_rps (open loop), at most `concurrency` in flight (a due request waits for a free one)",
+    )
+    rate_rps: float | None = Field(None, gt=0, description="open loop: requests per second over all workers")
     prompt_tokens: int = Field(ge=1, description="target prompt length as the server counts it")
     output_tokens: int = Field(ge=1, description="fixed output length (max_tokens with ignore_eos)")
     requests: int | None = Field(None, ge=1, description="measured requests to complete, then stop")
@@ -144,6 +155,12 @@ class LoadPoint(BaseModel):
     def _stop_rule(self) -> LoadPoint:
         if self.requests is None and self.duration_s is None:
             raise ValueError("requests or duration_s: give at least one (how the point stops)")
+        if self.arrival == "closed" and self.rate_rps is not None:
+            raise ValueError(
+                f"rate_rps={self.rate_rps:g}: a rate needs arrival 'constant' or 'poisson' (closed loop has none)"
+            )
+        if self.arrival != "closed" and self.rate_rps is None:
+            raise ValueError(f"rate_rps: arrival {self.arrival!r} needs a rate in requests per second")
         if not self.probe and self.model is None:
             raise ValueError("model: required when probe is False (nothing asks the server for it)")
         if self.workload == "shared_prefix" and not 0 < self.shared_prefix_tokens < self.prompt_tokens:
@@ -181,13 +198,21 @@ class LoadPoint(BaseModel):
             return self.point_id
         stop = f"n{self.requests}" if self.requests else f"d{self.duration_s:g}s"
         base = f"c{self.concurrency}-p{self.prompt_tokens}-o{self.output_tokens}-{self.endpoint}-{stop}"
+        if self.arrival != "closed":
+            base = f"{self.arrival}{self.rate_rps:g}-{base}"
         if self.workload != "synthetic":
             base = f"{self.workload}-{base}"
         return base + "-" + self.digest()[:6]
 
     def digest(self) -> str:
         """Hash of everything that changes what is measured (not the labels or the id)."""
-        d = self.model_dump(exclude={"point_id", "labels"})
+        exclude = {"point_id", "labels"}
+        if self.arrival == "closed":
+            exclude |= {
+                "arrival",
+                "rate_rps",
+            }  # closed-loop points keep the digests they had before open loop
+        d = self.model_dump(exclude=exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
     def effective_pool_size(self) -> int:

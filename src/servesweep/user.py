@@ -13,6 +13,7 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gevent
@@ -21,6 +22,7 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
+from servesweep.arrivals import Arrivals
 from servesweep.loadspec import LoadPoint
 from servesweep.records import (
     RECORD_CONTEXT_KEY,
@@ -56,6 +58,10 @@ class LoadContext:
     sessions_started: int = 0
     buffer: RecordBuffer = field(default_factory=RecordBuffer)
     measure_start_ns: int = 0  # requests scheduled before this are warmup
+    budget: int | None = None  # this process's share of `requests` (None: the point's whole budget)
+    arrivals: Arrivals | None = None  # open loop: this process's slots (set at test start)
+    end_ns: int = 0  # open loop, duration points: no slot at or after this
+    on_budget_done: Callable[[], None] | None = None  # None: the runner quits (a worker also ships its records)
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
     failed: int = 0  # of those, failed
@@ -92,13 +98,33 @@ class LoadContext:
     def next_nonce(self) -> str:
         return next(self._nonces).decode() if self.nonce_digits else ""
 
+    def share(self) -> int | None:
+        """The measured requests this process completes before it stops (None: no budget, a duration point)."""
+        return self.budget if self.budget is not None else self.point.requests
+
     def claim(self) -> bool:
         """Take one measured request from the budget; False when the point has issued all it should."""
-        n = self.point.requests
+        n = self.share()
         if n is not None and self.issued >= n:
             return False
         self.issued += 1
         return True
+
+    def next_slot(self) -> tuple[int, bool] | None:
+        """When the next request is due and whether it is warmup; None when this process sends no more.
+        Closed loop: now. Open loop: the next slot of the schedule, in the future or (when every stream of the cap
+        was busy at its time) in the past: the request is sent late and keeps its slot as `scheduled_ns`, so the
+        lag, and latency from the schedule, show what a closed loop would hide (coordinated omission)."""
+        if self.arrivals is None:
+            scheduled = time.monotonic_ns()
+        else:
+            scheduled = self.arrivals.next_ns()
+            if self.end_ns and scheduled >= self.end_ns:
+                return None
+        warm = scheduled < self.measure_start_ns
+        if not warm and not self.claim():
+            return None
+        return scheduled, warm
 
 
 def _in_connect(exc: BaseException) -> bool:
@@ -153,13 +179,19 @@ class LLMUser(FastHttpUser):
     @task
     def stream(self) -> None:
         ctx = self._ctx
-        scheduled = time.monotonic_ns()
-        warm = scheduled < ctx.measure_start_ns
-        if not warm and not ctx.claim():
+        if ctx.point.arrival != "closed" and ctx.arrivals is None:
+            gevent.sleep(0.01)  # open loop: the schedule starts with the test (test_start sets it)
+            return
+        slot = ctx.next_slot()
+        if slot is None:
             # The point has issued all its requests: idle until the last one ends and the runner quits (a user
             # that stops itself leaves Locust complaining at shutdown).
             gevent.sleep(0.2)
             return
+        scheduled, warm = slot
+        wait_ns = scheduled - time.monotonic_ns()
+        if wait_ns > 0:
+            gevent.sleep(wait_ns / 1e9)  # open loop: until the slot (a busy cap makes it late instead)
         if ctx.agent is not None:
             self._session(ctx, scheduled, warm)
             return
@@ -190,10 +222,10 @@ class LLMUser(FastHttpUser):
             ctx.completed += 1
             if rec.get("error_class") is not None:
                 ctx.failed += 1
-            n = ctx.point.requests
+            n = ctx.share()
             if n is not None and ctx.completed >= n and not ctx.quit_requested:
                 ctx.quit_requested = True
-                gevent.spawn_later(ctx.quit_delay_s, self.environment.runner.quit)
+                gevent.spawn_later(ctx.quit_delay_s, ctx.on_budget_done or self.environment.runner.quit)
 
     def _session(self, ctx: LoadContext, scheduled: int, warm: bool) -> None:
         """One agent session: turns of the growing conversation, each a measured request (one of the budget)."""
@@ -232,7 +264,7 @@ class LLMUser(FastHttpUser):
                 return
             if spec.think_time_s:
                 gevent.sleep(spec.think_time_s)
-            scheduled = time.monotonic_ns()
+            scheduled = time.monotonic_ns()  # the next turn follows the answer: closed within the session
             warm = scheduled < ctx.measure_start_ns
             if not warm and not ctx.claim():
                 return
