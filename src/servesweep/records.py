@@ -73,10 +73,21 @@ SCHEMA = pa.schema(
         pa.field("session_id", pa.string()),  # agent sessions: the session this turn belongs to
         pa.field("turn", pa.int32()),  # agent sessions: 0-based turn within the session
         pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent
+        # Added with kernel receive stamps (rxstamp); older files read as nulls.
+        pa.field("rx_clock", pa.string()),  # arrival stamps: 'kernel' (SO_TIMESTAMPNS) or 'user'
+        pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
-OPTIONAL_COLUMNS = ("first_reasoning_ns", "first_answer_ns", "session_id", "turn", "workload")
+OPTIONAL_COLUMNS = (
+    "first_reasoning_ns",
+    "first_answer_ns",
+    "session_id",
+    "turn",
+    "workload",
+    "rx_clock",
+    "read_lag_ns",
+)
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:

@@ -33,6 +33,7 @@ from servesweep.records import (
     parse_stream,
     short,
 )
+from servesweep.rxstamp import RxClock, stamp_socket
 
 
 class LLMFailure(Exception):
@@ -61,7 +62,7 @@ class LoadContext:
     budget: int | None = None  # this process's share of `requests` (None: the point's whole budget)
     arrivals: Arrivals | None = None  # open loop: this process's slots (set at test start)
     end_ns: int = 0  # open loop, duration points: no slot at or after this
-    on_budget_done: Callable[[], None] | None = None  # None: the runner quits (a worker also ships its records)
+    on_budget_done: Callable[[], None] | None = None  # None: runner.quit (workers ship records first)
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
     failed: int = 0  # of those, failed
@@ -165,10 +166,14 @@ class LLMUser(FastHttpUser):
         pool = self._http._connection_pool
         get_socket = pool.get_socket
         first_token_s = ctx.point.first_token_s
+        # Every read of this user's sockets leaves its arrival stamp here (kernel receive time on Linux; rxstamp).
+        self._rx = rx = RxClock()
 
         def _get_socket():
             sock = get_socket()
             sock.settimeout(first_token_s)
+            stamp_socket(sock, rx)
+            rx.reset()  # one socket hand-out per request: its reads start here
             return sock
 
         pool.get_socket = _get_socket
@@ -277,28 +282,33 @@ class LLMUser(FastHttpUser):
         times: list[int] = []
         first_seen = False
         resp = None
+        rx = self._rx
+        end_ns = 0  # the read that completed the HTTP message (its arrival stamp)
         total = gevent.Timeout(p.total_s, _TotalTimeout)
         total.start()
         rec["sent_ns"] = time.monotonic_ns()
         try:
             resp = self._http.request("POST", ctx.path, body=body, headers=headers)
-            rec["headers_ns"] = time.monotonic_ns()
+            rec["headers_ns"] = rx.ns or time.monotonic_ns()  # arrival of the read that completed the headers
             rec["http_status"] = status = resp.status_code
             if status != 200:
                 msg = error_message(resp.read())
                 rec["error_class"] = classify_status(status, msg)
                 rec["error_message"] = short(f"HTTP {status}: {msg}")
                 return
+            # A line's arrival is the stamp of the socket read that completed it (rxstamp: the kernel's receive
+            # time on Linux). readline only reads when its buffer holds no whole line, so every line it returns was
+            # completed by the latest read, whose stamp `rx.ns` holds; lines that came with the headers get the
+            # header read's stamp.
             readline = resp.readline
-            mono = time.monotonic_ns
             # Until the first token: the socket keeps the (long) first-token timeout; parse each line to spot it.
             while True:
                 line = readline(b"\n")
-                t = mono()
                 if not line:
+                    end_ns = rx.ns
                     break
                 lines.append(line)
-                times.append(t)
+                times.append(rx.ns)
                 if is_token_line(line):
                     first_seen = True
                     sock = resp._sock
@@ -306,14 +316,14 @@ class LLMUser(FastHttpUser):
                         sock.settimeout(p.stall_s)
                     break
             if first_seen:
-                # The hot path: read, timestamp, keep. Nothing else.
+                # The hot path: read, keep the bytes and their read's stamp. Nothing else.
                 while True:
                     line = readline(b"\n")
-                    t = mono()
                     if not line:
+                        end_ns = rx.ns
                         break
                     lines.append(line)
-                    times.append(t)
+                    times.append(rx.ns)
         except _TotalTimeout:
             rec["error_class"], rec["error_message"] = (
                 "timeout_total",
@@ -339,7 +349,9 @@ class LLMUser(FastHttpUser):
             rec["error_class"], rec["error_message"] = "client_error", short(f"{type(e).__name__}: {e}")
         finally:
             total.close()
-            rec["end_ns"] = time.monotonic_ns()
+            rec["end_ns"] = end_ns or time.monotonic_ns()
+            rec["rx_clock"] = rx.rx_clock()
+            rec["read_lag_ns"] = rx.read_lag_ns()
             if resp is not None:
                 resp.release()
         if rec.get("error_class") is None or lines:

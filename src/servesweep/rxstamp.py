@@ -1,0 +1,138 @@
+"""Kernel receive timestamps for the stream reader: when the bytes reached this host, not when Python got to them.
+
+One Locust process drains its sockets one after another, so with 100 streams a reader reaches the last socket of a
+burst milliseconds after its bytes arrived; a `time.monotonic_ns()` taken after the read carries that delay. Linux
+stamps every received packet; with `SO_TIMESTAMPNS` on, `recvmsg` returns the stamp of the last segment the read
+consumed as an `SCM_TIMESTAMPNS` control message (a `struct timespec` on CLOCK_REALTIME). Caveat: segments that
+queue on one socket before a read are coalesced and the read carries the LATEST one's stamp, so two chunks of one
+stream found by one late read both get the second's time (never later than a user-space stamp would be).
+
+`stamp_socket` swaps a pooled gevent socket's class for a subclass whose `recv` (the only call geventhttpclient's
+response reader makes) reads with `recvmsg` and leaves the stamp, on the monotonic clock, in an `RxClock`. Each
+Locust user has its own clock and its own connection pool with one stream at a time, so no two reads share a clock.
+Where kernel stamps are not to be had (not Linux, TLS sockets) the subclass stamps in user space after the read,
+and the clock says so.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+
+# Python 3.11's socket module does not export SO_TIMESTAMPNS; on Linux it is 35 (x86, arm, riscv: every
+# architecture but alpha, mips, parisc, sparc). The control message type equals the option.
+_LINUX = sys.platform.startswith("linux")
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if _LINUX else None)
+_ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0  # one struct timespec
+_TIMESPEC = struct.Struct("@ll")  # time_t, long: 16 bytes on 64-bit Linux
+
+
+class RxClock:
+    """Where one user's socket reads leave their stamps. `ns` is the monotonic time of the last read (the kernel's
+    arrival stamp when there is one); `lag_ns` the largest (read time − arrival) since `reset`; `user_reads` the
+    reads since `reset` that carried data but no kernel stamp."""
+
+    __slots__ = ("ns", "lag_ns", "user_reads", "_classes")
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self.lag_ns = 0
+        self.user_reads = 0
+        self._classes: dict[type, type] = {}
+
+    def reset(self) -> None:
+        """Call before each request: the request's reads start here."""
+        self.ns = 0
+        self.lag_ns = 0
+        self.user_reads = 0
+
+    def rx_clock(self) -> str | None:
+        """'kernel' when every data read of the request carried a kernel stamp, 'user' when any did not, None when
+        nothing was read."""
+        if not self.ns:
+            return None
+        return "user" if self.user_reads else "kernel"
+
+    def read_lag_ns(self) -> int | None:
+        """How long the request's bytes waited in the kernel before the client read them (max over its reads);
+        None unless every read was kernel-stamped."""
+        return self.lag_ns if self.ns and not self.user_reads else None
+
+
+def kernel_stamps_supported(sock: socket.socket) -> bool:
+    """Whether `sock` can deliver kernel receive stamps: Linux, a plain (not TLS) socket with `recvmsg`."""
+    return (
+        SO_TIMESTAMPNS is not None
+        and _ANC_SIZE > 0
+        and hasattr(sock, "recvmsg")
+        # an SSL socket refuses recvmsg (and the kernel's bytes are ciphertext)
+        and not hasattr(sock, "getpeercert")
+    )
+
+
+def stamp_socket(sock: socket.socket, clock: RxClock) -> bool:
+    """Make every `recv` on `sock` stamp `clock`. Idempotent (pooled sockets come back); returns True when the
+    stamps come from the kernel."""
+    base = type(sock)
+    if getattr(base, "_rx_clock", None) is clock:  # already ours (the pool handed it out before)
+        return base._rx_kernel
+    cls = clock._classes.get(base)
+    if cls is None:
+        kernel = kernel_stamps_supported(sock)
+        cls = _kernel_class(base, clock) if kernel else _user_class(base, clock)
+        clock._classes[base] = cls
+    if cls._rx_kernel:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            cls = _user_class(base, clock)  # rare (a sandbox refusing the option): stamp in user space
+    sock.__class__ = cls  # same layout (no new slots), so only the methods change
+    return cls._rx_kernel
+
+
+def _kernel_class(base: type, clock: RxClock) -> type:
+    recvmsg = base.recvmsg  # gevent's: waits on the hub with the socket's timeout, like its recv
+    mono = time.monotonic_ns
+    wall = time.time_ns
+    unpack = _TIMESPEC.unpack_from
+    anc_size = _ANC_SIZE
+    scm = SO_TIMESTAMPNS
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, anc, _flags, _addr = recvmsg(self, bufsize, anc_size, flags)
+        u = mono()
+        if anc and anc[0][1] == scm:
+            sec, nsec = unpack(anc[0][2])
+            # CLOCK_REALTIME → CLOCK_MONOTONIC with the offset of this very moment: an NTP step or slew between
+            # reads cannot leak into the stamps (two vDSO calls, ~100 ns).
+            k = sec * 1_000_000_000 + nsec - (wall() - u)
+            clock.ns = k
+            if u - k > clock.lag_ns:
+                clock.lag_ns = u - k
+        else:
+            clock.ns = u
+            if data:
+                clock.user_reads += 1
+        return data
+
+    return type(
+        base.__name__, (base,), {"__slots__": (), "recv": recv, "_rx_clock": clock, "_rx_kernel": True}
+    )
+
+
+def _user_class(base: type, clock: RxClock) -> type:
+    base_recv = base.recv
+    mono = time.monotonic_ns
+
+    def recv(self, *args) -> bytes:
+        data = base_recv(self, *args)
+        clock.ns = mono()
+        if data:
+            clock.user_reads += 1
+        return data
+
+    return type(
+        base.__name__, (base,), {"__slots__": (), "recv": recv, "_rx_clock": clock, "_rx_kernel": False}
+    )
