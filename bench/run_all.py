@@ -1,18 +1,24 @@
 """The ONE command for the load generator's performance against its peers, side by side (issue 11).
 
-    .venv/bin/python bench/run_all.py                 # everything: installs peers, ~15 min, writes results
+    .venv/bin/python bench/run_all.py                 # everything: installs peers, ~25 min, writes results
     .venv/bin/python bench/run_all.py --smoke         # servesweep alone, one small point, seconds (CI smoke)
-    .venv/bin/python bench/run_all.py --tools servesweep,sglang --streams 64,256
+    .venv/bin/python bench/run_all.py --only servesweep,vllm --figures 1,2   # a partial rerun, merged
 
 For every tool and every stream count it starts a FRESH emulator (`servesweep sim`, ground truth on) pinned to
-CPU 0 and runs the tool pinned to CPU 1 (`taskset`), so the two do not steal each other's core. Then:
-1. client CPU per streamed chunk over the steady window (see peers/measure.py),
-2. TTFT and per-chunk arrival error against ground truth (p50/p99 of the absolute error),
-3. the largest stream count whose per-chunk p99 error stays <= 1 ms (from the sweep),
+CPU 0 and runs the tool pinned to CPU 1 (`taskset`), so the two do not steal each other's core. Figures:
+1. client CPU per streamed chunk over the steady window (see peers/measure.py), at --streams,
+2. TTFT and per-chunk arrival error against ground truth (p50/p99 of the absolute error), at --streams,
+3. streams per worker process before the per-chunk p99 error exceeds 1 ms: the --streams points plus a finer
+   --ladder for the tools that stamp every chunk (--ladder-tools); a tool stops climbing the ladder after two
+   points in a row above 1 ms,
 4. long context: 100k-token prompts at concurrency 32, client TTFT against ground truth,
-5. prompt-pool build for 64 x 100k tokens (servesweep's pool; each tool's launch-to-first-request),
-6. scaling: workers (reported as not available until `servesweep load --workers` exists) and the projection.
-Peers run from bench/.peers-venv/<tool> (bench/peers/install.py); a peer that cannot run is reported with why.
+5. prompt data for 64 x 100k tokens: servesweep's pool build (fresh process, cold and warm) and every tool's
+   launch-to-first-full-size-request in the long-context run,
+6. scaling: servesweep with 1 and 2 Locust worker processes (`--workers`, all on the client core), CPU per chunk
+   split into master and workers, accuracy, and the projection to larger machines.
+A partial rerun (--only/--figures) replaces the matching entries of the last results and re-renders the whole
+report (--fresh: start from nothing). Peers run from bench/.peers-venv/<tool> (bench/peers/install.py); a peer
+that cannot run is reported with why.
 Results: bench/results/peers.md (figures, command, date, machine, versions) and bench/results/raw/*.json.
 """
 
@@ -34,7 +40,7 @@ sys.path.insert(0, str(HERE / "peers"))
 import measure  # noqa: E402
 import report  # noqa: E402
 import tokenizer_dir  # noqa: E402
-from runners import EXPERIMENTS, RUNNERS, VENVS, Job  # noqa: E402
+from runners import EXPERIMENTS, RUNNERS, VENVS, WORKER_RUNNERS, Job  # noqa: E402
 
 from servesweep.sim.launch import start_sim  # noqa: E402
 
@@ -67,7 +73,13 @@ def run_one(
     job.out.mkdir(parents=True, exist_ok=True)
     gt_path = job.out / "ground_truth.jsonl"
     gt_path.unlink(missing_ok=True)
-    res: dict = {"tool": runner.name, "concurrency": job.concurrency, "requests": job.requests}
+    res: dict = {
+        "tool": runner.name,
+        "concurrency": job.concurrency,
+        "requests": job.requests,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: what else ran at the time
+    }
     if prompt_tokens:
         res["prompt_tokens"] = prompt_tokens
     why = runner.available()
@@ -132,6 +144,9 @@ def run_one(
     firsts = [g["recv_ns"] for g in gt]
     res["launch_to_first_request_s"] = round((min(firsts) - launched) / 1e9, 3) if firsts else None
     res["cpu_total_s"] = round(cpu.total(), 3)
+    res["processes_by_depth"] = {
+        str(d): sum(1 for x in cpu.depth.values() if x == d) for d in sorted(set(cpu.depth.values()))
+    }
     win = measure.steady_window(gt, job.concurrency)
     if win:
         chunks = measure.chunks_between(gt, *win)
@@ -140,6 +155,12 @@ def run_one(
         res["steady_chunks"] = chunks
         res["cpu_us_per_chunk"] = round(c / chunks * 1e6, 2) if chunks else None
         res["steady_cpu_util"] = round(c / ((win[1] - win[0]) / 1e9), 3)
+        if (
+            chunks
+        ):  # own CPU per chunk of each level of the client's process tree (e.g. Locust master, workers)
+            res["cpu_us_per_chunk_by_depth"] = {
+                str(d): round(v / chunks * 1e6, 2) for d, v in sorted(cpu.cpu_by_depth(*win).items())
+            }
     score(res, runner, client, gt)
     return res
 
@@ -156,6 +177,17 @@ def score(res: dict, runner, client: list, gt: list[dict]) -> None:
     ct = sorted(c.ttft_s * 1e3 for c in client)
     st = sorted((g["chunks"][0][0] - g["recv_ns"]) / 1e6 for g in gt if g.get("chunks"))
     res["client_ttft_ms_p50"] = round(ct[len(ct) // 2], 1) if ct else None
+    clocks: dict[str, int] = {}
+    for c in client:
+        if c.clock:
+            clocks[c.clock] = clocks.get(c.clock, 0) + 1
+    # which clock stamped the chunks: servesweep's records say it per request; peers stamp in user space
+    res["clock"] = clocks or {runner.clock: len(client)}
+    lags = [c.read_lag_ns / 1e6 for c in client if c.read_lag_ns is not None]
+    res["read_lag_ms"] = measure.pct(lags, (50, 99, 100)) if lags else None
+    workers = {c.worker for c in client if c.worker}
+    if workers:
+        res["client_processes_with_records"] = len(workers)
     res["server_ttft_ms_p50"] = round(st[len(st) // 2], 1) if st else None
     for b in runner.pair_by:
         a = measure.accuracy(client, gt, b)
@@ -171,11 +203,11 @@ def score(res: dict, runner, client: list, gt: list[dict]) -> None:
 
 def rescore(results: dict, raw: Path) -> None:
     """Recompute the accuracy figures from the files a run left in raw/ (CPU figures stay as measured)."""
-    known = {**RUNNERS, **EXPERIMENTS}
-    for kind in ("runs", "long"):
+    known = {**RUNNERS, **EXPERIMENTS, **WORKER_RUNNERS}
+    for kind in ("runs", "long", "workers"):
         for r in results.get(kind, []):
             runner = known[r["tool"]]
-            out = raw / (f"{r['tool']}-long" if kind == "long" else f"{r['tool']}-c{r['concurrency']}")
+            out = raw / _out_name(kind, r["tool"], r["concurrency"])
             if not (out / "ground_truth.jsonl").is_file():
                 continue
             job = Job("", "m", Path(), r["concurrency"], r["requests"], 0, 0, out)
@@ -231,11 +263,88 @@ def machine() -> dict:
     }
 
 
+def _out_name(kind: str, tool: str, concurrency: int) -> str:
+    return f"{tool}-long" if kind == "long" else f"{tool}-c{concurrency}"
+
+
+def _ints(ap, flag: str, text: str, lo: int = 1) -> list[int]:
+    try:
+        vals = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"{flag}: {text!r} is not a comma list of integers")
+    if any(v < lo for v in vals):
+        ap.error(f"{flag}: every value must be >= {lo} (got {text!r})")
+    return vals
+
+
+def _names(ap, flag: str, text: str, known: dict) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in names if t not in known]
+    if bad:
+        ap.error(f"{flag}: unknown {', '.join(bad)}; known: {', '.join(known)}")
+    return names
+
+
+def plan_points(tools, streams, ladder, ladder_tools, figures) -> list[tuple[int, str, bool]]:
+    """(streams, tool, ladder_only) in run order: ascending stream counts, the tools side by side at each, so
+    every comparison at one stream count is measured close in time."""
+    want: dict[tuple[int, str], bool] = {}
+    if figures & {1, 2}:
+        for c in streams:
+            for t in tools:
+                want[(c, t)] = False
+    if 3 in figures:
+        for c in sorted(set(streams) | set(ladder)):
+            for t in tools:
+                if t in ladder_tools:
+                    want.setdefault((c, t), True)
+    order = {t: i for i, t in enumerate(tools)}
+    return [(c, t, lo) for (c, t), lo in sorted(want.items(), key=lambda kv: (kv[0][0], order[kv[0][1]]))]
+
+
+def chunk_p99(r: dict) -> float | None:
+    """The per-chunk p99 error that figure 3 uses: the exact pairing (by id) when the tool has one."""
+    for by in ("id", "pattern"):
+        a = r.get(f"acc_{by}") or {}
+        if a.get("chunk_err_ms", {}).get("p99") is not None and not a.get("last_chunk_only"):
+            return a["chunk_err_ms"]["p99"]
+    return None
+
+
+def _merge(old: dict, new: dict) -> dict:
+    """A partial rerun: its entries replace the old ones of the same kind, tool and stream count."""
+    for kind in ("runs", "long", "workers"):
+        mine = {(r["tool"], r["concurrency"]) for r in new.get(kind, [])}
+        kept = [r for r in old.get(kind, []) if (r["tool"], r["concurrency"]) not in mine]
+        new[kind] = kept + new.get(kind, [])
+    for key in ("pool_build",):
+        if key not in new and key in old:
+            new[key] = old[key]
+    new["versions"] = {**old.get("versions", {}), **new.get("versions", {})}
+    new["install"] = {**old.get("install", {}), **new.get("install", {})}
+    new["history"] = [*old.get("history", []), *new.get("history", [])]
+    return new
+
+
 def main() -> int:
+    known = {**RUNNERS, **EXPERIMENTS}
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="servesweep alone, one small point (CI)")
-    ap.add_argument("--tools", default=",".join(RUNNERS), help=f"comma list of: {', '.join(RUNNERS)}")
-    ap.add_argument("--streams", default="64,256,1024", help="concurrency points")
+    ap.add_argument(
+        "--only",
+        "--tools",
+        dest="tools",
+        default=",".join(RUNNERS),
+        help=f"comma list of: {', '.join(known)}",
+    )
+    ap.add_argument("--figures", default="1,2,3,4,5,6", help="comma list of the figures to measure (1-6)")
+    ap.add_argument("--streams", default="64,256,1024", help="concurrency points of figures 1 and 2")
+    ap.add_argument("--ladder", default="32,128,512", help="extra concurrency points of figure 3")
+    ap.add_argument(
+        "--ladder-tools",
+        default="servesweep,sglang,vllm,aiperf",
+        help="tools that climb the figure-3 ladder (those that stamp every chunk)",
+    )
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=128)
@@ -243,8 +352,15 @@ def main() -> int:
     ap.add_argument("--long-concurrency", type=int, default=32)
     ap.add_argument("--long-requests", type=int, default=64)
     ap.add_argument("--pool", type=int, default=64, help="prompts in the pool-build figure (0: skip)")
+    ap.add_argument(
+        "--workers-streams", default="256,1024", help="stream counts of figure 6 (1 vs 2 workers)"
+    )
+    ap.add_argument("--workers-duration", type=float, default=12.0, help="seconds per figure-6 point")
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
-    ap.add_argument("--timeout", type=float, default=120, help="seconds per tool run")
+    ap.add_argument("--timeout", type=float, default=100, help="seconds per tool run")
+    ap.add_argument(
+        "--fresh", action="store_true", help="a partial rerun does not merge into the last results"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument(
         "--render", action="store_true", help="only re-score and re-render peers.md from the files in raw/"
@@ -258,20 +374,23 @@ def main() -> int:
         print(f"wrote {args.out / 'peers.md'}")
         return 0
 
+    partial = any(a.startswith(("--only", "--tools", "--figures")) for a in sys.argv[1:])
     if args.smoke:
-        args.tools, args.streams, args.requests_per_stream = "servesweep", "8", 2
+        args.tools, args.streams, args.requests_per_stream, args.figures = "servesweep", "8", 2, "1,2,6"
+        args.workers_streams, args.workers_duration = "8", 3.0
         args.output_tokens, args.long_tokens, args.pool, args.no_install = 24, 0, 0, True
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    known = {**RUNNERS, **EXPERIMENTS}
-    bad = [t for t in tools if t not in known]
-    if bad:
-        ap.error(f"--tools: unknown {', '.join(bad)}; known: {', '.join(known)}")
-    try:
-        streams = [int(s) for s in args.streams.split(",")]
-    except ValueError:
-        ap.error(f"--streams: {args.streams!r} is not a comma list of integers")
-    if any(s < 1 for s in streams):
-        ap.error("--streams: every point must be >= 1")
+    tools = _names(ap, "--only", args.tools, known)
+    ladder_tools = set(_names(ap, "--ladder-tools", args.ladder_tools, known))
+    figures = set(_ints(ap, "--figures", args.figures))
+    if figures - set(range(1, 7)):
+        ap.error(f"--figures: {args.figures!r}: figures are numbered 1 to 6")
+    streams = _ints(ap, "--streams", args.streams)
+    ladder = _ints(ap, "--ladder", args.ladder) if args.ladder else []
+    workers_streams = _ints(ap, "--workers-streams", args.workers_streams)
+    if args.workers_duration <= 0:
+        ap.error("--workers-duration: must be > 0 seconds")
+    for r in WORKER_RUNNERS.values():
+        r.duration_s = args.workers_duration
 
     started = time.time()
     raw = args.out / "raw"
@@ -284,8 +403,9 @@ def main() -> int:
         install_log = install.ensure(peers)
     tok = tokenizer_dir.build(VENVS / "tokenizer" if not args.smoke else args.out / "raw" / "tokenizer")
     pin = measure.pin_available()
+    command = shlex.join([Path(sys.executable).name, *sys.argv])
     results = {
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "command": command,
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": machine(),
         "pinned": pin,
@@ -293,55 +413,85 @@ def main() -> int:
         "install": install_log,
         "emulator": {"model": MODEL, "decode_calibration": DECODE_CAL, "long_calibration": LONG_CAL},
         "shape": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens},
+        "ladder": {"points": sorted(set(streams) | set(ladder)), "tools": sorted(ladder_tools)},
         "runs": [],
         "long": [],
+        "workers": [],
     }
+    results["history"] = [
+        {
+            "command": command,
+            "date_utc": results["date_utc"],
+            "load_avg": results["machine"]["load_avg_at_start"],
+        }
+    ]
+    name = "smoke.json" if args.smoke else "peers.json"
+    if partial and not args.fresh and not args.smoke and (raw / name).is_file():
+        base = json.loads((raw / name).read_text())
+        keep = lambda: _merge(json.loads(json.dumps(base)), json.loads(json.dumps(results)))  # noqa: E731
+    else:
+        keep = lambda: results  # noqa: E731
 
     def save():
-        (raw / ("smoke.json" if args.smoke else "peers.json")).write_text(json.dumps(results, indent=1))
+        (raw / name).write_text(json.dumps(keep(), indent=1))
 
-    for c in streams:
-        for t in tools:
-            job = Job(
-                base_url="",
-                model="m",
-                tokenizer=tok,
-                concurrency=c,
-                requests=c * args.requests_per_stream,
-                prompt_tokens=args.prompt_tokens,
-                output_tokens=args.output_tokens,
-                out=raw / f"{t}-c{c}",
+    def job_for(t: str, c: int, requests: int, prompt: int, output: int, kind: str = "runs") -> Job:
+        return Job(
+            base_url="",
+            model="m",
+            tokenizer=tok,
+            concurrency=c,
+            requests=requests,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            out=raw / _out_name(kind, t, c),
+        )
+
+    above: dict[str, list[bool]] = {}  # per tool: did each point so far exceed 1 ms p99?
+    for c, t, ladder_only in plan_points(tools, streams, ladder, ladder_tools, figures):
+        if ladder_only and above.get(t, [])[-2:] == [True, True]:
+            print(json.dumps({"tool": t, "concurrency": c, "skipped": "p99 > 1 ms at its last two points"}))
+            continue
+        job = job_for(t, c, c * args.requests_per_stream, args.prompt_tokens, args.output_tokens)
+        r = run_one(known[t], job, tok, DECODE_CAL, pin, args.timeout)
+        r["ladder_only"] = ladder_only
+        p99 = chunk_p99(r)
+        above.setdefault(t, []).append(p99 is None or p99 > 1.0)
+        print(
+            json.dumps(
+                {k: r.get(k) for k in ("tool", "concurrency", "cpu_us_per_chunk", "error")} | {"p99": p99}
             )
-            r = run_one(known[t], job, tok, DECODE_CAL, pin, args.timeout)
-            print(json.dumps({k: r.get(k) for k in ("tool", "concurrency", "cpu_us_per_chunk", "error")}))
-            results["runs"].append(r)
-            save()
-    if args.long_tokens:
+        )
+        results["runs"].append(r)
+        save()
+    if 4 in figures and args.long_tokens:
         for t in tools:
-            job = Job(
-                base_url="",
-                model="m",
-                tokenizer=tok,
-                concurrency=args.long_concurrency,
-                requests=args.long_requests,
-                prompt_tokens=args.long_tokens,
-                output_tokens=8,
-                out=raw / f"{t}-long",
-            )
+            job = job_for(t, args.long_concurrency, args.long_requests, args.long_tokens, 8, kind="long")
             extra = ["--context-length", str(args.long_tokens + 4096)]
-            job_tokens = args.long_tokens
-            r = run_one(known[t], job, tok, LONG_CAL, pin, args.timeout, extra, prompt_tokens=job_tokens)
+            r = run_one(
+                known[t], job, tok, LONG_CAL, pin, args.timeout, extra, prompt_tokens=args.long_tokens
+            )
             print(json.dumps({k: r.get(k) for k in ("tool", "acc_pattern", "error")}))
             results["long"].append(r)
             save()
-    if args.pool:
+    if 6 in figures and "servesweep" in tools:
+        for c in workers_streams:
+            for w in WORKER_RUNNERS.values():
+                job = job_for(w.name, c, 0, args.prompt_tokens, args.output_tokens)
+                r = run_one(w, job, tok, DECODE_CAL, pin, args.timeout)
+                r["workers"] = w.workers
+                print(json.dumps({k: r.get(k) for k in ("tool", "concurrency", "cpu_us_per_chunk", "error")}))
+                results["workers"].append(r)
+                save()
+    if 5 in figures and args.pool and "servesweep" in tools:
         results["pool_build"] = pool_build_time(tok, args.pool, args.long_tokens or 100_000)
     results["wall_s"] = round(time.time() - started, 1)
+    results["history"][-1]["wall_s"] = results["wall_s"]
     save()
-    md = report.render(results)
-    name = "peers-smoke.md" if args.smoke else "peers.md"
-    (args.out / name).write_text(md)
-    print(f"wrote {args.out / name} in {results['wall_s']} s")
+    md = report.render(keep())
+    out_md = "peers-smoke.md" if args.smoke else "peers.md"
+    (args.out / out_md).write_text(md)
+    print(f"wrote {args.out / out_md} in {results['wall_s']} s")
     return 0
 
 

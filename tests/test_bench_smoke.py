@@ -1,5 +1,6 @@
 """Smoke of the peers benchmark harness (bench/run_all.py --smoke): servesweep alone against a real emulator, one
-small point, real processes pinned as in the full run. Checks that the harness measures what it claims."""
+small point, real processes pinned as in the full run. Checks that the harness measures what it claims, figure 6
+(1 and 2 Locust worker processes, 3 s each) included."""
 
 from __future__ import annotations
 
@@ -36,5 +37,15 @@ def test_harness_smoke_measures_cpu_and_accuracy(tmp_path):
     assert acc["chunk_err_ms"]["p50"] is not None and acc["chunk_err_ms"]["p50"] < 50
     assert run["acc_pattern"]["chunk_err_ms"]["p50"] <= acc["chunk_err_ms"]["p50"] + 1.0
     assert acc["abs_chunk_err_ms"]["p50"] < 50
+    # the records say which clock stamped each chunk, and the report shows it
+    assert sum(run["clock"].values()) == 16 and set(run["clock"]) <= {"kernel", "user"}, run["clock"]
     md = (tmp_path / "peers-smoke.md").read_text()
     assert "| 8 | servesweep |" in md and "servesweep (by id, exact)" in md and "pinning" in md
+    # figure 6: one and two Locust worker processes; with two, both sent load and shipped records to the master
+    w = {r["workers"]: r for r in res["workers"]}
+    assert set(w) == {1, 2} and all(r["exit_code"] == 0 and "error" not in r for r in w.values()), w
+    assert w[2]["client_processes_with_records"] == 2 and w[2]["max_open_streams"] == 8, w[2]
+    assert w[2]["acc_id"]["paired"] == w[2]["client_requests"] > 0 and w[2]["acc_id"]["unpaired"] == 0
+    # the master's CPU and the workers' are measured apart (the CLI, Locust master, two forked workers)
+    assert w[2]["processes_by_depth"] == {"0": 1, "1": 1, "2": 2}, w[2]
+    assert "## 6. Scaling: 1 vs 2 worker processes" in md and "servesweep-w2 (2 workers)" in md

@@ -28,7 +28,10 @@ import psutil
 
 
 class TreeCpu:
-    """Samples user+sys CPU seconds of a process and all its descendants, with monotonic time stamps."""
+    """Samples user+sys CPU seconds of a process and all its descendants, with monotonic time stamps.
+
+    Also keeps each process's own series and its depth in the tree (0: the command, 1: its children, ...), so a
+    multi-process client's CPU splits into e.g. Locust master and workers (figure 6)."""
 
     def __init__(self, pid: int, every_s: float = 0.1):
         self.pid = pid
@@ -36,6 +39,8 @@ class TreeCpu:
         self.samples: list[tuple[int, float]] = []  # (monotonic_ns, cpu_s)
         self._stop = threading.Event()
         self._seen: dict[int, float] = {}  # last CPU of each process, kept after it exits
+        self.depth: dict[int, int] = {}  # pid -> depth below the root
+        self.per_pid: dict[int, list[tuple[int, float]]] = {}  # pid -> (monotonic_ns, its cpu_s)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> TreeCpu:
@@ -52,16 +57,21 @@ class TreeCpu:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             procs = []
+        now = time.monotonic_ns()
         for p in procs:
             try:
                 t = p.cpu_times()
+                if p.pid not in self.depth:
+                    up = [q.pid for q in p.parents()]
+                    self.depth[p.pid] = up.index(self.pid) + 1 if self.pid in up else 0
                 # a child's own time, plus its reaped children's; kept by pid so an exited process still counts
                 self._seen[p.pid] = max(
                     self._seen.get(p.pid, 0.0), t.user + t.system + t.children_user + t.children_system
                 )
+                self.per_pid.setdefault(p.pid, []).append((now, t.user + t.system))
             except psutil.Error:
                 pass
-        self.samples.append((time.monotonic_ns(), sum(self._seen.values())))
+        self.samples.append((now, sum(self._seen.values())))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -70,12 +80,25 @@ class TreeCpu:
         self._sample()
 
     def cpu_between(self, t0_ns: int, t1_ns: int) -> float:
-        ts = np.array([s[0] for s in self.samples], dtype=np.float64)
-        cs = np.array([s[1] for s in self.samples], dtype=np.float64)
-        return float(np.interp(t1_ns, ts, cs) - np.interp(t0_ns, ts, cs))
+        return _interp_between(self.samples, t0_ns, t1_ns)
+
+    def cpu_by_depth(self, t0_ns: int, t1_ns: int) -> dict[int, float]:
+        """Own CPU seconds of the processes at each depth of the tree in [t0, t1] (a process sampled only once
+        or outside the window counts 0)."""
+        out: dict[int, float] = {}
+        for pid, series in self.per_pid.items():
+            d = self.depth.get(pid, 0)
+            out[d] = out.get(d, 0.0) + (_interp_between(series, t0_ns, t1_ns) if len(series) > 1 else 0.0)
+        return out
 
     def total(self) -> float:
         return self.samples[-1][1] if self.samples else 0.0
+
+
+def _interp_between(samples: list[tuple[int, float]], t0_ns: int, t1_ns: int) -> float:
+    ts = np.array([s[0] for s in samples], dtype=np.float64)
+    cs = np.array([s[1] for s in samples], dtype=np.float64)
+    return float(np.interp(t1_ns, ts, cs) - np.interp(t0_ns, ts, cs))
 
 
 @dataclass
@@ -88,6 +111,11 @@ class ClientReq:
     abs_chunk_ns: list[int] | None = None  # arrivals on the monotonic clock, when the tool keeps them
     response_id: str | None = None  # the server's response id, when the tool saves it
     span_s: float | None = None  # last chunk - first chunk, for tools that keep only those two arrivals
+    clock: str | None = None  # servesweep: 'kernel' (SO_TIMESTAMPNS receive stamps) or 'user'
+    read_lag_ns: int | None = (
+        None  # servesweep: how far its reader lagged the kernel stamp (max over the request)
+    )
+    worker: str | None = None  # servesweep: the Locust process (host:pid) that sent it
 
 
 @dataclass

@@ -49,9 +49,22 @@ def render(res: dict) -> str:
         "the reference.",
         "",
     ]
+    hist = res.get("history") or []
+    if len(hist) > 1:
+        L += [
+            "Merged from these runs (a partial rerun replaces the entries it measured; each row's date and load "
+            "average are in raw/peers.json):",
+            "",
+        ]
+        L += [
+            f"- `{h['command']}` at {h['date_utc']}, load average {h.get('load_avg')}, wall {h.get('wall_s')} s"
+            for h in hist
+        ]
+        L += [""]
     if res.get("install"):
         L += ["Peer environments: " + "; ".join(f"{k}: {v}" for k, v in res["install"].items()), ""]
-    runs = res["runs"]
+    all_runs = res["runs"]
+    runs = [r for r in all_runs if not r.get("ladder_only")]  # figures 1-2: the --streams points
     conc = sorted({r["concurrency"] for r in runs})
 
     L += [
@@ -85,8 +98,13 @@ def render(res: dict) -> str:
         "error), servesweep both by pattern and by its X-Request-Id (exact), plus its absolute |arrival − write| "
         "on the shared monotonic clock.",
         "",
-        "| streams | tool | paired | chunk p50 | chunk p99 | ratio p99 to best peer | TTFT p50 | TTFT p99 | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "Clock: where the tool's arrival stamps come from. servesweep's records say it per request: `kernel` = the "
+        "socket's receive time stamp (SO_TIMESTAMPNS) of the read that completed the line, `user` = "
+        "`time.monotonic_ns()` after the read; read lag = user-space stamp − kernel stamp, p99/max over requests "
+        "(how late the reader was). The peers stamp in user space after their read.",
+        "",
+        "| streams | tool | clock | paired | chunk p50 | chunk p99 | ratio p99 to best peer | TTFT p50 | TTFT p99 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in conc:
         rows = [r for r in runs if r["concurrency"] == c]
@@ -109,22 +127,18 @@ def render(res: dict) -> str:
                 note = "last chunk only" if a.get("last_chunk_only") else ""
                 if ab:
                     note = f"abs arrival−write p50/p99 {_f(ab.get('p50'), '.3f')}/{_f(ab.get('p99'), '.3f')}"
+                    lag = r.get("read_lag_ms") or {}
+                    if lag:
+                        note += (
+                            f"; read lag p99/max {_f(lag.get('p99'), '.2f')}/{_f(lag.get('p100'), '.2f')} ms"
+                        )
                 ratio = _ratio(ch.get("p99"), best) if by == "pattern" else ""
                 L.append(
-                    f"| {c} | {label} | {a['paired']} | {_f(ch.get('p50'), '.3f')} | {_f(ch.get('p99'), '.3f')} | "
+                    f"| {c} | {label} | {_clock(r)} | {a['paired']} | {_f(ch.get('p50'), '.3f')} | "
+                    f"{_f(ch.get('p99'), '.3f')} | "
                     f"{ratio} | {_f(tt.get('p50'), '.2f')} | {_f(tt.get('p99'), '.2f')} | {note} |"
                 )
-    L += ["", "## 3. Streams per worker process before the per-chunk p99 error exceeds 1 ms", ""]
-    for t in dict.fromkeys(r["tool"] for r in runs):
-        ok = [
-            r["concurrency"]
-            for r in runs
-            if r["tool"] == t
-            and _acc(r, "chunk_err_ms", "p99") is not None
-            and _acc(r, "chunk_err_ms", "p99") <= 1.0
-        ]
-        tried = sorted(r["concurrency"] for r in runs if r["tool"] == t)
-        L.append(f"- {t}: {max(ok) if ok else 'none'} of {tried} (largest point tried with p99 ≤ 1 ms)")
+    L += _figure3(all_runs, res.get("ladder") or {})
     long = res.get("long") or []
     if long:
         L += [
@@ -159,26 +173,140 @@ def render(res: dict) -> str:
                     f"{_ratio(tt.get('p99'), best) if by == 'pattern' else ''} | "
                     f"{_f(r.get('launch_to_first_full_prompt_s'), '.2f')} | {_clean(r.get('error'))} |"
                 )
-    pb = res.get("pool_build")
-    if pb:
-        L += [
-            "",
-            "## 5. Prompt data for 64 × 100k tokens",
-            "",
-            f"- servesweep pool build (`build_bodies`, fresh process): cold {pb.get('cold')}, warm (disk cache) "
-            f"{pb.get('warm')}",
-            "- each tool's launch → first request at the server in the long-context run (imports + data "
-            "generation) is in table 4.",
-        ]
-    L += [
+    L += _figure5(long, res.get("pool_build"))
+    L += _figure6(res.get("workers") or [], all_runs)
+    return "\n".join(L)
+
+
+def _clock(r: dict) -> str:
+    c = r.get("clock") or {}
+    return ", ".join(f"{k} {v}" if len(c) > 1 or k in ("kernel", "user") else k for k, v in c.items()) or "–"
+
+
+def _p99_exact(r: dict):
+    """The figure-3 error: the exact pairing when the tool has one, else the pattern pairing (a lower bound)."""
+    for by in ("id", "pattern"):
+        a = r.get(f"acc_{by}") or {}
+        v = (a.get("chunk_err_ms") or {}).get("p99")
+        if v is not None and not a.get("last_chunk_only"):
+            return v, by
+    return None, None
+
+
+def _figure3(runs: list[dict], ladder: dict) -> list[str]:
+    L = [
         "",
-        "## 6. Scaling",
+        "## 3. Streams per worker process before the per-chunk p99 error exceeds 1 ms",
         "",
-        "`servesweep load --workers` does not exist yet (issue 5): no 1-vs-2-worker figure. Projection method: "
-        "one worker process costs C µs per chunk (table 1) on one core, so a core carries 1e6/C chunks/s; keep it "
-        "under ~50 % busy for the accuracy of table 2, so streams per core ≈ 0.5 × 1e6 / (C × chunks/s per "
-        "stream); a machine with K cores for workers carries ≈ K × that, as long as the master (aggregation only) "
-        "stays off the workers' cores.",
+        "Per-chunk p99 error (ms) at each stream count, one worker process each (servesweep: exact pairing by "
+        "request id; peers: pattern pairing, a lower bound). Tools that keep only the last chunk's arrival cannot "
+        "be scored per chunk. A tool stops climbing the ladder after two points in a row above 1 ms (–).",
         "",
     ]
-    return "\n".join(L)
+    tools = [
+        t
+        for t in dict.fromkeys(r["tool"] for r in runs)
+        if any(_p99_exact(r)[0] is not None for r in runs if r["tool"] == t)
+    ]
+    pts = sorted({r["concurrency"] for r in runs if r["tool"] in tools})
+    if not tools:
+        return [*L, "No tool has a per-chunk figure in these results."]
+    L += [
+        "| tool | " + " | ".join(str(c) for c in pts) + " | streams before p99 > 1 ms | ratio to best peer |",
+        "|---|" + "---|" * (len(pts) + 2),
+    ]
+    cap: dict[str, int | None] = {}
+    for t in tools:
+        by_c = {r["concurrency"]: _p99_exact(r)[0] for r in runs if r["tool"] == t}
+        ok = None
+        for c in sorted(by_c):
+            if by_c[c] is None or by_c[c] > 1.0:
+                break
+            ok = c
+        cap[t] = ok
+    best = max((v for t, v in cap.items() if t != "servesweep" and v is not None), default=None)
+    for t in tools:
+        by_c = {r["concurrency"]: _p99_exact(r)[0] for r in runs if r["tool"] == t}
+        cells = [_f(by_c.get(c), ".2f") if c in by_c else "–" for c in pts]
+        mine = cap[t]
+        if t == "servesweep" or t.startswith("servesweep-"):
+            ratio = "–" if mine is None else (f"{mine / best:.1f}×" if best else "peers: none ≤ 1 ms")
+        else:
+            ratio = _ratio(mine, best) if mine is not None else "–"
+        L.append(f"| {t} | " + " | ".join(cells) + f" | {mine if mine is not None else 'none'} | {ratio} |")
+    return L
+
+
+def _figure5(long: list[dict], pb: dict | None) -> list[str]:
+    if not long and not pb:
+        return []
+    L = ["", "## 5. Prompt data for 64 × 100k tokens", ""]
+    if pb:
+        L += [
+            f"- servesweep pool build (`build_bodies`, a fresh process, empty cache): cold "
+            f"{_f((pb.get('cold') or {}).get('seconds'), '.2f')} s, warm (its disk cache) "
+            f"{_f((pb.get('warm') or {}).get('seconds'), '.2f')} s for {(pb.get('cold') or {}).get('prompts')} "
+            "prompts",
+            "",
+        ]
+    if long:
+        L += [
+            "Launch → first full-size request at the emulator in the long-context run (figure 4): imports, "
+            "tokenizer, data generation, any probe; what a user waits before the load starts.",
+            "",
+            "| tool | launch → first full-size request s | ratio to best peer | server prompt tokens p50 |",
+            "|---|---|---|---|",
+        ]
+        ok = [r for r in long if r.get("launch_to_first_full_prompt_s") is not None]
+        best = _best_peer(ok, lambda r: r.get("launch_to_first_full_prompt_s"))
+        for r in long:
+            v = r.get("launch_to_first_full_prompt_s")
+            L.append(
+                f"| {r['tool']} | {_f(v, '.2f')} | {_ratio(v, best)} | {r.get('server_prompt_tokens_p50', '–')} |"
+            )
+    return L
+
+
+def _figure6(workers: list[dict], runs: list[dict]) -> list[str]:
+    L = [
+        "",
+        "## 6. Scaling: 1 vs 2 worker processes",
+        "",
+    ]
+    if workers:
+        L += [
+            "servesweep `--workers N --duration` (Locust master + N forked workers), the whole client tree on the "
+            "client core: the per-chunk CPU of the master (aggregation) and of the workers, and the accuracy, "
+            "against the single-process run (`--workers 0`, figure 1) at the same stream count.",
+            "",
+            "| streams | client | µs/chunk total | master µs/chunk | workers µs/chunk | processes with records | "
+            "chunk p99 ms (exact) | clock | most streams open | error |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in sorted({r["concurrency"] for r in workers}):
+            single = [r for r in runs if r["tool"] == "servesweep" and r["concurrency"] == c]
+            for r in [*single, *[w for w in workers if w["concurrency"] == c]]:
+                d = r.get("cpu_us_per_chunk_by_depth") or {}
+                multi = r.get("workers")
+                # depth 0: the `servesweep load` CLI; 1: Locust (the master with --workers); 2: forked workers
+                master = d.get("1") if multi else None
+                wk = d.get("2") if multi else d.get("1")
+                L.append(
+                    f"| {c} | {'servesweep (one process)' if not multi else r['tool'] + f' ({multi} workers)'} | "
+                    f"{_f(r.get('cpu_us_per_chunk'))} | {_f(master)} | {_f(wk)} | "
+                    f"{r.get('client_processes_with_records', '–')} | {_f(_p99_exact(r)[0], '.2f')} | {_clock(r)} | "
+                    f"{r.get('max_open_streams', '–')} | {_clean(r.get('error'))} |"
+                )
+    else:
+        L += ["Not measured in these results (`--figures 6`).", ""]
+    L += [
+        "",
+        "Projection to a larger machine: a worker process costs C_w µs per chunk (workers column) and keeps the "
+        "figure-3 accuracy up to S streams; the master costs C_m µs per chunk of ALL workers. With K cores for "
+        "the client: K − 1 workers (one core for the master), streams ≈ (K − 1) × S, as long as the master's "
+        "load (K − 1) × S × chunks/s per stream × C_m stays well under one core (else a second master host). "
+        "Capacity of 2 real cores (aggregate chunks/s, ≥ 1.8× one worker): `bench/bench_workers.py` (BENCHMARKS.md, "
+        '"Distributed load: worker processes").',
+        "",
+    ]
+    return L

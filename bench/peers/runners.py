@@ -39,6 +39,8 @@ class Runner:
     pair_by: tuple[str, ...] = ("pattern",)
     # no hub on this machine: fail fast instead of retrying the network
     env: dict[str, str] = {"HF_HUB_OFFLINE": "1"}  # noqa: RUF012 - read-only class default
+    # where the tool's chunk arrival stamps come from (servesweep's records say it per request)
+    clock = "user"
 
     def venv_bin(self, exe: str) -> Path:
         return VENVS / self.name / "bin" / exe
@@ -71,6 +73,11 @@ class Runner:
 class Servesweep(Runner):
     name = "servesweep"
     pair_by = ("id", "pattern")
+    clock = "per request: records' rx_clock"
+
+    def load_args(self, job: Job) -> list[str]:
+        """How many requests (or how long) the point runs: a request budget in one Locust process."""
+        return ["--requests", str(job.requests)]
 
     def command(self, job: Job) -> list[str]:
         exe = Path(sys.executable).parent / "servesweep"
@@ -87,8 +94,7 @@ class Servesweep(Runner):
             str(job.prompt_tokens),
             "--output-tokens",
             str(job.output_tokens),
-            "--requests",
-            str(job.requests),
+            *self.load_args(job),
             "--tokenizer",
             str(job.tokenizer),
             "--out",
@@ -113,6 +119,10 @@ class Servesweep(Runner):
                     offsets_s=[(t - sent) / 1e9 for t in r["chunk_ns"]],
                     request_id=r["request_id"],
                     abs_chunk_ns=list(r["chunk_ns"]),
+                    # kernel receive stamps (rxstamp) or user-space ones; records before rxstamp lack the columns
+                    clock=r.get("rx_clock") or "user",
+                    read_lag_ns=r.get("read_lag_ns"),
+                    worker=r.get("worker"),
                 )
             )
         return out
@@ -132,6 +142,18 @@ class ServesweepIdle(Servesweep):
     def command(self, job: Job) -> list[str]:
         cmd = super().command(job)
         return [sys.executable, str(Path(__file__).with_name("servesweep_idle.py")), *cmd[1:]]
+
+
+class ServesweepWorkers(Servesweep):
+    """servesweep with N Locust worker processes (`--workers N`, a timed point: Locust --processes) for figure 6."""
+
+    def __init__(self, workers: int, duration_s: float = 12.0):
+        self.workers = workers
+        self.duration_s = duration_s
+        self.name = f"servesweep-w{workers}"
+
+    def load_args(self, job: Job) -> list[str]:
+        return ["--workers", str(self.workers), "--duration", f"{self.duration_s:g}s"]
 
 
 def _cumsum(ttft: float, itls: list[float]) -> list[float]:
@@ -399,3 +421,7 @@ RUNNERS: dict[str, Runner] = {
     r.name: r for r in (Servesweep(), SglangBench(), VllmBench(), Guidellm(), Aiperf(), GenaiBench())
 }
 EXPERIMENTS: dict[str, Runner] = {r.name: r for r in (ServesweepIdle(),)}
+# figure 6: 1 vs 2 worker processes (run_all sets their duration)
+WORKER_RUNNERS: dict[str, ServesweepWorkers] = {
+    r.name: r for r in (ServesweepWorkers(1), ServesweepWorkers(2))
+}
