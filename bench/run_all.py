@@ -29,8 +29,10 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,7 +69,15 @@ def sim_args(tok: Path, cal: str, extra: list[str] | None = None) -> list[str]:
 
 
 def run_one(
-    runner, job: Job, tok: Path, cal: str, pin: bool, timeout: float, sim_extra=None, prompt_tokens=None
+    runner,
+    job: Job,
+    tok: Path,
+    cal: str,
+    pin: bool,
+    timeout: float,
+    sim_extra=None,
+    prompt_tokens=None,
+    env_extra: dict | None = None,
 ) -> dict:
     """Fresh emulator, one tool run, all measurements. Never raises for a tool failure: it is a result."""
     job.out.mkdir(parents=True, exist_ok=True)
@@ -95,7 +105,7 @@ def run_one(
         job.base_url = sim.base_url
         cmd = [*(["taskset", "-c", "1"] if pin else []), *runner.command(job)]
         res["command"] = shlex.join(cmd)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OPENAI_API_KEY="none", **runner.env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OPENAI_API_KEY="none", **runner.env, **(env_extra or {}))
         env.pop("VIRTUAL_ENV", None)
         launched = time.monotonic_ns()
         with open(job.out / "stdout.txt", "wb") as so, open(job.out / "stderr.txt", "wb") as se:
@@ -218,9 +228,9 @@ def rescore(results: dict, raw: Path) -> None:
             score(r, runner, client, measure.read_gt(out / "ground_truth.jsonl"))
 
 
-def pool_build_time(tok: Path, n: int, tokens: int) -> dict:
-    """servesweep's prompt pool for n x tokens, built in a fresh process with an empty cache (cold), then again
-    (warm: the on-disk cache of sentence lengths)."""
+def pool_build_time(tok: Path, n: int, tokens: int, pin: bool) -> dict:
+    """servesweep's prompt pool for n x tokens, built in a fresh process on the client core with an empty cache
+    (cold), then again (warm: its on-disk cache of the pool)."""
     code = (
         "import time,sys; from servesweep.loadspec import LoadPoint; from servesweep.load import build_bodies;"
         f"p=LoadPoint(base_url='http://127.0.0.1:9',model='m',probe=False,continuous_usage=False,template_overhead=0,"
@@ -228,17 +238,17 @@ def pool_build_time(tok: Path, n: int, tokens: int) -> dict:
         "t=time.perf_counter(); b,_=build_bodies(p); print(time.perf_counter()-t, len(b))"
     )
     out = {}
-    import tempfile
-
     cache = Path(tempfile.mkdtemp(prefix="ss-pool-cache-"))
     env = dict(os.environ, HOME=str(cache))  # prompts cache under ~/.cache/servesweep: empty at first
     for label in ("cold", "warm"):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cache)
+        cmd = [*(["taskset", "-c", "1"] if pin else []), sys.executable, "-c", code]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cache)
         if r.returncode != 0:
             out[label] = {"error": r.stderr.strip()[-400:]}
         else:
             secs, count = r.stdout.split()
             out[label] = {"seconds": round(float(secs), 2), "prompts": int(count)}
+    shutil.rmtree(cache, ignore_errors=True)
     return out
 
 
@@ -468,9 +478,23 @@ def main() -> int:
         for t in tools:
             job = job_for(t, args.long_concurrency, args.long_requests, args.long_tokens, 8, kind="long")
             extra = ["--context-length", str(args.long_tokens + 4096)]
+            # servesweep caches its prompt pools on disk (~/.cache/servesweep); the peers generate their data at
+            # every launch. Cold here, as the peers are: an empty HOME (its warm figure is figure 5's pool build).
+            cold = {"HOME": tempfile.mkdtemp(prefix="ss-long-home-")} if t.startswith("servesweep") else None
             r = run_one(
-                known[t], job, tok, LONG_CAL, pin, args.timeout, extra, prompt_tokens=args.long_tokens
+                known[t],
+                job,
+                tok,
+                LONG_CAL,
+                pin,
+                args.timeout,
+                extra,
+                prompt_tokens=args.long_tokens,
+                env_extra=cold,
             )
+            r["prompt_cache"] = "cold cache" if cold else None
+            if cold:
+                shutil.rmtree(cold["HOME"], ignore_errors=True)
             print(json.dumps({k: r.get(k) for k in ("tool", "acc_pattern", "error")}))
             results["long"].append(r)
             save()
@@ -484,7 +508,7 @@ def main() -> int:
                 results["workers"].append(r)
                 save()
     if 5 in figures and args.pool and "servesweep" in tools:
-        results["pool_build"] = pool_build_time(tok, args.pool, args.long_tokens or 100_000)
+        results["pool_build"] = pool_build_time(tok, args.pool, args.long_tokens or 100_000, pin)
     results["wall_s"] = round(time.time() - started, 1)
     results["history"][-1]["wall_s"] = results["wall_s"]
     save()

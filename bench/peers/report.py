@@ -261,8 +261,9 @@ def _figure5(long: list[dict], pb: dict | None) -> list[str]:
         best = _best_peer(ok, lambda r: r.get("launch_to_first_full_prompt_s"))
         for r in long:
             v = r.get("launch_to_first_full_prompt_s")
+            name = r["tool"] + (f" ({r['prompt_cache']})" if r.get("prompt_cache") else "")
             L.append(
-                f"| {r['tool']} | {_f(v, '.2f')} | {_ratio(v, best)} | {r.get('server_prompt_tokens_p50', '–')} |"
+                f"| {name} | {_f(v, '.2f')} | {_ratio(v, best)} | {r.get('server_prompt_tokens_p50', '–')} |"
             )
     return L
 
