@@ -252,10 +252,18 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
     ]
     # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
     if workers:
-        # The master ends the point (whole seconds: Locust's -t); workers finish their streams within --stop-timeout
-        # and ship their records with their last report.
-        cmd += ["--processes", str(workers), "-t", f"{math.ceil(point.warmup_s + (point.duration_s or 0))}s"]
+        # The master ends a duration point (whole seconds: Locust's -t); workers finish their streams within
+        # --stop-timeout and ship their records with their last report. A request budget is split between the
+        # workers; each quits when its share is done, and the master with the last one.
+        cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
     return cmd
+
+
+def run_time_args(point: LoadPoint) -> list[str]:
+    """Locust's -t for a master: a duration point's warmup + duration in whole seconds; none for a budget only."""
+    if point.duration_s is None:
+        return []
+    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s)}s"]
 
 
 def run_point(
@@ -267,20 +275,29 @@ def run_point(
     slos: str | None = None,
     command_prefix: list[str] | None = None,
     metrics_port: int | None = None,
+    worker_hosts: dict | None = None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
     {"point_id", "elapsed_s", "completed", "issued", "failed"}. `metrics_port`: the Locust process serves its live
     client metrics (servesweep.exporter) on this port of 127.0.0.1 while the point runs.
+
+    `workers=N`: N local worker processes (Locust --processes) share the users, the request budget and the
+    arrival rate. `worker_hosts`: workers on the hosts of an Ansible inventory group instead, started over SSH by
+    the locust_worker role ({"inventory": PATH_OR_TEXT, "group": "loadgen", "per_host": N, "master_host": ADDR,
+    "master_port": 5557, "extravars": {...}, "package": WHEEL}); the master binds master_host. Either way a worker
+    that dies mid-point is named in summary.json with the requests it lost, and the point is marked degraded.
     """
     from servesweep.records import read_parquet
     from servesweep.results import write_json_atomic
-    from servesweep.summary import parse_slos, summarize
+    from servesweep.summary import client_headroom, parse_slos, summarize
 
-    if workers and point.requests is not None:
+    if workers and worker_hosts:
+        raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")
+    remote = _check_worker_hosts(worker_hosts) if worker_hosts else None
+    if workers and point.requests is not None and point.requests < workers:
         raise ValueError(
-            f"workers={workers}: a point with a request budget (requests={point.requests}) runs in one Locust "
-            "process for now (sharing the budget between worker processes is issue 5); give duration_s instead"
+            f"requests={point.requests} < workers={workers}: every worker process needs a share of the budget"
         )
     parsed_slos = parse_slos(slos)  # fail on a bad SLO before any load
     out_dir = Path(out_dir)
@@ -292,34 +309,71 @@ def run_point(
     )  # builds (and caches on disk) the pool here, so the child's start is quick and errors show early
     work = out_dir / ".work"
     work.mkdir(exist_ok=True)
-    for stale in ("records.parquet", "progress.json"):
+    status_dir = work / "status"
+    shutil.rmtree(status_dir, ignore_errors=True)
+    status_dir.mkdir()
+    for stale in ("records.parquet", "progress.json", "clients.json"):
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
-    cmd = [*(command_prefix or []), *locust_command(point, work, workers=workers)]  # e.g. taskset -c 1
+    handle = None
+    if remote is not None:
+        from servesweep.remote_workers import master_command, start_remote_workers
+
+        extravars = dict(remote["extravars"])
+        if point.api_key_env and "locust_worker_api_key_env" not in extravars:
+            extravars["locust_worker_api_key_env"] = point.api_key_env
+        handle = start_remote_workers(
+            remote["inventory"],
+            remote["group"],
+            remote["master_host"],
+            remote["master_port"],
+            remote["per_host"],
+            work / "point.json",
+            out_dir / "remote",
+            package=remote["package"],
+            extravars=extravars,
+        )
+        base = master_command(
+            point,
+            work,
+            expect_workers=handle.expected,
+            bind_host=remote["master_host"],
+            bind_port=remote["master_port"],
+        )
+    else:
+        base = locust_command(point, work, workers=workers)
+    cmd = [*(command_prefix or []), *base]  # e.g. taskset -c 1
     if metrics_port:
         cmd += ["--metrics-port", str(metrics_port)]
     log_path = out_dir / "locust.log"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            while proc.poll() is None:
-                time.sleep(0.5)
-                if progress is not None:
-                    progress(_read_progress(work, point, time.monotonic() - started))
-        except BaseException:
-            _kill_group(proc)
-            raise
+    if workers:
+        env["SERVESWEEP_STATUS_DIR"] = str(status_dir)  # each worker process: its counters, 4 times a second
+    try:
+        cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
+        started = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+            try:
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    if progress is not None:
+                        progress(_read_progress(work, point, time.monotonic() - started))
+            except BaseException:
+                _kill_group(proc)
+                raise
+    finally:
+        states = None
+        if handle is not None:
+            states = handle.stop()
     rc = proc.returncode
     rec_path = work / "records.parquet"
     if not rec_path.is_file():
@@ -328,6 +382,9 @@ def run_point(
             f"point {point.id}: Locust exited with {rc} and wrote no records; locust.log ends:\n{tail}"
         )
     table = read_parquet(rec_path)
+    got = _read_json(work / "clients.json") or {}
+    clients = got.get("clients", [])
+    exits = {int(k): v for k, v in got.get("worker_exits", {}).items()}
     summary = {
         "point_id": point.id,
         "point": point.model_dump(mode="json"),
@@ -336,6 +393,24 @@ def run_point(
         "wall_s": time.time() - t0,
         **summarize(table, slos=parsed_slos),
     }
+    summary["client_headroom"] = client_headroom(clients, table)
+    summary["client_saturated"] = summary["client_headroom"]["client_saturated"]
+    summary["degraded"], summary["problems"] = False, []
+    if workers or states is not None:
+        from servesweep.remote_workers import account
+
+        log_text = log_path.read_text(errors="replace")
+        missing = {c.get("worker") for c in clients if c.get("missing")}
+        if states is None:
+            states = _local_worker_states(status_dir, exits, workers)
+        acc = account(states, table, log_text, missing=missing)
+        summary["workers"] = acc
+        summary["degraded"] = acc["degraded"]
+        summary["problems"] = list(acc["problems"])
+        if len(states) < (handle.expected if handle is not None else workers):
+            expected = handle.expected if handle is not None else workers
+            summary["degraded"] = True
+            summary["problems"].append(f"{len(states)} of {expected} worker processes reported")
     if point.workload == "shared_prefix":
         summary["shared_prefix"] = shared_prefix_check(point, summary, cached_before)
     elif cached_before is not None:
@@ -382,11 +457,87 @@ def shared_prefix_check(point: LoadPoint, summary: dict, cached_before: float | 
 
 def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
     d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0}
-    try:
-        d.update(json.loads((work / "progress.json").read_text()))
-    except (FileNotFoundError, ValueError):
-        pass
+    statuses = [_read_json(f) for f in sorted((work / "status").glob("*.json"))]
+    if any(statuses):  # worker processes: the sum of their own counters
+        for k in ("completed", "issued", "failed"):
+            d[k] = sum(int(st.get(k, 0)) for st in statuses if st)
+        return d
+    got = _read_json(work / "progress.json")
+    if isinstance(got, dict):
+        d.update(got)
     return d
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _check_worker_hosts(wh: dict) -> dict:
+    """worker_hosts with its defaults; a clear error naming the key that is wrong."""
+    known = {"inventory", "group", "per_host", "master_host", "master_port", "extravars", "package"}
+    bad = sorted(set(wh) - known)
+    if bad:
+        raise ValueError(f"worker_hosts: unknown keys {bad}; known: {sorted(known)}")
+    for k in ("inventory", "master_host"):
+        if not wh.get(k) or not isinstance(wh[k], str | Path):
+            raise ValueError(f"worker_hosts.{k}: required (a string)")
+    per_host = wh.get("per_host", 1)
+    if not isinstance(per_host, int) or per_host < 1:
+        raise ValueError(f"worker_hosts.per_host must be an integer >= 1, got {per_host!r}")
+    port = wh.get("master_port", 5557)
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"worker_hosts.master_port must be a TCP port, got {port!r}")
+    extravars = wh.get("extravars") or {}
+    if not isinstance(extravars, dict):
+        raise ValueError("worker_hosts.extravars must be a mapping of role variables")
+    inv = str(wh["inventory"])
+    if "\n" not in inv and not Path(inv).is_file():
+        raise ValueError(f"worker_hosts.inventory: {inv} is neither a file nor inventory text")
+    return {
+        "inventory": inv,
+        "group": str(wh.get("group") or "loadgen"),
+        "per_host": per_host,
+        "master_host": str(wh["master_host"]),
+        "master_port": port,
+        "extravars": extravars,
+        "package": Path(wh["package"]) if wh.get("package") else None,
+    }
+
+
+def _local_worker_states(status_dir: Path, exits: dict[int, int], expected: int):
+    """The local worker processes as remote_workers.WorkerState, from their status files and exit statuses."""
+    import socket
+
+    from servesweep.remote_workers import WorkerState
+
+    host = socket.gethostname()
+    out = []
+    statuses = [st for st in (_read_json(f) for f in status_dir.glob("*.json")) if st]
+    for i, st in enumerate(sorted(statuses, key=lambda st: st["pid"])):
+        pid = int(st["pid"])
+        code = exits.get(pid, 0 if st.get("quit") else None)
+        note = None
+        if code is None:
+            note = "stopped without quitting or an exit status"
+        elif code > 128:
+            note = f"was killed by signal {code - 128}"
+        out.append(
+            WorkerState(
+                host="local",
+                hostname=host,
+                index=i,
+                pid=pid,
+                exit_code=code,
+                stopped_by_role=False,
+                status=st,
+                log=None,
+                note=note,
+            )
+        )
+    return out
 
 
 # ---------------------------------------------------------------- `servesweep load`

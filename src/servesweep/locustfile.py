@@ -31,6 +31,8 @@ log = logging.getLogger("servesweep")
 locust.stats.bucket_response_time = lambda rt: int(round(rt))
 
 _RECORDS_KEY = "servesweep_records"
+_CLIENT_KEY = "servesweep_client"  # a process's counters and headroom, with every report (clients.json)
+_STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
 
 
@@ -65,6 +67,13 @@ def _args(parser) -> None:
     opt("--total-timeout", type=float, default=3600.0, help="longest request, seconds")
     opt("--records", default="", ui=False, help="write per-request records (Parquet) here at the end")
     opt("--progress-file", default="", ui=False, help="rewrite {issued, completed, failed} here every second")
+    opt(
+        "--split-workers",
+        type=int,
+        default=0,
+        ui=False,
+        help="worker processes the point's request budget and arrival rate are split over (0: one)",
+    )
     opt(
         "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 1"
     )
@@ -266,6 +275,10 @@ def _init(environment, **_kw) -> None:
             ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
             if ctx is not None and len(ctx.buffer):
                 data[_RECORDS_KEY] = ctx.buffer.take()
+            if isinstance(ctx, LoadContext):
+                data[_CLIENT_KEY] = _client_status(
+                    ctx, shipped=len(data.get(_RECORDS_KEY, {}).get("request_id", ()))
+                )
 
     if isinstance(runner, MasterRunner):
 
@@ -274,12 +287,151 @@ def _init(environment, **_kw) -> None:
             cols = data.get(_RECORDS_KEY)
             if cols:
                 environment.servesweep.buffer.extend_columns(cols)
+            st = data.get(_CLIENT_KEY)
+            if st:
+                environment.servesweep.clients.update(client_id, st)
+
+        import gevent
+
+        gevent.spawn(_watch_workers, environment)
 
 
 class _MasterState:
     def __init__(self, point: LoadPoint, buffer) -> None:
         self.point = point
         self.buffer = buffer
+        self.clients = Clients()
+
+
+class Clients:
+    """What the master (or a local runner, of itself) knows about each load-generating process: its last counters,
+    its CPU time, every event-loop lag sample, and the last state Locust gave it (`missing`: heartbeats stopped)."""
+
+    MAX_LAGS = 200_000  # 20 samples a second: nearly 3 hours per process
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, dict] = {}
+        self.exits: dict[int, int] = {}  # forked local worker pid -> exit status (a signal N as 128 + N)
+
+    def update(self, client_id: str, st: dict) -> None:
+        c = self.by_id.setdefault(client_id, {"client_id": client_id, "lags_ms": [], "cpu_pct_max": 0.0})
+        lags = st.get("lags_ms") or ()
+        if len(c["lags_ms"]) < self.MAX_LAGS:
+            c["lags_ms"].extend(lags)
+        for k in ("worker", "pid", "issued", "completed", "failed", "cpu_s", "wall_s"):
+            if k in st:
+                c[k] = st[k]
+        c["cpu_pct_max"] = max(c["cpu_pct_max"], float(st.get("cpu_pct_max") or 0.0))
+        c["shipped"] = c.get("shipped", 0) + int(st.get("shipped", 0))
+
+    def state(self, client_id: str, state: str) -> None:
+        c = self.by_id.setdefault(client_id, {"client_id": client_id, "lags_ms": [], "cpu_pct_max": 0.0})
+        c["last_state"] = state
+        if state == "missing":
+            c["missing"] = True
+
+    def note_exits(self) -> None:
+        """Exit statuses of the worker processes Locust forked (--processes). gevent's child watcher reaps them as
+        they end and keeps (pid, status, time) in gevent.os._watched_children until they are waited for; Locust
+        waits only at its own exit, so peek there (read only: a wait of ours would break Locust's)."""
+        import gevent.os
+
+        for pid, v in list(getattr(gevent.os, "_watched_children", {}).items()):
+            if isinstance(v, tuple) and pid not in self.exits:
+                code = os.waitstatus_to_exitcode(v[1])
+                self.exits[pid] = 128 - code if code < 0 else code  # as a shell says it: SIGKILL is 137
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}))
+        os.replace(tmp, path)
+
+
+class Sampler:
+    """This process's CPU time and event-loop lag (how late a 50 ms gevent sleep wakes up) since the test start, and
+    its busiest 3-second CPU window."""
+
+    PERIOD_S = 0.05
+    WINDOW_S = 3.0
+
+    def __init__(self) -> None:
+        self.cpu0 = time.process_time()
+        self.wall0 = time.monotonic()
+        self.lags_ms: list[float] = []
+        self.cpu_pct_max = 0.0
+
+    def run(self) -> None:
+        import gevent
+
+        period, clock, cpu = self.PERIOD_S, time.monotonic, time.process_time
+        w_wall, w_cpu = clock(), cpu()
+        while True:
+            t0 = clock()
+            gevent.sleep(period)
+            t1 = clock()
+            if len(self.lags_ms) < Clients.MAX_LAGS:
+                self.lags_ms.append((t1 - t0 - period) * 1000.0)
+            if t1 - w_wall >= self.WINDOW_S:
+                c = cpu()
+                self.cpu_pct_max = max(self.cpu_pct_max, (c - w_cpu) / (t1 - w_wall) * 100.0)
+                w_wall, w_cpu = t1, c
+
+    def take(self, reset: bool = True) -> dict:
+        lags = self.lags_ms
+        if reset:
+            self.lags_ms = []
+        return {
+            "cpu_s": time.process_time() - self.cpu0,
+            "wall_s": time.monotonic() - self.wall0,
+            "cpu_pct_max": self.cpu_pct_max,
+            "lags_ms": list(lags),
+        }
+
+
+def _client_status(ctx: LoadContext, shipped: int = 0, reset: bool = True) -> dict:
+    d = {
+        "worker": ctx.worker,
+        "pid": os.getpid(),
+        "issued": ctx.issued,
+        "completed": ctx.completed,
+        "failed": ctx.failed,
+        "shipped": shipped,
+    }
+    sampler = getattr(ctx, "sampler", None)
+    if sampler is not None:
+        d.update(sampler.take(reset))
+    return d
+
+
+def _watch_workers(environment) -> None:
+    """Master: note each worker's state once a second (a killed worker turns `missing` about 3 s after its last
+    heartbeat), and end a request-bounded point when no worker is left (Locust only stops when the last one goes
+    missing, and a headless master would then wait for ever)."""
+    import gevent
+    from locust.runners import STATE_STOPPED
+
+    runner = environment.runner
+    seen_running = False
+    while True:
+        gevent.sleep(1.0)
+        st = environment.servesweep
+        for c in runner.clients.all:
+            st.clients.state(c.id, c.state)
+        st.clients.note_exits()
+        seen_running = seen_running or runner.worker_count > 0
+        point = st.point
+        if (
+            seen_running
+            and environment.parsed_options.headless
+            and point is not None
+            and point.requests is not None
+            and point.duration_s is None
+            and runner.worker_count <= 0
+            and runner.state == STATE_STOPPED
+        ):
+            log.warning("servesweep: no worker left; ending the point")
+            runner.quit()
+            return
 
 
 @events.test_start.add_listener
@@ -296,9 +448,17 @@ def _start(environment, **_kw) -> None:
             LLMUser.connection_timeout = ctx.point.connect_s
             LLMUser.network_timeout = ctx.point.first_token_s
     if isinstance(ctx, LoadContext):
-        ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
+        now = time.monotonic_ns()
+        ctx.measure_start_ns = now + int(ctx.point.warmup_s * 1e9)
         opts = environment.parsed_options
         import gevent
+
+        _split(environment, ctx, now)
+        ctx.sampler = Sampler()
+        gevent.spawn(ctx.sampler.run)
+        status_dir = os.environ.get(_STATUS_DIR_ENV)
+        if status_dir:
+            gevent.spawn(_status_loop, ctx, Path(status_dir) / f"{os.getpid()}.json")
 
         if opts is not None and opts.progress_file:
             gevent.spawn(_progress_loop, ctx, Path(opts.progress_file))
@@ -309,6 +469,76 @@ def _start(environment, **_kw) -> None:
             # Like Locust's -t (which takes whole seconds): quit() stops users gracefully within --stop-timeout,
             # so streams running at the end finish and are recorded.
             gevent.spawn_later(ctx.point.warmup_s + d, environment.runner.quit)
+
+
+def _split(environment, ctx: LoadContext, now: int) -> None:
+    """This process's share of the point: worker i of N (Locust's worker index; N from --split-workers, which the
+    master hands to every worker) gets its part of the request budget and rate/N of the arrivals."""
+    from locust.runners import WorkerRunner
+
+    from servesweep.arrivals import Arrivals, split_budget
+
+    p = ctx.point
+    opts = environment.parsed_options
+    runner = environment.runner
+    count = max(1, int(getattr(opts, "split_workers", 0) or 0)) if isinstance(runner, WorkerRunner) else 1
+    index = runner.worker_index if isinstance(runner, WorkerRunner) else 0
+    if not 0 <= index < count:
+        # A worker that joined beyond the expected count (or reconnected): no share of budget or rate.
+        log.error(
+            "servesweep: worker index %d outside the %d expected workers; it sends nothing", index, count
+        )
+        ctx.budget = 0
+        ctx.end_ns = 1
+        index, count = 0, 1
+    elif p.requests is not None and count > 1:
+        ctx.budget = split_budget(p.requests, index, count)
+    if p.arrival != "closed":
+        if p.duration_s is not None and p.duration_s < _FOREVER:
+            ctx.end_ns = ctx.end_ns or now + int((p.warmup_s + p.duration_s) * 1e9)
+        ctx.arrivals = Arrivals(p.arrival, p.rate_rps, seed=p.seed, index=index, count=count, start_ns=now)
+    if isinstance(runner, WorkerRunner):
+
+        def _done() -> None:
+            # The share is complete: ship every record now (the regular report may be 3 s away), then leave; the
+            # master ends the point when its last worker has quit.
+            runner._send_stats()
+            runner.quit()
+
+        ctx.on_budget_done = _done
+    log.info(
+        "servesweep: worker %d of %d: budget %s, %s",
+        index,
+        count,
+        ctx.share(),
+        f"{p.arrival} at {p.rate_rps / count:g}/s" if p.arrival != "closed" else "closed loop",
+    )
+
+
+def _status_loop(ctx: LoadContext, path: Path) -> None:
+    import gevent
+
+    while True:
+        _write_status(ctx, path)
+        gevent.sleep(0.25)  # what a killed process leaves is at most 0.25 s old
+
+
+def _write_status(ctx: LoadContext, path: Path, **extra) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "worker": ctx.worker,
+                "pid": os.getpid(),
+                "issued": ctx.issued,
+                "completed": ctx.completed,
+                "failed": ctx.failed,
+                "unix": time.time(),
+                **extra,
+            }
+        )
+    )
+    os.replace(tmp, path)
 
 
 def _progress_loop(ctx: LoadContext, path: Path) -> None:
@@ -336,6 +566,13 @@ def _write_records(environment) -> Path | None:
         path,
         metadata={"point_id": ctx.point.id, "point": ctx.point.model_dump_json()},
     )
+    if isinstance(ctx, LoadContext):  # a local runner: its own counters and headroom
+        clients = Clients()
+        clients.update("local", _client_status(ctx, reset=False))
+        clients.write(path.with_name("clients.json"))
+    elif isinstance(ctx, _MasterState):
+        ctx.clients.note_exits()
+        ctx.clients.write(path.with_name("clients.json"))
     return path
 
 
@@ -366,6 +603,10 @@ def _stop(environment, **_kw) -> None:
 def _quitting(environment, **_kw) -> None:
     from locust.runners import WorkerRunner
 
+    ctx = getattr(environment, "servesweep", None)
+    status_dir = os.environ.get(_STATUS_DIR_ENV)
+    if status_dir and isinstance(ctx, LoadContext):
+        _write_status(ctx, Path(status_dir) / f"{os.getpid()}.json", quit=True)
     if isinstance(environment.runner, WorkerRunner):
         return
     _write_records(

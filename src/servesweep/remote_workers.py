@@ -46,6 +46,7 @@ class WorkerState:
     stopped_by_role: bool
     status: dict[str, Any] | None  # its last counters: issued, completed, failed, shipped, worker, unix
     log: Path | None  # the log brought back to the controller
+    note: str | None = None  # what happened, when exit_code cannot say (a local worker that vanished)
 
     @property
     def identity(self) -> str:
@@ -224,9 +225,10 @@ def master_command(
     max_wait_s: float = 120,
 ) -> list[str]:
     """The headless Locust master of one point for external workers: run_point's command (same locustfile, point
-    file, records) with `--master --expect-workers N` instead of local `--processes`. Locust's -t ends the point
-    (whole seconds); the workers finish their streams within --stop-timeout and ship their last records."""
-    from servesweep.load import locust_command
+    file, records) with `--master --expect-workers N` instead of local `--processes`. Locust's -t ends a duration
+    point (whole seconds); the workers finish their streams within --stop-timeout and ship their last records. A
+    request budget is split between the workers, and the master ends when the last one has done its share."""
+    from servesweep.load import locust_command, run_time_args
 
     cmd = locust_command(point, work, workers=0)
     i = cmd.index(
@@ -244,12 +246,18 @@ def master_command(
         str(int(expect_workers)),
         "--expect-workers-max-wait",
         str(math.ceil(max_wait_s)),
-        "-t",
-        f"{math.ceil(point.warmup_s + (point.duration_s or 0))}s",
+        "--split-workers",  # the request budget and the arrival rate are split between the workers
+        str(int(expect_workers)),
+        *run_time_args(point),
     ]
 
 
-def account(workers: list[WorkerState], records, master_log: str | None = None) -> dict[str, Any]:
+def account(
+    workers: list[WorkerState],
+    records,
+    master_log: str | None = None,
+    missing: set[str] | None = None,
+) -> dict[str, Any]:
     """Per worker: records the master received from it against the requests it says it issued; a worker that did
     not end by itself (killed, crashed, stopped by the role) or lost requests makes the point degraded.
 
@@ -257,6 +265,8 @@ def account(workers: list[WorkerState], records, master_log: str | None = None) 
     `lost` counts measured requests the worker issued (by its last counters, written every 0.25 s and at each
     report) whose records never reached the master: in flight when it died, or finished but not shipped yet. It is a
     lower bound when the worker died: requests it issued in its last 0.25 s are not in its counters.
+    `missing`: the record identities (host:pid) whose heartbeats the master saw stop; without it, the master log's
+    "missing" lines are matched by host name (one worker per host).
     """
     names = records.column("worker").to_pylist()
     warm = records.column("warmup").to_pylist()
@@ -271,7 +281,11 @@ def account(workers: list[WorkerState], records, master_log: str | None = None) 
         got = received.pop(w.identity, 0)
         lost = max(0, issued - got)
         # Locust's client id is "<hostname>_<uuid>": the master's "missing" line names the host
-        heartbeat_missing = any(cid.rsplit("_", 1)[0] == w.hostname for cid in missing_ids)
+        heartbeat_missing = (
+            w.identity in missing
+            if missing is not None
+            else any(cid.rsplit("_", 1)[0] == w.hostname for cid in missing_ids)
+        )
         rows.append(
             {
                 "host": w.host,
@@ -284,6 +298,7 @@ def account(workers: list[WorkerState], records, master_log: str | None = None) 
                 "issued": issued,
                 "records": got,
                 "lost": lost,
+                "note": w.note,
             }
         )
     failed = [r for r in rows if not r["ended_cleanly"] or r["lost"]]
@@ -292,8 +307,13 @@ def account(workers: list[WorkerState], records, master_log: str | None = None) 
         + (
             f"exited with {r['exit_code']}"
             if r["exit_code"] is not None
-            else ("was still running and had to be stopped" if r["stopped_by_role"] else "did not report")
+            else (
+                "was still running and had to be stopped"
+                if r["stopped_by_role"]
+                else (r["note"] or "did not report")
+            )
         )
+        + (" (its heartbeat went missing)" if r["heartbeat_missing"] else "")
         + f": {r['lost']} of its {r['issued']} requests lost"
         for r in failed
     ]

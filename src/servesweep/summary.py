@@ -105,6 +105,95 @@ def _slo_value(slo: SLO, summary: dict) -> float | None:
     return summary.get({"output_tps": "output_tokens_per_s"}.get(slo.metric, slo.metric))
 
 
+# ---------------------------------------------------------------- arrivals and client headroom
+
+
+def _arrivals(m: pa.Table) -> dict | None:
+    """The measured requests' schedule. `rate_rps`: the achieved arrival rate, summed over the load-generating
+    processes of each one's (n - 1) / (last slot - first slot): every process runs its own share of the rate from
+    its own start, so one span over all of them would count their start offsets and the latest end as gaps.
+    `interarrival_cv`: std / mean of the gaps between consecutive slots of all processes together (about 1 for
+    Poisson arrivals, 0 for a constant rate)."""
+    if m.num_rows < 2:
+        return None
+    sched = _col(m, "scheduled_ns")
+    workers = np.asarray(m.column("worker").to_pylist(), dtype=object)
+    rate = 0.0
+    for w in set(workers.tolist()):
+        t = np.sort(sched[workers == w])
+        if len(t) >= 2 and t[-1] > t[0]:
+            rate += (len(t) - 1) / ((t[-1] - t[0]) / 1e9)
+    gaps = np.diff(np.sort(sched)) / 1e9
+    mean = float(gaps.mean())
+    return {
+        "rate_rps": rate or None,
+        "interarrival_cv": float(gaps.std() / mean) if mean > 0 else None,
+        "n": int(m.num_rows),
+        "processes": len(set(workers.tolist())),
+    }
+
+
+CPU_SATURATED_PCT = 90.0  # a process near one full core cannot take its stamps on time
+LOOP_LAG_SATURATED_MS = 10.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
+READ_LAG_SATURATED_MS = 10.0  # p99 of user-space stamp minus kernel receive stamp, when the records have it
+
+
+def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dict:
+    """Per load-generating process (clients.json): CPU use over the point (process CPU time / wall time, % of one
+    core) and its busiest 3-s window, and event-loop lag percentiles; `client_saturated` with the reasons when a
+    process passed CPU_SATURATED_PCT or its lag p99 passed LOOP_LAG_SATURATED_MS (or, with kernel receive stamps
+    in the records, their read lag p99 passed READ_LAG_SATURATED_MS): then the client, not the server, may have
+    set the numbers."""
+    rows, reasons = [], []
+    for c in sorted(clients, key=lambda c: str(c.get("worker") or c.get("client_id"))):
+        wall = c.get("wall_s") or 0.0
+        cpu = 100.0 * c["cpu_s"] / wall if wall > 0 and c.get("cpu_s") is not None else None
+        lag = stats(c.get("lags_ms") or [])
+        row = {
+            "worker": c.get("worker"),
+            "client_id": c.get("client_id"),
+            "cpu_pct": cpu,
+            "cpu_pct_max_3s": c.get("cpu_pct_max"),
+            "loop_lag_p50_ms": lag["p50"] if lag else None,
+            "loop_lag_p99_ms": lag["p99"] if lag else None,
+            "loop_lag_max_ms": lag["max"] if lag else None,
+            "wall_s": wall or None,
+        }
+        rows.append(row)
+        name = row["worker"] or row["client_id"]
+        if cpu is not None and cpu > CPU_SATURATED_PCT:
+            reasons.append(f"{name}: CPU {cpu:.0f}% of a core > {CPU_SATURATED_PCT:g}%")
+        if row["loop_lag_p99_ms"] is not None and row["loop_lag_p99_ms"] > LOOP_LAG_SATURATED_MS:
+            reasons.append(
+                f"{name}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms"
+            )
+    read_lag = _read_lag_ms(records)
+    if read_lag is not None and read_lag["p99"] > READ_LAG_SATURATED_MS:
+        reasons.append(f"read lag p99 {read_lag['p99']:.1f} ms > {READ_LAG_SATURATED_MS:g} ms")
+    return {
+        "workers": rows,
+        "read_lag_ms": read_lag,
+        "client_saturated": bool(reasons),
+        "reasons": reasons,
+        "limits": {
+            "cpu_pct": CPU_SATURATED_PCT,
+            "loop_lag_p99_ms": LOOP_LAG_SATURATED_MS,
+            "read_lag_p99_ms": READ_LAG_SATURATED_MS,
+        },
+    }
+
+
+def _read_lag_ms(records: pa.Table | None) -> dict | None:
+    """The records' per-request read lag (user-space stamp minus kernel receive stamp), if the user recorded it."""
+    if records is None:
+        return None
+    for name, scale in (("read_lag_ns", 1e6), ("read_lag_us", 1e3), ("read_lag_ms", 1.0)):
+        if name in records.column_names:
+            v = records.column(name).to_numpy(zero_copy_only=False).astype(np.float64) / scale
+            return stats(v[~np.isnan(v)])
+    return None
+
+
 # ---------------------------------------------------------------- the summary
 
 
@@ -282,6 +371,7 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
         "e2e_from_scheduled_ms": stats((end - sched) / _NS_PER_MS),
         "decode_tokens_per_s": stats(1000.0 / tpot_v[tpot_v > 0]),
         "schedule_lag_ms": stats((_col(m, "sent_ns") - _col(m, "scheduled_ns")) / _NS_PER_MS),
+        "arrivals": _arrivals(m),
         "prompt_tokens": {
             "target": float(target_prompt[0]) if n_ok and target_prompt[0] > 0 else None,
             "mean": float(prompt[has_usage].mean()) if has_usage.any() else None,
