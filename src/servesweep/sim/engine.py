@@ -180,6 +180,8 @@ class Engine:
         self._busy = False
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
         self._deadline = 0.0
+        # the step being emitted: its scheduled end, time.monotonic_ns() (ground truth: lateness = write - this)
+        self.sched_ns = 0
         self._inflight: tuple | None = None
         self._stopped = False
 
@@ -410,6 +412,7 @@ class Engine:
 
     def _on_step_end(self) -> None:
         self._timer = None
+        self.sched_ns = int(self._deadline * 1e9)
         self._end_step(self._t0 + self._vt)
         self._schedule_next()
 

@@ -89,7 +89,6 @@ class SimApp:
         self._active: dict[str, GenerationStream] = {}
         if self.metrics is not None:
             self.metrics.active_fn = lambda: len(self._active)
-        self._sched_attr = None
 
     def log_decode(self, last_steps: int) -> int:
         """SGLang's periodic "Decode batch" line, at most once a second, after --decode-log-interval steps."""
@@ -106,11 +105,6 @@ class SimApp:
             f"gen throughput (token/s): {st.gen_throughput:.2f}, #queue-req: {st.num_queue_reqs}"
         )
         return steps
-
-    def engine_sched(self):
-        """The engine's scheduled emission time of the step being emitted (monotonic seconds), when known."""
-        fn = self._sched_attr
-        return None if fn is None else fn()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -795,10 +789,6 @@ def run_server(args) -> int:
     port = server.sockets[0].getsockname()[1]
     log.info(f"Uvicorn running on http://{args.host}:{port} (Press CTRL+C to quit)")
     app.engine.start(loop)
-    eng = app.engine
-    if hasattr(eng, "_t0") and hasattr(eng, "_vt"):
-        # during an emit callback the engine's step deadline is _t0 + _vt (time.monotonic seconds)
-        app._sched_attr = lambda: eng._t0 + eng._vt
 
     stop = loop.create_future()
     force = loop.create_future()
