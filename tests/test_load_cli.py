@@ -112,7 +112,11 @@ def test_bad_input_names_the_option(tmp_path):
         (["--slo", "ttft_p97<=1s"], "--slo"),
         (["--api-key-env", "SERVESWEEP_TEST_UNSET_KEY"], "SERVESWEEP_TEST_UNSET_KEY"),
         (["--endpoint", "responses"], "--endpoint"),
-        (["--workers", "2", "--requests", "4"], "--workers"),
+        (["--workers", "2", "--requests", "1"], "--workers"),
+        (["--rate", "5"], "--rate"),
+        (["--arrival", "poisson"], "--rate"),
+        (["--arrival", "poisson", "--rate", "5,0"], "--rate"),
+        (["--master-host", "10.0.0.1"], "--master-host"),
     ]
     for args, needle in cases:
         r = invoke(["--base-url", "http://127.0.0.1:9", "--out", str(tmp_path / "runs"), *args])

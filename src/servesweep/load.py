@@ -28,6 +28,9 @@ from servesweep.loadspec import LoadPoint
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+FILE_KEY_ENV = (
+    "SERVESWEEP_API_KEY"  # where --api-key-file's key travels to the Locust child (its environment)
+)
 DEFAULT_SIM_MODEL = "Qwen/Qwen3.6-27B"
 DEFAULT_SIM_ARGS = f"--model-path {DEFAULT_SIM_MODEL} --enable-cache-report"
 
@@ -565,6 +568,22 @@ def parse_concurrency(text: str) -> list[int]:
     return out
 
 
+def parse_rates(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            v = float("nan")
+        if not (v > 0 and math.isfinite(v)):
+            raise click.BadParameter(
+                f"{part.strip()!r} in {text!r} is not a positive number of requests per second",
+                param_hint="--rate",
+            )
+        out.append(v)
+    return out
+
+
 def _fmt(v, spec=".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -578,6 +597,10 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     from rich.table import Table
 
     t = Table(title=title)
+    open_loop = any(s["point"].get("arrival", "closed") != "closed" for s in summaries)
+    if open_loop:
+        for col in ("arrival", "rate /s", "got /s", "lag p50 ms", "lag p99 ms"):
+            t.add_column(col, justify="right")
     for col in (
         "conc",
         "out tok/s",
@@ -594,7 +617,18 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     for s in summaries:
         fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
         dec = s.get("decode_tokens_per_s")
+        lead = []
+        if open_loop:
+            pt, arr = s["point"], s.get("arrivals") or {}
+            lead = [
+                pt.get("arrival", "closed"),
+                _fmt(pt.get("rate_rps"), "g"),
+                _fmt(arr.get("rate_rps"), ".2f"),
+                _fmt(_p(s, "schedule_lag_ms", "p50"), ".2f"),
+                _fmt(_p(s, "schedule_lag_ms", "p99"), ".2f"),
+            ]
         t.add_row(
+            *lead,
             str(s["point"]["concurrency"]),
             _fmt(s["output_tokens_per_s"]),
             _fmt(dec["mean"] if dec else None),
@@ -607,6 +641,18 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
         )
     return t
+
+
+def _notes(summaries: list[dict]) -> list[str]:
+    """Lines printed under the table: degraded points and a saturated load generator."""
+    out = []
+    for s in summaries:
+        for p in s.get("problems") or ():
+            out.append(f"[red]point {s['point_id']} degraded: {p}[/]")
+        if s.get("client_saturated"):
+            why = "; ".join(s["client_headroom"]["reasons"])
+            out.append(f"[yellow]point {s['point_id']}: the load generator saturated ({why})[/]")
+    return out
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -627,11 +673,35 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     help="measured requests per point (default without --duration: max(8, 2 x concurrency))",
 )
 @click.option(
+    "--arrival",
+    type=click.Choice(["closed", "constant", "poisson"]),
+    default="closed",
+    show_default=True,
+    help="closed loop, or open-loop arrivals at --rate (concurrency: the cap of streams in flight)",
+)
+@click.option("--rate", "rate_text", default=None, help="open loop: requests/s, or a sweep: 1,2,4")
+@click.option(
     "--workers",
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Locust worker processes per point (with --duration; 0: one process)",
+    help="Locust worker processes per point on this machine (0: one process)",
+)
+@click.option(
+    "--worker-inventory",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="run the workers on the hosts of this Ansible inventory (the locust_worker role, over SSH)",
+)
+@click.option("--worker-group", default="loadgen", show_default=True, help="inventory group of worker hosts")
+@click.option("--workers-per-host", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--master-host", default=None, help="address of this machine the worker hosts connect to")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=5557, show_default=True)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="file holding the API key (mode 0600); it reaches Locust through its environment only",
 )
 @click.option(
     "--duration", default=None, help="measured time per point (e.g. 60s); streams still running finish"
@@ -700,7 +770,15 @@ def command(
     prompt_tokens,
     output_tokens,
     requests,
+    arrival,
+    rate_text,
     workers,
+    worker_inventory,
+    worker_group,
+    workers_per_host,
+    master_host,
+    master_port,
+    api_key_file,
     duration,
     warmup,
     tokenizer,
@@ -728,7 +806,8 @@ def command(
     context_cap,
     metrics_port,
 ):
-    """Run one load point or a concurrency sweep (one Locust process per point) and print the results table."""
+    """Run one load point or a sweep (concurrency and/or open-loop rate; one Locust run per point) and print the
+    results table."""
     from contextlib import ExitStack
 
     from pydantic import ValidationError
@@ -746,10 +825,47 @@ def command(
         parse_slos(slo)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--slo") from None
-    if workers and (duration_s is None or requests is not None):
+    if arrival == "closed" and rate_text is not None:
+        raise click.BadParameter("a rate needs --arrival constant or poisson", param_hint="--rate")
+    if arrival != "closed" and rate_text is None:
+        raise click.BadParameter(f"--arrival {arrival} needs --rate (requests/s)", param_hint="--rate")
+    rates: list[float | None] = parse_rates(rate_text) if rate_text is not None else [None]
+    if workers and requests is not None and requests < workers:
         raise click.BadParameter(
-            "worker processes need --duration (and no --requests) for now", param_hint="--workers"
+            f"--requests {requests} < --workers {workers}: each worker process needs a share of the budget",
+            param_hint="--workers",
         )
+    worker_hosts = None
+    if worker_inventory is not None:
+        if workers:
+            raise click.BadParameter("give --workers or --worker-inventory, not both", param_hint="--workers")
+        if not master_host:
+            raise click.BadParameter(
+                "worker hosts need the address they reach this machine at", param_hint="--master-host"
+            )
+        worker_hosts = {
+            "inventory": str(worker_inventory),
+            "group": worker_group,
+            "per_host": workers_per_host,
+            "master_host": master_host,
+            "master_port": master_port,
+        }
+    elif master_host:
+        raise click.BadParameter("--master-host is for --worker-inventory", param_hint="--master-host")
+    if api_key_file is not None:
+        if api_key_env is not None:
+            raise click.BadParameter(
+                "give --api-key-file or --api-key-env, not both", param_hint="--api-key-file"
+            )
+        from servesweep.secrets import SecretError, read_key_file
+
+        try:
+            key = read_key_file(api_key_file)
+        except SecretError as e:
+            raise click.BadParameter(str(e), param_hint="--api-key-file") from None
+        # The key lives in this process's environment and the Locust child's, never on a command line.
+        api_key_env = FILE_KEY_ENV
+        os.environ[FILE_KEY_ENV] = key
     if api_key_env is None and os.environ.get(DEFAULT_KEY_ENV):
         api_key_env = DEFAULT_KEY_ENV
     if api_key_env is not None and not os.environ.get(api_key_env):
@@ -768,8 +884,9 @@ def command(
                 f"[bold]no --base-url: started the SGLang emulator at {base_url}[/] (servesweep sim {shlex.join(args)})"
             )
         points = []
-        for c in levels:
-            n = requests if requests is not None or duration_s is not None else max(8, 2 * c)
+        for c, rate in [(c, r) for c in levels for r in rates]:
+            n = requests if requests is not None or duration_s is not None else max(8, 2 * c, workers)
+            pid = f"c{c}" if rate is None else f"c{c}-{arrival}{rate:g}"
             try:
                 points.append(
                     LoadPoint(
@@ -777,6 +894,8 @@ def command(
                         model=model,
                         endpoint=endpoint,
                         concurrency=c,
+                        arrival=arrival,
+                        rate_rps=rate,
                         prompt_tokens=prompt_tokens,
                         output_tokens=output_tokens,
                         requests=n,
@@ -788,7 +907,7 @@ def command(
                         api_key_env=api_key_env,
                         first_token_s=parse_duration(first_token_timeout, "--first-token-timeout"),
                         stall_s=parse_duration(stall_timeout, "--stall-timeout"),
-                        point_id=f"c{c}",
+                        point_id=pid,
                         ignore_eos=not no_ignore_eos,
                         workload=workload,
                         output_dist=output_dist,
@@ -838,7 +957,8 @@ def command(
         ) as prog:
             for p in points:
                 total = p.requests if p.duration_s is None else p.warmup_s + p.duration_s
-                task = prog.add_task(f"concurrency {p.concurrency}", total=total, status="")
+                what = f"concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s" if p.rate_rps else "")
+                task = prog.add_task(what, total=total, status="")
 
                 def _update(d, p=p, task=task):
                     done = (
@@ -856,11 +976,14 @@ def command(
                         progress=_update,
                         slos=slo,
                         metrics_port=metrics_port or None,
+                        worker_hosts=worker_hosts,
                     )
                 except (RuntimeError, ValueError, OSError) as e:
                     raise click.ClickException(f"point {p.id}: {e}") from None
                 summaries.append(s)
-                manifest["points"].append({"point_id": p.id, "dir": p.id, "concurrency": p.concurrency})
+                manifest["points"].append(
+                    {"point_id": p.id, "dir": p.id, "concurrency": p.concurrency, "rate_rps": p.rate_rps}
+                )
                 write_manifest(run_dir, manifest)
         manifest["finished_unix"] = time.time()
         write_manifest(run_dir, manifest)
@@ -875,6 +998,8 @@ def command(
             )
         )
         out.print(f"results: {run_dir}")
+    for line in _notes(summaries):
+        err.print(line)
     slo_fail = [s for s in summaries if any(not c["pass"] for c in s.get("slos", []))]
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")

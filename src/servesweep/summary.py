@@ -134,7 +134,7 @@ def _arrivals(m: pa.Table) -> dict | None:
 
 
 CPU_SATURATED_PCT = 90.0  # a process near one full core cannot take its stamps on time
-LOOP_LAG_SATURATED_MS = 10.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
+LOOP_LAG_SATURATED_MS = 20.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
 READ_LAG_SATURATED_MS = 10.0  # p99 of user-space stamp minus kernel receive stamp, when the records have it
 
 
@@ -153,7 +153,9 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
             "worker": c.get("worker"),
             "client_id": c.get("client_id"),
             "cpu_pct": cpu,
-            "cpu_pct_max_3s": c.get("cpu_pct_max"),
+            "cpu_pct_max_3s": c.get("cpu_pct_max")
+            if wall >= 3.0
+            else None,  # no full window in a short point
             "loop_lag_p50_ms": lag["p50"] if lag else None,
             "loop_lag_p99_ms": lag["p99"] if lag else None,
             "loop_lag_max_ms": lag["max"] if lag else None,
