@@ -365,9 +365,9 @@ def main() -> int:
     ap.add_argument(
         "--workers-streams", default="256,1024", help="stream counts of figure 6 (1 vs 2 workers)"
     )
-    ap.add_argument("--workers-duration", type=float, default=12.0, help="seconds per figure-6 point")
+    ap.add_argument("--workers-duration", type=float, default=10.0, help="seconds per figure-6 point")
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
-    ap.add_argument("--timeout", type=float, default=100, help="seconds per tool run")
+    ap.add_argument("--timeout", type=float, default=90, help="seconds per tool run")
     ap.add_argument(
         "--fresh", action="store_true", help="a partial rerun does not merge into the last results"
     )

@@ -48,4 +48,4 @@ def test_harness_smoke_measures_cpu_and_accuracy(tmp_path):
     assert w[2]["acc_id"]["paired"] == w[2]["client_requests"] > 0 and w[2]["acc_id"]["unpaired"] == 0
     # the master's CPU and the workers' are measured apart (the CLI, Locust master, two forked workers)
     assert w[2]["processes_by_depth"] == {"0": 1, "1": 1, "2": 2}, w[2]
-    assert "## 6. Scaling: 1 vs 2 worker processes" in md and "servesweep-w2 (2 workers)" in md
+    assert "## 6. Scaling: 1 vs 2 worker processes" in md and "servesweep-w2 (master + 2 workers)" in md

@@ -292,8 +292,13 @@ def _figure6(workers: list[dict], runs: list[dict]) -> list[str]:
                 # depth 0: the `servesweep load` CLI; 1: Locust (the master with --workers); 2: forked workers
                 master = d.get("1") if multi else None
                 wk = d.get("2") if multi else d.get("1")
+                label = (
+                    "servesweep (one process)"
+                    if not multi
+                    else f"{r['tool']} (master + {multi} worker{'s' * (multi > 1)})"
+                )
                 L.append(
-                    f"| {c} | {'servesweep (one process)' if not multi else r['tool'] + f' ({multi} workers)'} | "
+                    f"| {c} | {label} | "
                     f"{_f(r.get('cpu_us_per_chunk'))} | {_f(master)} | {_f(wk)} | "
                     f"{r.get('client_processes_with_records', '–')} | {_f(_p99_exact(r)[0], '.2f')} | {_clock(r)} | "
                     f"{r.get('max_open_streams', '–')} | {_clean(r.get('error'))} |"
