@@ -19,7 +19,7 @@ import netns
 import pytest
 
 from servesweep.ansible_run import local_inventory, run_playbook
-from servesweep.load import LOCUSTFILE
+from servesweep.load import LOCUSTFILE, run_point
 from servesweep.loadspec import LoadPoint
 from servesweep.records import read_parquet
 from servesweep.remote_workers import (
@@ -227,6 +227,53 @@ def test_killed_worker_is_named_with_the_requests_it_lost(lab):
         and "exited with 137" in acc["problems"][0]
     )
     print(f"\n{acc['problems'][0]}; the emulator's ground truth: {len(true_lost)} lost")
+
+
+def test_run_point_with_worker_hosts_splits_budget_and_rate(lab):
+    """The same through run_point(worker_hosts=...): it starts the workers over SSH, runs the master in its
+    namespace, stops the workers and writes the accounting into summary.json; a request budget and a Poisson rate
+    are split between the two hosts."""
+    point = LoadPoint(
+        base_url=lab.base_url,
+        model=MODEL,
+        probe=False,
+        concurrency=4,
+        prompt_tokens=300,
+        output_tokens=8,
+        requests=41,
+        arrival="poisson",
+        rate_rps=20.0,
+        point_id="mh-run-point",
+    )
+    before = lab.gt_ids()
+    s = run_point(
+        point,
+        lab.tmp / "mh-run-point",
+        command_prefix=lab.net["master"].prefix(),
+        worker_hosts={
+            "inventory": lab.inventory,
+            "group": "loadgen",
+            "per_host": 1,
+            "master_host": lab.net["master"].addr,
+            "master_port": MASTER_PORT,
+            "extravars": lab.extravars,
+            "package": lab.wheel,
+        },
+    )
+    served = lab.gt_ids() - before
+    recs = read_parquet(lab.tmp / "mh-run-point" / "records.parquet").to_pylist()
+    assert {r["request_id"] for r in recs} == served and len(recs) == 41
+    assert s["requests"]["ok"] == 41 and not s["degraded"] and s["problems"] == [], s["problems"]
+    rows = s["workers"]["workers"]
+    assert sorted((r["host"], r["records"]) for r in rows) in (
+        [("w1", 20), ("w2", 21)],
+        [("w1", 21), ("w2", 20)],
+    ), rows
+    assert all(r["exit_code"] == 0 and r["issued"] == r["records"] for r in rows)
+    assert s["arrivals"]["processes"] == 2 and s["point"]["arrival"] == "poisson"
+    hosts = sorted(w["worker"].split(":")[0] for w in s["client_headroom"]["workers"])
+    assert hosts == ["w1", "w2"], "each remote worker reported its CPU and event-loop lag"
+    assert (lab.tmp / "mh-run-point" / "summary.json").is_file()
 
 
 def test_a_worker_that_cannot_start_fails_the_start_with_its_log(lab, tmp_path):
