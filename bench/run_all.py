@@ -252,6 +252,22 @@ def pool_build_time(tok: Path, n: int, tokens: int, pin: bool) -> dict:
     return out
 
 
+def _git_state() -> str:
+    """The commit servesweep ran from, and whether its sources differed from it (other work in progress)."""
+    root = HERE.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src/servesweep"], capture_output=True, text=True, cwd=root
+        )
+    except OSError:
+        return "unknown"
+    changed = len(dirty.stdout.splitlines())
+    return head.stdout.strip() + (f" + {changed} changed files under src/servesweep" if changed else "")
+
+
 def machine() -> dict:
     import psutil
 
@@ -419,6 +435,7 @@ def main() -> int:
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "machine": machine(),
         "pinned": pin,
+        "servesweep_git": _git_state(),
         "versions": {t: known[t].version() for t in tools},
         "install": install_log,
         "emulator": {"model": MODEL, "decode_calibration": DECODE_CAL, "long_calibration": LONG_CAL},

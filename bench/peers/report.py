@@ -40,6 +40,7 @@ def render(res: dict) -> str:
         f"Python {m['python']}; load average at start {m['load_avg_at_start']} (shared with other work)",
         f"- pinning: emulator on CPU 0, client on CPU 1 (`taskset`): {'yes' if res['pinned'] else 'NO'}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in res["versions"].items()),
+        f"- servesweep source: commit {res.get('servesweep_git', 'unknown')}",
         f"- emulator: `servesweep sim --model-path {res['emulator']['model']}`, decode calibration "
         f"`{res['emulator']['decode_calibration']}`; long context `{res['emulator']['long_calibration']}`",
         f"- workload: closed loop, {res['shape']['prompt_tokens']} prompt / {res['shape']['output_tokens']} "
