@@ -263,10 +263,12 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
 
 
 def run_time_args(point: LoadPoint) -> list[str]:
-    """Locust's -t for a master: a duration point's warmup + duration in whole seconds; none for a budget only."""
+    """Locust's -t for a master: only a backstop. The locustfile ends a duration point itself when its time is up
+    (the workers finish their streams and ship every record, then the master quits); -t, which would quit the
+    master before those records arrive, comes a stop timeout and a margin later. None for a budget only."""
     if point.duration_s is None:
         return []
-    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s)}s"]
+    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s + point.effective_stop_timeout() + 30)}s"]
 
 
 def run_point(

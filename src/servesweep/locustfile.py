@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ locust.stats.bucket_response_time = lambda rt: int(round(rt))
 _RECORDS_KEY = "servesweep_records"
 _CLIENT_KEY = "servesweep_client"  # a process's counters and headroom, with every report (clients.json)
 _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
+_END_MSG = "servesweep_end"  # master -> workers: the duration is over; finish the streams, ship every record
+_DRAINED_MSG = "servesweep_drained"  # worker -> master: done, every record shipped
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
 
 
@@ -269,6 +272,7 @@ def _init(environment, **_kw) -> None:
         environment.servesweep_metrics = metrics
 
     if isinstance(runner, WorkerRunner):
+        runner.register_message(_END_MSG, _on_end, concurrent=True)
 
         @events.report_to_master.add_listener
         def _ship(client_id, data, **_k) -> None:
@@ -291,6 +295,11 @@ def _init(environment, **_kw) -> None:
             if st:
                 environment.servesweep.clients.update(client_id, st)
 
+        def _drained(environment, msg, **_k) -> None:
+            environment.servesweep.drained.add(msg.node_id)
+
+        runner.register_message(_DRAINED_MSG, _drained)
+
         import gevent
 
         gevent.spawn(_watch_workers, environment)
@@ -301,6 +310,7 @@ class _MasterState:
         self.point = point
         self.buffer = buffer
         self.clients = Clients()
+        self.drained: set[str] = set()  # workers that finished their streams and shipped every record
 
 
 class Clients:
@@ -403,6 +413,40 @@ def _client_status(ctx: LoadContext, shipped: int = 0, reset: bool = True) -> di
     return d
 
 
+def _on_end(environment, msg, **_k) -> None:
+    """Worker: the master ended the duration. Send nothing more, let the streams in flight finish (bounded by the
+    stop timeout), ship every record, and tell the master. Locust's own end (-t) would quit the master 0.5 s after
+    telling the workers to stop, before the records of the streams that were still running arrive."""
+    import gevent
+
+    ctx = getattr(environment, "servesweep", None)
+    runner = environment.runner
+    if isinstance(ctx, LoadContext):
+        ctx.closing = True
+        deadline = time.monotonic() + ctx.point.effective_stop_timeout()
+        while ctx.in_flight and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+    runner._send_stats()  # the records, before the message below (one ordered channel)
+    runner.send_message(_DRAINED_MSG, {"in_flight": getattr(ctx, "in_flight", 0)})
+
+
+def _end_distributed(environment) -> None:
+    """Master: end a duration point gracefully (see _on_end), then quit; bounded by the stop timeout."""
+    import gevent
+
+    runner, st = environment.runner, environment.servesweep
+    runner.send_message(_END_MSG)
+    deadline = time.monotonic() + st.point.effective_stop_timeout() + 10.0
+    while time.monotonic() < deadline:
+        alive = {c.id for c in runner.clients.all if c.state != "missing"}
+        if alive <= st.drained:
+            break
+        gevent.sleep(0.1)
+    else:
+        log.error("servesweep: workers %s did not finish in time", sorted(alive - st.drained))
+    runner.quit()
+
+
 def _watch_workers(environment) -> None:
     """Master: note each worker's state once a second (a killed worker turns `missing` about 3 s after its last
     heartbeat), and end a request-bounded point when no worker is left (Locust only stops when the last one goes
@@ -447,6 +491,14 @@ def _start(environment, **_kw) -> None:
             LLMUser.host = ctx.point.base_url
             LLMUser.connection_timeout = ctx.point.connect_s
             LLMUser.network_timeout = ctx.point.first_token_s
+    if isinstance(ctx, _MasterState):
+        import gevent
+
+        ctx.sampler = Sampler()  # the master merges every record: its CPU is the limit of many workers
+        gevent.spawn(ctx.sampler.run)
+        d = ctx.point.duration_s if ctx.point is not None else None
+        if d is not None and d < _FOREVER and opts is not None and opts.headless:
+            gevent.spawn_later(ctx.point.warmup_s + d, _end_distributed, environment)
     if isinstance(ctx, LoadContext):
         now = time.monotonic_ns()
         ctx.measure_start_ns = now + int(ctx.point.warmup_s * 1e9)
@@ -569,9 +621,18 @@ def _write_records(environment) -> Path | None:
     if isinstance(ctx, LoadContext):  # a local runner: its own counters and headroom
         clients = Clients()
         clients.update("local", _client_status(ctx, reset=False))
+        clients.by_id["local"]["role"] = "local"
         clients.write(path.with_name("clients.json"))
     elif isinstance(ctx, _MasterState):
         ctx.clients.note_exits()
+        sampler = getattr(ctx, "sampler", None)
+        if sampler is not None:
+            ctx.clients.by_id.pop("master", None)
+            ctx.clients.update(
+                "master",
+                {"worker": f"master {socket.gethostname()}:{os.getpid()}", **sampler.take(reset=False)},
+            )
+            ctx.clients.by_id["master"]["role"] = "master"
         ctx.clients.write(path.with_name("clients.json"))
     return path
 

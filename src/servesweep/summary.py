@@ -151,6 +151,7 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
         lag = stats(c.get("lags_ms") or [])
         row = {
             "worker": c.get("worker"),
+            "role": c.get("role", "worker"),  # worker, local (one process) or master (merges, sends nothing)
             "client_id": c.get("client_id"),
             "cpu_pct": cpu,
             "cpu_pct_max_3s": c.get("cpu_pct_max")
@@ -172,8 +173,10 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
     read_lag = _read_lag_ms(records)
     if read_lag is not None and read_lag["p99"] > READ_LAG_SATURATED_MS:
         reasons.append(f"read lag p99 {read_lag['p99']:.1f} ms > {READ_LAG_SATURATED_MS:g} ms")
+    master = next((r for r in rows if r["role"] == "master"), None)
     return {
-        "workers": rows,
+        "workers": [r for r in rows if r["role"] != "master"],
+        "master": master,
         "read_lag_ms": read_lag,
         "client_saturated": bool(reasons),
         "reasons": reasons,

@@ -33,7 +33,7 @@ from servesweep.records import (
     parse_stream,
     short,
 )
-from servesweep.rxstamp import RxClock, stamp_socket
+from servesweep.rxstamp import RxClock, idle_socket_alive, stamp_socket
 
 
 class LLMFailure(Exception):
@@ -63,6 +63,8 @@ class LoadContext:
     arrivals: Arrivals | None = None  # open loop: this process's slots (set at test start)
     end_ns: int = 0  # open loop, duration points: no slot at or after this
     on_budget_done: Callable[[], None] | None = None  # None: runner.quit (workers ship records first)
+    closing: bool = False  # the master ended the point: send nothing more, let running streams finish
+    in_flight: int = 0  # requests sent and not ended yet
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
     failed: int = 0  # of those, failed
@@ -116,6 +118,8 @@ class LoadContext:
         Closed loop: now. Open loop: the next slot of the schedule, in the future or (when every stream of the cap
         was busy at its time) in the past: the request is sent late and keeps its slot as `scheduled_ns`, so the
         lag, and latency from the schedule, show what a closed loop would hide (coordinated omission)."""
+        if self.closing:
+            return None
         if self.arrivals is None:
             scheduled = time.monotonic_ns()
         else:
@@ -177,6 +181,7 @@ class LLMUser(FastHttpUser):
             return sock
 
         pool.get_socket = _get_socket
+        pool._is_socket_alive = idle_socket_alive  # the same check minus gevent's yield (rxstamp)
         self._index = ctx.users_started
         ctx.users_started += 1
         self._fire = self.environment.events.request.fire
@@ -197,6 +202,10 @@ class LLMUser(FastHttpUser):
         wait_ns = scheduled - time.monotonic_ns()
         if wait_ns > 0:
             gevent.sleep(wait_ns / 1e9)  # open loop: until the slot (a busy cap makes it late instead)
+            if ctx.closing:  # the point ended while this user waited: the slot is not used
+                if not warm:
+                    ctx.issued -= 1
+                return
         if ctx.agent is not None:
             self._session(ctx, scheduled, warm)
             return
@@ -217,7 +226,11 @@ class LLMUser(FastHttpUser):
             "http_status": 0,
             "workload": ctx.point.workload,
         }
-        self._do_request(ctx, body, headers, rec)
+        ctx.in_flight += 1
+        try:
+            self._do_request(ctx, body, headers, rec)
+        finally:
+            ctx.in_flight -= 1
         self._finish(ctx, rec, warm)
 
     def _finish(self, ctx: LoadContext, rec: dict, warm: bool) -> None:
@@ -261,7 +274,11 @@ class LLMUser(FastHttpUser):
                 "turn": sess.turn,
             }
             lines: list[bytes] = []
-            self._do_request(ctx, sess.body(), headers, rec, keep=lines)
+            ctx.in_flight += 1
+            try:
+                self._do_request(ctx, sess.body(), headers, rec, keep=lines)
+            finally:
+                ctx.in_flight -= 1
             self._finish(ctx, rec, warm)
             if rec.get("error_class") is not None:
                 return  # a failed turn ends the session (its context is unknown)
@@ -271,7 +288,7 @@ class LLMUser(FastHttpUser):
                 gevent.sleep(spec.think_time_s)
             scheduled = time.monotonic_ns()  # the next turn follows the answer: closed within the session
             warm = scheduled < ctx.measure_start_ns
-            if not warm and not ctx.claim():
+            if ctx.closing or (not warm and not ctx.claim()):
                 return
 
     def _do_request(
