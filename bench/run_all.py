@@ -39,6 +39,32 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "peers"))
 
+
+def _frozen_source() -> None:
+    """`--src head`: run servesweep (emulator and client) from a copy of the committed sources, so edits in progress
+    in the working tree (a shared checkout) cannot change or break it mid-run. Re-executes this script with the
+    copy first on PYTHONPATH (before the editable install's path); children inherit it."""
+    argv = sys.argv[1:]
+    want = any(a == "--src=head" for a in argv) or any(
+        a == "--src" and i + 1 < len(argv) and argv[i + 1] == "head" for i, a in enumerate(argv)
+    )
+    if not want or os.environ.get("SERVESWEEP_BENCH_SRC"):
+        return
+    root = HERE.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=root, check=True)
+    dest = Path(tempfile.mkdtemp(prefix="ss-bench-src-"))
+    archive = subprocess.run(["git", "archive", "HEAD", "src"], capture_output=True, cwd=root, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(dest / "src"), os.environ.get("PYTHONPATH")])),
+        SERVESWEEP_BENCH_SRC=f"{dest / 'src'}@{head.stdout.strip()[:12]}",
+    )
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+
+
+_frozen_source()
+
 import measure  # noqa: E402
 import report  # noqa: E402
 import tokenizer_dir  # noqa: E402
@@ -68,7 +94,21 @@ def sim_args(tok: Path, cal: str, extra: list[str] | None = None) -> list[str]:
     ]
 
 
-def run_one(
+def run_one(runner, job: Job, *args, **kwargs) -> dict:
+    """One tool run (see _run_one); an emulator that cannot start is this run's reported failure, not the end of
+    the whole benchmark."""
+    try:
+        return _run_one(runner, job, *args, **kwargs)
+    except RuntimeError as e:
+        return {
+            "tool": runner.name,
+            "concurrency": job.concurrency,
+            "requests": job.requests,
+            "error": str(e)[:600],
+        }
+
+
+def _run_one(
     runner,
     job: Job,
     tok: Path,
@@ -254,6 +294,9 @@ def pool_build_time(tok: Path, n: int, tokens: int, pin: bool) -> dict:
 
 def _git_state() -> str:
     """The commit servesweep ran from, and whether its sources differed from it (other work in progress)."""
+    frozen = os.environ.get("SERVESWEEP_BENCH_SRC")
+    if frozen:
+        return f"{frozen.rsplit('@', 1)[1]} (a copy of the committed sources, --src head)"
     root = HERE.parent
     try:
         head = subprocess.run(
