@@ -7,8 +7,10 @@ emulator and compares every recorded arrival with the emulator's ground truth.
 
 from __future__ import annotations
 
+import re
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import textwrap
@@ -166,3 +168,87 @@ def test_slowed_client_keeps_chunk_arrivals_exact(tmp_path):
     assert np.percentile(np.abs(err_ms), 90) < 1.0, np.percentile(err_ms, 90)
     assert np.percentile(np.abs(err_ms), 90) < np.median(lags_ms) / 4
     assert np.median(np.abs(first_ms)) < 0.5, first_ms
+
+
+class StampingServer:
+    """A minimal streaming chat server on loopback, a thread per connection, that notes the kernel arrival stamp of
+    every request (SO_TIMESTAMPNS on its sockets): the moment each request really left the client."""
+
+    CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    LAST = (
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":1,"completion_tokens":4}}\n\ndata: [DONE]\n\n'
+    )
+
+    def __init__(self):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.arrival: dict[str, int] = {}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        conn.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf, first = b"", None
+        with conn:
+            while True:
+                data, anc, _f, _a = conn.recvmsg(65536, 64)
+                if not data:
+                    return
+                if first is None and anc:
+                    sec, nsec = struct.unpack("ll", anc[0][2][:16])
+                    first = sec * 1_000_000_000 + nsec - (time.time_ns() - time.monotonic_ns())
+                buf += data
+                head, sep, rest = buf.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1]) if sep else -1
+                if not sep or len(rest) < length:
+                    continue
+                rid = re.search(rb"(?i)x-request-id: *(\w+)", head)[1].decode()
+                self.arrival[rid] = first
+                buf, first = rest[length:], None
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                )
+                for part in [self.CHUNK] * 4 + [self.LAST]:
+                    time.sleep(0.01)
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                conn.sendall(b"0\r\n\r\n")
+
+    def close(self):
+        self.srv.close()
+
+
+def test_requests_leave_when_their_send_stamp_says(tmp_path):
+    """sent_ns is taken just before the request is written; reusing a pooled connection must not let other users
+    run in between (gevent's select(..., 0) in the pool's liveness check did: 6-17 ms at 10 streams)."""
+    server = StampingServer()
+    try:
+        point = LoadPoint(
+            base_url=f"http://127.0.0.1:{server.port}",
+            probe=False,
+            model="Qwen/Qwen3.6-27B",
+            concurrency=24,
+            prompt_tokens=200,
+            output_tokens=4,
+            requests=240,
+        )
+        summary = run_point(point, tmp_path / "point")
+        records = read_parquet(tmp_path / "point" / "records.parquet").to_pylist()
+    finally:
+        server.close()
+    assert summary["requests"]["ok"] == 240, summary["failures"]
+    first = {}
+    for r in records:
+        first[r["user"]] = min(first.get(r["user"], r["sent_ns"]), r["sent_ns"])
+    reused = [r for r in records if r["sent_ns"] != first[r["user"]]]  # a first request also connects
+    lead_ms = np.array([(server.arrival[r["request_id"]] - r["sent_ns"]) / 1e6 for r in reused])
+    assert lead_ms.min() > 0, "a request cannot arrive before it was stamped as sent"
+    assert np.percentile(lead_ms, 90) < 1.0, np.percentile(lead_ms, [50, 90, 99])
