@@ -111,6 +111,10 @@ RESERVED_FLAGS = {
 
 ENDPOINTS = ("chat", "completions", "generate")
 LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint")
+# launcher.command placeholders: what servesweep fills in (the key files are 0600 files on the server's host)
+PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info", "models": "/v1/models"}
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -232,14 +236,101 @@ class Launcher(_Strict):
         default_factory=list, description="speculative algorithms of a fork"
     )
     sim_args: dict[str, Any] = Field(default_factory=dict, description="extra --sim-* flags (emulator only)")
+    # A generic OpenAI-compatible server (vLLM, transformers serve, ...): its argv template. Unset: SGLang (or the
+    # emulator). The defaults of the four settings below depend on it (see _server_kind_defaults).
+    command: list[str] | None = Field(
+        None, description="argv template of a non-SGLang server; placeholders " + ", ".join(PLACEHOLDERS)
+    )
+    health_path: str | None = Field(None, description="readiness: GET answers 200 (default /health)")
+    info_paths: dict[str, str] | None = Field(
+        None, description="documents read after ready into server_info.json (SGLang: model_info, ...)"
+    )
+    verify: bool | None = Field(None, description="compare the server's settings (SGLang only; default true)")
+    flush_cache_path: str | None = Field(
+        None, description="POSTed between points (SGLang: /flush_cache; generic: none)"
+    )
     api_key_env: str | None = Field(None, description="NAME of the env var holding the server's API key")
+    api_key_file: str | None = Field(None, description="a 0600 file holding the API key")
+    api_key_vault: str | None = Field(None, description="an Ansible Vault file holding the API key")
+    vault_password_file: str | None = Field(
+        None, description="the vault's password file; None: $ANSIBLE_VAULT_PASSWORD_FILE"
+    )
+    server_api_key_env: str | None = Field(
+        None, description="generic server: the env var it reads its API key from (e.g. VLLM_API_KEY)"
+    )
 
-    @field_validator("api_key_env")
+    @field_validator("api_key_env", "server_api_key_env")
     @classmethod
     def _env(cls, v):
         if v is not None and not _ENV_NAME.match(v):
             raise ValueError("must be the NAME of an environment variable, never the key itself")
         return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("an empty command; give the server's argv template as a list")
+            for i, arg in enumerate(v):
+                bad = [m for m in _PLACEHOLDER.findall(arg) if m not in PLACEHOLDERS]
+                if bad:
+                    raise ValueError(
+                        f"item {i} ({arg!r}): unknown placeholder {{{bad[0]}}}{_did_you_mean(bad[0], PLACEHOLDERS)}; "
+                        f"known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+                    )
+        return v
+
+    @field_validator("health_path", "flush_cache_path")
+    @classmethod
+    def _path(cls, v):
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"expected a URL path starting with '/', got {v!r}")
+        return v
+
+    @field_validator("info_paths")
+    @classmethod
+    def _info(cls, v):
+        for name, path in (v or {}).items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", name):
+                raise ValueError(
+                    f"name {name!r} must be letters, digits or '_' (it is a key of server_info.json)"
+                )
+            if not path.startswith("/"):
+                raise ValueError(f"{name}: expected a URL path starting with '/', got {path!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _server_kind_defaults(self) -> Launcher:
+        generic = self.command is not None
+        if generic and self.emulator:
+            raise ValueError("launcher.command (a generic server) and launcher.emulator: give one of them")
+        sources = [k for k in ("api_key_env", "api_key_file", "api_key_vault") if getattr(self, k)]
+        if len(sources) > 1:
+            raise ValueError(f"give at most one of {', '.join('launcher.' + k for k in sources)}")
+        if self.server_api_key_env and not generic:
+            raise ValueError("launcher.server_api_key_env is for a generic server (launcher.command)")
+        if generic and self.kind == "docker" and not self.image:
+            raise ValueError("launcher.image is required when launcher.command runs in docker")
+        # the defaults differ by server kind; filled here so a manifest's copy (resume) reads back the same
+        if self.health_path is None:
+            self.health_path = "/health"
+        if self.info_paths is None:
+            self.info_paths = {} if generic else dict(SGLANG_INFO_PATHS)
+        if self.verify is None:
+            self.verify = not generic
+        if "flush_cache_path" not in self.model_fields_set and self.flush_cache_path is None:
+            self.flush_cache_path = None if generic else "/flush_cache"
+        return self
+
+    @property
+    def generic(self) -> bool:
+        """A non-SGLang server launched from `command`: no SGLang flag names, memory plan or verification."""
+        return self.command is not None
+
+    @property
+    def key_given(self) -> bool:
+        return bool(self.api_key_env or self.api_key_file or self.api_key_vault)
 
     @field_validator("sim_args")
     @classmethod
@@ -431,7 +522,10 @@ class Exporter(_Strict):
 class Experiment(_Strict):
     name: str
     description: str | None = None
-    sglang_version: str
+    sglang_version: str | None = Field(
+        None,
+        description="the SGLang version the flags are rendered for; required unless launcher.command is set",
+    )
     target: Target
     model: Model
     launcher: Launcher = Field(default_factory=Launcher)
@@ -473,6 +567,8 @@ class Experiment(_Strict):
     @field_validator("sglang_version", mode="before")
     @classmethod
     def _version(cls, v):
+        if v is None:
+            return v
         v = str(v)
         if not _VERSION.match(v):
             raise ValueError(f"expected a version like 0.5.23 or 0.5.15.post1, got {v!r}")
@@ -802,6 +898,9 @@ def _normalise_flags(plain: dict, problems: list) -> dict:
     server = plain.get("server")
     if not isinstance(server, dict):
         return plain
+    launcher = plain.get("launcher")
+    # a generic server's flags are its own: no SGLang renames, types or did-you-mean against SGLang's names
+    generic = isinstance(launcher, dict) and launcher.get("command") is not None
 
     def fix_flags(d: Any, loc: tuple, is_axis: bool) -> Any:
         if not isinstance(d, dict):
@@ -809,7 +908,8 @@ def _normalise_flags(plain: dict, problems: list) -> dict:
         out = {}
         for raw_key, val in d.items():
             key = raw_key.replace("-", "_")
-            key = FLAG_ALIASES.get(key, key)
+            if not generic:
+                key = FLAG_ALIASES.get(key, key)
             kloc = loc + (raw_key,)
             if key in RESERVED_FLAGS:
                 problems.append(
@@ -819,12 +919,12 @@ def _normalise_flags(plain: dict, problems: list) -> dict:
             if key in out:
                 problems.append((kloc, f"'{raw_key}' is the same flag as '{key}', given twice"))
                 continue
-            if key not in SGLANG_FLAGS:
+            if key not in SGLANG_FLAGS and not generic:
                 hint = _did_you_mean(key, SGLANG_FLAGS)
                 if hint:
                     problems.append((kloc, f"unknown SGLang flag '{raw_key}'{hint}"))
                     continue
-            typ = SGLANG_FLAGS.get(key)
+            typ = None if generic else SGLANG_FLAGS.get(key)
             if is_axis:
                 if not isinstance(val, list):
                     problems.append((kloc, f"expected a list of {_plural(typ)}, got {val!r}"))
@@ -908,6 +1008,24 @@ def _coerce(v: Any, typ: str | None) -> tuple[bool, Any]:
 
 def _check_semantics(exp: Experiment, problems: list) -> None:
     srv = exp.server
+    L = exp.launcher
+    if exp.sglang_version is None and not L.generic:
+        problems.append(
+            (("sglang_version",), "required key is missing (the SGLang version the flags are rendered for)")
+        )
+    if L.generic and L.key_given and exp.target.managed:
+        handed = L.server_api_key_env or any(
+            "{api_key_file}" in a or "{api_key_config}" in a for a in L.command or []
+        )
+        if not handed:
+            problems.append(
+                (
+                    ("launcher", "command"),
+                    "an API key is given but the server would not get it: set launcher.server_api_key_env (the "
+                    "variable the server reads, e.g. VLLM_API_KEY) or put {api_key_file} / {api_key_config} in "
+                    "launcher.command",
+                )
+            )
     for name in list(srv.env) + list(srv.env_axes):
         if not _ENV_NAME.match(name):
             loc = ("server", "env" if name in srv.env else "env_axes", name)

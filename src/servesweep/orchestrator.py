@@ -113,13 +113,44 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
-def _check_api_key_env(exp: Experiment) -> None:
-    name = exp.launcher.api_key_env
-    if name and not os.environ.get(name):
-        raise click.ClickException(
-            f"launcher.api_key_env names the environment variable {name}, which is not set (or empty): export it "
-            "(e.g. from a file or a secret store) before the run; the key itself never goes in the experiment"
+# The key read from launcher.api_key_file / api_key_vault reaches the Locust child through its environment under
+# this name (Locust reads a variable NAME, never a key); Ansible's environment never holds it (hide_env).
+RUN_KEY_ENV = "SERVESWEEP_RUN_API_KEY"
+
+
+def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str | None:
+    """The run's API key from the one source the experiment names (env, 0600 file, Ansible Vault), read before any
+    server starts; relative paths are relative to the experiment file. A click error names the key and the file."""
+    from servesweep.secrets import SecretError, resolve_api_key
+
+    L = exp.launcher
+    base = Path(experiment_file).resolve().parent if experiment_file else None
+
+    def where(p: str | None) -> str | None:
+        if not p:
+            return p
+        q = Path(p).expanduser()
+        return str(base / q) if base is not None and not q.is_absolute() else str(q)
+
+    try:
+        return resolve_api_key(
+            env=L.api_key_env,
+            file=where(L.api_key_file),
+            vault=where(L.api_key_vault),
+            vault_password_file=where(L.vault_password_file),
         )
+    except SecretError as e:
+        hint = (
+            " (export it, e.g. from a file or a secret store, before the run; the key itself never goes in the "
+            "experiment)"
+            if L.api_key_env
+            else ""
+        )
+        raise click.ClickException(f"{e}{hint}") from None
+
+
+def _check_api_key_env(exp: Experiment, experiment_file: str | None = None) -> None:
+    resolve_run_key(exp, experiment_file)
 
 
 def _is_disk_error(e: BaseException) -> bool:
@@ -141,6 +172,11 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     configurations (and GPU profile) and feasibility, but only the smallest and largest value of each load axis, one
     request per user, short outputs, 2-turn agent sessions and an emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
     before GPU time is booked."""
+    if exp.launcher.generic:
+        raise click.ClickException(
+            "--dry-run runs the matrix on the emulator, which takes SGLang's flags; launcher.command (a generic "
+            "server) has flags of its own: try the matrix on a small model with the real server instead"
+        )
     d = exp.model_dump(mode="json")
     d["name"] = f"{exp.name}-dryrun"[:64]
     d["target"] = {"inventory": "local", "host_group": exp.target.host_group, "port": 0}
@@ -277,6 +313,12 @@ class Runner:
         self.server_up = False
         self.metrics = None  # servesweep.exporter.ClientMetrics while the run runs (see _start_exporter)
         self.exporter_at: str | None = None
+        # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
+        self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
+        self.key_env = self.exp.launcher.api_key_env
+        if self.api_key and not self.key_env:
+            os.environ[RUN_KEY_ENV] = self.api_key  # for the Locust child only; hidden from Ansible
+            self.key_env = RUN_KEY_ENV
 
     # -- signals: Ctrl-C / SIGTERM set a flag; outside Ansible they interrupt at once --
 
@@ -319,11 +361,20 @@ class Runner:
         c = self.m.configs[cfg_id]
         local = exp.target.inventory == "local"
         python = L.python or (sys.executable if (L.emulator and local) else "python3")
+        if L.generic:
+            image = L.image or ""
+        else:
+            image = L.image or f"lmsysorg/sglang:v{exp.sglang_version}"
         return {
             "sglang_server_hosts": exp.target.host_group,
             "sglang_server_state": state,
             "sglang_server_launcher": L.kind,
-            "sglang_server_version": exp.sglang_version,
+            "sglang_server_version": exp.sglang_version or "",
+            "sglang_server_command": L.command or [],
+            "sglang_server_health_path": L.health_path,
+            "sglang_server_info_paths": L.info_paths,
+            "sglang_server_verify": L.verify,
+            "sglang_server_server_api_key_env": L.server_api_key_env or "",
             "sglang_server_model_path": exp.model.path,
             "sglang_server_served_model_name": exp.model.served_model_name or "",
             "sglang_server_flags": c["flags"],
@@ -347,15 +398,15 @@ class Runner:
             # host facts once per run: gathering them costs a few seconds per restart
             "sglang_server_gather_facts": not self.m.data["hosts"],
             "sglang_server_unit": L.unit,
-            "sglang_server_docker_image": L.image or f"lmsysorg/sglang:v{exp.sglang_version}",
+            "sglang_server_docker_image": image,
         }
 
     def _secrets(self) -> dict[str, Any]:
-        """The API key goes to the role through a 0600 file; its variable is hidden from Ansible's environment."""
-        name = self.exp.launcher.api_key_env
-        if not name or not os.environ.get(name):
+        """The API key goes to the role through a 0600 file; its variables are hidden from Ansible's environment."""
+        if not self.api_key:
             return {}
-        return {"secrets": {"sglang_server_api_key": os.environ[name]}, "hide_env": (name,)}
+        hide = tuple(n for n in (self.exp.launcher.api_key_env, RUN_KEY_ENV) if n)
+        return {"secrets": {"sglang_server_api_key": self.api_key}, "hide_env": hide}
 
     def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
         from servesweep.ansible_run import run_playbook
@@ -565,7 +616,10 @@ class Runner:
             if not self._start_server(cid, todo):
                 return
         else:
-            c.update(status="ready", server={"server_info": _get_json(self.base_url() + "/server_info")})
+            info = {
+                k: _get_json(self.base_url() + p) for k, p in (self.exp.launcher.info_paths or {}).items()
+            }
+            c.update(status="ready", server={**info, "info": info})
             self.m.save()
         self._write_targets(cid)
         for i, pid in enumerate(todo):
@@ -637,11 +691,14 @@ class Runner:
         p = self.m.points[pid]
         ld = self.exp.load
         flushed = None
-        if self.exp.flush_cache_between_points:
-            flushed = _flush_cache(self.base_url(), self.exp.launcher.api_key_env)
+        if self.exp.flush_cache_between_points and self.exp.launcher.flush_cache_path:
+            flushed = _flush_cache(self.base_url() + self.exp.launcher.flush_cache_path, self.api_key)
         point = LoadPoint(
             base_url=self.base_url(),
-            model=self.exp.model.served_model_name,
+            # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from
+            # the experiment; SGLang's lists the served name, so it may stay unset there
+            model=self.exp.model.served_model_name
+            or (self.exp.model.path if self.exp.launcher.generic else None),
             endpoint=_endpoint(p),
             concurrency=p["concurrency"],
             prompt_tokens=p["prompt_tokens"],
@@ -653,7 +710,7 @@ class Runner:
             tokenizer=self.exp.model.tokenizer,
             cache_bust=ld.cache_bust,
             seed=ld.seed,
-            api_key_env=self.exp.launcher.api_key_env,
+            api_key_env=self.key_env,
             first_token_s=ld.first_token_timeout_s,
             point_id=pid,
             # without named workloads a point's `workload` is its endpoint (the old meaning): single-shot
@@ -741,7 +798,7 @@ class Runner:
         """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
         for attempt in range(3):
             try:
-                with urllib.request.urlopen(self.base_url() + "/health", timeout=30) as r:
+                with urllib.request.urlopen(self.base_url() + self.exp.launcher.health_path, timeout=30) as r:
                     if r.status == 200:
                         return True
             except (urllib.error.URLError, OSError):
@@ -911,13 +968,13 @@ def _get_json(url: str) -> Any:
         return {"error": str(e)}
 
 
-def _flush_cache(base_url: str, api_key_env: str | None, *, tries: int = 20) -> bool:
-    """POST /flush_cache; SGLang answers 400 while requests are still running, so retry briefly."""
+def _flush_cache(url: str, api_key: str | None, *, tries: int = 20) -> bool:
+    """POST the flush path (SGLang: /flush_cache); SGLang answers 400 while requests still run, so retry briefly."""
     headers = {}
-    if api_key_env and os.environ.get(api_key_env):
-        headers["Authorization"] = "Bearer " + os.environ[api_key_env]
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
     for _ in range(tries):
-        req = urllib.request.Request(base_url + "/flush_cache", data=b"", method="POST", headers=headers)
+        req = urllib.request.Request(url, data=b"", method="POST", headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 if r.status == 200:
@@ -976,7 +1033,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         exp_r = Experiment.model_validate(m.data["experiment"])
-        _check_api_key_env(exp_r)
+        _check_api_key_env(exp_r, m.data.get("experiment_file"))
         left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
         preflight_results_dir(
             m.run_dir,
@@ -1002,7 +1059,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             console.print(
                 "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
             )
-        _check_api_key_env(exp)
+        _check_api_key_env(exp, file)
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
     runner = Runner(m, console=console, keep_server=keep_server)

@@ -40,6 +40,10 @@ SPEC_RESET = "spec_resets_max_running_requests"  # any spec algorithm sets max_r
 MULTI_MINUTE_PREFILL = "multi_minute_prefill"  # TTFT of the last concurrent prompt above a minute
 OVER_BUDGET = "over_budget"  # the estimate exceeds budget.wall_time; the points to cut first
 CANNOT_START = "server_cannot_start"  # the configuration fails SGLang's start-up checks (memory, tp)
+GENERIC_UNPLANNED = (
+    "generic_server_unplanned"  # launcher.command: no memory plan, no SGLang checks, rough times
+)
+GENERIC_START_S = 120.0  # a generic server's start (unknown: model load, warmup), for the time estimate only
 PITFALLS = (
     CONTEXT_TOO_SHORT,
     CONTEXT_ABOVE_MAX,
@@ -49,6 +53,7 @@ PITFALLS = (
     MULTI_MINUTE_PREFILL,
     OVER_BUDGET,
     CANNOT_START,
+    GENERIC_UNPLANNED,
 )
 
 
@@ -146,6 +151,8 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     points, dropped = exp.points_for(cfg)
     cp.excluded_points = len(dropped)
     cp.points = [PointPlan(p) for p in points]
+    if exp.launcher.generic:
+        return _plan_generic(exp, cp)
     tp = int(cfg.flags.get("tp_size") or 1)
     dp = int(cfg.flags.get("dp_size") or 1)
     try:
@@ -243,6 +250,18 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         cp.warnings.append(msg + queue + ("; set server.base.max_running_requests" if capped else ""))
     elif capped:
         cp.warnings.append(f"the server runs at most {mrr} requests at once{queue}")
+    return cp
+
+
+def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
+    """A server servesweep knows nothing of (launcher.command): every point runs, SGLang's memory arithmetic and
+    pitfalls do not apply, and the time estimate is only the fixed costs plus the load's own bound."""
+    ld = exp.load
+    cp.facts = {"server": "generic", "command": exp.launcher.command}
+    cp.start_s = ANSIBLE_RUN_S + GENERIC_START_S
+    for pp in cp.points:
+        pp.codes.append(GENERIC_UNPLANNED)
+        pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + (ld.duration_s or 0.0)
     return cp
 
 
@@ -432,6 +451,23 @@ def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
     """One structured entry per pitfall code that applies: code, message, affected configs and points, detail."""
     out: list[dict[str, Any]] = []
     live = [cp for cp in plan.configs if cp.error is None]
+    if plan.experiment.launcher.generic:
+        cmd = plan.experiment.launcher.command or []
+        return [
+            {
+                "code": GENERIC_UNPLANNED,
+                "message": f"a generic server ({' '.join(cmd[:4])} ...): servesweep does not plan its memory or check "
+                "SGLang's pitfalls; every point is kept, and times count only the fixed costs"
+                + (
+                    " and load.duration_s"
+                    if plan.experiment.load.duration_s
+                    else " (request-bounded points: unknown)"
+                ),
+                "configs": [cp.config.id for cp in live],
+                "points": [pp.spec.id for cp in live for pp in cp.points],
+                "detail": {"command": cmd},
+            }
+        ]
 
     def pts(code: str) -> list[str]:
         return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
@@ -633,8 +669,13 @@ def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
 
 def _global_warnings(plan: Plan) -> None:
     exp = plan.experiment
-    if exp.launcher.emulator is False and not exp.launcher.gpu:
+    if exp.launcher.emulator is False and not exp.launcher.gpu and not exp.launcher.generic:
         plan.warnings.append("launcher.gpu is not set: memory arithmetic assumes an H200")
+    if exp.launcher.generic and exp.flush_cache_between_points and not exp.launcher.flush_cache_path:
+        plan.warnings.append(
+            "launcher.flush_cache_path is not set: the generic server's prefix cache (if any) is not flushed "
+            "between points; servesweep's cache-busting prompts still keep points apart"
+        )
     if not exp.flush_cache_between_points:
         plan.warnings.append("flush_cache_between_points is off: prefix-cache hits can fake a fast prefill")
 
@@ -697,6 +738,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "model": exp.model.path,
         "gpu": exp.launcher.gpu,
         "emulator": exp.launcher.emulator,
+        "generic_command": exp.launcher.command,
         "configs": configs,
         "excluded_configs": [{"id": c.id, "rule": r} for c, r in plan.excluded_configs],
         "points_total": total,
@@ -716,9 +758,15 @@ def print_plan(plan: Plan, console) -> None:
     from rich.table import Table
 
     exp = plan.experiment
+    server = (
+        f"generic server `{' '.join((exp.launcher.command or [])[:4])} ...`"
+        if exp.launcher.generic
+        else f"SGLang {exp.sglang_version}"
+    )
     console.print(
-        f"[bold]{exp.name}[/]: SGLang {exp.sglang_version}, {exp.model.path}, "
-        f"{'emulator' if exp.launcher.emulator else exp.launcher.kind} on {exp.launcher.gpu or 'H200 (assumed)'}"
+        f"[bold]{exp.name}[/]: {server}, {exp.model.path}, "
+        f"{'emulator' if exp.launcher.emulator else exp.launcher.kind} on "
+        f"{exp.launcher.gpu or ('an unplanned GPU' if exp.launcher.generic else 'H200 (assumed)')}"
     )
     base = " ".join(f"{k}={v}" for k, v in exp.server.base.items())
     if base:
@@ -742,7 +790,7 @@ def print_plan(plan: Plan, console) -> None:
             str(i + 1),
             cp.config.id + ("" if cp.restart else " (no restart)"),
             (flags + (" " + env if env else "")).strip(),
-            f"{cp.facts.get('kv_capacity_tokens', 0):,}",
+            f"{cp.facts['kv_capacity_tokens']:,}" if "kv_capacity_tokens" in cp.facts else "-",
             str(cp.facts.get("max_running_requests", "")),
             str(len(cp.feasible_points)),
             str(dropped),

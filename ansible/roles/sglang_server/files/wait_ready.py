@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Wait until an SGLang server's /health answers 200, bounded in time, failing at once if the server exits; then
-read /model_info, /server_info and /v1/models.
+"""Wait until a server's health path (/health) answers 200, bounded in time, failing at once if the server exits;
+then read its info documents (SGLang: /model_info, /server_info and /v1/models; a generic server: what it is given).
 
 Run on the server's host by the sglang_server role (stdlib only; one task instead of four keeps a restart quick).
-Prints one JSON object: how long /model_info (liveness, answers before warmup) and /health (ready) took, and the
-three documents. The API key, if any, comes from the environment (SERVESWEEP_API_KEY), never from the command line.
-Exit 0 ready, 3 the server exited, 4 timed out, 5 an info endpoint failed.
+Prints one JSON object: how long the liveness path (SGLang's /model_info, answers before warmup) and the health path
+(ready) took, and the documents by name under "info". The API key, if any, comes from the environment
+(SERVESWEEP_API_KEY), never from the command line.
+Exit 0 ready, 3 the server exited, 4 timed out, 5 a required info document failed (--info-required; without it a
+failing document is recorded as {"error": ...}: a generic server's /v1/models may answer 500).
 """
 
 import argparse
@@ -77,30 +79,37 @@ def main():
     p.add_argument("--pid", type=int)
     p.add_argument("--systemd-unit")
     p.add_argument("--docker-container")
+    p.add_argument("--health-path", default="/health")
+    p.add_argument("--liveness-path", default="", help="answers before the server is ready (SGLang: /model_info)")
+    p.add_argument("--info", action="append", default=[], metavar="NAME=PATH", help="a document to read once ready")
+    p.add_argument("--info-required", action="store_true", help="a failing document fails the probe (exit 5)")
     args = p.parse_args()
+    info_paths = [tuple(x.split("=", 1)) for x in args.info]
     t0 = time.monotonic()
-    out = {"model_info_after_s": None, "health_after_s": None, "polls": 0}
+    out = {"liveness_after_s": None, "health_after_s": None, "polls": 0, "info": {}}
     while True:
         out["polls"] += 1
-        if out["model_info_after_s"] is None and status(args.url + "/model_info") == 200:
-            out["model_info_after_s"] = round(time.monotonic() - t0, 3)
-        if status(args.url + "/health") == 200:
+        if args.liveness_path and out["liveness_after_s"] is None and status(args.url + args.liveness_path) == 200:
+            out["liveness_after_s"] = round(time.monotonic() - t0, 3)
+        if status(args.url + args.health_path) == 200:
             out["health_after_s"] = round(time.monotonic() - t0, 3)
-            try:
-                for key, path in (("model_info", "/model_info"), ("server_info", "/server_info"), ("models", "/v1/models")):
-                    out[key] = get_json(args.url + path)
-            except (OSError, ValueError) as e:
-                out["error"] = f"{path} failed after /health answered 200: {e}"
-                print(json.dumps(out))
-                return 5
+            for key, path in info_paths:
+                try:
+                    out["info"][key] = get_json(args.url + path)
+                except (OSError, ValueError) as e:
+                    if args.info_required:
+                        out["error"] = f"{path} failed after {args.health_path} answered 200: {e}"
+                        print(json.dumps(out))
+                        return 5
+                    out["info"][key] = {"error": f"{path}: {e}"}
             print(json.dumps(out))
             return 0
         if not alive(args):
-            out["error"] = "the server process exited before /health answered 200"
+            out["error"] = f"the server process exited before {args.health_path} answered 200"
             print(json.dumps(out))
             return 3
         if time.monotonic() - t0 > args.timeout:
-            out["error"] = f"/health did not answer 200 within {args.timeout:g} s"
+            out["error"] = f"{args.health_path} did not answer 200 within {args.timeout:g} s"
             print(json.dumps(out))
             return 4
         time.sleep(args.interval)
