@@ -278,12 +278,13 @@ def _figure6(workers: list[dict], runs: list[dict]) -> list[str]:
     if workers:
         L += [
             "servesweep `--workers N --duration` (Locust master + N forked workers), the whole client tree on the "
-            "client core: the per-chunk CPU of the master (aggregation) and of the workers, and the accuracy, "
+            "client core: CPU per chunk of the whole tree and of each level (the `servesweep load` CLI, which waits and "
+            "polls progress; the Locust master, which aggregates; the worker(s), which stream), and the accuracy, "
             "against the single-process run (`--workers 0`, figure 1) at the same stream count.",
             "",
-            "| streams | client | µs/chunk total | master µs/chunk | workers µs/chunk | processes with records | "
+            "| streams | client | µs/chunk total | CLI | Locust master | Locust worker(s) | processes with records | "
             "chunk p99 ms (exact) | clock | most streams open | error |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in sorted({r["concurrency"] for r in workers}):
             single = [r for r in runs if r["tool"] == "servesweep" and r["concurrency"] == c]
@@ -300,7 +301,7 @@ def _figure6(workers: list[dict], runs: list[dict]) -> list[str]:
                 )
                 L.append(
                     f"| {c} | {label} | "
-                    f"{_f(r.get('cpu_us_per_chunk'))} | {_f(master)} | {_f(wk)} | "
+                    f"{_f(r.get('cpu_us_per_chunk'))} | {_f(d.get('0'))} | {_f(master)} | {_f(wk)} | "
                     f"{r.get('client_processes_with_records', '–')} | {_f(_p99_exact(r)[0], '.2f')} | {_clock(r)} | "
                     f"{r.get('max_open_streams', '–')} | {_clean(r.get('error'))} |"
                 )

@@ -155,6 +155,23 @@ class ServesweepWorkers(Servesweep):
     def load_args(self, job: Job) -> list[str]:
         return ["--workers", str(self.workers), "--duration", f"{self.duration_s:g}s"]
 
+    def command(self, job: Job) -> list[str]:
+        # Locust's master binds a fixed port (5557) for its local workers unless told otherwise, and servesweep
+        # does not choose one: two multi-process runs on one host collide ("Address already in use"). Locust reads
+        # its options from LOCUST_* variables, so this run gets a free port for master and workers alike.
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        self.env = {
+            **Runner.env,
+            "LOCUST_MASTER_BIND_PORT": port,
+            "LOCUST_MASTER_NODE_PORT": port,
+            "LOCUST_MASTER_BIND_HOST": "127.0.0.1",
+        }
+        return super().command(job)
+
 
 def _cumsum(ttft: float, itls: list[float]) -> list[float]:
     out = [ttft]
