@@ -92,3 +92,29 @@ def test_budget_split_and_a_killed_worker(tmp_path):
         "problems"
     ]
     assert f"{victim['lost']} of its {victim['issued']} requests lost" in s["problems"][0]
+
+
+def test_duration_point_on_workers_keeps_the_streams_running_at_the_end(tmp_path):
+    """At the end of a duration point the workers finish their streams in flight and ship them before the master
+    quits: every request the server saw has a record, some ended after the time was up, none lost."""
+    with start_sim(
+        ["--model-path", MODEL, "--sim-calibration", "speedup=2"], ground_truth=tmp_path / "gt"
+    ) as sim:
+        p = LoadPoint(
+            base_url=sim.base_url,
+            model=MODEL,
+            probe=False,
+            concurrency=6,
+            prompt_tokens=64,
+            output_tokens=160,
+            duration_s=2.0,
+        )
+        s = run_point(p, tmp_path / "p", workers=2)
+        time.sleep(1.5)  # the ground truth is flushed at least once a second
+        served = {d["id"] for d in sim.read_ground_truth()}
+    recs = read_parquet(tmp_path / "p" / "records.parquet").to_pylist()
+    assert {r["request_id"] for r in recs} == served
+    assert all(r["error_class"] is None and r["completion_tokens"] == 160 for r in recs)
+    end = min(r["scheduled_ns"] for r in recs) + int(2.0e9)
+    assert any(r["end_ns"] > end + int(0.2e9) for r in recs), "streams were running at the end and finished"
+    assert not s["degraded"] and s["workers"]["lost_requests"] == 0, s["problems"]

@@ -63,6 +63,13 @@ def _args(parser) -> None:
     opt("--seed", type=int, default=0, help="prompt pool seed")
     opt("--tokenizer", default="", help="tokenizer for sizing prompts; empty: the built-in Qwen3.6")
     opt("--max-requests", type=int, default=0, help="stop after this many measured requests (0: no)")
+    opt(
+        "--arrival",
+        default="closed",
+        choices=["closed", "constant", "poisson"],
+        help="closed loop, or open-loop arrivals at --rate (users: the cap of streams in flight)",
+    )
+    opt("--rate", type=float, default=0.0, help="open loop: requests per second over all workers")
     opt("--warmup", type=float, default=0.0, help="seconds from the start whose requests are warmup")
     opt("--api-key-env", default="", help="NAME of the env var with the API key (never the key)")
     opt("--first-token-timeout", type=float, default=900.0, help="seconds to the first token")
@@ -133,6 +140,8 @@ def _point_from_options(opts, host: str | None) -> LoadPoint | None:
         prompt_tokens=opts.prompt_tokens,
         output_tokens=opts.output_tokens,
         requests=opts.max_requests or None,
+        arrival=opts.arrival,
+        rate_rps=opts.rate or None,
         duration_s=_FOREVER
         if not opts.max_requests
         else None,  # by hand: Locust's -t or the UI decide the end
@@ -533,8 +542,20 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
     p = ctx.point
     opts = environment.parsed_options
     runner = environment.runner
-    count = max(1, int(getattr(opts, "split_workers", 0) or 0)) if isinstance(runner, WorkerRunner) else 1
-    index = runner.worker_index if isinstance(runner, WorkerRunner) else 0
+    split = int(getattr(opts, "split_workers", 0) or 0)
+    count, index = 1, 0
+    if isinstance(runner, WorkerRunner):
+        # By hand (no --split-workers): the master's --expect-workers, which Locust hands to its workers too.
+        count = max(1, split or int(getattr(opts, "expect_workers", 1) or 1))
+        index = runner.worker_index
+        if not split and not 0 <= index < count:
+            log.warning(
+                "servesweep: worker index %d but --expect-workers %d: this worker takes the whole budget and rate "
+                "(give the master --split-workers N)",
+                index,
+                count,
+            )
+            count, index = 1, 0
     if not 0 <= index < count:
         # A worker that joined beyond the expected count (or reconnected): no share of budget or rate.
         log.error(
