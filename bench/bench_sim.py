@@ -1,6 +1,6 @@
 """How much the emulator carries on ONE core, and how late its chunk writes are against the engine's schedule.
 
-    .venv/bin/python bench/bench_sim.py [--streams 1000] [--lateness-streams 500] [--tokens 300]
+    .venv/bin/python bench/bench_sim.py [--streams 1000] [--lateness-streams 500] [--tokens 300] [--net veth] [--floor]
 
 The emulator runs pinned to core 0 (`taskset -c 0`) with ground truth on; this script is the client, pinned to
 core 1: raw asyncio sockets that only drain bytes (no SSE parsing), so the client is not the bottleneck. Figures:
@@ -11,14 +11,26 @@ core 1: raw asyncio sockets that only drain bytes (no SSE parsing), so the clien
   machine a share well below 1 means the emulator waited for the core, not for its own work.
 The model is Llama-3.1-8B on the H200 profile; `--speedup` divides step times so the engine asks for more tokens/s
 than the target (the emulator must keep up).
+
+Where the client's kernel work lands (a benchmark-setup fact, not the emulator's): on loopback the receiving side's
+TCP processing (and the wake-up of the client) runs inside the emulator's `write`, on the emulator's core. A client on
+another machine costs the sender nothing of that. `--net veth` (root) puts the emulator and the client in two
+network namespaces joined by a veth pair, a stand-in for a NIC, with Receive Packet Steering on the client's end
+sending its receive processing to the client's core. `--floor` measures the kernel's part alone: bursts of one small
+`os.write` per socket (the emulator's chunk size) from core 0, the receiver on core 1 or on core 0, over loopback
+and over veth with and without RPS.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import selectors
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,13 +92,19 @@ async def drive(host: str, port: int, n: int, tokens: int, prompt_words: int) ->
     return ok, time.monotonic() - t0
 
 
-def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: list[str]) -> dict:
+def run_point(
+    n: int, tokens: int, speedup: float, prompt_words: int, prefix: list[str], net: dict | None = None
+) -> dict:
     gt = Path(tempfile.mkdtemp(prefix="bench-sim-")) / "gt.jsonl"
     args = [
         "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--max-running-requests", str(max(n, 64)),
         "--sim-calibration", f"speedup={speedup}", "--log-level", "warning",
     ]  # fmt: skip
-    with start_sim(args, ground_truth=gt, prefix=prefix) as sim:
+    where = {}
+    if net is not None:  # the emulator in the server namespace, reached over the veth pair
+        prefix = ["ip", "netns", "exec", net["srv_ns"], *prefix]
+        where = {"host": net["srv_ip"], "port": 8000}  # a fresh namespace: every port is free
+    with start_sim(args, ground_truth=gt, prefix=prefix, **where) as sim:
         import uvloop
 
         cpu0 = proc_cpu(sim.pid)
@@ -105,6 +123,12 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
         if s is not None
     ]
     late.sort()
+    last: dict[int, int] = {}  # step (its scheduled time) -> its last write
+    for ln in lines:
+        for c, st in zip(ln["chunks"], ln.get("sched_ns") or (), strict=False):
+            if c[0] > last.get(st, 0):
+                last[st] = c[0]
+    bursts = sorted((w - st) / 1e6 for st, w in last.items())
 
     def pct(p):
         return late[min(len(late) - 1, int(p * len(late)))] if late else float("nan")
@@ -131,6 +155,7 @@ def run_point(n: int, tokens: int, speedup: float, prompt_words: int, prefix: li
         "lateness_ms_p50": round(pct(0.50), 3),
         "lateness_ms_p99": round(pct(0.99), 3),
         "lateness_ms_max": round(late[-1], 3) if late else None,
+        "step_last_write_ms_p50": round(bursts[len(bursts) // 2], 3) if bursts else None,
     }
 
 
@@ -148,6 +173,177 @@ def ready_time(prefix: list[str]) -> float:
         return time.monotonic() - t0
 
 
+# ------------------------------------------------------------------ network namespaces (--net veth)
+
+
+def _sh(*cmd: str) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def veth_pair(client_cpu: int, rps: bool = True):
+    """Two network namespaces joined by a veth pair; RPS on the client's end steers its receive work to client_cpu.
+
+    Needs root (CAP_NET_ADMIN). Everything is removed on exit (deleting a namespace deletes its veth end).
+    """
+    tag = f"{os.getpid() % 100000}"
+    srv, cli = f"ssbench-srv-{tag}", f"ssbench-cli-{tag}"
+    dev_s, dev_c = f"ssbs{tag}", f"ssbc{tag}"
+    third = os.getpid() % 250 + 1
+    srv_ip, cli_ip = f"10.213.{third}.1", f"10.213.{third}.2"
+    try:
+        _sh("ip", "netns", "add", srv)
+        _sh("ip", "netns", "add", cli)
+        _sh("ip", "link", "add", dev_s, "netns", srv, "type", "veth", "peer", "name", dev_c, "netns", cli)
+        for ns, dev, ip in ((srv, dev_s, srv_ip), (cli, dev_c, cli_ip)):
+            _sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        mask = format(1 << client_cpu, "x") if rps else "0"
+        _sh(
+            "ip",
+            "netns",
+            "exec",
+            cli,
+            "sh",
+            "-c",
+            f"echo {mask} > /sys/class/net/{dev_c}/queues/rx-0/rps_cpus",
+        )
+        yield {"srv_ns": srv, "cli_ns": cli, "srv_ip": srv_ip, "cli_ip": cli_ip, "rps": rps}
+    finally:
+        for ns in (srv, cli):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# ------------------------------------------------------------------ kernel floor (--floor)
+
+
+def _floor_receiver(port_file: str, host: str, conns: int) -> None:
+    """Accept `conns` connections and drain them until all close (runs as its own process)."""
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((host, 0))
+    ls.listen(4096)
+    Path(port_file + ".tmp").write_text(str(ls.getsockname()[1]))
+    os.rename(port_file + ".tmp", port_file)
+    sel = selectors.EpollSelector()
+    for _ in range(conns):
+        c, _ = ls.accept()
+        c.setblocking(False)
+        sel.register(c, selectors.EVENT_READ)
+    left = conns
+    while left:
+        for key, _ in sel.select():
+            try:
+                d = key.fileobj.recv(65536)
+            except BlockingIOError:
+                continue
+            if not d:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                left -= 1
+
+
+def _floor_sender(host: str, port: int, conns: int, size: int, bursts: int, interval: float) -> dict:
+    """Bursts of one `os.write` of `size` bytes per connection (TCP_NODELAY, as the emulator): per-write cost."""
+    import resource
+
+    socks = []
+    for _ in range(conns):
+        so = socket.create_connection((host, port))
+        so.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socks.append(so)
+    fds = [so.fileno() for so in socks]
+    buf = b"x" * size
+    w = os.write
+    time.sleep(0.2)
+    durs = []
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    nxt = time.perf_counter()
+    for _ in range(bursts):
+        nxt += interval
+        t0 = time.perf_counter_ns()
+        for fd in fds:
+            w(fd, buf)
+        durs.append(time.perf_counter_ns() - t0)
+        time.sleep(max(0.0, nxt - time.perf_counter()))
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    for so in socks:
+        so.close()
+    durs.sort()
+    n = conns * bursts
+    return {
+        "us_per_write_p50": round(durs[len(durs) // 2] / conns / 1e3, 2),
+        "burst_ms_p50": round(durs[len(durs) // 2] / 1e6, 2),
+        "burst_ms_p99": round(durs[int(0.99 * len(durs))] / 1e6, 2),
+        "user_us_per_write": round((r1.ru_utime - r0.ru_utime) / n * 1e6, 2),
+        "sys_us_per_write": round((r1.ru_stime - r0.ru_stime) / n * 1e6, 2),
+    }
+
+
+def floor_point(recv_cpu: int, net: dict | None, conns: int, size: int = 260, bursts: int = 150) -> dict:
+    """One kernel-floor point: this process (on core 0) writes, a receiver process on `recv_cpu` drains."""
+    port_file = tempfile.mktemp(prefix="bench-sim-floor-")
+    host = net["cli_ip"] if net else "127.0.0.1"
+    pre = ["ip", "netns", "exec", net["cli_ns"]] if net else []
+    code = f"import bench_sim; bench_sim._floor_receiver({port_file!r}, {host!r}, {conns})"
+    rx = subprocess.Popen(
+        [*pre, "taskset", "-c", str(recv_cpu), sys.executable, "-c", code],
+        cwd=str(Path(__file__).parent),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(port_file):
+            if rx.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("floor receiver did not start")
+            time.sleep(0.02)
+        port = int(Path(port_file).read_text())
+        if net:  # the sender must sit in the server namespace: a child process does
+            code = (
+                f"import bench_sim, json, os; os.sched_setaffinity(0, {{0}}); "
+                f"print(json.dumps(bench_sim._floor_sender({host!r}, {port}, {conns}, {size}, {bursts}, 0.02)))"
+            )
+            out = subprocess.run(
+                ["ip", "netns", "exec", net["srv_ns"], sys.executable, "-c", code],
+                cwd=str(Path(__file__).parent),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if out.returncode:
+                raise RuntimeError(f"floor sender failed: {out.stderr[-2000:]}")
+            res = json.loads(out.stdout)
+        else:
+            aff = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {0})
+            try:
+                res = _floor_sender(host, port, conns, size, bursts, 0.02)
+            finally:
+                os.sched_setaffinity(0, aff)
+        rx.wait(30)
+        return res
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rx.pid, 9)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(port_file)
+
+
+def floor(conns: int) -> dict:
+    out = {
+        "loopback, receiver on core 1": floor_point(1, None, conns),
+        "loopback, receiver on core 0 (same core)": floor_point(0, None, conns),
+    }
+    with veth_pair(1, rps=False) as net:
+        out["veth, receiver on core 1, no RPS"] = floor_point(1, net, conns)
+    with veth_pair(1, rps=True) as net:
+        out["veth, receiver on core 1, RPS to core 1"] = floor_point(1, net, conns)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, default=1000)
@@ -159,15 +355,41 @@ def main() -> int:
     ap.add_argument(
         "--nice", type=int, default=0, help="run the emulator at this nice level (negative: root only)"
     )
+    ap.add_argument(
+        "--net",
+        choices=("loopback", "veth"),
+        default="loopback",
+        help="veth: emulator and client in two network namespaces, RPS on the client's end (root)",
+    )
+    ap.add_argument("--no-rps", action="store_true", help="with --net veth: leave RPS off")
+    ap.add_argument("--floor", action="store_true", help="also measure the kernel's cost of one small write")
+    ap.add_argument("--skip-throughput", action="store_true", help="only ready time and the lateness run")
+    ap.add_argument("--_client-in", dest="client_in", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.net == "veth" and a.client_in is None:
+        # this script is the client: run it again inside the client namespace (ip netns exec needs root)
+        if os.geteuid() != 0:
+            print("--net veth needs root (it creates network namespaces and a veth pair)", file=sys.stderr)
+            return 2
+        with veth_pair(1, rps=not a.no_rps) as net:
+            argv = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--_client-in", json.dumps(net)]
+            return subprocess.call(["ip", "netns", "exec", net["cli_ns"], *argv])
+    net = json.loads(a.client_in) if a.client_in else None
     prefix = ["taskset", "-c", "0"]
     if a.nice:
         prefix = ["nice", "-n", str(a.nice), *prefix]
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {1})
-    out = {"ready_s": round(ready_time(prefix), 3), "loadavg_before": os.getloadavg()[0]}
-    out["throughput"] = run_point(a.streams, a.tokens, a.speedup, a.prompt_words, prefix)
-    out["lateness"] = run_point(a.lateness_streams, a.tokens, a.lateness_speedup, a.prompt_words, prefix)
+    out = {
+        "net": a.net + ("" if a.net == "loopback" else (", RPS to core 1" if net["rps"] else ", no RPS")),
+        "ready_s": round(ready_time(prefix), 3) if net is None else None,
+        "loadavg_before": os.getloadavg()[0],
+    }
+    if not a.skip_throughput:
+        out["throughput"] = run_point(a.streams, a.tokens, a.speedup, a.prompt_words, prefix, net)
+    out["lateness"] = run_point(a.lateness_streams, a.tokens, a.lateness_speedup, a.prompt_words, prefix, net)
+    if a.floor and net is None:
+        out["kernel_floor"] = floor(a.lateness_streams)
     out["loadavg_after"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))
     return 0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep.hardware import ResolvedServer
+from servesweep.sim.deadline import DeadlineTimer
 from servesweep.sim.speculative import AcceptModel, accept_model
 from servesweep.sim.stepmodel import Calibration, StepModel, calibration_for
 
@@ -38,7 +39,8 @@ INIT_NEW_TOKEN_RATIO = 0.7  # schedule_conservativeness 1.0 x SGLANG_INIT_NEW_TO
 MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 RETRACT_DECODE_STEPS = 20  # after a retraction the remaining batch must have room for this many steps
-SPIN_S = 0.0015  # the real-time driver wakes this early and yields to the loop until the exact deadline
+SPIN_S = 0.0015  # without a timerfd: wake this early on a loop timer and yield to the loop until the deadline
+HR_EARLY_S = 0.0002  # with one: wake this early (covers a wake-up's latency) and yield until the deadline
 GEN_THROUGHPUT_INTERVAL = 40  # decode steps per gen_throughput window (--decode-log-interval)
 
 _WAITING, _PREFILL, _RUNNING, _DONE = 0, 1, 2, 3
@@ -179,6 +181,7 @@ class Engine:
         self._sim = False
         self._busy = False
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._hr: DeadlineTimer | None = None  # exact wake-ups (timerfd) when the clock is time.monotonic
         self._deadline = 0.0
         # the step being emitted: its scheduled end, time.monotonic_ns() (ground truth: lateness = write - this)
         self.sched_ns = 0
@@ -189,6 +192,8 @@ class Engine:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin serving on `loop`; steps are scheduled with loop.call_at at absolute end times."""
         self._loop = loop
+        if self._hr is None and self._clock is time.monotonic:
+            self._hr = DeadlineTimer.create(loop)
         self._t0 = self._clock()
         self._vt = 0.0
         self._stopped = False
@@ -200,6 +205,9 @@ class Engine:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._hr is not None:
+            self._hr.close()
+            self._hr = None
         self._busy = False
 
     def now(self) -> float:
@@ -393,18 +401,26 @@ class Engine:
         self._vt += dur
         loop = self._loop
         assert loop is not None
-        # Absolute deadline on the engine's clock, mapped onto the loop's clock (uvloop's differs). Loop timers are
-        # millisecond-grained (libuv fires up to ~1 ms early or late), so the timer wakes SPIN_S early and the
-        # last stretch yields to the loop with call_soon until the deadline: emissions land on time, not early.
+        # Absolute deadline on the engine's clock: no drift. The last stretch before it yields to the loop with
+        # call_soon until the deadline passes (emissions land on time, never early); before that the loop sleeps.
+        # A timerfd wakes it HR_EARLY_S ahead (µs-grained; a wake-up takes tens of µs on a busy VM). Loop timers
+        # are millisecond-grained (libuv fires up to ~1 ms early or late), so without a timerfd the loop timer,
+        # mapped onto the loop's clock (uvloop's differs), wakes SPIN_S ahead, which costs that much CPU per step.
         self._deadline = self._t0 + self._vt
         delay = self._deadline - self._clock()
+        if self._hr is not None:
+            if delay > HR_EARLY_S:
+                self._hr.arm(self._deadline - HR_EARLY_S, self._spin)
+            else:
+                self._timer = loop.call_soon(self._spin)
+            return
         if delay > SPIN_S:
             self._timer = loop.call_at(loop.time() + delay - SPIN_S, self._spin)
         else:
             self._timer = loop.call_soon(self._spin)
 
     def _spin(self) -> None:
-        if self._clock() < self._deadline - 20e-6:
+        if self._clock() < self._deadline:
             assert self._loop is not None
             self._timer = self._loop.call_soon(self._spin)
             return
