@@ -62,7 +62,9 @@ class GenerationStream:
             if ctk.get("enable_thinking", True) is not False:
                 # the first half of the budget is thinking, the rest the answer
                 self.reasoning_left = max_new // 2
-        self.chunks: list | None = [] if app.record_chunks else None
+        # what was written when, flat: [write_ns, tokens, write_ns, tokens, ...]. Plain ints, no tuple per chunk:
+        # 150k chunks of live tuples would make the cyclic GC scan them, a pause in the middle of a step's writes.
+        self.chunks: list[int] | None = [] if app.record_chunks else None
         # the engine's scheduled emission times, when it exposes its clock (see server.run_server)
         self.sched: list | None = [] if app.gt is not None else None
         self.chunks_written = 0
@@ -127,7 +129,8 @@ class GenerationStream:
                 data = (HEX[size] if size < 16384 else b"%x\r\n" % size) + self.hp + text + self.mt
                 ch = self.chunks
                 if ch is not None:  # the write time is taken just before the write
-                    ch.append((monotonic_ns(), n))
+                    ch.append(monotonic_ns())
+                    ch.append(n)
                     sc = self.sched
                     if sc is not None:
                         sc.append(self.eng.sched_ns)
@@ -238,7 +241,7 @@ class GenerationStream:
         ):  # the write time is taken just before the write: a client never sees it earlier
             t = monotonic_ns()
             split = kind == "chat" and 0 < r < n  # reasoning and content events: one ground-truth chunk each
-            self.chunks.extend(((t, r), (t, n - r)) if split else ((t, n),))
+            self.chunks.extend((t, r, t, n - r) if split else (t, n))
             if self.sched is not None:
                 sc = self.eng.sched_ns
                 self.sched.extend((sc, sc) if split else (sc,))
@@ -400,7 +403,7 @@ class GenerationStream:
         else:
             body = self._generate_obj(True)
         if self.chunks is not None and not self.stream and not conn.closed:
-            self.chunks.append((monotonic_ns(), e.completion_tokens if e is not None else 0))
+            self.chunks.extend((monotonic_ns(), e.completion_tokens if e is not None else 0))
         self._record(status)
         self.group.member_done(self, body)
 
@@ -483,7 +486,7 @@ class GenerationStream:
         t = monotonic_ns()
         self.headers_ns = t
         if self.chunks is not None:  # a whole body is one "chunk" holding every token
-            self.chunks.append((t, self.ereq.completion_tokens if self.ereq else 0))
+            self.chunks.extend((t, self.ereq.completion_tokens if self.ereq else 0))
         conn.transport.write(head(status, JSON, len(body)) + body)
 
     def _fault_disconnect(self):
@@ -528,10 +531,10 @@ class GenerationStream:
             itl = []
             ch = self.chunks
             if ch:
-                for i in range(1, len(ch)):
-                    if ch[i][1]:
-                        itl.append(((ch[i][0] - ch[i - 1][0]) / 1e9, ch[i][1]))
-            ttft = (ch[0][0] - self.t_recv) / 1e9 if ch else None
+                for i in range(2, len(ch), 2):
+                    if ch[i + 1]:
+                        itl.append(((ch[i] - ch[i - 2]) / 1e9, ch[i + 1]))
+            ttft = (ch[0] - self.t_recv) / 1e9 if ch else None
             qt = None
             if e.first_token_time is not None and e.queue_start:
                 qt = None  # engine-clock queue time is not split out per request; SGLang's includes prefill wait
@@ -555,7 +558,9 @@ class GenerationStream:
                 "stream": self.stream,
                 "recv_ns": self.t_recv,
                 "headers_ns": self.headers_ns,
-                "chunks": self.chunks,
+                "chunks": [[w, n] for w, n in zip(self.chunks[::2], self.chunks[1::2], strict=True)]
+                if self.chunks is not None
+                else None,
                 "end_ns": end,
                 "status": status,
                 "prompt_tokens": self.prompt_tokens,
