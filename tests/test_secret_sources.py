@@ -27,9 +27,12 @@ from test_secrets import _scan_cmdlines
 
 from servesweep.secrets import SecretError, read_key_file, read_vault_key, resolve_api_key
 
+# A generic server that reads its key from an environment variable (launcher.server_api_key_env: the role's launch
+# script loads it from the 0600 secret.key): the emulator, handed the variable's value through a here-document, so
+# the key is on no command line here either.
 GENERIC = (
-    '["{python}", "-m", "servesweep.sim", "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}", '
-    '"--sim-load-time", "0.1", "--config", "{api_key_config}"]'
+    '["sh", "-c", "exec \\"$0\\" -m servesweep.sim \\"$@\\" --config /dev/fd/3 3<<EOF\\napi-key: $SS_TEST_KEY\\nEOF\\n", '
+    '"{python}", "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}", "--sim-load-time", "0.1"]'
 )
 
 
@@ -69,7 +72,7 @@ def experiment(tmp: Path, launcher_lines: str, *, generic: bool) -> Path:
     text = text.replace("  sim_args:", launcher_lines + "  sim_args:")
     if generic:  # the same emulator, launched as a generic server through the template
         text = text.replace("sglang_version: 0.5.23\n", "").replace(
-            "  emulator: true\n", f"  command: {GENERIC}\n"
+            "  emulator: true\n", f"  command: {GENERIC}\n  server_api_key_env: SS_TEST_KEY\n"
         )
         text = text.replace("  sim_args: {sim_load_time: 0.1}\n", f"  python: {sys.executable}\n")
     exp.write_text(text)
@@ -151,7 +154,7 @@ def test_a_key_from_a_0600_file_runs_the_matrix_and_leaks_nowhere(tmp_path):
     run_and_search(tmp_path, exp, key, "no-password-here", {})
 
 
-def test_a_key_from_an_ansible_vault_reaches_a_generic_server_and_leaks_nowhere(tmp_path):
+def test_a_key_from_an_ansible_vault_reaches_a_generic_server_through_its_env_and_leaks_nowhere(tmp_path):
     key = "sk-vault-" + secrets.token_hex(16)
     password = "pw-" + secrets.token_hex(12)
     vault, pw = make_vault(tmp_path, key, password)
@@ -159,8 +162,14 @@ def test_a_key_from_an_ansible_vault_reaches_a_generic_server_and_leaks_nowhere(
     m = run_and_search(tmp_path, exp, key, password, {"ANSIBLE_VAULT_PASSWORD_FILE": str(pw)})
     cid = next(iter(m["configs"]))
     info = json.loads((run_dir_of(tmp_path / "runs") / "servers" / cid / "server_info.json").read_text())
-    argv = info["argv"]
-    assert info["server"] == "generic" and argv[argv.index("--config") + 1].endswith("/secret.yaml")
+    assert info["server"] == "generic" and info["argv"][:2] == ["sh", "-c"]
+    assert info["argv"][3:6] == [
+        sys.executable,
+        "--model-path",
+        "Qwen/Qwen3.6-27B",
+    ]  # the template's args, then the flags
+    launch = (next((tmp_path / "srv").iterdir()) / "launch.sh").read_text()
+    assert 'SS_TEST_KEY="$(cat ' in launch and "secret.key" in launch
 
 
 def test_bad_key_sources_stop_the_run_before_any_server_starts(tmp_path):
