@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Literal
 
 Arrival = Literal["closed", "constant", "poisson"]
 
 
 class Arrivals:
-    """The slots of one worker process, as absolute `time.monotonic_ns()` values from `start_ns` on."""
+    """The slots of one worker process, as absolute `time.monotonic_ns()` values from `start_ns` on (None: from
+    the first call of next_ns)."""
 
     __slots__ = ("kind", "rate_rps", "index", "count", "start_ns", "_k", "_t", "_rng", "_period_ns")
 
@@ -34,7 +36,7 @@ class Arrivals:
         seed: int = 0,
         index: int = 0,
         count: int = 1,
-        start_ns: int = 0,
+        start_ns: int | None = 0,
     ) -> None:
         if kind not in ("constant", "poisson"):
             raise ValueError(f"arrival {kind!r}: an open-loop schedule is 'constant' or 'poisson'")
@@ -46,7 +48,7 @@ class Arrivals:
         self.rate_rps = float(rate_rps)
         self.index = index
         self.count = count
-        self.start_ns = int(start_ns)
+        self.start_ns = None if start_ns is None else int(start_ns)
         self._k = 0
         # Seeded by the point's seed and this worker's index: a stream of its own, the same on every re-run.
         self._rng = random.Random(f"servesweep-arrivals:{seed}:{index}:{count}")
@@ -55,7 +57,10 @@ class Arrivals:
         self._t = index * 1e9 / self.rate_rps if kind == "constant" else 0.0
 
     def next_ns(self) -> int:
-        """The next slot (absolute monotonic ns); each call moves one slot on."""
+        """The next slot (absolute monotonic ns); each call moves one slot on. A schedule made with start_ns=None
+        starts at its first call (when the first user is ready, not while Locust is still spawning them)."""
+        if self.start_ns is None:
+            self.start_ns = time.monotonic_ns()
         if self.kind == "constant":
             t = self._t + self._k * self._period_ns
         else:
@@ -66,7 +71,8 @@ class Arrivals:
 
     def offsets_s(self, n: int) -> list[float]:
         """The next n slots in seconds from the start (for tests and previews; moves the schedule on)."""
-        return [(self.next_ns() - self.start_ns) / 1e9 for _ in range(n)]
+        out = [self.next_ns() for _ in range(n)]
+        return [(t - self.start_ns) / 1e9 for t in out]
 
 
 def split_budget(total: int, index: int, count: int) -> int:

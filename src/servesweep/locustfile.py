@@ -373,11 +373,14 @@ class Sampler:
     PERIOD_S = 0.05
     WINDOW_S = 3.0
 
-    def __init__(self) -> None:
+    def __init__(self, runner=None) -> None:
         self.cpu0 = time.process_time()
         self.wall0 = time.monotonic()
         self.lags_ms: list[float] = []
         self.cpu_pct_max = 0.0
+        self._runner = (
+            runner  # lag is not sampled while it spawns users (all at once: one stall before any load)
+        )
 
     def run(self) -> None:
         import gevent
@@ -388,7 +391,8 @@ class Sampler:
             t0 = clock()
             gevent.sleep(period)
             t1 = clock()
-            if len(self.lags_ms) < Clients.MAX_LAGS:
+            spawning = self._runner is not None and self._runner.state == "spawning"
+            if len(self.lags_ms) < Clients.MAX_LAGS and not spawning:
                 self.lags_ms.append((t1 - t0 - period) * 1000.0)
             if t1 - w_wall >= self.WINDOW_S:
                 c = cpu()
@@ -503,7 +507,9 @@ def _start(environment, **_kw) -> None:
     if isinstance(ctx, _MasterState):
         import gevent
 
-        ctx.sampler = Sampler()  # the master merges every record: its CPU is the limit of many workers
+        ctx.sampler = Sampler(
+            environment.runner
+        )  # the master merges every record: its CPU limits many workers
         gevent.spawn(ctx.sampler.run)
         d = ctx.point.duration_s if ctx.point is not None else None
         if d is not None and d < _FOREVER and opts is not None and opts.headless:
@@ -515,7 +521,7 @@ def _start(environment, **_kw) -> None:
         import gevent
 
         _split(environment, ctx, now)
-        ctx.sampler = Sampler()
+        ctx.sampler = Sampler(environment.runner)
         gevent.spawn(ctx.sampler.run)
         status_dir = os.environ.get(_STATUS_DIR_ENV)
         if status_dir:
@@ -569,7 +575,9 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
     if p.arrival != "closed":
         if p.duration_s is not None and p.duration_s < _FOREVER:
             ctx.end_ns = ctx.end_ns or now + int((p.warmup_s + p.duration_s) * 1e9)
-        ctx.arrivals = Arrivals(p.arrival, p.rate_rps, seed=p.seed, index=index, count=count, start_ns=now)
+        # The schedule starts when the first user asks for a slot: slots that came while Locust was still spawning
+        # the users would only show as lag of the first requests.
+        ctx.arrivals = Arrivals(p.arrival, p.rate_rps, seed=p.seed, index=index, count=count, start_ns=None)
     if isinstance(runner, WorkerRunner):
 
         def _done() -> None:

@@ -166,7 +166,12 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
         name = row["worker"] or row["client_id"]
         if cpu is not None and cpu > CPU_SATURATED_PCT:
             reasons.append(f"{name}: CPU {cpu:.0f}% of a core > {CPU_SATURATED_PCT:g}%")
-        if row["loop_lag_p99_ms"] is not None and row["loop_lag_p99_ms"] > LOOP_LAG_SATURATED_MS:
+        # The master stamps nothing: its loop lag delays no measurement (its CPU does: records pile up).
+        if (
+            row["role"] != "master"
+            and row["loop_lag_p99_ms"] is not None
+            and row["loop_lag_p99_ms"] > LOOP_LAG_SATURATED_MS
+        ):
             reasons.append(
                 f"{name}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms"
             )
