@@ -248,6 +248,14 @@ def score(res: dict, runner, client: list, gt: list[dict]) -> None:
             "chunk_err_ms": measure.pct(a.chunk_err_ms),
             "last_chunk_only": not runner.per_chunk,
             "abs_chunk_err_ms": measure.pct(a.abs_chunk_err_ms) if a.abs_chunk_err_ms else None,
+            "abs_first_err_ms": measure.pct(a.abs_first_err_ms) if a.abs_first_err_ms else None,
+            "abs_later_err_ms": measure.pct(a.abs_later_err_ms) if a.abs_later_err_ms else None,
+            # share of requests whose first chunk was stamped > 1 ms off (each shifts all its offsets)
+            "first_chunk_over_1ms": round(
+                sum(x > 1.0 for x in a.abs_first_err_ms) / len(a.abs_first_err_ms), 4
+            )
+            if a.abs_first_err_ms
+            else None,
         }
 
 
@@ -427,6 +435,12 @@ def main() -> int:
     ap.add_argument("--workers-duration", type=float, default=10.0, help="seconds per figure-6 point")
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per tool run")
+    ap.add_argument(
+        "--src",
+        choices=("tree", "head"),
+        default="tree",
+        help="servesweep from the working tree, or from a copy of the last commit (a checkout others edit)",
+    )
     ap.add_argument(
         "--fresh", action="store_true", help="a partial rerun does not merge into the last results"
     )

@@ -123,6 +123,8 @@ class Accuracy:
     ttft_err_ms: list[float] = field(default_factory=list)
     chunk_err_ms: list[float] = field(default_factory=list)  # relative to the first chunk, absolute value
     abs_chunk_err_ms: list[float] = field(default_factory=list)  # servesweep only: |arrival - write|
+    abs_first_err_ms: list[float] = field(default_factory=list)  # the same, first chunk of each request only
+    abs_later_err_ms: list[float] = field(default_factory=list)  # the same, every chunk after the first
     paired: int = 0
     unpaired: int = 0
 
@@ -229,7 +231,11 @@ def _add(acc: Accuracy, c: ClientReq, g: dict, exact: bool = False) -> None:
     rel_w = (w - w[0]) / 1e9
     acc.chunk_err_ms.extend(np.abs(rel_c[1:] - rel_w[1:]) * 1e3)
     if exact and c.abs_chunk_ns is not None:  # absolute error only means something for the true pairing
-        acc.abs_chunk_err_ms.extend(np.abs(np.asarray(c.abs_chunk_ns, dtype=np.int64) - w) / 1e6)
+        e = np.abs(np.asarray(c.abs_chunk_ns, dtype=np.int64) - w) / 1e6
+        acc.abs_chunk_err_ms.extend(e)
+        # a late first stamp shifts every offset of its request: say which chunks carry the error
+        acc.abs_first_err_ms.append(float(e[0]))
+        acc.abs_later_err_ms.extend(e[1:])
 
 
 def pct(xs, qs=(50, 99)) -> dict[str, float | None]:

@@ -128,6 +128,12 @@ def render(res: dict) -> str:
                 note = "last chunk only" if a.get("last_chunk_only") else ""
                 if ab:
                     note = f"abs arrival−write p50/p99 {_f(ab.get('p50'), '.3f')}/{_f(ab.get('p99'), '.3f')}"
+                    fi, la = a.get("abs_first_err_ms") or {}, a.get("abs_later_err_ms") or {}
+                    if fi:
+                        note += (
+                            f"; first chunk p99 {_f(fi.get('p99'), '.3f')} ({_f(a.get('first_chunk_over_1ms'), '.1%')}"
+                            f" of requests > 1 ms), later chunks p99 {_f(la.get('p99'), '.3f')}"
+                        )
                     lag = r.get("read_lag_ms") or {}
                     if lag:
                         note += (
