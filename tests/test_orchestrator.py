@@ -261,3 +261,64 @@ def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_p
     finally:
         runner.close()
         _cleanup(m.run_dir, tmp_path / "srv")
+
+
+def test_open_loop_rates_are_an_axis_of_the_matrix(tmp_path):
+    """load.arrival poisson with load.rate as an axis: the point ids carry r<rate>, an exclusion rule may name the
+    rate, each point is scheduled at its rate (the summary's achieved rate follows the asked one), and
+    load.workers / load.worker_hosts together are refused with the line."""
+    import io
+
+    from rich.console import Console
+
+    from servesweep.experiment import ExperimentError, load_experiment, parse_experiment
+    from servesweep.orchestrator import Runner, create_run
+
+    f = tmp_path / "open.yaml"
+    f.write_text(
+        emulator_experiment_head(tmp_path, "openloop", load_time=0.1)
+        + textwrap.dedent(
+            """\
+            exclude:
+              - {rate: 2, concurrency: 1}
+            load:
+              arrival: poisson
+              rate: [2, 10]
+              concurrency: [1, 4]
+              prompt_tokens: 64
+              output_tokens: 4
+              requests: 8
+            flush_cache_between_points: false
+            """
+        )
+    )
+    exp = load_experiment(f)
+    m = create_run(exp, tmp_path / "runs", experiment_file=str(f))
+    assert sorted(m.points) == ["s01.chat-p64-o4-c1-r10", "s01.chat-p64-o4-c4-r10", "s01.chat-p64-o4-c4-r2"]
+    out = io.StringIO()
+    runner = Runner(m, console=Console(file=out, width=200))
+    try:
+        rc = runner.run()
+        assert rc == 0, out.getvalue()[-3000:]
+        pts = _manifest(m.run_dir)["points"]
+        got = {}
+        for pid, p in pts.items():
+            s = json.loads((m.run_dir / pid / "summary.json").read_text())
+            assert p["status"] == "done" and s["requests"]["ok"] == 8, (pid, s["requests"])
+            assert s["point"]["arrival"] == "poisson" and s["point"]["rate_rps"] == p["rate"]
+            got[pid] = s["arrivals"]["rate_rps"]
+        # 8 Poisson arrivals are noisy: the asked rates are 5x apart, the achieved ones at least 2x
+        assert got["s01.chat-p64-o4-c4-r10"] > 2 * got["s01.chat-p64-o4-c4-r2"], got
+    finally:
+        runner.close()
+        _cleanup(m.run_dir, tmp_path / "srv")
+    bad = f.read_text().replace(
+        "  requests: 8\n",
+        "  requests: 8\n  workers: 2\n  worker_hosts: {inventory: inv.ini, master_host: 10.0.0.1}\n",
+    )
+    try:
+        parse_experiment(bad, "open.yaml")
+    except ExperimentError as e:
+        assert "load.workers (local processes) and load.worker_hosts: give one of them" in str(e)
+    else:
+        raise AssertionError("workers and worker_hosts together were accepted")

@@ -110,7 +110,7 @@ RESERVED_FLAGS = {
 }
 
 ENDPOINTS = ("chat", "completions", "generate")
-LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint")
+LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", "rate")
 # launcher.command placeholders: what servesweep fills in (the key files are 0600 files on the server's host)
 PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -394,8 +394,25 @@ class WorkloadSpec(_Strict):
         return None if v is None else duration_s(v)
 
 
+class WorkerHosts(_Strict):
+    """Locust workers on the hosts of an Ansible inventory group (load.run_point's worker_hosts,
+    docs/distributed.md), instead of local worker processes."""
+
+    inventory: str = Field(description="inventory file (relative: to the experiment file)")
+    group: str = "loadgen"
+    per_host: int = Field(1, ge=1)
+    master_host: str = Field(description="the address of this machine that the worker hosts reach")
+    master_port: int = Field(5557, gt=0, le=65535)
+
+
 class Load(_Strict):
     concurrency: list[int] = Field(min_length=1)
+    arrival: Literal["closed", "constant", "poisson"] = Field(
+        "closed",
+        description="closed loop, or open loop at load.rate (concurrency caps the streams in flight)",
+    )
+    rate: list[float] | None = Field(None, min_length=1, description="open loop: requests/s, an axis")
+    worker_hosts: WorkerHosts | None = None
     prompt_tokens: list[int] = Field(min_length=1)
     output_tokens: list[int] = Field(min_length=1)
     endpoint: list[Literal["chat", "completions", "generate"]] = Field(
@@ -470,10 +487,29 @@ class Load(_Strict):
     def _dur(cls, v):
         return None if v is None else duration_s(v)
 
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v):
+        return v if v is None or isinstance(v, list) else [v]
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_positive(cls, v):
+        bad = [x for x in v or [] if x <= 0]
+        if bad:
+            raise ValueError(f"rates must be > 0 requests/s, got {bad}")
+        return v
+
     @model_validator(mode="after")
     def _stop(self) -> Load:
         if self.requests is None and self.duration_s is None:
             raise ValueError("give load.requests or load.duration_s (how each point stops)")
+        if self.arrival == "closed" and self.rate is not None:
+            raise ValueError("load.rate needs load.arrival constant or poisson (a closed loop has no rate)")
+        if self.arrival != "closed" and self.rate is None:
+            raise ValueError(f"load.arrival {self.arrival} needs load.rate (requests/s, a list is an axis)")
+        if self.worker_hosts is not None and self.workers:
+            raise ValueError("load.workers (local processes) and load.worker_hosts: give one of them")
         return self
 
     @property
@@ -614,19 +650,21 @@ class Experiment(_Strict):
         dropped: list[tuple[PointSpec, int]] = []
         ld = self.load
         named = ld.workload_axis
-        for wl, ep, p, o, c in itertools.product(
-            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency
+        for wl, ep, p, o, c, r in itertools.product(
+            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, ld.rate or [None]
         ):
             # ids of files without named workloads stay as before (resume finds its points by id)
             head = f"{wl}-{ep}" if named else ep
+            tail = "" if r is None else f"-r{r:g}"
             pt = PointSpec(
-                id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}",
+                id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
                 config_id=cfg.id,
                 workload=wl if named else ep,  # what reports group by, as before named workloads existed
                 endpoint=ep,
                 prompt_tokens=p,
                 output_tokens=o,
                 concurrency=c,
+                rate=r,
             )
             values = cfg.match_values() | {
                 # without named workloads, `workload` still matches the endpoint (the old meaning)
@@ -636,6 +674,8 @@ class Experiment(_Strict):
                 "output_tokens": o,
                 "concurrency": c,
             }
+            if r is not None:
+                values["rate"] = r
             rule = self._excluded_by(values, server_only=False)
             if rule is None:
                 kept.append(pt)
@@ -664,7 +704,13 @@ def _rule_matches(want: Any, have: Any) -> bool:
     if have is _MISSING:
         return want is None
     options = want if isinstance(want, list) else [want]
-    return any(str(o) == str(have) for o in options)
+    return any(str(o) == str(have) or _same_number(o, have) for o in options)
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """2 matches 2.0 (a rate rule written as an integer)."""
+    nums = (int, float)
+    return isinstance(a, nums) and isinstance(b, nums) and not isinstance(a, bool) and float(a) == float(b)
 
 
 def _env_str(v: Any) -> str:
@@ -729,6 +775,7 @@ class PointSpec:
     output_tokens: int
     concurrency: int
     endpoint: str = "chat"
+    rate: float | None = None  # open loop: requests/s (load.rate)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -197,6 +197,9 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     runs = [pp.spec for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
     for axis in ("concurrency", "prompt_tokens", "output_tokens"):
         load[axis] = _ends([getattr(s, axis) for s in runs] or getattr(ld, axis))
+    if ld.rate:
+        load["rate"] = _ends([s.rate for s in runs if s.rate is not None] or ld.rate)
+    load["worker_hosts"] = None  # a dry run is this machine only
     load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in load["output_tokens"]})
     # an agent session is many requests per user: two short turns still prove the multi-turn path
     for name, w in (load.get("workloads") or {}).items():
@@ -210,7 +213,7 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     return Experiment.model_validate(d)
 
 
-def _ends(values: list[int]) -> list[int]:
+def _ends(values: list) -> list:
     return sorted({min(values), max(values)})
 
 
@@ -265,6 +268,7 @@ def create_run(
                 "concurrency": pp.spec.concurrency,
                 "prompt_tokens": pp.spec.prompt_tokens,
                 "output_tokens": pp.spec.output_tokens,
+                **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
                 "status": mf.PENDING if feasible else mf.INFEASIBLE,
                 "reason": None
                 if feasible
@@ -344,6 +348,19 @@ class Runner:
 
     def base_url(self) -> str:
         return self.exp.target.url(self.port)
+
+    def _relative_to_experiment(self, path: str) -> str:
+        p = Path(path).expanduser()
+        if not p.is_absolute() and self.m.data.get("experiment_file"):
+            p = Path(self.m.data["experiment_file"]).parent / p
+        return str(p)
+
+    def _worker_hosts(self) -> dict | None:
+        """load.worker_hosts as run_point takes it (the inventory relative to the experiment file)."""
+        wh = self.exp.load.worker_hosts
+        if wh is None:
+            return None
+        return wh.model_dump() | {"inventory": self._relative_to_experiment(wh.inventory)}
 
     def _inventory(self) -> str:
         from servesweep.ansible_run import local_inventory
@@ -701,6 +718,8 @@ class Runner:
             or (self.exp.model.path if self.exp.launcher.generic else None),
             endpoint=_endpoint(p),
             concurrency=p["concurrency"],
+            arrival=ld.arrival,
+            rate_rps=p.get("rate"),
             prompt_tokens=p["prompt_tokens"],
             output_tokens=p["output_tokens"],
             # a dry run sends one request per user: every user, every point, no more
@@ -746,7 +765,12 @@ class Runner:
         try:
             with status:
                 summary = run_point(
-                    point, tmp, workers=ld.workers, progress=progress, slos=",".join(self.exp.slo) or None
+                    point,
+                    tmp,
+                    workers=ld.workers,
+                    progress=progress,
+                    slos=",".join(self.exp.slo) or None,
+                    worker_hosts=self._worker_hosts(),
                 )
         except Interrupted:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -903,7 +927,7 @@ class Runner:
                 p["workload"] if p["workload"] == _endpoint(p) else f"{p['workload']}/{_endpoint(p)}",
                 str(p["prompt_tokens"]),
                 str(p["output_tokens"]),
-                str(p["concurrency"]),
+                str(p["concurrency"]) + (f"@{p['rate']:g}/s" if p.get("rate") else ""),
                 f"[{color}]{st}[/]",
                 f"{r['output_tokens_per_s']:.1f}" if r.get("output_tokens_per_s") is not None else "-",
                 _ms(r.get("ttft_p50_ms")),

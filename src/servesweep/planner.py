@@ -261,7 +261,8 @@ def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
     cp.start_s = ANSIBLE_RUN_S + GENERIC_START_S
     for pp in cp.points:
         pp.codes.append(GENERIC_UNPLANNED)
-        pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + (ld.duration_s or 0.0)
+        sched = (ld.requests / pp.spec.rate) if (pp.spec.rate and ld.requests) else 0.0
+        pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + (ld.duration_s or sched)
     return cp
 
 
@@ -358,6 +359,8 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
     wave = b * prefill + steps * itl
     if ld.requests is not None:
         measure = math.ceil(ld.requests / b) * wave
+        if pp.spec.rate:  # open loop: the schedule, unless the server is slower than the rate
+            measure = max(measure, ld.requests / pp.spec.rate)
     else:
         measure = (ld.duration_s or 0.0) + wave  # running streams finish after the duration
     pp.detail = {
@@ -717,6 +720,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                         "id": p.spec.id,
                         "workload": p.spec.workload,
                         "concurrency": p.spec.concurrency,
+                        "rate": p.spec.rate,
                         "prompt_tokens": p.spec.prompt_tokens,
                         "output_tokens": p.spec.output_tokens,
                         "feasible": p.feasible and cp.error is None,
