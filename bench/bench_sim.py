@@ -356,6 +356,12 @@ def main() -> int:
         "--nice", type=int, default=0, help="run the emulator at this nice level (negative: root only)"
     )
     ap.add_argument(
+        "--rt",
+        type=int,
+        default=0,
+        help="run the emulator SCHED_FIFO at this priority (root): on a shared machine, the figure of a core of its own",
+    )
+    ap.add_argument(
         "--net",
         choices=("loopback", "veth"),
         default="loopback",
@@ -378,10 +384,13 @@ def main() -> int:
     prefix = ["taskset", "-c", "0"]
     if a.nice:
         prefix = ["nice", "-n", str(a.nice), *prefix]
+    if a.rt:
+        prefix = ["chrt", "-f", str(a.rt), *prefix]
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {1})
     out = {
         "net": a.net + ("" if a.net == "loopback" else (", RPS to core 1" if net["rps"] else ", no RPS")),
+        "emulator_sched": f"SCHED_FIFO {a.rt}" if a.rt else f"nice {a.nice}",
         "ready_s": round(ready_time(prefix), 3) if net is None else None,
         "loadavg_before": os.getloadavg()[0],
     }
