@@ -283,8 +283,12 @@ def _floor_sender(host: str, port: int, conns: int, size: int, bursts: int, inte
     }
 
 
-def floor_point(recv_cpu: int, net: dict | None, conns: int, size: int = 260, bursts: int = 150) -> dict:
-    """One kernel-floor point: this process (on core 0) writes, a receiver process on `recv_cpu` drains."""
+def floor_point(
+    recv_cpu: int, net: dict | None, conns: int, rt: int = 0, size: int = 260, bursts: int = 150
+) -> dict:
+    """One kernel-floor point: a sender on core 0 (SCHED_FIFO `rt` when given) writes, a receiver on `recv_cpu`
+    drains."""
+    chrt = ["chrt", "-f", str(rt)] if rt else []
     port_file = tempfile.mktemp(prefix="bench-sim-floor-")
     host = net["cli_ip"] if net else "127.0.0.1"
     pre = ["ip", "netns", "exec", net["cli_ns"]] if net else []
@@ -307,7 +311,7 @@ def floor_point(recv_cpu: int, net: dict | None, conns: int, size: int = 260, bu
                 f"print(json.dumps(bench_sim._floor_sender({host!r}, {port}, {conns}, {size}, {bursts}, 0.02)))"
             )
             out = subprocess.run(
-                ["ip", "netns", "exec", net["srv_ns"], sys.executable, "-c", code],
+                ["ip", "netns", "exec", net["srv_ns"], *chrt, sys.executable, "-c", code],
                 cwd=str(Path(__file__).parent),
                 capture_output=True,
                 text=True,
@@ -319,9 +323,13 @@ def floor_point(recv_cpu: int, net: dict | None, conns: int, size: int = 260, bu
         else:
             aff = os.sched_getaffinity(0)
             os.sched_setaffinity(0, {0})
+            if rt:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(rt))
             try:
                 res = _floor_sender(host, port, conns, size, bursts, 0.02)
             finally:
+                if rt:
+                    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
                 os.sched_setaffinity(0, aff)
         rx.wait(30)
         return res
@@ -332,15 +340,15 @@ def floor_point(recv_cpu: int, net: dict | None, conns: int, size: int = 260, bu
             os.unlink(port_file)
 
 
-def floor(conns: int) -> dict:
+def floor(conns: int, rt: int = 0) -> dict:
     out = {
-        "loopback, receiver on core 1": floor_point(1, None, conns),
-        "loopback, receiver on core 0 (same core)": floor_point(0, None, conns),
+        "loopback, receiver on core 1": floor_point(1, None, conns, rt),
+        "loopback, receiver on core 0 (same core)": floor_point(0, None, conns, rt),
     }
     with veth_pair(1, rps=False) as net:
-        out["veth, receiver on core 1, no RPS"] = floor_point(1, net, conns)
+        out["veth, receiver on core 1, no RPS"] = floor_point(1, net, conns, rt)
     with veth_pair(1, rps=True) as net:
-        out["veth, receiver on core 1, RPS to core 1"] = floor_point(1, net, conns)
+        out["veth, receiver on core 1, RPS to core 1"] = floor_point(1, net, conns, rt)
     return out
 
 
@@ -398,7 +406,7 @@ def main() -> int:
         out["throughput"] = run_point(a.streams, a.tokens, a.speedup, a.prompt_words, prefix, net)
     out["lateness"] = run_point(a.lateness_streams, a.tokens, a.lateness_speedup, a.prompt_words, prefix, net)
     if a.floor and net is None:
-        out["kernel_floor"] = floor(a.lateness_streams)
+        out["kernel_floor"] = floor(a.lateness_streams, a.rt)
     out["loadavg_after"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))
     return 0
