@@ -259,7 +259,19 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         # --stop-timeout and ship their records with their last report. A request budget is split between the
         # workers; each quits when its share is done, and the master with the last one.
         cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
+        # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
+        # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
+        port = str(_free_port())
+        cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--master-port", port]
     return cmd
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_time_args(point: LoadPoint) -> list[str]:
@@ -375,6 +387,8 @@ def run_point(
             except BaseException:
                 _kill_group(proc)
                 raise
+        if workers:
+            _wait_workers_gone(proc, status_dir)
     finally:
         states = None
         if handle is not None:
@@ -510,6 +524,37 @@ def _check_worker_hosts(wh: dict) -> dict:
         "extravars": extravars,
         "package": Path(wh["package"]) if wh.get("package") else None,
     }
+
+
+def _wait_workers_gone(proc: subprocess.Popen, status_dir: Path, timeout_s: float = 20.0) -> None:
+    """Locust's master can exit before its forked workers have (its exit hook does not wait for a worker that is
+    still running), and a worker writes that it quit at its very end: wait for them, bounded, then kill what is
+    left of the process group (such a worker shows as one that did not quit)."""
+    pids = []
+    for f in status_dir.glob("*.json"):
+        try:
+            pids.append(int(f.stem))
+        except ValueError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
+                    alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        pids = alive
+        if pids:
+            time.sleep(0.1)
+    if pids:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _local_worker_states(status_dir: Path, exits: dict[int, int], expected: int):

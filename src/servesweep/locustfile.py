@@ -272,6 +272,11 @@ def _init(environment, **_kw) -> None:
         environment.servesweep = _MasterState(point=point, buffer=RecordBuffer())
     # else: a worker without --host builds its context at test start, with the host the master sent
 
+    if not isinstance(runner, MasterRunner):
+        # A context built after test_start (the web UI's start form, or a worker whose init was still building
+        # when the first spawn came) is prepared by the first user that runs with it.
+        environment.servesweep_prepare = lambda c: _prepare(environment, c)
+
     port = getattr(opts, "metrics_port", 0)
     if port and "servesweep.webui" not in sys.modules and not isinstance(runner, WorkerRunner):
         from servesweep.exporter import ClientMetrics, install_locust
@@ -520,12 +525,7 @@ def _start(environment, **_kw) -> None:
         opts = environment.parsed_options
         import gevent
 
-        _split(environment, ctx, now)
-        ctx.sampler = Sampler(environment.runner)
-        gevent.spawn(ctx.sampler.run)
-        status_dir = os.environ.get(_STATUS_DIR_ENV)
-        if status_dir:
-            gevent.spawn(_status_loop, ctx, Path(status_dir) / f"{os.getpid()}.json")
+        _prepare(environment, ctx)
 
         if opts is not None and opts.progress_file:
             gevent.spawn(_progress_loop, ctx, Path(opts.progress_file))
@@ -536,6 +536,21 @@ def _start(environment, **_kw) -> None:
             # Like Locust's -t (which takes whole seconds): quit() stops users gracefully within --stop-timeout,
             # so streams running at the end finish and are recorded.
             gevent.spawn_later(ctx.point.warmup_s + d, environment.runner.quit)
+
+
+def _prepare(environment, ctx: LoadContext) -> None:
+    """Once per context at the test start: its share of budget and rate, its headroom sampler, its status file."""
+    import gevent
+
+    if ctx.prepared:
+        return
+    ctx.prepared = True
+    _split(environment, ctx, time.monotonic_ns())
+    ctx.sampler = Sampler(environment.runner)
+    gevent.spawn(ctx.sampler.run)
+    status_dir = os.environ.get(_STATUS_DIR_ENV)
+    if status_dir:
+        gevent.spawn(_status_loop, ctx, Path(status_dir) / f"{os.getpid()}.json")
 
 
 def _split(environment, ctx: LoadContext, now: int) -> None:

@@ -64,6 +64,7 @@ class LoadContext:
     end_ns: int = 0  # open loop, duration points: no slot at or after this
     on_budget_done: Callable[[], None] | None = None  # None: runner.quit (workers ship records first)
     closing: bool = False  # the master ended the point: send nothing more, let running streams finish
+    prepared: bool = False  # the locustfile gave it its share, sampler and status file (at test start)
     in_flight: int = 0  # requests sent and not ended yet
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
@@ -189,6 +190,10 @@ class LLMUser(FastHttpUser):
     @task
     def stream(self) -> None:
         ctx = self._ctx
+        if not ctx.prepared:  # a context built after test_start (the web UI's start form): prepare it now
+            prepare = getattr(self.environment, "servesweep_prepare", None)
+            if prepare is not None:
+                prepare(ctx)
         if ctx.point.arrival != "closed" and ctx.arrivals is None:
             gevent.sleep(0.01)  # open loop: the schedule starts with the test (test_start sets it)
             return
