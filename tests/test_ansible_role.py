@@ -250,3 +250,63 @@ def test_ansible_lint_is_clean():
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "profile 'production'" in r.stderr + r.stdout or "production" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("launcher", ["systemd", "docker"])
+def test_a_generic_server_template_renders_for_systemd_and_docker_in_check_mode(
+    tmp_path, launcher, monkeypatch
+):
+    """A non-SGLang server (vLLM here): the template's placeholders filled in, the flags under their own names
+    (no SGLang renames), the key reaching the server through its own variable from a 0600 file, never argv."""
+    s = Server(tmp_path)
+    monkeypatch.setenv("SERVESWEEP_TEST_KEY", "sk-test-secret-456")
+    r = s.apply(
+        check=True,
+        sglang_server_launcher=launcher,
+        sglang_server_emulator=False,
+        sglang_server_python="/opt/vllm/bin/python",
+        sglang_server_version="",
+        sglang_server_command=[
+            "{python}",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "{model_path}",
+            "--served-model-name",
+            "{served_model_name}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+        ],
+        sglang_server_flags={
+            "cuda_graph_max_bs_decode": 32,  # an SGLang rename: not applied to a generic server
+            "enable_prefix_caching": True,
+            "enforce_eager": False,
+            "compilation_config": {"level": 3},
+            "allowed_origins": ["a", "b"],
+        },
+        sglang_server_env={"SGLANG_ENABLE_SPEC_V2": "1"},  # not filtered by an SGLang version
+        sglang_server_server_api_key_env="VLLM_API_KEY",
+        sglang_server_docker_image="vllm/vllm-openai:v0.11.0",
+        sglang_server_unit_dir=str(tmp_path / "units"),
+        sglang_server_api_key_env="SERVESWEEP_TEST_KEY",
+    )
+    assert r.ok, r.error()
+    task = "Write the systemd unit" if launcher == "systemd" else "Write the docker run script"
+    t = _rendered(r, task)
+    host = "127.0.0.1" if launcher == "systemd" else "0.0.0.0"
+    head = "/opt/vllm/bin/python -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3.6-27B"
+    assert f"{head} --served-model-name Qwen/Qwen3.6-27B --host {host} --port {s.port}" in t, t
+    assert "--allowed-origins a b" in t and "--compilation-config '{\"level\": 3}'" in t
+    assert "--cuda-graph-max-bs-decode 32" in t and "--enable-prefix-caching" in t and "enforce" not in t
+    assert "SGLANG_ENABLE_SPEC_V2=1" in t
+    assert "sk-test-secret-456" not in t and "--api-key" not in t and "--config" not in t
+    if launcher == "systemd":
+        assert f"EnvironmentFile={s.workdir}/secret.env" in t
+        assert "Description=server /opt/vllm/bin/python -m vllm.entrypoints.openai.api_server (" in t
+    else:
+        assert f"--env-file {s.workdir}/secret.env" in t and "vllm/vllm-openai:v0.11.0" in t
+        assert "/run/servesweep/secret.key:ro" in t
+    blob = "".join(p.read_text() for p in (r.artifact_dir / "job_events").glob("*.json"))
+    assert "sk-test-secret-456" not in blob
