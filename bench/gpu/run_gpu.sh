@@ -30,7 +30,9 @@ esac
 step "install carried wheels"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 # ansible-playbook (run by ansible-runner) is a script of the carried ansible-core; Ansible insists on UTF-8
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH LC_ALL=C.UTF-8 LANG=C.UTF-8
+# SERVESWEEP_SRC: another copy of servesweep (e.g. `git archive HEAD src ansible` unpacked into a carried folder, to
+# run exactly a commit rather than the working tree); its ansible/ folder beside src/ comes with it
+export PYTHONPATH=/tmp/site:${SERVESWEEP_SRC:-$PWD/src} PATH=/tmp/site/bin:$PATH LC_ALL=C.UTF-8 LANG=C.UTF-8
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 # transformers serve's GET /v1/models answers 500 (CacheNotFound) unless the hub cache folder exists
 mkdir -p ~/.cache/huggingface/hub
