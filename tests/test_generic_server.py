@@ -16,7 +16,7 @@ from support import SERVESWEEP
 from support import start_servesweep as start
 from test_reliability_server import cleanup, manifest, run_dir_of
 
-from servesweep.experiment import ExperimentError, parse_experiment
+from servesweep.experiment import Experiment, ExperimentError, parse_experiment
 from servesweep.planner import GENERIC_UNPLANNED, make_plan, plan_json
 
 TEMPLATE = '["{python}", "-m", "servesweep.sim", "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}", "--sim-load-time", "0.1"]'
@@ -159,6 +159,9 @@ def test_the_plan_of_a_generic_server_skips_sglang_arithmetic_and_says_so():
         exp.sglang_version is None and exp.launcher.verify is False and exp.launcher.flush_cache_path is None
     )
     assert exp.launcher.health_path == "/health" and exp.launcher.info_paths == {}
+    # what --resume reads back from the manifest is the same experiment (the kind-dependent defaults included)
+    again = Experiment.model_validate(exp.model_dump(mode="json"))
+    assert again == exp and again.launcher.flush_cache_path is None and again.digest() == exp.digest()
     plan = plan_json(make_plan(exp))
     assert plan["points_feasible"] == 8 and plan["points_infeasible"] == 0  # no memory arithmetic drops 100k
     assert [p["code"] for p in plan["pitfalls"]] == [GENERIC_UNPLANNED]
@@ -180,3 +183,12 @@ def test_the_plan_of_a_generic_server_skips_sglang_arithmetic_and_says_so():
         assert "sglang_version: required key is missing" in str(e)
     else:
         raise AssertionError("an SGLang experiment without sglang_version was accepted")
+    # SGLang keeps its defaults, through the manifest too
+    sg = parse_experiment("sglang_version: 0.5.23\n" + sglang)
+    assert sg.launcher.flush_cache_path == "/flush_cache" and sg.launcher.verify is True
+    assert sg.launcher.info_paths == {
+        "model_info": "/model_info",
+        "server_info": "/server_info",
+        "models": "/v1/models",
+    }
+    assert Experiment.model_validate(sg.model_dump(mode="json")).launcher.flush_cache_path == "/flush_cache"
