@@ -536,10 +536,13 @@ class Runner:
         self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
 
     def close(self) -> None:
-        """Stop serving client metrics (after the run; a test scrapes them in between)."""
+        """Stop serving client metrics (after the run; a test scrapes them in between); drop the run's key from the
+        environment."""
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
+        if self.key_env == RUN_KEY_ENV:
+            os.environ.pop(RUN_KEY_ENV, None)
 
     def _write_targets(self, cid: str) -> None:
         """Prometheus file_sd targets of this configuration: the exporter and the server's /metrics."""
