@@ -7,9 +7,9 @@ the load axes (prompt tokens x concurrency, fixed output) point by point with se
 `servesweep load` writes (manifest.json with a `points` list, one folder per point with records.parquet and
 summary.json; each point labelled with its server setting as `config_id`), so `servesweep report` reads it.
 
-Why not `servesweep load`: `transformers serve` rejects the `ignore_eos` field with HTTP 422 ("Unexpected fields in
-the request"), and `servesweep load` has no switch to leave it out. Why not `servesweep run`: the sglang_server role
-can only launch SGLang or the emulator (see docs/gpu-validation.md).
+The earlier driver, kept to reproduce the first runs (results/smoke-20261129T193520Z, results/full-20261129): it was
+written when `servesweep load` could not leave `ignore_eos` out and the sglang_server role launched only SGLang.
+Both work now; run_gpu.sh drives `servesweep run bench/gpu/experiment.yaml` instead (docs/gpu-validation.md).
 
 Points whose KV cache would not fit (concurrency x (prompt + output) x KV bytes per token over --kv-budget-gb) are
 recorded as infeasible with the reason, as the planner does; points that would start after --budget-s are recorded
