@@ -436,6 +436,12 @@ def main() -> int:
     ap.add_argument("--no-install", action="store_true", help="do not create/update the peers' environments")
     ap.add_argument("--timeout", type=float, default=90, help="seconds per tool run")
     ap.add_argument(
+        "--baseline",
+        default=None,
+        metavar="COMMIT",
+        help="the servesweep-base tool runs servesweep from this commit (e.g. the one before a change)",
+    )
+    ap.add_argument(
         "--src",
         choices=("tree", "head"),
         default="tree",
@@ -474,6 +480,25 @@ def main() -> int:
         ap.error("--workers-duration: must be > 0 seconds")
     for r in WORKER_RUNNERS.values():
         r.duration_s = args.workers_duration
+
+    if args.baseline:
+        base = EXPERIMENTS["servesweep-base"]
+        try:
+            full = subprocess.run(
+                ["git", "rev-parse", "--verify", f"{args.baseline}^{{commit}}"],
+                capture_output=True,
+                text=True,
+                cwd=HERE.parent,
+                check=True,
+            ).stdout.strip()
+        except subprocess.CalledProcessError:
+            ap.error(f"--baseline: {args.baseline!r} is not a commit of this repository")
+        dest = Path(tempfile.mkdtemp(prefix="ss-bench-base-"))
+        archive = subprocess.run(
+            ["git", "archive", full, "src"], capture_output=True, cwd=HERE.parent, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+        base.src, base.commit = dest / "src", full[:12]
 
     started = time.time()
     raw = args.out / "raw"

@@ -144,6 +144,33 @@ class ServesweepIdle(Servesweep):
         return [sys.executable, str(Path(__file__).with_name("servesweep_idle.py")), *cmd[1:]]
 
 
+class ServesweepAt(Servesweep):
+    """EXPERIMENT: servesweep from another commit (`run_all.py --baseline COMMIT`), its sources extracted beside the
+    run and first on PYTHONPATH: what a change costs or gains, measured in the same run. Not run unless asked for."""
+
+    name = "servesweep-base"
+
+    def __init__(self) -> None:
+        self.src: Path | None = None  # <extracted>/src, set by run_all
+        self.commit = ""
+
+    def available(self) -> str | None:
+        return None if self.src else "needs --baseline COMMIT"
+
+    def command(self, job: Job) -> list[str]:
+        import os
+
+        self.env = {
+            **Runner.env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self.src), os.environ.get("PYTHONPATH")])),
+        }
+        cmd = super().command(job)
+        return [sys.executable, "-m", "servesweep.cli", *cmd[1:]]
+
+    def version(self) -> str:
+        return f"commit {self.commit}" if self.commit else "not set"
+
+
 class ServesweepWorkers(Servesweep):
     """servesweep with N Locust worker processes (`--workers N`, a timed point: Locust --processes) for figure 6."""
 
@@ -437,7 +464,7 @@ class GenaiBench(Runner):
 RUNNERS: dict[str, Runner] = {
     r.name: r for r in (Servesweep(), SglangBench(), VllmBench(), Guidellm(), Aiperf(), GenaiBench())
 }
-EXPERIMENTS: dict[str, Runner] = {r.name: r for r in (ServesweepIdle(),)}
+EXPERIMENTS: dict[str, Runner] = {r.name: r for r in (ServesweepIdle(), ServesweepAt())}
 # figure 6: 1 vs 2 worker processes (run_all sets their duration)
 WORKER_RUNNERS: dict[str, ServesweepWorkers] = {
     r.name: r for r in (ServesweepWorkers(1), ServesweepWorkers(2))
