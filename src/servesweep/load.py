@@ -421,13 +421,13 @@ def run_point(
         log_text = log_path.read_text(errors="replace")
         missing = {c.get("worker") for c in clients if c.get("missing")}
         if states is None:
-            states = _local_worker_states(status_dir, exits, workers)
+            states = _local_worker_states(status_dir, exits)
         acc = account(states, table, log_text, missing=missing)
         summary["workers"] = acc
         summary["degraded"] = acc["degraded"]
         summary["problems"] = list(acc["problems"])
-        if len(states) < (handle.expected if handle is not None else workers):
-            expected = handle.expected if handle is not None else workers
+        expected = handle.expected if handle is not None else workers
+        if len(states) < expected:
             summary["degraded"] = True
             summary["problems"].append(f"{len(states)} of {expected} worker processes reported")
     if point.workload == "shared_prefix":
@@ -557,7 +557,7 @@ def _wait_workers_gone(proc: subprocess.Popen, status_dir: Path, timeout_s: floa
             pass
 
 
-def _local_worker_states(status_dir: Path, exits: dict[int, int], expected: int):
+def _local_worker_states(status_dir: Path, exits: dict[int, int]):
     """The local worker processes as remote_workers.WorkerState, from their status files and exit statuses."""
     import socket
 

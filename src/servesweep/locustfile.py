@@ -512,17 +512,14 @@ def _start(environment, **_kw) -> None:
     if isinstance(ctx, _MasterState):
         import gevent
 
-        ctx.sampler = Sampler(
-            environment.runner
-        )  # the master merges every record: its CPU limits many workers
+        # The master merges every record: its CPU is what limits many workers.
+        ctx.sampler = Sampler(environment.runner)
         gevent.spawn(ctx.sampler.run)
         d = ctx.point.duration_s if ctx.point is not None else None
         if d is not None and d < _FOREVER and opts is not None and opts.headless:
             gevent.spawn_later(ctx.point.warmup_s + d, _end_distributed, environment)
     if isinstance(ctx, LoadContext):
-        now = time.monotonic_ns()
-        ctx.measure_start_ns = now + int(ctx.point.warmup_s * 1e9)
-        opts = environment.parsed_options
+        ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         import gevent
 
         _prepare(environment, ctx)
