@@ -717,7 +717,8 @@ def _notes(summaries: list[dict]) -> list[str]:
     "--requests",
     type=click.IntRange(min=1),
     default=None,
-    help="measured requests per point (default without --duration: max(8, 2 x concurrency))",
+    help="measured requests per point (default without --duration: max(8, 2 x concurrency); open loop: 10 s of "
+    "arrivals, max(8, 10 x rate))",
 )
 @click.option(
     "--arrival",
@@ -932,7 +933,10 @@ def command(
             )
         points = []
         for c, rate in [(c, r) for c in levels for r in rates]:
-            n = requests if requests is not None or duration_s is not None else max(8, 2 * c, workers)
+            n = requests
+            if n is None and duration_s is None:
+                # closed loop: two requests per user; open loop: 10 s of arrivals at the rate
+                n = max(8, 2 * c, workers) if rate is None else max(8, math.ceil(10 * rate), workers)
             pid = f"c{c}" if rate is None else f"c{c}-{arrival}{rate:g}"
             try:
                 points.append(
