@@ -99,3 +99,28 @@ def test_rate_sweep_with_workers_and_a_key_file(tmp_path):
     assert [r[1].strip() for r in rows] == ["20", "40"], text
     for r, p in zip(rows, got["points"], strict=True):
         assert float(r[2]) == round(p["arrivals"]["rate_rps"], 2)
+
+
+def test_worker_host_options_are_checked_before_any_load(tmp_path):
+    from click.testing import CliRunner
+
+    from servesweep.load import command
+
+    inv = tmp_path / "inventory.ini"
+    inv.write_text("[loadgen]\nw1 ansible_host=10.0.0.7\n")
+    base = [
+        "--base-url",
+        "http://127.0.0.1:9",
+        "--out",
+        str(tmp_path / "runs"),
+        "--worker-inventory",
+        str(inv),
+    ]
+    for extra, needle in (
+        ([], "--master-host"),
+        (["--master-host", "10.0.0.5", "--workers", "2"], "--worker-inventory, not both"),
+        (["--master-host", "10.0.0.5", "--workers-per-host", "0"], "--workers-per-host"),
+    ):
+        r = CliRunner().invoke(command, base + extra, catch_exceptions=False)
+        assert r.exit_code == 2 and needle in r.output, (extra, r.output)
+    assert not (tmp_path / "runs").exists()
