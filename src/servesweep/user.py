@@ -231,12 +231,13 @@ class LLMUser(FastHttpUser):
             "http_status": 0,
             "workload": ctx.point.workload,
         }
+        # In flight until its record is in the buffer: a worker ending a point then ships what it holds.
         ctx.in_flight += 1
         try:
             self._do_request(ctx, body, headers, rec)
+            self._finish(ctx, rec, warm)
         finally:
             ctx.in_flight -= 1
-        self._finish(ctx, rec, warm)
 
     def _finish(self, ctx: LoadContext, rec: dict, warm: bool) -> None:
         ctx.buffer.add(rec)
@@ -282,9 +283,9 @@ class LLMUser(FastHttpUser):
             ctx.in_flight += 1
             try:
                 self._do_request(ctx, sess.body(), headers, rec, keep=lines)
+                self._finish(ctx, rec, warm)
             finally:
                 ctx.in_flight -= 1
-            self._finish(ctx, rec, warm)
             if rec.get("error_class") is not None:
                 return  # a failed turn ends the session (its context is unknown)
             if not sess.advance(stream_text(lines), rec.get("prompt_tokens"), rec.get("completion_tokens")):
