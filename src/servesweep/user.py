@@ -347,10 +347,6 @@ class LLMUser(FastHttpUser):
                         break
                     lines.append(line)
                     times.append(rx.ns)
-            # Before this user parses its stream (~2 ms for 256 chunks, no yield), let the others read: when many
-            # streams end together, back-to-back parses would hold their sockets unread for longer than a chunk
-            # gap, and a late read coalesces chunks under one (the latest) kernel stamp.
-            gevent.sleep(0)
         except _TotalTimeout:
             rec["error_class"], rec["error_message"] = (
                 "timeout_total",
@@ -385,7 +381,7 @@ class LLMUser(FastHttpUser):
             err = rec.get("error_class")
             msg = rec.get("error_message")
             try:
-                parse_stream(lines, times, rec)
+                parse_stream(lines, times, rec, pause=gevent.sleep)  # yields between slices (records.py)
             except Exception as e:  # noqa: BLE001 - parse_stream never raises by design; if it does, keep the record
                 rec["error_class"], rec["error_message"] = (
                     "client_error",
