@@ -93,28 +93,42 @@ def stamp_socket(sock: socket.socket, clock: RxClock) -> bool:
 
 
 def _kernel_class(base: type, clock: RxClock) -> type:
-    recvmsg = base.recvmsg  # gevent's: waits on the hub with the socket's timeout, like its recv
     mono = time.monotonic_ns
     wall = time.time_ns
     unpack = _TIMESPEC.unpack_from
     anc_size = _ANC_SIZE
     scm = SO_TIMESTAMPNS
+    gevent_socket = hasattr(base, "_wait") and hasattr(base, "_read_event")  # the Locust user's
+    recvmsg = socket.socket.recvmsg  # a blocking stdlib socket (tests, tools)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data, anc, _flags, _addr = recvmsg(self, bufsize, anc_size, flags)
-        u = mono()
-        if anc and anc[0][1] == scm:
-            sec, nsec = unpack(anc[0][2])
-            # CLOCK_REALTIME → CLOCK_MONOTONIC with the offset of this very moment: an NTP step or slew between
-            # reads cannot leak into the stamps (two vDSO calls, ~100 ns).
-            k = sec * 1_000_000_000 + nsec - (wall() - u)
-            clock.ns = k
-            if u - k > clock.lag_ns:
-                clock.lag_ns = u - k
+        if gevent_socket:
+            # gevent's own recv loop, inlined (one Python frame per read, as gevent's recv): try the OS socket's
+            # non-blocking read; on EAGAIN wait on the hub, with the socket's timeout, and retry.
+            while True:
+                try:
+                    data, anc, _flags, _addr = self._sock.recvmsg(bufsize, anc_size, flags)
+                    break
+                except BlockingIOError:
+                    if self.timeout == 0.0:
+                        raise
+                self._wait(self._read_event)
         else:
-            clock.ns = u
-            if data:
-                clock.user_reads += 1
+            data, anc, _flags, _addr = recvmsg(self, bufsize, anc_size, flags)
+        u = mono()
+        for _level, kind, payload in anc:
+            if kind == scm:
+                sec, nsec = unpack(payload)
+                # CLOCK_REALTIME → CLOCK_MONOTONIC with the offset of this very moment: an NTP step or slew
+                # between reads cannot leak into the stamps (two vDSO calls, ~130 ns).
+                k = sec * 1_000_000_000 + nsec - (wall() - u)
+                clock.ns = k
+                if u - k > clock.lag_ns:
+                    clock.lag_ns = u - k
+                return data
+        clock.ns = u
+        if data:
+            clock.user_reads += 1
         return data
 
     return type(
