@@ -29,6 +29,24 @@ _ANC_SIZE = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0  # one
 _TIMESPEC = struct.Struct("@ll")  # time_t, long: 16 bytes on 64-bit Linux
 
 
+def _keep_stamping_on() -> socket.socket | None:
+    """Linux stamps packets only while some socket wants stamps, and the first such socket switches stamping on
+    through a deferred kernel work item: a response arriving right after a process's first setsockopt may carry
+    no stamp (seen: a Locust process's first requests fell back to 'user'). One idle UDP socket with the option,
+    opened at import (Locust start-up, long before the first request) and held for the process's life, keeps it on."""
+    if SO_TIMESTAMPNS is None:
+        return None
+    try:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return s
+    except OSError:
+        return None
+
+
+_KEEPER = _keep_stamping_on()
+
+
 class RxClock:
     """Where one user's socket reads leave their stamps. `ns` is the monotonic time of the last read (the kernel's
     arrival stamp when there is one); `lag_ns` the largest (read time − arrival) since `reset`; `user_reads` the
