@@ -252,3 +252,23 @@ def test_requests_leave_when_their_send_stamp_says(tmp_path):
     lead_ms = np.array([(server.arrival[r["request_id"]] - r["sent_ns"]) / 1e6 for r in reused])
     assert lead_ms.min() > 0, "a request cannot arrive before it was stamped as sent"
     assert np.percentile(lead_ms, 90) < 1.0, np.percentile(lead_ms, [50, 90, 99])
+
+
+def test_parse_stream_pauses_between_slices_and_parses_alike():
+    """The Locust user parses a finished stream in slices (pause=gevent.sleep between them) so that other streams
+    get read; the record is the same as with one pass."""
+    from servesweep.records import PARSE_SLICE, parse_stream
+
+    lines = [b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n' % i for i in range(50)]
+    lines += [
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":3,"completion_tokens":50}}\n',
+        b"data: [DONE]\n",
+    ]
+    times = list(range(1000, 1000 + len(lines)))
+    pauses = []
+    sliced, whole = {}, {}
+    parse_stream(lines, times, sliced, pause=lambda: pauses.append(len(pauses)))
+    parse_stream(lines, times, whole)
+    assert sliced == whole and whole["chunk_ns"] == times[:50] and whole.get("error_class") is None
+    assert len(pauses) == -(-len(lines) // PARSE_SLICE)  # one before each slice
