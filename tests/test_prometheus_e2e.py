@@ -396,3 +396,16 @@ def test_exporter_entry_point_pushes_a_finished_run(world):
     for row in res:
         s = json.loads((run_dir / row["metric"]["point_id"] / "summary.json").read_text())
         assert math.isclose(float(row["value"][1]), s["ttft_ms"]["p99"] / 1e3, rel_tol=1e-9)
+
+
+def test_a_server_metrics_path_other_than_metrics_becomes_prometheus_reserved_label(tmp_path):
+    write_targets(
+        tmp_path,
+        "r1",
+        servers=[{"target": "h:1", "config": "c1", "metrics_path": "/v2/metrics"}, {"target": "h:2"}],
+    )
+    groups = json.loads((tmp_path / "sglang-r1.json").read_text())
+    assert groups[0]["labels"] == {"run_id": "r1", "config": "c1", "__metrics_path__": "/v2/metrics"}
+    assert groups[1]["labels"] == {"run_id": "r1"}
+    with pytest.raises(ValueError, match=r"servers\[0\]: metrics_path 'metrics' must start with '/'"):
+        write_targets(tmp_path, "r1", servers=[{"target": "h:1", "metrics_path": "metrics"}])

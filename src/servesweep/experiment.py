@@ -249,6 +249,10 @@ class Launcher(_Strict):
     flush_cache_path: str | None = Field(
         None, description="POSTed between points (SGLang: /flush_cache; generic: none)"
     )
+    metrics_path: str | None = Field(
+        None,
+        description="the server's Prometheus endpoint, scraped during the run (SGLang: /metrics; generic: none)",
+    )
     api_key_env: str | None = Field(None, description="NAME of the env var holding the server's API key")
     api_key_file: str | None = Field(None, description="a 0600 file holding the API key")
     api_key_vault: str | None = Field(None, description="an Ansible Vault file holding the API key")
@@ -281,7 +285,7 @@ class Launcher(_Strict):
                     )
         return v
 
-    @field_validator("health_path", "flush_cache_path")
+    @field_validator("health_path", "flush_cache_path", "metrics_path")
     @classmethod
     def _path(cls, v):
         if v is not None and not v.startswith("/"):
@@ -321,6 +325,9 @@ class Launcher(_Strict):
             self.verify = not generic
         if "flush_cache_path" not in self.model_fields_set and self.flush_cache_path is None:
             self.flush_cache_path = None if generic else "/flush_cache"
+        # a generic server's metrics are not SGLang's (vLLM: vllm:*, transformers serve: none): scraped only when named
+        if "metrics_path" not in self.model_fields_set and self.metrics_path is None:
+            self.metrics_path = None if generic else "/metrics"
         return self
 
     @property

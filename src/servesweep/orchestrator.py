@@ -553,11 +553,10 @@ class Runner:
         from servesweep.promconfig import write_targets
 
         server = urlsplit(self.base_url()).netloc
+        path = self.exp.launcher.metrics_path
+        servers = [] if path is None else [{"target": server, "config": cid, "metrics_path": path}]
         write_targets(
-            self.run_dir / "prometheus",
-            self.m.data["run_id"],
-            exporters=[self.exporter_at],
-            servers=[{"target": server, "config": cid}],
+            self.run_dir / "prometheus", self.m.data["run_id"], exporters=[self.exporter_at], servers=servers
         )
 
     def _metrics_started(self, pid: str, point) -> None:

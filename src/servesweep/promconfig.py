@@ -129,7 +129,8 @@ def write_targets(
     """Write `<sd_dir>/servesweep-<run_id>.json` and `<sd_dir>/sglang-<run_id>.json`.
 
     exporters: "host:port" of each ClientMetrics endpoint. servers: "host:port" or {"target": "host:port",
-    "config": "<server configuration id>", ...more labels}. Every target gets `run_id` (and `labels`).
+    "config": "<server configuration id>", "metrics_path": "/metrics", ...more labels}. Every target gets
+    `run_id` (and `labels`).
     An empty list writes an empty file, which removes that run's targets of that kind.
     """
     if not run_id or not re.match(r"^[A-Za-z0-9._=-]+$", run_id):
@@ -145,7 +146,12 @@ def write_targets(
         elif isinstance(s, Mapping):
             if "target" not in s:
                 raise ValueError(f"{where}: a server given as a mapping needs a 'target': 'host:port' key")
-            extra = _check_labels({k: v for k, v in s.items() if k != "target"}, where)
+            extra = _check_labels({k: v for k, v in s.items() if k not in ("target", "metrics_path")}, where)
+            path = s.get("metrics_path") or "/metrics"
+            if not str(path).startswith("/"):
+                raise ValueError(f"{where}: metrics_path {path!r} must start with '/'")
+            if path != "/metrics":  # file_sd's way to scrape another path (Prometheus' reserved label)
+                extra["__metrics_path__"] = str(path)
             groups_sv.append({"targets": [_check_target(s["target"], where)], "labels": {**common, **extra}})
         else:
             raise ValueError(f"{where}: expected 'host:port' or a mapping, got {type(s).__name__}")
