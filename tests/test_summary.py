@@ -133,3 +133,15 @@ def test_empty_and_all_failed():
     assert s["requests"]["ok"] == 0 and s["error_rate"] == 1.0
     assert s["ttft_ms"] is None and s["output_tokens_per_s"] == 0.0
     assert summarize(to_table([]))["requests"]["total"] == 0
+
+
+def test_merged_chunks_and_stamp_sources_are_counted():
+    # two chunks read together share one kernel stamp (gap 0): one of the five gaps
+    rows = [
+        rec(1, sched=0, sent=0, chunks=[100, 110, 110, 120], end=121) | {"rx_clock": "kernel"},
+        rec(2, sched=0, sent=0, chunks=[50, 70, 90], end=91) | {"rx_clock": "user"},
+    ]
+    s = summarize(to_table(rows))
+    assert s["itl_zero_gap_share"] == pytest.approx(1 / 5)
+    assert s["rx_clock"] == {"kernel": 1, "user": 1}
+    assert summarize(to_table([rec(1, sched=0, sent=0, chunks=[1], end=2)]))["itl_zero_gap_share"] is None

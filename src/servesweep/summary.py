@@ -135,15 +135,20 @@ def _arrivals(m: pa.Table) -> dict | None:
 
 CPU_SATURATED_PCT = 90.0  # a process near one full core cannot take its stamps on time
 LOOP_LAG_SATURATED_MS = 20.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
-READ_LAG_SATURATED_MS = 10.0  # p99 of user-space stamp minus kernel receive stamp, when the records have it
+# With kernel receive stamps a late read no longer makes a stamp late; it merges chunks once the reader falls a
+# whole chunk gap behind (they then share one stamp: ITL gaps of 0). Flag the client before that: read lag p99
+# (user-space stamp minus kernel receive stamp) above this share of the ITL p50.
+READ_LAG_SATURATED_ITL_SHARE = 0.5
 
 
-def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dict:
+def client_headroom(
+    clients: list[dict], records: pa.Table | None = None, itl_p50_ms: float | None = None
+) -> dict:
     """Per load-generating process (clients.json): CPU use over the point (process CPU time / wall time, % of one
     core) and its busiest 3-s window, and event-loop lag percentiles; `client_saturated` with the reasons when a
     process passed CPU_SATURATED_PCT or its lag p99 passed LOOP_LAG_SATURATED_MS (or, with kernel receive stamps
-    in the records, their read lag p99 passed READ_LAG_SATURATED_MS): then the client, not the server, may have
-    set the numbers."""
+    in the records, their read lag p99 passed READ_LAG_SATURATED_ITL_SHARE of the ITL p50): then the client, not
+    the server, may have set the numbers."""
     rows, reasons = [], []
     for c in sorted(clients, key=lambda c: str(c.get("worker") or c.get("client_id"))):
         wall = c.get("wall_s") or 0.0
@@ -176,8 +181,12 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
                 f"{name}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms"
             )
     read_lag = _read_lag_ms(records)
-    if read_lag is not None and read_lag["p99"] > READ_LAG_SATURATED_MS:
-        reasons.append(f"read lag p99 {read_lag['p99']:.1f} ms > {READ_LAG_SATURATED_MS:g} ms")
+    lag_limit = READ_LAG_SATURATED_ITL_SHARE * itl_p50_ms if itl_p50_ms else None
+    if read_lag is not None and lag_limit is not None and read_lag["p99"] > lag_limit:
+        reasons.append(
+            f"read lag p99 {read_lag['p99']:.1f} ms > {READ_LAG_SATURATED_ITL_SHARE:g} × ITL p50 "
+            f"({lag_limit:.1f} ms): chunks start to merge"
+        )
     master = next((r for r in rows if r["role"] == "master"), None)
     return {
         "workers": [r for r in rows if r["role"] != "master"],
@@ -188,9 +197,19 @@ def client_headroom(clients: list[dict], records: pa.Table | None = None) -> dic
         "limits": {
             "cpu_pct": CPU_SATURATED_PCT,
             "loop_lag_p99_ms": LOOP_LAG_SATURATED_MS,
-            "read_lag_p99_ms": READ_LAG_SATURATED_MS,
+            "read_lag_p99_ms": lag_limit,
         },
     }
+
+
+def _rx_clocks(t: pa.Table) -> dict[str, int] | None:
+    """How many records' stamps came from the kernel ('kernel') or user space ('user'), if the user recorded it."""
+    if "rx_clock" not in t.column_names:
+        return None
+    out: dict[str, int] = {}
+    for v in t.column("rx_clock").to_pylist():
+        out[v or "unknown"] = out.get(v or "unknown", 0) + 1
+    return out
 
 
 def _read_lag_ms(records: pa.Table | None) -> dict | None:
@@ -376,6 +395,9 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
         "ttft_from_scheduled_ms": stats((first - sched) / _NS_PER_MS),
         "itl_ms": stats(itl),
         "itl_per_token_ms": stats(itl_tok),
+        # gaps of exactly 0: chunks read together and stamped by one kernel receive time (a client a gap behind)
+        "itl_zero_gap_share": float(np.mean(np.asarray(itl) == 0.0)) if itl else None,
+        "rx_clock": _rx_clocks(ok),
         "tpot_ms": stats(tpot_v),
         "e2e_ms": stats(e2e),
         "e2e_from_scheduled_ms": stats((end - sched) / _NS_PER_MS),
