@@ -12,6 +12,7 @@ declare -A pkgs=(
   [chromium]=chromium
   [sshd]=openssh-server
   [ssh]=openssh-client
+  [openssl]=openssl
 )
 for cmd in "${!pkgs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || need+=("${pkgs[$cmd]}")
