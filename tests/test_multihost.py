@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import netns
@@ -244,7 +245,10 @@ def test_run_point_with_worker_hosts_splits_budget_and_rate(lab):
         arrival="poisson",
         rate_rps=20.0,
         point_id="mh-run-point",
+        api_key_env="MH_TEST_KEY",
     )
+    key = "sk-multihost-" + uuid.uuid4().hex  # the emulator here takes any key; it must reach the hosts only
+    os.environ["MH_TEST_KEY"] = key
     before = lab.gt_ids()
     s = run_point(
         point,
@@ -274,6 +278,14 @@ def test_run_point_with_worker_hosts_splits_budget_and_rate(lab):
     hosts = sorted(w["worker"].split(":")[0] for w in s["client_headroom"]["workers"])
     assert hosts == ["w1", "w2"], "each remote worker reported its CPU and event-loop lag"
     assert (lab.tmp / "mh-run-point" / "summary.json").is_file()
+    # the key went to each host in a 0600 file, and into no file of the run (ansible-runner's artifacts hold its
+    # whole environment: the key's variable was hidden from it)
+    for h in ("w1", "w2"):
+        secret = lab.tmp / "hosts" / h / "secret.env"
+        assert key in secret.read_text() and secret.stat().st_mode & 0o777 == 0o600
+    leaks = [f for f in (lab.tmp / "mh-run-point").rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
+    assert leaks == [], leaks
+    del os.environ["MH_TEST_KEY"]
 
 
 def test_a_worker_that_cannot_start_fails_the_start_with_its_log(lab, tmp_path):

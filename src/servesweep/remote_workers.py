@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +29,31 @@ from servesweep.ansible_run import run_playbook
 
 PLAYBOOK = "locust_workers.yml"
 _MISSING = re.compile(r"Worker (\S+) failed to send heartbeat, setting state to missing")
+
+
+# Environment variables that hold an API key in servesweep's processes (orchestrator.RUN_KEY_ENV, load's
+# --api-key-file variable): Ansible must never see them (ansible-runner writes its environment into the artifacts).
+_KEY_ENVS = ("SERVESWEEP_RUN_API_KEY", "SERVESWEEP_API_KEY")
+
+
+def _hidden_envs(variables: Mapping[str, Any]) -> tuple[str, ...]:
+    name = str(variables.get("locust_worker_api_key_env") or "")
+    return _KEY_ENVS + ((name,) if name and name not in _KEY_ENVS else ())
+
+
+def _key_args(variables: Mapping[str, Any]) -> dict[str, Any]:
+    """run_playbook's secret arguments: the key named by locust_worker_api_key_env as a no-log secret file (the
+    role writes it to a 0600 file on the host), and every key variable hidden from Ansible's environment."""
+    name = str(variables.get("locust_worker_api_key_env") or "")
+    hide = _hidden_envs(variables)
+    if not name:
+        return {"hide_env": hide}
+    key = os.environ.get(name)
+    if not key:
+        raise RemoteWorkersError(
+            f"locust_worker_api_key_env: the environment variable {name} is not set or empty"
+        )
+    return {"secrets": {"locust_worker_api_key": key}, "hide_env": hide}
 
 
 class RemoteWorkersError(RuntimeError):
@@ -84,6 +110,7 @@ class RemoteWorkers:
             artifact_dir=self.run_dir / "ansible",
             ident=f"workers-stop-{int(time.time() * 1000)}",
             timeout_s=timeout_s,
+            hide_env=_hidden_envs(self.extravars),
         )
         self.states = _read_states(self.run_dir / "workers")
         if not res.ok:
@@ -162,6 +189,7 @@ def start_remote_workers(
         artifact_dir=run_dir / "ansible",
         ident=f"workers-start-{int(time.time() * 1000)}",
         timeout_s=timeout_s,
+        **_key_args(variables),
     )
     handle = RemoteWorkers(
         inventory=inventory,
