@@ -15,15 +15,12 @@ import stat
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 from support import SERVESWEEP
 from test_reliability_server import cleanup, manifest, run_dir_of, write_experiment
-from test_secrets import _scan_cmdlines
+from test_secrets import _scan_cmdlines, wait_probing_without_key
 
 from servesweep.secrets import SecretError, read_key_file, read_vault_key, resolve_api_key
 
@@ -100,24 +97,7 @@ def run_and_search(tmp: Path, exp: Path, key: str, password: str, env: dict[str,
     )
     run_dir, refused = None, None
     try:
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline:
-            run_dir = run_dir or run_dir_of(runs)
-            m = manifest(run_dir) if run_dir else None
-            if refused is None and m and any(p["status"] == "running" for p in m["points"].values()):
-                req = urllib.request.Request(
-                    f"http://127.0.0.1:{m['port']}/v1/chat/completions",
-                    data=json.dumps(
-                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-                    ).encode(),
-                    headers={"Content-Type": "application/json"},
-                )
-                try:
-                    urllib.request.urlopen(req, timeout=10).close()
-                    refused = 200
-                except urllib.error.HTTPError as e:
-                    refused = e.code
-            time.sleep(0.1)
+        run_dir, refused = wait_probing_without_key(proc, runs)
         rc = proc.wait(timeout=60)
     finally:
         stop.set()

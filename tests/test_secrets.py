@@ -38,6 +38,29 @@ def _scan_cmdlines(key: bytes, hits: list, stop: threading.Event, seen: list) ->
         time.sleep(0.05)
 
 
+def wait_probing_without_key(proc, runs, timeout_s: float = 240) -> tuple:
+    """Wait for `servesweep run` to end (bounded); while a point runs, send the server one request without the key.
+    Returns (run folder, that request's HTTP status: the server must refuse it)."""
+    run_dir, refused = None, None
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        run_dir = run_dir or run_dir_of(runs)
+        m = manifest(run_dir) if run_dir else None
+        if refused is None and m and any(p["status"] == "running" for p in m["points"].values()):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{m['port']}/v1/chat/completions",
+                data=json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                urllib.request.urlopen(req, timeout=10).close()
+                refused = 200
+            except urllib.error.HTTPError as e:
+                refused = e.code
+        time.sleep(0.1)
+    return run_dir, refused
+
+
 def test_the_api_key_never_leaks(tmp_path):
     key = "sk-sweep-" + secrets.token_hex(16)
     exp = write_experiment(tmp_path, retries=0, name="secret")
@@ -57,24 +80,7 @@ def test_the_api_key_never_leaks(tmp_path):
     run_dir = None
     refused = None
     try:
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and time.monotonic() < deadline:
-            run_dir = run_dir or run_dir_of(runs)
-            m = manifest(run_dir) if run_dir else None
-            if refused is None and m and any(p["status"] == "running" for p in m["points"].values()):
-                req = urllib.request.Request(
-                    f"http://127.0.0.1:{m['port']}/v1/chat/completions",
-                    data=json.dumps(
-                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-                    ).encode(),
-                    headers={"Content-Type": "application/json"},
-                )
-                try:
-                    urllib.request.urlopen(req, timeout=10).close()
-                    refused = 200
-                except urllib.error.HTTPError as e:
-                    refused = e.code
-            time.sleep(0.1)
+        run_dir, refused = wait_probing_without_key(proc, runs)
         rc = proc.wait(timeout=60)
     finally:
         stop.set()
