@@ -45,18 +45,18 @@ def test_saturation_is_flagged_with_the_process_and_the_reason():
     assert h["reasons"] == ["master h:9: CPU 99% of a core > 90%"], "a master near a full core is a limit too"
 
 
-def test_read_lag_flags_the_client_only_when_it_nears_the_chunk_gap():
+def test_merged_chunks_flag_the_client_read_lag_alone_does_not():
     import pyarrow as pa
 
-    from servesweep.summary import READ_LAG_SATURATED_ITL_SHARE
+    from servesweep.summary import MERGED_GAPS_SATURATED_SHARE
 
-    # 8-13 ms of read lag is harmless with kernel stamps at a 30 ms chunk gap (the stamps stay exact) ...
+    # 8-13 ms of read lag is harmless with kernel stamps while chunks are still read one by one (stamps exact) ...
     recs = pa.table({"read_lag_ns": [8_000_000] * 98 + [13_000_000] * 2})
-    h = client_headroom([_client("h:1", 1.0, 10.0, [0.5])], recs, itl_p50_ms=30.0)
+    h = client_headroom([_client("h:1", 1.0, 10.0, [0.5])], recs, itl_zero_gap_share=0.004)
     assert not h["client_saturated"] and h["read_lag_ms"]["p99"] == 13.0
-    assert h["limits"]["read_lag_p99_ms"] == READ_LAG_SATURATED_ITL_SHARE * 30.0
-    # ... but at a 20 ms gap the reader is about to find two chunks of one stream in one read
-    h = client_headroom([_client("h:1", 1.0, 10.0, [0.5])], recs, itl_p50_ms=20.0)
+    assert h["limits"]["merged_itl_gaps_share"] == MERGED_GAPS_SATURATED_SHARE
+    # ... but once the reader falls a chunk gap behind, chunks of a stream are read together and share a stamp
+    h = client_headroom([_client("h:1", 1.0, 10.0, [0.5])], recs, itl_zero_gap_share=0.03)
     assert h["client_saturated"] and h["reasons"] == [
-        "read lag p99 13.0 ms > 0.5 × ITL p50 (10.0 ms): chunks start to merge"
+        "3.0% of ITL gaps are chunks read together (> 1%; read lag p99 13.0 ms)"
     ]

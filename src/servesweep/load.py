@@ -412,7 +412,7 @@ def run_point(
         "wall_s": time.time() - t0,
         **summarize(table, slos=parsed_slos),
     }
-    summary["client_headroom"] = client_headroom(clients, table, (summary.get("itl_ms") or {}).get("p50"))
+    summary["client_headroom"] = client_headroom(clients, table, summary.get("itl_zero_gap_share"))
     summary["client_saturated"] = summary["client_headroom"]["client_saturated"]
     summary["degraded"], summary["problems"] = False, []
     if workers or states is not None:

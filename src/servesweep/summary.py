@@ -136,19 +136,19 @@ def _arrivals(m: pa.Table) -> dict | None:
 CPU_SATURATED_PCT = 90.0  # a process near one full core cannot take its stamps on time
 LOOP_LAG_SATURATED_MS = 20.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
 # With kernel receive stamps a late read no longer makes a stamp late; it merges chunks once the reader falls a
-# whole chunk gap behind (they then share one stamp: ITL gaps of 0). Flag the client before that: read lag p99
-# (user-space stamp minus kernel receive stamp) above this share of the ITL p50.
-READ_LAG_SATURATED_ITL_SHARE = 0.5
+# whole chunk gap behind (they then share one stamp: ITL gaps of exactly 0). Flag the client when more than this
+# share of the ITL gaps were merged: past it the ITL percentiles themselves move.
+MERGED_GAPS_SATURATED_SHARE = 0.01
 
 
 def client_headroom(
-    clients: list[dict], records: pa.Table | None = None, itl_p50_ms: float | None = None
+    clients: list[dict], records: pa.Table | None = None, itl_zero_gap_share: float | None = None
 ) -> dict:
     """Per load-generating process (clients.json): CPU use over the point (process CPU time / wall time, % of one
     core) and its busiest 3-s window, and event-loop lag percentiles; `client_saturated` with the reasons when a
     process passed CPU_SATURATED_PCT or its lag p99 passed LOOP_LAG_SATURATED_MS (or, with kernel receive stamps
-    in the records, their read lag p99 passed READ_LAG_SATURATED_ITL_SHARE of the ITL p50): then the client, not
-    the server, may have set the numbers."""
+    in the records, more than MERGED_GAPS_SATURATED_SHARE of the ITL gaps were chunks read together): then the
+    client, not the server, may have set the numbers. The read lag's percentiles are reported beside."""
     rows, reasons = [], []
     for c in sorted(clients, key=lambda c: str(c.get("worker") or c.get("client_id"))):
         wall = c.get("wall_s") or 0.0
@@ -181,11 +181,14 @@ def client_headroom(
                 f"{name}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms"
             )
     read_lag = _read_lag_ms(records)
-    lag_limit = READ_LAG_SATURATED_ITL_SHARE * itl_p50_ms if itl_p50_ms else None
-    if read_lag is not None and lag_limit is not None and read_lag["p99"] > lag_limit:
+    if (
+        read_lag is not None
+        and itl_zero_gap_share is not None
+        and itl_zero_gap_share > MERGED_GAPS_SATURATED_SHARE
+    ):
         reasons.append(
-            f"read lag p99 {read_lag['p99']:.1f} ms > {READ_LAG_SATURATED_ITL_SHARE:g} × ITL p50 "
-            f"({lag_limit:.1f} ms): chunks start to merge"
+            f"{itl_zero_gap_share:.1%} of ITL gaps are chunks read together (> {MERGED_GAPS_SATURATED_SHARE:.0%}; "
+            f"read lag p99 {read_lag['p99']:.1f} ms)"
         )
     master = next((r for r in rows if r["role"] == "master"), None)
     return {
@@ -197,7 +200,7 @@ def client_headroom(
         "limits": {
             "cpu_pct": CPU_SATURATED_PCT,
             "loop_lag_p99_ms": LOOP_LAG_SATURATED_MS,
-            "read_lag_p99_ms": lag_limit,
+            "merged_itl_gaps_share": MERGED_GAPS_SATURATED_SHARE,
         },
     }
 
