@@ -214,27 +214,37 @@ class LLMUser(FastHttpUser):
         if ctx.agent is not None:
             self._session(ctx, scheduled, warm)
             return
-        rid = uuid.uuid4().hex
         body, out_tokens = ctx.next_request()
-        headers = dict(ctx.headers)
-        headers["X-Request-Id"] = rid
-        rec = {
-            "request_id": rid,
+        rec = self._new_record(ctx, scheduled, warm, ctx.point.prompt_tokens, out_tokens, ctx.point.workload)
+        self._send(ctx, body, rec, warm)
+
+    def _new_record(
+        self, ctx: LoadContext, scheduled: int, warm: bool, prompt: int, output: int, workload: str, **extra
+    ) -> dict:
+        """A request's record before it is sent (the rest comes from _do_request and parse_stream)."""
+        return {
+            "request_id": uuid.uuid4().hex,
             "point_id": ctx.point.id,
             "worker": ctx.worker,
             "user": self._index,
             "warmup": warm,
             "scheduled_ns": scheduled,
-            "target_prompt_tokens": ctx.point.prompt_tokens,
-            "target_output_tokens": out_tokens,
+            "target_prompt_tokens": prompt,
+            "target_output_tokens": output,
             "mono_to_wall_ns": ctx.mono_to_wall_ns,
             "http_status": 0,
-            "workload": ctx.point.workload,
+            "workload": workload,
+            **extra,
         }
-        # In flight until its record is in the buffer: a worker ending a point then ships what it holds.
+
+    def _send(self, ctx: LoadContext, body: bytes, rec: dict, warm: bool, keep: list | None = None) -> None:
+        """Send one request and record it. In flight until its record is in the buffer: a worker ending a point then
+        ships what it holds."""
+        headers = dict(ctx.headers)
+        headers["X-Request-Id"] = rec["request_id"]
         ctx.in_flight += 1
         try:
-            self._do_request(ctx, body, headers, rec)
+            self._do_request(ctx, body, headers, rec, keep)
             self._finish(ctx, rec, warm)
         finally:
             ctx.in_flight -= 1
@@ -261,31 +271,12 @@ class LLMUser(FastHttpUser):
         sess = AgentSession.start(spec, ctx.sessions_started, ctx.next_nonce(), sid)
         ctx.sessions_started += 1
         while True:
-            rid = uuid.uuid4().hex
-            headers = dict(ctx.headers)
-            headers["X-Request-Id"] = rid
-            rec = {
-                "request_id": rid,
-                "point_id": ctx.point.id,
-                "worker": ctx.worker,
-                "user": self._index,
-                "warmup": warm,
-                "scheduled_ns": scheduled,
-                "target_prompt_tokens": ctx.point.prompt_tokens if sess.turn == 0 else 0,
-                "target_output_tokens": spec.output_tokens,
-                "mono_to_wall_ns": ctx.mono_to_wall_ns,
-                "http_status": 0,
-                "workload": "agent",
-                "session_id": sid,
-                "turn": sess.turn,
-            }
+            prompt = ctx.point.prompt_tokens if sess.turn == 0 else 0  # later turns: no target length
+            rec = self._new_record(
+                ctx, scheduled, warm, prompt, spec.output_tokens, "agent", session_id=sid, turn=sess.turn
+            )
             lines: list[bytes] = []
-            ctx.in_flight += 1
-            try:
-                self._do_request(ctx, sess.body(), headers, rec, keep=lines)
-                self._finish(ctx, rec, warm)
-            finally:
-                ctx.in_flight -= 1
+            self._send(ctx, sess.body(), rec, warm, keep=lines)
             if rec.get("error_class") is not None:
                 return  # a failed turn ends the session (its context is unknown)
             if not sess.advance(stream_text(lines), rec.get("prompt_tokens"), rec.get("completion_tokens")):
