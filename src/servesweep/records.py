@@ -210,14 +210,15 @@ def _count(v) -> int | None:
     return v if type(v) is int and 0 <= v < 2**53 else None
 
 
-def _token_bearing(ev: dict) -> bool:
-    """True when the event carries generated text; raises _Malformed when its shape is not an OpenAI chunk's."""
+def _token_kinds(ev: dict) -> tuple[bool, bool]:
+    """(carries reasoning, carries answer: content, text or tool calls) of an OpenAI chunk, in one walk of its
+    choices; raises _Malformed when its shape is not an OpenAI chunk's. Token-bearing: either of the two."""
     choices = ev.get("choices")
     if choices is None:
-        return False
+        return False, False
     if not isinstance(choices, list):
         raise _Malformed("choices is not a list")
-    found = False
+    r = a = False
     for ch in choices:
         if not isinstance(ch, dict):
             raise _Malformed("a choice is not an object")
@@ -229,27 +230,14 @@ def _token_bearing(ev: dict) -> bool:
                 v = d.get(key)
                 if v is not None and not isinstance(v, str):
                     raise _Malformed(f"delta.{key} is not a string")
-                found = found or bool(v)
+            r = r or bool(d.get("reasoning_content"))
             tc = d.get("tool_calls")
-            found = found or (isinstance(tc, list) and bool(tc))
+            a = a or bool(d.get("content")) or (isinstance(tc, list) and bool(tc))
         else:
             v = ch.get("text")
             if v is not None and not isinstance(v, str):
                 raise _Malformed("text is not a string")
-            found = found or bool(v)
-    return found
-
-
-def _kinds(ev: dict) -> tuple[bool, bool]:
-    """(carries reasoning, carries answer) of a chat chunk known to be token-bearing."""
-    r = a = False
-    for ch in ev.get("choices") or ():
-        d = ch.get("delta")
-        if d is None:
-            a = a or bool(ch.get("text"))
-        else:
-            r = r or bool(d.get("reasoning_content"))
-            a = a or bool(d.get("content")) or bool(d.get("tool_calls"))
+            a = a or bool(v)
     return r, a
 
 
@@ -264,7 +252,7 @@ def is_token_line(line: bytes) -> bool:
         ev = json.loads(payload)
         if isinstance(ev, dict) and "meta_info" in ev:  # SGLang's native /generate: cumulative text
             return isinstance(ev.get("text"), str) and bool(ev["text"])
-        return isinstance(ev, dict) and _token_bearing(ev)
+        return isinstance(ev, dict) and any(_token_kinds(ev))
     except (ValueError, RecursionError, _Malformed):
         return False
 
@@ -374,13 +362,12 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                 u = ev.get("usage")
                 if u is not None and not isinstance(u, dict):
                     raise _Malformed("usage is not an object")
-                tokens = _token_bearing(ev)
-                if tokens and (first_answer is None or first_reasoning is None):
-                    r, a = _kinds(ev)
-                    if r and first_reasoning is None:
-                        first_reasoning = t
-                    if a and first_answer is None:
-                        first_answer = t
+                r, a = _token_kinds(ev)
+                tokens = r or a
+                if r and first_reasoning is None:
+                    first_reasoning = t
+                if a and first_answer is None:
+                    first_answer = t
         except (ValueError, RecursionError, _Malformed) as e:
             what = payload[:120].decode("utf-8", "replace")
             malformed = malformed or short(f"{e}: {what}" if isinstance(e, _Malformed) else what)
