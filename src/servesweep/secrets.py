@@ -44,10 +44,15 @@ def read_key_file(path: str | os.PathLike, *, what: str = "API key file") -> str
         raise SecretError(f"{what} {p}: not UTF-8 text") from None
     except OSError as e:
         raise SecretError(f"{what} {p}: cannot read: {e.strerror}") from None
+    return _one_line(key, f"{what} {p}: the file")
+
+
+def _one_line(key: str, where: str) -> str:
+    """A key is one non-empty line (a file's or a vault's content, already stripped)."""
     if not key:
-        raise SecretError(f"{what} {p}: the file is empty")
+        raise SecretError(f"{where} is empty")
     if "\n" in key or "\r" in key:
-        raise SecretError(f"{what} {p}: holds more than one line; a key is one line")
+        raise SecretError(f"{where} holds more than one line; a key is one line")
     return key
 
 
@@ -96,13 +101,7 @@ def read_vault_key(path: str | os.PathLike, password_file: str | os.PathLike | N
         key = plain.decode("utf-8").strip()
     except UnicodeDecodeError:
         raise SecretError(f"vault file {p}: the decrypted content is not UTF-8 text") from None
-    if not key:
-        raise SecretError(f"vault file {p}: the decrypted content is empty")
-    if "\n" in key or "\r" in key:
-        raise SecretError(
-            f"vault file {p}: the decrypted content holds more than one line; a key is one line"
-        )
-    return key
+    return _one_line(key, f"vault file {p}: the decrypted content")
 
 
 def resolve_api_key(
