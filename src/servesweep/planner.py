@@ -647,9 +647,7 @@ def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
             f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first); they sit "
             + "; ".join(f"{axis} {', '.join(k for k, _ in v)}" for axis, v in heavy.items())
             + " (the values to trim first)",
-            sorted(
-                {pp.spec.id.split(".")[0] for pp in plan.point_plans() if pp.spec.id in set(plan.cut_first)}
-            ),
+            sorted({pid.split(".")[0] for pid in cut}),
             list(plan.cut_first),
             {
                 "total_s": round(plan.total_s, 1),
