@@ -28,9 +28,8 @@ from servesweep.loadspec import LoadPoint
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
-FILE_KEY_ENV = (
-    "SERVESWEEP_API_KEY"  # where --api-key-file's key travels to the Locust child (its environment)
-)
+# where --api-key-file's key travels to the Locust child (its environment)
+FILE_KEY_ENV = "SERVESWEEP_API_KEY"
 DEFAULT_SIM_MODEL = "Qwen/Qwen3.6-27B"
 DEFAULT_SIM_ARGS = f"--model-path {DEFAULT_SIM_MODEL} --enable-cache-report"
 
@@ -165,9 +164,7 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
         upd["model"] = fetch_model(point)
         point = point.model_copy(update=upd)
     if point.template_overhead is None and point.endpoint == "chat":
-        from servesweep.workloads import request_extra as _extra
-
-        tpl_extra = {k: v for k, v in _extra(point).items() if k == "chat_template_kwargs"}
+        tpl_extra = {k: v for k, v in request_extra(point).items() if k == "chat_template_kwargs"}
         from servesweep.prompts import probe_template_overhead
 
         upd["template_overhead"] = int(
@@ -261,17 +258,11 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
         # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
         # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
-        port = str(_free_port())
+        from servesweep.sim.launch import free_port
+
+        port = str(free_port())
         cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--master-port", port]
     return cmd
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_time_args(point: LoadPoint) -> list[str]:
@@ -430,11 +421,13 @@ def run_point(
         if len(states) < expected:
             summary["degraded"] = True
             summary["problems"].append(f"{len(states)} of {expected} worker processes reported")
+    cached = None  # the server's cached tokens during the point
+    if cached_before is not None and (after := server_cached_tokens(point)) is not None:
+        cached = after - cached_before
     if point.workload == "shared_prefix":
-        summary["shared_prefix"] = shared_prefix_check(point, summary, cached_before)
+        summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
     elif cached_before is not None:
-        after = server_cached_tokens(point)
-        summary["server_cached_tokens"] = None if after is None else after - cached_before
+        summary["server_cached_tokens"] = cached
     os.replace(rec_path, out_dir / "records.parquet")
     for name in ("locust-report.html",):
         if (work / name).is_file():
@@ -460,17 +453,17 @@ def server_cached_tokens(point: LoadPoint) -> float | None:
     return sum(got) if got else None
 
 
-def shared_prefix_check(point: LoadPoint, summary: dict, cached_before: float | None) -> dict:
+def shared_prefix_check(point: LoadPoint, summary: dict, server_cached: float | None) -> dict:
     """The shared-prefix target next to what was measured: every measured request but each group's first can be
-    served the group's prefix (an upper bound: warmup requests raise it, evictions lower it)."""
+    served the group's prefix (an upper bound: warmup requests raise it, evictions lower it). `server_cached`: the
+    server's cached tokens during the point (None: not exposed)."""
     n = summary["requests"]["ok"]
     g = min(point.num_groups, n)
     target = (n - g) / n * point.shared_prefix_tokens / point.prompt_tokens if n else None
-    after = server_cached_tokens(point) if cached_before is not None else None
     return {
         "target_hit_ratio": target,
         "measured_hit_ratio": summary["cache_hit_ratio"],
-        "server_cached_tokens": None if after is None else after - cached_before,
+        "server_cached_tokens": server_cached,
     }
 
 
