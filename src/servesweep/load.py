@@ -312,9 +312,8 @@ def run_point(
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     point = resolve_point(point)
-    build_bodies(
-        point
-    )  # builds (and caches on disk) the pool here, so the child's start is quick and errors show early
+    # build (and cache on disk) the pool here, so the child's start is quick and errors show early
+    build_bodies(point)
     work = out_dir / ".work"
     work.mkdir(exist_ok=True)
     status_dir = work / "status"

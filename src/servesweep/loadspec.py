@@ -207,11 +207,8 @@ class LoadPoint(BaseModel):
     def digest(self) -> str:
         """Hash of everything that changes what is measured (not the labels or the id)."""
         exclude = {"point_id", "labels"}
-        if self.arrival == "closed":
-            exclude |= {
-                "arrival",
-                "rate_rps",
-            }  # closed-loop points keep the digests they had before open loop
+        if self.arrival == "closed":  # closed-loop points keep the digests they had before open loop
+            exclude |= {"arrival", "rate_rps"}
         d = self.model_dump(exclude=exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
