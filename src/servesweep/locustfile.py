@@ -416,15 +416,19 @@ class Sampler:
         }
 
 
-def _client_status(ctx: LoadContext, shipped: int = 0, reset: bool = True) -> dict:
-    d = {
+def _counters(ctx: LoadContext) -> dict:
+    """This process's name and request counters, as clients.json and the status files show them."""
+    return {
         "worker": ctx.worker,
         "pid": os.getpid(),
         "issued": ctx.issued,
         "completed": ctx.completed,
         "failed": ctx.failed,
-        "shipped": shipped,
     }
+
+
+def _client_status(ctx: LoadContext, shipped: int = 0, reset: bool = True) -> dict:
+    d = {**_counters(ctx), "shipped": shipped}
     sampler = getattr(ctx, "sampler", None)
     if sampler is not None:
         d.update(sampler.take(reset))
@@ -618,19 +622,7 @@ def _status_loop(ctx: LoadContext, path: Path) -> None:
 
 def _write_status(ctx: LoadContext, path: Path, **extra) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "worker": ctx.worker,
-                "pid": os.getpid(),
-                "issued": ctx.issued,
-                "completed": ctx.completed,
-                "failed": ctx.failed,
-                "unix": time.time(),
-                **extra,
-            }
-        )
-    )
+    tmp.write_text(json.dumps({**_counters(ctx), "unix": time.time(), **extra}))
     os.replace(tmp, path)
 
 
