@@ -42,8 +42,7 @@ class Arrivals:
             raise ValueError(f"arrival {kind!r}: an open-loop schedule is 'constant' or 'poisson'")
         if not (rate_rps > 0 and math.isfinite(rate_rps)):
             raise ValueError(f"rate_rps must be a positive number of requests per second, got {rate_rps!r}")
-        if count < 1 or not 0 <= index < count:
-            raise ValueError(f"worker index {index} of {count}: need 0 <= index < count")
+        _check_worker(index, count)
         self.kind = kind
         self.rate_rps = float(rate_rps)
         self.index = index
@@ -77,6 +76,10 @@ class Arrivals:
 
 def split_budget(total: int, index: int, count: int) -> int:
     """Worker `index` of `count`'s share of a request budget: the shares differ by at most one and add up to total."""
+    _check_worker(index, count)
+    return total // count + (1 if index < total % count else 0)
+
+
+def _check_worker(index: int, count: int) -> None:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"worker index {index} of {count}: need 0 <= index < count")
-    return total // count + (1 if index < total % count else 0)
