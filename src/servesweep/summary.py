@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,8 +119,9 @@ def _arrivals(m: pa.Table) -> dict | None:
         return None
     sched = _col(m, "scheduled_ns")
     workers = np.asarray(m.column("worker").to_pylist(), dtype=object)
+    names = set(workers.tolist())
     rate = 0.0
-    for w in set(workers.tolist()):
+    for w in names:
         t = np.sort(sched[workers == w])
         if len(t) >= 2 and t[-1] > t[0]:
             rate += (len(t) - 1) / ((t[-1] - t[0]) / 1e9)
@@ -129,7 +131,7 @@ def _arrivals(m: pa.Table) -> dict | None:
         "rate_rps": rate or None,
         "interarrival_cv": float(gaps.std() / mean) if mean > 0 else None,
         "n": int(m.num_rows),
-        "processes": len(set(workers.tolist())),
+        "processes": len(names),
     }
 
 
@@ -209,21 +211,15 @@ def _rx_clocks(t: pa.Table) -> dict[str, int] | None:
     """How many records' stamps came from the kernel ('kernel') or user space ('user'), if the user recorded it."""
     if "rx_clock" not in t.column_names:
         return None
-    out: dict[str, int] = {}
-    for v in t.column("rx_clock").to_pylist():
-        out[v or "unknown"] = out.get(v or "unknown", 0) + 1
-    return out
+    return dict(Counter(v or "unknown" for v in t.column("rx_clock").to_pylist()))
 
 
 def _read_lag_ms(records: pa.Table | None) -> dict | None:
     """The records' per-request read lag (user-space stamp minus kernel receive stamp), if the user recorded it."""
-    if records is None:
+    if records is None or "read_lag_ns" not in records.column_names:
         return None
-    for name, scale in (("read_lag_ns", 1e6), ("read_lag_us", 1e3), ("read_lag_ms", 1.0)):
-        if name in records.column_names:
-            v = records.column(name).to_numpy(zero_copy_only=False).astype(np.float64) / scale
-            return stats(v[~np.isnan(v)])
-    return None
+    v = _col(records, "read_lag_ns") / _NS_PER_MS
+    return stats(v[~np.isnan(v)])
 
 
 # ---------------------------------------------------------------- the summary
