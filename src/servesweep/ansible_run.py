@@ -215,7 +215,19 @@ def _prefix(tag: str | None) -> str:
 def kill_tagged(tag: str) -> int:
     """Kill Ansible processes of a run_playbook(tag=...) whose caller died (SIGKILL leaves them running: they
     could start a server behind the back of the run that resumes). Returns how many were killed."""
-    needle = os.path.join(tempfile.gettempdir(), _prefix(tag))
+    n = _kill_naming(os.path.join(tempfile.gettempdir(), _prefix(tag)))
+    for leftover in Path(tempfile.gettempdir()).glob(_prefix(tag) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    return n
+
+
+def _kill_orphans(pd: Path) -> None:
+    """Kill processes left behind by a timed-out or cancelled run: they name the private data dir."""
+    _kill_naming(str(pd))
+
+
+def _kill_naming(needle: str) -> int:
+    """SIGKILL every other process with `needle` in an argument of its command line; how many were killed."""
     me, n = os.getpid(), 0
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
@@ -224,18 +236,4 @@ def kill_tagged(tag: str) -> int:
                 n += 1
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    for leftover in Path(tempfile.gettempdir()).glob(_prefix(tag) + "*"):
-        shutil.rmtree(leftover, ignore_errors=True)
     return n
-
-
-def _kill_orphans(pd: Path) -> None:
-    """Kill processes left behind by a timed-out or cancelled run: they name the private data dir."""
-    needle = str(pd)
-    me = os.getpid()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["pid"] != me and any(needle in a for a in (p.info["cmdline"] or [])):
-                p.send_signal(signal.SIGKILL)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue

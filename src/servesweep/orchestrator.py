@@ -124,13 +124,9 @@ def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str 
     from servesweep.secrets import SecretError, resolve_api_key
 
     L = exp.launcher
-    base = Path(experiment_file).resolve().parent if experiment_file else None
 
     def where(p: str | None) -> str | None:
-        if not p:
-            return p
-        q = Path(p).expanduser()
-        return str(base / q) if base is not None and not q.is_absolute() else str(q)
+        return _relative_to(experiment_file, p) if p else p
 
     try:
         return resolve_api_key(
@@ -149,8 +145,12 @@ def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str 
         raise click.ClickException(f"{e}{hint}") from None
 
 
-def _check_api_key_env(exp: Experiment, experiment_file: str | None = None) -> None:
-    resolve_run_key(exp, experiment_file)
+def _relative_to(experiment_file: str | None, path: str) -> str:
+    """A path of the experiment file (~ expanded; relative ones are relative to the file's folder)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and experiment_file:
+        p = Path(experiment_file).resolve().parent / p
+    return str(p)
 
 
 def _is_disk_error(e: BaseException) -> bool:
@@ -349,18 +349,12 @@ class Runner:
     def base_url(self) -> str:
         return self.exp.target.url(self.port)
 
-    def _relative_to_experiment(self, path: str) -> str:
-        p = Path(path).expanduser()
-        if not p.is_absolute() and self.m.data.get("experiment_file"):
-            p = Path(self.m.data["experiment_file"]).parent / p
-        return str(p)
-
     def _worker_hosts(self) -> dict | None:
         """load.worker_hosts as run_point takes it (the inventory relative to the experiment file)."""
         wh = self.exp.load.worker_hosts
         if wh is None:
             return None
-        return wh.model_dump() | {"inventory": self._relative_to_experiment(wh.inventory)}
+        return wh.model_dump() | {"inventory": _relative_to(self.m.data.get("experiment_file"), wh.inventory)}
 
     def _inventory(self) -> str:
         from servesweep.ansible_run import local_inventory
@@ -1059,7 +1053,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         exp_r = Experiment.model_validate(m.data["experiment"])
-        _check_api_key_env(exp_r, m.data.get("experiment_file"))
+        resolve_run_key(exp_r, m.data.get("experiment_file"))  # fail before the preflight
         left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
         preflight_results_dir(
             m.run_dir,
@@ -1085,7 +1079,7 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             console.print(
                 "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
             )
-        _check_api_key_env(exp, file)
+        resolve_run_key(exp, file)  # fail before the run folder exists
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
     runner = Runner(m, console=console, keep_server=keep_server)
