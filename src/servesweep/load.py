@@ -65,6 +65,10 @@ _TRANSIENT = re.compile(r"HTTP (429|5\d\d)|cannot reach|timed out|Connection (re
 PROBE_ATTEMPTS = 4  # 0.5 + 1 + 2 s of back-off: a server that sheds a request now and then still gets probed
 
 
+class _Transient(RuntimeError):
+    """A probe failure worth another try whatever its message says (an in-stream error event)."""
+
+
 def _retrying(what: str, fn: Callable[[], object]):
     """Run a probe, retrying what looks transient (429, 5xx, a refused or reset connection, a timeout)."""
     delay = 0.5
@@ -72,7 +76,8 @@ def _retrying(what: str, fn: Callable[[], object]):
         try:
             return fn()
         except (RuntimeError, OSError) as e:
-            if attempt == PROBE_ATTEMPTS or not _TRANSIENT.search(str(e)):
+            transient = isinstance(e, _Transient) or _TRANSIENT.search(str(e))
+            if attempt == PROBE_ATTEMPTS or not transient:
                 raise RuntimeError(f"{what} (attempt {attempt} of {PROBE_ATTEMPTS}): {e}") from None
             time.sleep(delay)
             delay *= 2
@@ -130,9 +135,7 @@ def probe_continuous_usage(point: LoadPoint) -> bool:
                     if not isinstance(ev, dict):
                         continue
                     if "error" in ev:  # an in-stream error (an overloaded server): try again
-                        raise RuntimeError(
-                            f"per-chunk usage probe: HTTP 500-like in-stream error {ev['error']}"
-                        )
+                        raise _Transient(f"per-chunk usage probe: in-stream error {ev['error']}")
                     for ch in ev.get("choices") or ():
                         d = ch.get("delta") or {}
                         if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get(
