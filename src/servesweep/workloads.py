@@ -93,12 +93,10 @@ def request_extra(point: LoadPoint) -> dict:
     extra.update({"stream": True, "stream_options": so})
     if point.ignore_eos:
         extra["ignore_eos"] = True
-    if point.thinking is not None:
-        extra["chat_template_kwargs"] = {"enable_thinking": point.thinking}
     extra.update(point.extra_body)
-    if point.thinking is not None and "chat_template_kwargs" in point.extra_body:
+    if point.thinking is not None:  # merged into the user's own chat_template_kwargs, if any
         extra["chat_template_kwargs"] = {
-            **point.extra_body["chat_template_kwargs"],
+            **point.extra_body.get("chat_template_kwargs", {}),
             "enable_thinking": point.thinking,
         }
     return extra
