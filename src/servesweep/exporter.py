@@ -621,10 +621,9 @@ def install_locust(
                     continue
                 if ctx is not seen_ctx:
                     seen_ctx, seen = ctx, 0
-                cols, seen = buf.columns_since(seen)
-                names = list(cols)
-                for row in zip(*(cols[k] for k in names), strict=True):
-                    _observe(dict(zip(names, row, strict=True)))
+                rows, seen = buf.rows_since(seen)
+                for row in rows:
+                    _observe(row)
             except Exception:  # noqa: BLE001 - metrics must never take the load test down
                 logging.getLogger("servesweep").exception("servesweep exporter: reading records failed")
 

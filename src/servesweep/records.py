@@ -161,6 +161,12 @@ class RecordBuffer:
         start = n if 0 <= n <= total else 0
         return {k: v[start:total] for k, v in self._cols.items()}, total
 
+    def rows_since(self, n: int) -> tuple[list[dict], int]:
+        """`columns_since` as one dict per row (what the web UI and the exporter fold in one by one)."""
+        cols, total = self.columns_since(n)
+        names = list(cols)
+        return [dict(zip(names, r, strict=True)) for r in zip(*cols.values(), strict=True)], total
+
     def take(self) -> dict[str, list]:
         out, self._cols = self._cols, {n: [] for n in COLUMNS}
         return out

@@ -157,13 +157,9 @@ class LiveState:
             return
         if ctx is not self._pulled_ctx:
             self._pulled_ctx, self._pulled = ctx, 0
-        cols, n = buf.columns_since(self._pulled)
-        if n > self._pulled:
-            names = list(cols)
-            rows = [dict(zip(names, r, strict=True)) for r in zip(*(cols[k] for k in names), strict=True)]
-            self._pulled = n
-            for r in rows:
-                self.stats.add_record(r)
+        rows, self._pulled = buf.rows_since(self._pulled)
+        for r in rows:
+            self.stats.add_record(r)
 
     def _pull_loop(self) -> None:
         import gevent
