@@ -337,19 +337,22 @@ class Clients:
         self.by_id: dict[str, dict] = {}
         self.exits: dict[int, int] = {}  # forked local worker pid -> exit status (a signal N as 128 + N)
 
+    def _entry(self, client_id: str) -> dict:
+        return self.by_id.setdefault(client_id, {"client_id": client_id, "lags_ms": [], "cpu_pct_max": 0.0})
+
     def update(self, client_id: str, st: dict) -> None:
-        c = self.by_id.setdefault(client_id, {"client_id": client_id, "lags_ms": [], "cpu_pct_max": 0.0})
+        c = self._entry(client_id)
         lags = st.get("lags_ms") or ()
         if len(c["lags_ms"]) < self.MAX_LAGS:
             c["lags_ms"].extend(lags)
-        for k in ("worker", "pid", "issued", "completed", "failed", "cpu_s", "wall_s"):
+        for k in ("worker", "pid", "issued", "completed", "failed", "cpu_s", "wall_s", "role"):
             if k in st:
                 c[k] = st[k]
         c["cpu_pct_max"] = max(c["cpu_pct_max"], float(st.get("cpu_pct_max") or 0.0))
         c["shipped"] = c.get("shipped", 0) + int(st.get("shipped", 0))
 
     def state(self, client_id: str, state: str) -> None:
-        c = self.by_id.setdefault(client_id, {"client_id": client_id, "lags_ms": [], "cpu_pct_max": 0.0})
+        c = self._entry(client_id)
         c["last_state"] = state
         if state == "missing":
             c["missing"] = True
@@ -653,8 +656,7 @@ def _write_records(environment) -> Path | None:
     )
     if isinstance(ctx, LoadContext):  # a local runner: its own counters and headroom
         clients = Clients()
-        clients.update("local", _client_status(ctx, reset=False))
-        clients.by_id["local"]["role"] = "local"
+        clients.update("local", {**_client_status(ctx, reset=False), "role": "local"})
         clients.write(path.with_name("clients.json"))
     elif isinstance(ctx, _MasterState):
         ctx.clients.note_exits()
@@ -663,9 +665,12 @@ def _write_records(environment) -> Path | None:
             ctx.clients.by_id.pop("master", None)
             ctx.clients.update(
                 "master",
-                {"worker": f"master {socket.gethostname()}:{os.getpid()}", **sampler.take(reset=False)},
+                {
+                    "worker": f"master {socket.gethostname()}:{os.getpid()}",
+                    "role": "master",
+                    **sampler.take(reset=False),
+                },
             )
-            ctx.clients.by_id["master"]["role"] = "master"
         ctx.clients.write(path.with_name("clients.json"))
     return path
 
