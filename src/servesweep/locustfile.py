@@ -110,9 +110,8 @@ def _args(parser) -> None:
         default=100_000,
         help="agent: a session ends before its context passes this",
     )
-    if (
-        "servesweep.webui" not in sys.modules
-    ):  # the web UI module registers it (and installs the exporter) itself
+    # The web UI module registers --metrics-port (and installs the exporter) itself.
+    if "servesweep.webui" not in sys.modules:
         opt(
             "--metrics-port",
             type=int,
@@ -386,9 +385,8 @@ class Sampler:
         self.wall0 = time.monotonic()
         self.lags_ms: list[float] = []
         self.cpu_pct_max = 0.0
-        self._runner = (
-            runner  # lag is not sampled while it spawns users (all at once: one stall before any load)
-        )
+        # Lag is not sampled while the runner spawns users (all at once: one stall before any load).
+        self._runner = runner
 
     def run(self) -> None:
         import gevent
