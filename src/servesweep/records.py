@@ -310,6 +310,32 @@ def stream_text(lines: list[bytes]) -> str:
     return "".join(out)
 
 
+def cut_lines(
+    body: bytearray, reached: list[int], stamps: list[int], last: int, lines: list[bytes], times: list[int]
+) -> None:
+    """Cut `body` (a response body read in one go) into its complete lines, appended to `lines`, each with the
+    stamp of the read that completed it: read j brought the body up to `reached[j]` bytes and has stamp
+    `stamps[j]`; bytes beyond the last entry came with a read whose stamp is `last`. A trailing piece without a
+    newline is not a line (a cut stream's half event)."""
+    if len(body) > reached[-1]:
+        reached = [*reached, len(body)]
+        stamps = [*stamps, last]
+    data = bytes(body)
+    j = 0
+    start = 0
+    find = data.find
+    while True:
+        k = find(b"\n", start)
+        if k < 0:
+            return
+        k += 1
+        while reached[j] < k:
+            j += 1
+        lines.append(data[start:k])
+        times.append(stamps[j])
+        start = k
+
+
 def _usage_complete(usage: dict | None) -> bool:
     return (
         bool(usage)
