@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -247,6 +248,19 @@ def _token_kinds(ev: dict) -> tuple[bool, bool]:
     return r, a
 
 
+def loads_event(payload: bytes):
+    """One SSE event's JSON. orjson first (~3x faster; the post-stream parse decodes every chunk); what it refuses
+    (NaN, integers past 64 bits, nesting past 1024) goes to the stdlib, so what parses and what a malformed chunk
+    says stay exactly as with `json.loads`."""
+    try:
+        return _orjson_loads(payload)
+    except ValueError:
+        return json.loads(payload)
+
+
+_orjson_loads = orjson.loads
+
+
 def is_token_line(line: bytes) -> bool:
     """Used only until the first token (to switch the socket from first-token to stall timeout)."""
     if not line.startswith(b"data:"):
@@ -255,7 +269,7 @@ def is_token_line(line: bytes) -> bool:
     if not payload or payload == b"[DONE]":
         return False
     try:
-        ev = json.loads(payload)
+        ev = loads_event(payload)
         if isinstance(ev, dict) and "meta_info" in ev:  # SGLang's native /generate: cumulative text
             return isinstance(ev.get("text"), str) and bool(ev["text"])
         return isinstance(ev, dict) and any(_token_kinds(ev))
@@ -298,7 +312,7 @@ def stream_text(lines: list[bytes]) -> str:
         if not payload or payload == b"[DONE]":
             continue
         try:
-            ev = json.loads(payload)
+            ev = loads_event(payload)
         except ValueError:
             continue
         if not isinstance(ev, dict):
@@ -375,7 +389,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
             done = True
             continue
         try:
-            ev = json.loads(payload)
+            ev = loads_event(payload)
             if not isinstance(ev, dict):
                 raise _Malformed("not a JSON object")
             if ev.get("error") is not None:
