@@ -297,6 +297,12 @@ def _encode_batch(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
     return fn(texts) if fn else [tok.encode(t) for t in texts]
 
 
+def _count_batch(tok: Tokenizer, texts: list[str]) -> list[int]:
+    """Token counts of the texts (a tokenizer's own `count_batch` may skip building id lists)."""
+    fn = getattr(tok, "count_batch", None)
+    return fn(texts) if fn else [len(ids) for ids in _encode_batch(tok, texts)]
+
+
 def _generate_sentences(data: dict) -> tuple[list[str], list[list[int]]]:
     rng = random.Random(_BANK_SEED)
     templates = data["templates"]
@@ -581,7 +587,7 @@ def _count(tok: Tokenizer, prompts: list[Prompt], overhead: int | None, nonce: s
     """Each prompt's length as the server counts it: ChatML + encode, or `overhead` + the content tokens."""
     if overhead is None:
         texts = [(p.as_text()).replace(NONCE_SLOT, nonce) for p in prompts]
-        return [len(ids) for ids in _encode_batch(tok, texts)]
+        return _count_batch(tok, texts)
     contents: list[str] = []
     owner: list[int] = []
     for i, p in enumerate(prompts):
@@ -590,8 +596,8 @@ def _count(tok: Tokenizer, prompts: list[Prompt], overhead: int | None, nonce: s
             contents.append(c)
             owner.append(i)
     out = [overhead] * len(prompts)
-    for i, ids in zip(owner, _encode_batch(tok, contents), strict=True):
-        out[i] += len(ids)
+    for i, c in zip(owner, _count_batch(tok, contents), strict=True):
+        out[i] += c
     return out
 
 

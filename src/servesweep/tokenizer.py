@@ -46,6 +46,9 @@ class QwenTiktokenTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self._enc.encode_batch([unicodedata.normalize("NFC", t) for t in texts], allowed_special="all")
 
+    def count_batch(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.encode_batch(texts)]
+
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids, errors="replace")
 
@@ -70,7 +73,11 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        # The "fast" batch skips character offsets, which nothing here reads: 3-4x less time on long texts.
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def count_batch(self, texts: list[str]) -> list[int]:
+        return [len(e) for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
@@ -98,7 +105,9 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     )
 
 
-def render_chatml(messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+def render_chatml(
+    messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
+) -> str:
     """Render chat messages as Qwen's ChatML template does (text only).
 
     With thinking switched off, Qwen3's template pre-fills an empty think block for the assistant turn.
