@@ -53,6 +53,7 @@ _SLOT_BYTES = NONCE_SLOT.encode()
 _BANK_SEED = 20261129
 _BANK_PER_TOPIC = 1500
 _FINAL_WINDOW = 200  # below this many tokens left, finish with an exact fill
+_CANARY_TOKENS = 200_000  # a pool's first prompts up to this many tokens are counted in full (see `_build`)
 _PROBE_CONTENT = "Reply with the single word: ready."
 _PROBE_SYSTEM = "You are a test assistant."
 
@@ -814,8 +815,16 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
         return Prompt("completions", target, text=text, **common)
 
     prompts = [make(i) for i in range(n)]
-    # Check every prompt as the server counts it; recompose the rare one that is off (only for unusual tokenizers).
-    counts = _count(tok, prompts, overhead, nonce)
+    # Each prompt is `target` tokens by construction when the tokenizer adds up by pieces (it splits at every joint
+    # the composer makes). The first prompts check that, counted in full as the server counts them; the rest are
+    # taken at their composed length. If any is off, count every prompt and recompose the ones that are off.
+    canary = min(n, max(groups if prefix_p else 1, -(-_CANARY_TOKENS // target)))
+    counts = _count(tok, prompts[:canary], overhead, nonce)
+    if canary < n:
+        if all(c == target for c in counts):
+            counts += [target] * (n - canary)
+        else:
+            counts += _count(tok, prompts[canary:], overhead, nonce)
     adjust = [0] * n
     for _attempt in range(8):
         bad = [i for i, c in enumerate(counts) if c != target]
