@@ -132,3 +132,41 @@ def test_native_generate_stream():
     assert r["finish_reason"] == "length"
     abort = run([GEN % (b"a", b'{"type":"abort","message":"x"}', 1), DONE])
     assert abort["error_class"] == "stream_error_event"
+
+
+def test_lines_cut_after_the_stream_carry_the_stamp_of_the_read_that_completed_them():
+    """The reader keeps (body length, stamp) per socket read and cuts lines after the stream: a line split across
+    two reads gets the second read's stamp, lines that were whole in one read get that read's, and a half line at
+    the end (a cut stream) is not a line."""
+    from servesweep.records import cut_lines
+
+    body = bytearray(CONTENT + BLANK + CONTENT[:40])  # read 1: a whole event and the start of the next
+    reached, stamps = [0, len(body)], [5, 10]
+    body += CONTENT[40:] + BLANK  # read 2 completes it
+    reached.append(len(body))
+    stamps.append(20)
+    body += USAGE[:30]  # read 3 brings half a line and nothing more (the stream was cut)
+    reached.append(len(body))
+    stamps.append(30)
+    lines: list[bytes] = [ROLE]  # what the reader kept before the first token stays first
+    times: list[int] = [1]
+    cut_lines(body, reached, stamps, 99, lines, times)
+    assert lines == [ROLE, CONTENT, BLANK, CONTENT, BLANK]
+    assert times == [1, 10, 10, 20, 20]
+    # bytes fed by a read whose stamp was not noted yet (an exception right after the feed) get `last`
+    body += USAGE[30:]
+    lines, times = [], []
+    cut_lines(body, reached, stamps, 99, lines, times)
+    assert times[-1] == 99 and lines[-1] == USAGE
+
+
+def test_events_the_fast_decoder_refuses_parse_as_the_stdlib_does():
+    """Integers past 64 bits and NaN are JSON the stdlib reads (orjson does not): the record must not change."""
+    huge = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":%d}}\n'
+    r = run([huge % 1, BLANK, huge % (2**70), BLANK, DONE, BLANK])
+    assert r.get("error_class") is None
+    assert r["chunk_ns"] == [100, 102]
+    assert r["chunk_tokens"] is None  # a per-chunk count of 2**70 is nonsense: no per-chunk tokens
+    assert r["completion_tokens"] is None  # not a plausible count (the last usage wins)
+    nan = b'data: {"choices":[{"index":0,"delta":{"content":"y"}}],"score":NaN}\n'
+    assert run([nan, BLANK, DONE, BLANK])["chunk_ns"] == [100]
