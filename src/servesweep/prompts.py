@@ -853,6 +853,15 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
     )
 
 
+def verify_pool(pool: PromptPool, template_overhead: int | None = None) -> dict[int, int]:
+    """Count every prompt of `pool` in full, as `build_pool` counts its first ones; {index: count} of those whose
+    count differs from their `tokens` (empty: all exact). `template_overhead`: what the pool was built with."""
+    tok = load_tokenizer(pool.tokenizer)
+    nonce = format_nonce("0" * pool.nonce_digits, pool.nonce_format)
+    counts = _count(tok, pool.prompts, template_overhead, nonce)
+    return {i: c for i, (p, c) in enumerate(zip(pool.prompts, counts, strict=True)) if c != p.tokens}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Disk cache: one file per pool, a header line with the key and a checksum of the rest, written atomically.
 
@@ -1006,6 +1015,11 @@ def probe_template_overhead(
 @click.option("--cache-dir", default=str(DEFAULT_CACHE_DIR), show_default=True)
 @click.option("--show", type=int, default=None, help="Print prompt I (its nonce slot as <NONCE>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Count every prompt in full (a build counts the first ones) and fail if any is off.",
+)
 def command(
     prompt_tokens,
     num_prompts,
@@ -1022,6 +1036,7 @@ def command(
     cache_dir,
     show,
     as_json,
+    verify,
 ):
     """Build (and cache) a prompt pool, or load a dataset, and print what it holds.
 
@@ -1070,6 +1085,16 @@ def command(
         "tokens_median": statistics.median(lengths),
         "tokens_max": max(lengths),
     }
+    if verify:
+        t1 = time.perf_counter()
+        off = verify_pool(pool, template_overhead)
+        if off:
+            shown = ", ".join(
+                f"prompt {i}: {c} tokens, not {pool[i].tokens}" for i, c in list(off.items())[:5]
+            )
+            raise click.ClickException(f"{len(off)} of {len(pool)} prompts are off: {shown}")
+        summary["verified_prompts"] = len(pool)
+        summary["verify_seconds"] = round(time.perf_counter() - t1, 3)
     if show is not None:
         if not 0 <= show < len(pool):
             raise click.BadParameter(
