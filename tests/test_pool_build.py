@@ -1,0 +1,163 @@
+"""Building a pool counts only its first prompts in full; every prompt still has the exact length, and a tokenizer
+that does not add up by pieces is caught by those first prompts and every prompt is counted and repaired."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from servesweep import prompts
+from servesweep.prompts import build_pool, verify_pool
+from servesweep.tokenizer import load_tokenizer, render_chatml
+
+
+def server_counts(tok, pool) -> list[int]:
+    """Every prompt as the emulator counts it (ChatML + encode, or the raw text), with a nonce filled in."""
+    nonces = pool.nonces()
+    out = []
+    for p in pool:
+        r = p.render(next(nonces).decode())
+        out.append(len(tok.encode(render_chatml(r) if isinstance(r, list) else r)))
+    return out
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The number of prompts each call of the pool's full count got (a spy on the real function)."""
+    calls: list[int] = []
+    real = prompts._count
+
+    def spy(tok, ps, overhead, nonce):
+        calls.append(len(ps))
+        return real(tok, ps, overhead, nonce)
+
+    monkeypatch.setattr(prompts, "_count", spy)
+    return calls
+
+
+def _sentences(n: int) -> list[str]:
+    return prompts._generate_sentences(prompts._filler_data())[0][:n]
+
+
+def _byte_level_bpe(path) -> str:
+    """A byte-level BPE with the GPT-2 split regex (the family of Llama 3, Qwen and GPT tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=3000,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(_sentences(4000), trainer)
+    tk.save(str(path))
+    return str(path)
+
+
+def _word_level(path) -> str:
+    """A word-level tokenizer (what the peer benchmark gives every tool)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|im_start|>", "<|im_end|>"])
+    tk.train_from_iterator(_sentences(4000) + [" ".join("0123456789")], trainer)
+    tk.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["qwen3.6", "byte-level-bpe", "word-level"])
+def test_only_the_first_prompts_are_counted_and_every_prompt_is_exact(tmp_path, monkeypatch, counted, kind):
+    spec = {"qwen3.6": lambda p: "qwen3.6", "byte-level-bpe": _byte_level_bpe, "word-level": _word_level}[
+        kind
+    ](tmp_path / "tokenizer.json")
+    tok = load_tokenizer(spec)
+    monkeypatch.setattr(prompts, "_CANARY_TOKENS", 20_000)  # one 20k-token prompt
+    for endpoint in ("chat", "completions"):
+        counted.clear()
+        pool = build_pool(20_000, 6, tokenizer=spec, endpoint=endpoint, seed=3, cache_dir=None)
+        assert counted == [1]  # the first prompt in full; the other five at their composed length
+        assert [p.tokens for p in pool] == [20_000] * 6
+        assert server_counts(tok, pool) == [20_000] * 6
+        assert verify_pool(pool) == {}
+
+
+def test_shared_prefix_pools_count_the_first_prompt_of_every_group(monkeypatch, counted):
+    monkeypatch.setattr(prompts, "_CANARY_TOKENS", 1)
+    tok = load_tokenizer()
+    pool = build_pool(12_000, 8, shared_prefix_tokens=3000, num_groups=3, cache_dir=None)
+    assert counted == [3]  # prompts 0, 1, 2: one of each group
+    assert server_counts(tok, pool) == [12_000] * 8
+    heads = [tok.encode(render_chatml(p.render("0" * p.nonce_digits))) for p in pool]
+    assert heads[0][:3000] == heads[3][:3000] and heads[0][:3000] != heads[1][:3000]
+
+
+def test_a_tokenizer_that_does_not_add_up_is_caught_and_every_prompt_repaired(tmp_path, monkeypatch, counted):
+    """SentencePiece-style word-start marks: a paragraph's first sentence counts one way alone and another after a
+    paragraph break. The first prompt shows it; then every prompt is counted and the ones off are recomposed."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    r = random.Random(0)
+    words = "the harbor master repaired a broken rudder before spring tide while gulls circled".split()
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tk.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?:-'\n "),
+        show_progress=False,
+    )
+    tk.train_from_iterator([" ".join(r.choice(words) for _ in range(12)) + "." for _ in range(3000)], trainer)
+    path = str(tmp_path / "meta.json")
+    tk.save(path)
+    tok = load_tokenizer(path)
+    monkeypatch.setattr(prompts, "_CANARY_TOKENS", 1)
+    pool = build_pool(3000, 5, tokenizer=path, cache_dir=None)
+    assert counted[:2] == [1, 4]  # the first prompt was off: the other four were counted too
+    assert len(counted) > 2  # ... and some were recomposed and counted again
+    assert server_counts(tok, pool) == [3000] * 5
+
+
+def test_prompts_verify_counts_every_prompt_and_names_the_ones_off(tmp_path):
+    from servesweep.prompts import command
+
+    runner = CliRunner()
+    args = ["--prompt-tokens", "5000", "-n", "4", "--cache-dir", str(tmp_path), "--json"]
+    res = runner.invoke(command, [*args, "--verify"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["verified_prompts"] == 4 and got["tokens_min"] == got["tokens_max"] == 5000
+
+    # A cached pool whose prompt 2 is off (one sentence longer than it says): --verify names it.
+    (path,) = tmp_path.glob("pool-*.json")
+    head, body = path.read_bytes().split(b"\n", 1)
+    d = json.loads(body)
+    msg = d["prompts"][2]["messages"][-1]
+    old = msg["content"]
+    msg["content"] = old.replace("Question:", "The tide was high. Question:", 1)
+    tok = load_tokenizer()
+    off = 5000 + len(tok.encode(msg["content"])) - len(tok.encode(old))
+    assert off > 5000
+    body = json.dumps(d, ensure_ascii=False).encode()
+    h = json.loads(head) | {"sha256": hashlib.sha256(body).hexdigest()}
+    path.write_bytes(json.dumps(h).encode() + b"\n" + body)
+    assert runner.invoke(command, args).exit_code == 0  # without --verify the pool is taken as it says
+    res = runner.invoke(command, [*args, "--verify"])
+    assert res.exit_code != 0
+    assert f"1 of 4 prompts are off: prompt 2: {off} tokens, not 5000" in res.output
