@@ -1,18 +1,94 @@
-"""How long prompt pools take to build: cold (no disk cache, fresh process) and from the disk cache.
+"""How long prompt pools take to build: cold (a fresh process, empty disk cache) and from the disk cache.
 
-    .venv/bin/python bench/bench_prompts.py [--prompt-tokens 100000] [--n 64]
+    .venv/bin/python bench/bench_prompts.py [--prompt-tokens 100000] [--n 64] [--tokenizer SPEC ...] [--pin CORE]
+        [--src DIR ...] [--repeat N] [--verify]
 
-Issue 3 asks for 64 prompts of 100k tokens in ≤ 10 s cold. Cold includes loading the tokenizer and the sentence
-bank; every prompt is encoded once more in full to check its length (as the emulator counts it).
+Each measurement runs in a fresh process with an empty cache directory: cold = load the tokenizer, build the
+sentence bank, compose and check the pool, write its cache file; then the same pool from the disk cache, and every
+request body (`PromptPool.bodies`, what a Locust process builds before its first request). `--tokenizer` (repeat
+it): "qwen3.6" (built in), or a tokenizer.json / model directory, e.g. the peer harness's word-level one
+(bench/.peers-venv/tokenizer) or a real byte-level BPE built by `bench/gpu/build_tokenizer.py DIR`. `--src DIR`
+(repeat it): also measure the servesweep sources under DIR (e.g. an older commit: `git archive COMMIT src | tar -x
+-C DIR`), alternating with the working tree, so a before/after comparison shares one noisy machine. `--pin CORE`:
+each build on one core (as the peer harness pins its client). `--verify`: afterwards count every prompt in full.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs in the measured process: only APIs that older sources have too (build_pool, load_tokenizer, _bank).
+CHILD = r"""
+import json, os, sys, time
+t0, c0 = time.perf_counter(), time.process_time()
+from pathlib import Path
+from servesweep.prompts import _bank, build_pool
+from servesweep.tokenizer import load_tokenizer
+a = json.loads(sys.argv[1])
+cache = Path(a["cache"])
+t_imp = time.perf_counter() - t0
+tok = load_tokenizer(a["tokenizer"])
+t_tok = time.perf_counter() - t0
+_bank(tok, cache)
+t_bank = time.perf_counter() - t0
+pool = build_pool(a["tokens"], a["n"], tokenizer=a["tokenizer"], cache_dir=cache, endpoint=a["endpoint"])
+t_cold = time.perf_counter() - t0
+cpu = time.process_time() - c0
+t1 = time.perf_counter()
+again = build_pool(a["tokens"], a["n"], tokenizer=a["tokenizer"], cache_dir=cache, endpoint=a["endpoint"])
+t_warm = time.perf_counter() - t1
+assert [p.as_text() for p in again] == [p.as_text() for p in pool]
+t2 = time.perf_counter()
+bodies = again.bodies("bench", 256, extra={"ignore_eos": True})
+t_bodies = time.perf_counter() - t2
+print(json.dumps({
+    "imports_s": t_imp, "tokenizer_s": t_tok - t_imp, "bank_s": t_bank - t_tok, "compose_check_save_s": t_cold - t_bank,
+    "cold_s": t_cold, "cold_cpu_s": cpu, "warm_s": t_warm, "bodies_s": t_bodies,
+    "cache_mb": sum(f.stat().st_size for f in cache.iterdir()) / 1e6,
+    "body_mb": sum(len(h) + len(t) for h, t in bodies) / 1e6,
+    "tokens": sorted({p.tokens for p in pool}),
+}))
+"""
+
+
+def measure(src: Path, tokenizer: str, args) -> dict:
+    cache = Path(tempfile.mkdtemp(prefix="bench-prompts-"))
+    try:
+        env = dict(os.environ, PYTHONPATH=str(src), HOME=str(cache))  # no user cache of any kind is read
+        a = {
+            "cache": str(cache / "prompts"),
+            "tokenizer": tokenizer,
+            "tokens": args.prompt_tokens,
+            "n": args.n,
+            "endpoint": args.endpoint,
+        }
+        cmd = [sys.executable, "-c", CHILD, json.dumps(a)]
+        if args.pin is not None:
+            cmd = ["taskset", "-c", str(args.pin), *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            return {"error": r.stderr.strip()[-600:]}
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        if args.verify:
+            from servesweep.prompts import build_pool, verify_pool
+
+            pool = build_pool(
+                args.prompt_tokens, args.n, tokenizer=tokenizer, cache_dir=a["cache"], endpoint=args.endpoint
+            )
+            out["off_prompts"] = len(verify_pool(pool))
+        return out
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def main() -> None:
@@ -20,46 +96,45 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=100_000)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--endpoint", default="chat", choices=["chat", "completions"])
-    ap.add_argument("--shared-prefix-tokens", type=int, default=0)
-    ap.add_argument("--num-groups", type=int, default=1)
+    ap.add_argument(
+        "--tokenizer", action="append", help="qwen3.6 or a tokenizer.json / directory (repeatable)"
+    )
+    ap.add_argument(
+        "--src", action="append", type=Path, default=[], help="other servesweep sources (repeatable)"
+    )
+    ap.add_argument("--pin", type=int, default=None, help="run each build on this CPU core")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds (the median is printed)")
+    ap.add_argument("--verify", action="store_true", help="count every prompt in full afterwards")
     args = ap.parse_args()
-
-    kw = dict(
-        endpoint=args.endpoint, shared_prefix_tokens=args.shared_prefix_tokens, num_groups=args.num_groups
-    )
-    with tempfile.TemporaryDirectory() as d:  # an empty cache: a cold build
-        t0, c0 = time.perf_counter(), time.process_time()
-        from servesweep.prompts import _bank, build_pool
-        from servesweep.tokenizer import load_tokenizer, render_chatml
-
-        tok = load_tokenizer(None)  # the same cached instance build_pool uses
-        _bank(tok, Path(d))
-        t_setup = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        pool = build_pool(args.prompt_tokens, args.n, cache_dir=Path(d), **kw)
-        t_build = time.perf_counter() - t1
-        cpu_cold = time.process_time() - c0
-
-        t2 = time.perf_counter()
-        again = build_pool(args.prompt_tokens, args.n, cache_dir=Path(d), **kw)
-        t_cached = time.perf_counter() - t2
-        size = sum(f.stat().st_size for f in Path(d).iterdir())
-    assert [p.as_text() for p in again] == [p.as_text() for p in pool]
-    t3 = time.perf_counter()
-    bodies = pool.bodies("bench", 256, extra={"ignore_eos": True})
-    t_bodies = time.perf_counter() - t3
-
-    # Independent check of every prompt's length, with a nonce filled in.
-    nonce = next(pool.nonces()).decode()
-    texts = [render_chatml(p.render(nonce)) if p.messages else p.render(nonce) for p in pool]
-    counts = {len(ids) for ids in tok.encode_batch(texts)}
+    srcs = [ROOT / "src", *[s.resolve() for s in args.src]]
+    for s in srcs:
+        if not (s / "servesweep" / "prompts.py").is_file():
+            ap.error(f"--src {s}: no servesweep/prompts.py under it")
+    tokenizers = args.tokenizer or ["qwen3.6"]
+    results: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(args.repeat):
+        for tok in tokenizers:
+            for s in srcs:  # alternate the sources so that both see the same moments of a noisy machine
+                results.setdefault((tok, str(s)), []).append(measure(s, tok, args))
+    load = os.getloadavg()[0]
+    pin = f"pinned to core {args.pin}" if args.pin is not None else "not pinned"
     print(
-        f"{args.n} prompts × {args.prompt_tokens} tokens ({args.endpoint}): "
-        f"tokenizer+bank {t_setup:.2f} s, build {t_build:.2f} s, cold total {t_setup + t_build:.2f} s "
-        f"(CPU {cpu_cold:.2f} s, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores); "
-        f"from disk cache {t_cached:.2f} s ({size / 1e6:.1f} MB); request bodies {t_bodies:.2f} s "
-        f"({sum(len(h) + len(t) for h, t in bodies) / 1e6:.1f} MB); token counts seen {sorted(counts)}"
+        f"{args.n} prompts × {args.prompt_tokens} tokens ({args.endpoint}), median of {args.repeat} round(s), "
+        f"{pin}; load average {load:.1f} on {os.cpu_count()} cores"
     )
+    keys = ["cold_s", "cold_cpu_s", "tokenizer_s", "bank_s", "compose_check_save_s", "warm_s", "bodies_s"]
+    print("| tokenizer | sources | " + " | ".join(keys) + " | cache MB | prompt tokens | off |")
+    print("|---" * (len(keys) + 5) + "|")
+    for (tok, s), runs in results.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            print(f"| {tok} | {s} | error: {runs[0]['error']} |")
+            continue
+        med = {k: statistics.median(r[k] for r in ok) for k in keys}
+        cells = " | ".join(f"{med[k]:.2f}" for k in keys)
+        off = ok[-1].get("off_prompts", "–")
+        label = "working tree" if s == str(ROOT / "src") else s
+        print(f"| {tok} | {label} | {cells} | {ok[-1]['cache_mb']:.1f} | {ok[-1]['tokens']} | {off} |")
 
 
 if __name__ == "__main__":
