@@ -5,9 +5,13 @@ templates, drawn from a seeded generator) with a "needle" fact somewhere inside 
 
 Exactness. Sentences join at pre-tokenizer boundaries ("." then " Word"), so BPE never merges across them and a
 prompt's length is the sum of its sentences' token counts (counted once per tokenizer, cached on disk): it is known
-while the prompt is composed, and the last sentences are chosen to fill the target exactly. Every prompt is then
-encoded once as the server would see it (chat: the ChatML rendering that the emulator counts; completions: the raw
-text) and recomposed in the rare case the count is off, so a pool never holds a prompt of the wrong length.
+while the prompt is composed, and the last sentences are chosen to fill the target exactly. The first prompts of a
+pool (200k tokens' worth, and one per shared-prefix group) are then encoded in full as the server would see them
+(chat: the ChatML rendering that the emulator counts; completions: the raw text). When they come out exact, the
+tokenizer adds up by pieces (byte-level BPEs with a split regex, such as Qwen's, Llama 3's and GPT's, and word-level
+ones do) and the rest are taken at their composed length; when any is off (e.g. SentencePiece-style word-start
+marks), every prompt is encoded and the ones off are recomposed. Encoding all 64 prompts of 100k tokens would cost
+3-12 s on one core; `verify_pool` (`servesweep prompts --verify`) does it on demand.
 
 Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
 The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
@@ -337,12 +341,9 @@ def _encode_sentences(
     sentence alone; if the tokenizer does not split that way, encode them one by one (slower, same result).
     """
     if len(dot) == 1:
-        # In chunks: some tokenizers (HF `tokenizers`) slow down on one very long text.
-        ids = [
-            t
-            for i in range(0, len(sents), 200)
-            for t in tok.encode("".join(" " + s for s in sents[i : i + 200]))
-        ]
+        # In chunks, one batch: some tokenizers (HF `tokenizers`) slow down on one very long text.
+        chunks = ["".join(" " + s for s in sents[i : i + 200]) for i in range(0, len(sents), 200)]
+        ids = [t for chunk in _encode_batch(tok, chunks) for t in chunk]
         mids: list[list[int]] = []
         cur: list[int] = []
         d = dot[0]
@@ -869,9 +870,8 @@ def verify_pool(pool: PromptPool, template_overhead: int | None = None) -> dict[
 def _save_cached(path: Path, key: str, pool: PromptPool) -> None:
     meta = pool.meta()
     meta["tokenizer"] = pool.tokenizer
-    body = json.dumps(
-        {"meta": meta, "prompts": [p.to_json() for p in pool.prompts]}, ensure_ascii=False
-    ).encode()
+    # ASCII JSON (the nonce slot as \ue000): encoded, and read back, faster than the same text in UTF-8.
+    body = json.dumps({"meta": meta, "prompts": [p.to_json() for p in pool.prompts]}).encode()
     header = json.dumps(
         {"format": FORMAT_VERSION, "key": key, "sha256": hashlib.sha256(body).hexdigest()}
     ).encode()
