@@ -161,3 +161,26 @@ def test_prompts_verify_counts_every_prompt_and_names_the_ones_off(tmp_path):
     res = runner.invoke(command, [*args, "--verify"])
     assert res.exit_code != 0
     assert f"1 of 4 prompts are off: prompt 2: {off} tokens, not 5000" in res.output
+
+
+def test_a_cached_pool_is_read_without_loading_the_tokenizer(tmp_path):
+    """A Locust process finds the pool that `servesweep load` built: it must not spend a second or two loading a
+    large tokenizer.json just to name the cache file. Fresh processes, as in a run."""
+    import subprocess
+    import sys
+
+    path = _byte_level_bpe(tmp_path / "tokenizer.json")
+    code = (
+        "import sys; from servesweep.prompts import build_pool; from servesweep.tokenizer import load_tokenizer;"
+        f"p = build_pool(4000, 3, tokenizer={path!r}, cache_dir={str(tmp_path / 'cache')!r});"
+        "print(load_tokenizer.cache_info().currsize, sorted({x.tokens for x in p}))"
+    )
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True) for _ in "ab"
+    ]
+    assert [r.stdout.split(maxsplit=1) for r in runs] == [["1", "[4000]\n"], ["0", "[4000]\n"]]
+    # another tokenizer file at the same path is another cache entry: built again, with the new file
+    tj = tmp_path / "tokenizer.json"
+    tj.write_text(tj.read_text() + "\n")
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert again.stdout.split(maxsplit=1) == ["1", "[4000]\n"]

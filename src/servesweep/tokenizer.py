@@ -90,15 +90,22 @@ def load_tokenizer(spec: str | None = None) -> Tokenizer:
     `spec` is None or "qwen3.6" (the built-in Qwen3.6 vocabulary), a path to a `tokenizer.json`, or a model
     directory that holds one. Anything else is an error that names what was looked for.
     """
+    name, path = tokenizer_source(spec)
+    return HFTokenizer(path) if path is not None else QwenTiktokenTokenizer(name)
+
+
+def tokenizer_source(spec: str | None = None) -> tuple[str, Path | None]:
+    """(the name `load_tokenizer(spec)` will have, its tokenizer.json or None for the built-in vocabulary), without
+    loading it (a large tokenizer.json takes a second or two)."""
     if spec is None or spec.lower() in ("qwen3.6", "qwen3.5", "qwen", "default"):
-        return QwenTiktokenTokenizer()
+        return DEFAULT_TOKENIZER, None
     p = Path(os.path.expanduser(spec))
     if p.is_dir():
         p = p / "tokenizer.json"
     if p.is_file():
-        return HFTokenizer(p)
+        return str(p), p
     if spec.lower().rsplit("/", 1)[-1].startswith(("qwen3.5", "qwen3.6")):
-        return QwenTiktokenTokenizer(spec)
+        return spec, None
     raise ValueError(
         f"tokenizer {spec!r}: not a built-in name (qwen3.6), not a tokenizer.json file, "
         f"and not a directory holding one"
