@@ -184,3 +184,32 @@ def test_a_cached_pool_is_read_without_loading_the_tokenizer(tmp_path):
     tj.write_text(tj.read_text() + "\n")
     again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert again.stdout.split(maxsplit=1) == ["1", "[4000]\n"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "plain text\nwith a paragraph break",
+        f"{prompts.NONCE_SLOT}\nthe nonce slot first",
+        f'before {prompts.NONCE_SLOT} after, and a tab\tand a quote " here',
+        f"non-ASCII: café, 中文, emoji 🚀 {prompts.NONCE_SLOT} end",
+        f"a control character \x01 {prompts.NONCE_SLOT}",
+        "a literal backslash-u: \\ue000 and no slot",
+        f"a literal \\ue000 and the slot {prompts.NONCE_SLOT}",
+        f"a backslash \\ and the slot {prompts.NONCE_SLOT}",
+    ],
+)
+def test_request_bodies_are_utf8_json_split_at_the_nonce(content):
+    obj = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    want = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode().split(prompts._SLOT_BYTES)
+    head, tail = prompts._split_body(obj)
+    assert [head, tail] == (want if len(want) == 2 else [*want, b""])
+    nonce = "12345678" if prompts.NONCE_SLOT in content else ""
+    got = json.loads(head + nonce.encode() + tail)["messages"][0]["content"]
+    assert got == content.replace(prompts.NONCE_SLOT, nonce)
+
+
+def test_a_prompt_with_two_nonce_slots_is_an_error():
+    obj = {"prompt": f"{prompts.NONCE_SLOT} and {prompts.NONCE_SLOT}"}
+    with pytest.raises(ValueError, match="holds the nonce slot 2 times"):
+        prompts._split_body(obj)
