@@ -4,8 +4,9 @@
         [--src DIR ...] [--repeat N] [--verify]
 
 Each measurement runs in a fresh process with an empty cache directory: cold = load the tokenizer, build the
-sentence bank, compose and check the pool, write its cache file; then the same pool from the disk cache, and every
-request body (`PromptPool.bodies`, what a Locust process builds before its first request). `--tokenizer` (repeat
+sentence bank, compose and check the pool, write its cache file; then, in the same process, the pool from the disk
+cache (warm_s) and every request body (bodies_s). warm_process_s: a second fresh process that reads the cached pool
+and makes the bodies, all from its start (imports included): what a Locust process does before its first request. `--tokenizer` (repeat
 it): "qwen3.6" (built in), or a tokenizer.json / model directory, e.g. the peer harness's word-level one
 (bench/.peers-venv/tokenizer) or a real byte-level BPE built by `bench/gpu/build_tokenizer.py DIR`. `--src DIR`
 (repeat it): also measure the servesweep sources under DIR (e.g. an older commit: `git archive COMMIT src | tar -x
@@ -37,6 +38,11 @@ from servesweep.tokenizer import load_tokenizer
 a = json.loads(sys.argv[1])
 cache = Path(a["cache"])
 t_imp = time.perf_counter() - t0
+if a.get("warm"):  # what a Locust process does after `servesweep load` built the pool: read it, make the bodies
+    pool = build_pool(a["tokens"], a["n"], tokenizer=a["tokenizer"], cache_dir=cache, endpoint=a["endpoint"])
+    pool.bodies("bench", 256, extra={"ignore_eos": True})
+    print(json.dumps({"warm_process_s": time.perf_counter() - t0}))
+    sys.exit()
 tok = load_tokenizer(a["tokenizer"])
 t_tok = time.perf_counter() - t0
 _bank(tok, cache)
@@ -79,6 +85,12 @@ def measure(src: Path, tokenizer: str, args) -> dict:
         if r.returncode != 0:
             return {"error": r.stderr.strip()[-600:]}
         out = json.loads(r.stdout.strip().splitlines()[-1])
+        r = subprocess.run(
+            [*cmd[:-1], json.dumps(a | {"warm": True})], capture_output=True, text=True, env=env
+        )
+        if r.returncode != 0:
+            return {"error": r.stderr.strip()[-600:]}
+        out |= json.loads(r.stdout.strip().splitlines()[-1])
         if args.verify:
             from servesweep.prompts import build_pool, verify_pool
 
@@ -122,7 +134,16 @@ def main() -> None:
         f"{args.n} prompts × {args.prompt_tokens} tokens ({args.endpoint}), median of {args.repeat} round(s), "
         f"{pin}; load average {load:.1f} on {os.cpu_count()} cores"
     )
-    keys = ["cold_s", "cold_cpu_s", "tokenizer_s", "bank_s", "compose_check_save_s", "warm_s", "bodies_s"]
+    keys = [
+        "cold_s",
+        "cold_cpu_s",
+        "tokenizer_s",
+        "bank_s",
+        "compose_check_save_s",
+        "warm_s",
+        "bodies_s",
+        "warm_process_s",
+    ]
     print("| tokenizer | sources | " + " | ".join(keys) + " | cache MB | prompt tokens | off |")
     print("|---" * (len(keys) + 5) + "|")
     for (tok, s), runs in results.items():
