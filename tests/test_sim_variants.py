@@ -4,6 +4,7 @@ reasoning parser, and the ≤0.5.9 stream shape."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from servesweep.sim.launch import start_sim
@@ -172,6 +173,7 @@ def test_queue_full_is_503():
             "1",
             "--sim-gpu",
             "A6000",
+            "--enable-metrics",
         ]
     ) as sim:
         payloads = [chat("hi", 60, stream=True) for _ in range(4)]
@@ -190,13 +192,28 @@ def test_queue_full_is_503():
         async def non_stream():
             import asyncio
 
-            busy = [
-                asyncio.ensure_future(
+            async def until(gauge: str) -> None:
+                """Wait until the emulator's /metrics says `gauge` is 1."""
+                for _ in range(250):
+                    text = (await asyncio.to_thread(http, "GET", sim.base_url + "/metrics"))[2].decode()
+                    m = re.search(rf"^sglang:{gauge}\{{[^}}]*\}} (\S+)$", text, re.M)
+                    if m and float(m[1]) == 1:
+                        return
+                    await asyncio.sleep(0.02)
+                raise AssertionError(f"{gauge} never reached 1")
+
+            def stream():
+                return asyncio.ensure_future(
                     probe(sim.host, sim.port, "/v1/chat/completions", chat("hi", 60, stream=True))
                 )
-                for _ in range(2)
-            ]
-            await asyncio.sleep(0.2)
+
+            # One stream runs, one waits in the queue, then the probe finds the queue full. Each step is checked
+            # on /metrics: fixed sleeps lost races on a loaded machine (a second stream sent while the first was
+            # still queued is the one refused, and the probe is then queued and served).
+            busy = [stream()]
+            await until("num_running_reqs")
+            busy.append(stream())
+            await until("num_queue_reqs")
             r = await probe(sim.host, sim.port, "/v1/chat/completions", chat("hi", 4))
             await asyncio.gather(*busy)
             return r
