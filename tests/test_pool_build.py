@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 
 import pytest
@@ -179,6 +180,21 @@ def test_a_cached_pool_is_read_without_loading_the_tokenizer(tmp_path):
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True) for _ in "ab"
     ]
     assert [r.stdout.split(maxsplit=1) for r in runs] == [["1", "[4000]\n"], ["0", "[4000]\n"]]
+    # the template probe's content count too (`servesweep load` probes, then finds the pool cached)
+    probe = (
+        "from servesweep.prompts import _content_tokens; from servesweep.tokenizer import load_tokenizer;"
+        f"print(load_tokenizer.cache_info().currsize, _content_tokens({path!r}, ['Reply.', 'You are a test.']),"
+        "load_tokenizer.cache_info().currsize)"
+    )
+    env = dict(os.environ, HOME=str(tmp_path / "home"))
+    got = [
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env
+        ).stdout
+        for _ in "ab"
+    ]
+    n = len(load_tokenizer(path).encode("Reply.")) + len(load_tokenizer(path).encode("You are a test."))
+    assert got == [f"0 {n} 1\n", f"0 {n} 0\n"]
     # another tokenizer file at the same path is another cache entry: built again, with the new file
     tj = tmp_path / "tokenizer.json"
     tj.write_text(tj.read_text() + "\n")

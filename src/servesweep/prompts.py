@@ -969,7 +969,7 @@ def probe_template_overhead(
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
-    tok = load_tokenizer(tokenizer)
+    tok_name, _ = tokenizer_source(tokenizer)
     base = base_url.rstrip("/")
     prefix = base if base.endswith("/v1") else base + "/v1"
     if endpoint == "chat":
@@ -977,11 +977,11 @@ def probe_template_overhead(
             {"role": "user", "content": _PROBE_CONTENT}
         ]
         body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": 1, "stream": False}
-        content_tokens = sum(len(tok.encode(m["content"])) for m in msgs)
+        content_tokens = _content_tokens(tokenizer, [m["content"] for m in msgs])
         url = prefix + "/chat/completions"
     else:
         body = {"model": model, "prompt": _PROBE_CONTENT, "max_tokens": 1, "stream": False}
-        content_tokens = len(tok.encode(_PROBE_CONTENT))
+        content_tokens = _content_tokens(tokenizer, [_PROBE_CONTENT])
         url = prefix + "/completions"
     body.update(extra or {})
     headers = {"Content-Type": "application/json"}
@@ -1006,9 +1006,27 @@ def probe_template_overhead(
     if overhead < 0:
         raise RuntimeError(
             f"template probe: the server counted {pt} prompt tokens for content of {content_tokens} tokens; "
-            f"its tokenizer differs from {tok.name} (pass the model's tokenizer)"
+            f"its tokenizer differs from {tok_name} (pass the model's tokenizer)"
         )
     return overhead
+
+
+def _content_tokens(tokenizer: str | None, texts: list[str]) -> int:
+    """The probe content's tokens, kept on disk per tokenizer file: `servesweep load` with a pool already cached
+    then starts without loading a large tokenizer.json (a second or two) for a dozen tokens."""
+    key = hashlib.sha256(
+        json.dumps([_tokenizer_id(tokenizer_source(tokenizer)[0]), texts]).encode()
+    ).hexdigest()
+    path = Path(os.path.expanduser(DEFAULT_CACHE_DIR)) / f"probe-{key[:32]}.json"
+    with contextlib.suppress(OSError, ValueError):
+        n = json.loads(path.read_bytes())
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+    tok = load_tokenizer(tokenizer)
+    n = sum(len(tok.encode(t)) for t in texts)
+    with contextlib.suppress(OSError):
+        _atomic_write(path, json.dumps(n).encode())
+    return n
 
 
 # ----------------------------------------------------------------------------------------------------------------
