@@ -87,6 +87,7 @@ def test_only_the_first_prompts_are_counted_and_every_prompt_is_exact(tmp_path, 
         counted.clear()
         pool = build_pool(20_000, 6, tokenizer=spec, endpoint=endpoint, seed=3, cache_dir=None)
         assert counted == [1]  # the first prompt in full; the other five at their composed length
+        assert pool.meta()["counted_in_full"] == 1
         assert [p.tokens for p in pool] == [20_000] * 6
         assert server_counts(tok, pool) == [20_000] * 6
         assert verify_pool(pool) == {}
@@ -132,6 +133,7 @@ def test_a_tokenizer_that_does_not_add_up_is_caught_and_every_prompt_repaired(tm
     pool = build_pool(3000, 5, tokenizer=path, cache_dir=None)
     assert counted[:2] == [1, 4]  # the first prompt was off: the other four were counted too
     assert len(counted) > 2  # ... and some were recomposed and counted again
+    assert pool.counted_in_full == 5
     assert server_counts(tok, pool) == [3000] * 5
 
 
@@ -144,6 +146,9 @@ def test_prompts_verify_counts_every_prompt_and_names_the_ones_off(tmp_path):
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert got["verified_prompts"] == 4 and got["tokens_min"] == got["tokens_max"] == 5000
+    assert got["counted_in_full"] == 4  # 4 x 5k tokens: all of them (the first 200k tokens are)
+    again = json.loads(runner.invoke(command, args).output)  # from the disk cache: the same record
+    assert again["counted_in_full"] == 4 and "verified_prompts" not in again
 
     # A cached pool whose prompt 2 is off (one sentence longer than it says): --verify names it.
     (path,) = tmp_path.glob("pool-*.json")

@@ -272,4 +272,5 @@ def load_dataset(
         template_overhead=template_overhead,
         seed=seed,
         source=f"dataset:{path}",
+        counted_in_full=len(chosen),
     )

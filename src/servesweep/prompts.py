@@ -210,6 +210,9 @@ class PromptPool:
     num_groups: int = 1
     seed: int = 0
     source: str = "synthetic"
+    # How many prompts the tokenizer counted in full at build time (the rest kept their composed length, which those
+    # confirmed; see the module's docstring). None: a pool cached before this was recorded.
+    counted_in_full: int | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -245,6 +248,7 @@ class PromptPool:
             "shared_prefix_tokens": self.shared_prefix_tokens,
             "num_groups": self.num_groups,
             "seed": self.seed,
+            "counted_in_full": self.counted_in_full,
         }
 
 
@@ -841,9 +845,11 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
     # taken at their composed length. If any is off, count every prompt and recompose the ones that are off.
     canary = min(n, max(groups if prefix_p else 1, -(-_CANARY_TOKENS // target)))
     counts = _count(tok, prompts[:canary], overhead, nonce)
+    counted = n
     if canary < n:
         if all(c == target for c in counts):
             counts += [target] * (n - canary)
+            counted = canary
         else:
             counts += _count(tok, prompts[canary:], overhead, nonce)
     adjust = [0] * n
@@ -871,6 +877,7 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
         shared_prefix_tokens=prefix_p,
         num_groups=groups,
         seed=seed,
+        counted_in_full=counted,
     )
 
 
@@ -941,6 +948,7 @@ def _load_cached(path: Path, key: str) -> PromptPool | None:
             shared_prefix_tokens=m["shared_prefix_tokens"],
             num_groups=m["num_groups"],
             seed=m["seed"],
+            counted_in_full=m.get("counted_in_full"),
         )
     except (ValueError, KeyError, TypeError):
         return None
