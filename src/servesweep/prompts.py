@@ -358,16 +358,17 @@ def _encode_sentences(
     if len(dot) == 1:
         # In chunks, one batch: some tokenizers (HF `tokenizers`) slow down on one very long text.
         chunks = ["".join(" " + s for s in sents[i : i + 200]) for i in range(0, len(sents), 200)]
-        ids = [t for chunk in _encode_batch(tok, chunks) for t in chunk]
         mids: list[list[int]] = []
-        cur: list[int] = []
-        d = dot[0]
-        for t in ids:
-            cur.append(t)
-            if t == d:
-                mids.append(cur)
-                cur = []
-        if len(mids) == len(sents) and not cur:
+        d, whole = dot[0], True
+        for ids in _encode_batch(tok, chunks):
+            start = 0
+            with contextlib.suppress(ValueError):  # list.index: the next "." (a C loop, not a Python one)
+                while True:
+                    end = ids.index(d, start) + 1
+                    mids.append(ids[start:end])
+                    start = end
+            whole = whole and start == len(ids)  # every chunk ends on its last sentence's "."
+        if len(mids) == len(sents) and whole:
             firsts = {s.split(" ", 1)[0].rstrip(",") for s in sents}
             fmap = {w: (tok.encode(" " + w), tok.encode(w)) for w in firsts}
             starts = []
