@@ -70,10 +70,11 @@ class HFTokenizer:
         self.eos_token_id = eos if eos is not None else 0
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # The "fast" API skips character offsets, which nothing here reads: the emulator counts a 100k-token
+        # prompt in a quarter of the time (same ids).
+        return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # The "fast" batch skips character offsets, which nothing here reads: 3-4x less time on long texts.
         return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def count_batch(self, texts: list[str]) -> list[int]:
