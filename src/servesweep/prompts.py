@@ -11,7 +11,7 @@ pool (200k tokens' worth, and one per shared-prefix group) are then encoded in f
 tokenizer adds up by pieces (byte-level BPEs with a split regex, such as Qwen's, Llama 3's and GPT's, and word-level
 ones do) and the rest are taken at their composed length; when any is off (e.g. SentencePiece-style word-start
 marks), every prompt is encoded and the ones off are recomposed. Encoding all 64 prompts of 100k tokens would cost
-3-12 s on one core; `verify_pool` (`servesweep prompts --verify`) does it on demand.
+2-12 s on one core; `verify_pool` (`servesweep prompts --verify`) does it on demand.
 
 Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
 The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
