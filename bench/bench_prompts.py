@@ -12,6 +12,8 @@ it): "qwen3.6" (built in), or a tokenizer.json / model directory, e.g. the peer 
 (repeat it): also measure the servesweep sources under DIR (e.g. an older commit: `git archive COMMIT src | tar -x
 -C DIR`), alternating with the working tree, so a before/after comparison shares one noisy machine. `--pin CORE`:
 each build on one core (as the peer harness pins its client). `--verify`: afterwards count every prompt in full.
+`--launch`: instead, `servesweep load` against the emulator (pinned to the other core with `--pin 0|1`), cold then
+warm cache: seconds from launch to the first full-size request the emulator received.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +106,70 @@ def measure(src: Path, tokenizer: str, args) -> dict:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def launch(src: Path, tokenizer: str, args) -> dict:
+    """`servesweep load` at the emulator (concurrency 32, `--n` requests of `--prompt-tokens`), cold then warm
+    cache: seconds from launch to the first full-size request the emulator received (its ground truth)."""
+    from servesweep.sim.launch import start_sim
+
+    home = Path(tempfile.mkdtemp(prefix="bench-prompts-home-"))
+    out: dict = {}
+    try:
+        for label in ("cold", "warm"):
+            work = Path(tempfile.mkdtemp(prefix="bench-prompts-load-"))
+            sim = ["--model-path", "Qwen/Qwen3.6-27B", "--served-model-name", "m"]
+            sim += ["--context-length", str(args.prompt_tokens + 4096)]
+            sim += [
+                "--sim-calibration",
+                "speedup=20,eos_median_tokens=1000000000",
+            ]  # as the peer harness's figure 4
+            if tokenizer != "qwen3.6":
+                sim += ["--tokenizer-path", tokenizer]
+            prefix = ["taskset", "-c", str(1 - args.pin)] if args.pin in (0, 1) else None
+            with start_sim(sim, ground_truth=work / "gt.jsonl", prefix=prefix, timeout=120) as s:
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "servesweep.cli",
+                    "load",
+                    "--base-url",
+                    s.base_url,
+                    "--model",
+                    "m",
+                ]
+                cmd += [
+                    "--concurrency",
+                    "32",
+                    "--prompt-tokens",
+                    str(args.prompt_tokens),
+                    "--output-tokens",
+                    "8",
+                ]
+                cmd += [
+                    "--requests",
+                    str(args.n),
+                    "--tokenizer",
+                    tokenizer,
+                    "--out",
+                    str(work / "run"),
+                    "--json",
+                ]
+                if args.pin is not None:
+                    cmd = ["taskset", "-c", str(args.pin), *cmd]
+                env = dict(os.environ, HOME=str(home), PYTHONPATH=str(src))
+                t0 = time.monotonic_ns()  # the emulator stamps CLOCK_MONOTONIC too
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            gt = [json.loads(line) for line in (work / "gt.jsonl").read_text().splitlines() if line.strip()]
+            shutil.rmtree(work, ignore_errors=True)
+            big = [g for g in gt if (g.get("prompt_tokens") or 0) >= args.prompt_tokens // 2]
+            if r.returncode != 0 or not big:
+                return {"error": f"{label}: exit {r.returncode}: {r.stderr.strip()[-400:]}"}
+            out[f"launch_{label}_s"] = (min(g["recv_ns"] for g in big) - t0) / 1e9
+            out["server_prompt_tokens"] = sorted({g["prompt_tokens"] for g in big})
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-tokens", type=int, default=100_000)
@@ -117,6 +184,11 @@ def main() -> None:
     ap.add_argument("--pin", type=int, default=None, help="run each build on this CPU core")
     ap.add_argument("--repeat", type=int, default=1, help="rounds (the median is printed)")
     ap.add_argument("--verify", action="store_true", help="count every prompt in full afterwards")
+    ap.add_argument(
+        "--launch",
+        action="store_true",
+        help="instead: launch -> first full-size request of `servesweep load` at the emulator, cold and warm",
+    )
     args = ap.parse_args()
     srcs = [ROOT / "src", *[s.resolve() for s in args.src]]
     for s in srcs:
@@ -127,7 +199,24 @@ def main() -> None:
     for _ in range(args.repeat):
         for tok in tokenizers:
             for s in srcs:  # alternate the sources so that both see the same moments of a noisy machine
-                results.setdefault((tok, str(s)), []).append(measure(s, tok, args))
+                run = launch if args.launch else measure
+                results.setdefault((tok, str(s)), []).append(run(s, tok, args))
+    if args.launch:
+        print(
+            f"launch -> first full-size request, {args.n} x {args.prompt_tokens} tokens at concurrency 32, median"
+        )
+        print(
+            "| tokenizer | sources | cold s | warm s | prompt tokens at the emulator |\n|---|---|---|---|---|"
+        )
+        for (tok, s), runs in results.items():
+            ok = [r for r in runs if "error" not in r]
+            label = "working tree" if s == str(ROOT / "src") else s
+            if not ok:
+                print(f"| {tok} | {label} | error: {runs[0]['error']} |")
+                continue
+            cold, warm = (statistics.median(r[k] for r in ok) for k in ("launch_cold_s", "launch_warm_s"))
+            print(f"| {tok} | {label} | {cold:.2f} | {warm:.2f} | {ok[-1]['server_prompt_tokens']} |")
+        return
     load = os.getloadavg()[0]
     pin = f"pinned to core {args.pin}" if args.pin is not None else "not pinned"
     print(
