@@ -25,7 +25,7 @@ lint: $(STAMP)
 # processes waiting on each other, so two workers on two cores roughly halve the wall time.
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=30
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -43,3 +43,37 @@ def start_servesweep(args: list[str], cwd: Path, log: Path, env: dict | None = N
         start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
     )
+
+
+def metaspace_tokenizer(path: Path, *, capitalize: bool) -> str:
+    """A small SentencePiece-style BPE (`tokenizer.json` at `path`): word-start marks, so a sentence counts one way
+    alone and another after a space, and prompts do not add up by sentence. Trained on seeded prose of 12-word
+    sentences (capitalized or not); returns the path as a string."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    r = random.Random(0)
+    words = "the harbor master repaired a broken rudder before spring tide while gulls circled".split()
+    prose = []
+    for _ in range(3000):
+        s = " ".join(r.choice(words) for _ in range(12))
+        prose.append((s.capitalize() if capitalize else s) + ".")
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(),
+            pre_tokenizers.Punctuation(),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
+    tk.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?:-'\n "),
+        show_progress=False,
+    )
+    tk.train_from_iterator(prose, trainer)
+    tk.save(str(path))
+    return str(path)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 
 import pytest
 from click.testing import CliRunner
+from support import metaspace_tokenizer
 
 from servesweep import prompts
 from servesweep.prompts import build_pool, verify_pool
@@ -106,28 +106,7 @@ def test_shared_prefix_pools_count_the_first_prompt_of_every_group(monkeypatch, 
 def test_a_tokenizer_that_does_not_add_up_is_caught_and_every_prompt_repaired(tmp_path, monkeypatch, counted):
     """SentencePiece-style word-start marks: a paragraph's first sentence counts one way alone and another after a
     paragraph break. The first prompt shows it; then every prompt is counted and the ones off are recomposed."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    r = random.Random(0)
-    words = "the harbor master repaired a broken rudder before spring tide while gulls circled".split()
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Metaspace(),
-            pre_tokenizers.Punctuation(),
-            pre_tokenizers.Digits(individual_digits=True),
-        ]
-    )
-    tk.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1500,
-        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?:-'\n "),
-        show_progress=False,
-    )
-    tk.train_from_iterator([" ".join(r.choice(words) for _ in range(12)) + "." for _ in range(3000)], trainer)
-    path = str(tmp_path / "meta.json")
-    tk.save(path)
+    path = metaspace_tokenizer(tmp_path / "meta.json", capitalize=False)
     tok = load_tokenizer(path)
     monkeypatch.setattr(prompts, "_CANARY_TOKENS", 1)
     pool = build_pool(3000, 5, tokenizer=path, cache_dir=None)

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from support import metaspace_tokenizer
 
 from servesweep.prompts import (
     NONCE_SLOT,
@@ -348,32 +349,7 @@ def test_another_tokenizer_that_merges_digits(tmp_path):
 def test_a_metaspace_tokenizer_is_repaired_to_the_exact_length(tmp_path):
     """SentencePiece-style tokenizers mark word starts ("▁The") and do not add up sentence by sentence the way
     byte-level BPE does: the pool's check-and-recompose step still makes every prompt and prefix exact."""
-    import random
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    r = random.Random(0)
-    words = "the harbor master repaired a broken rudder before spring tide while gulls circled".split()
-    prose = [" ".join(r.choice(words) for _ in range(12)).capitalize() + "." for _ in range(3000)]
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Metaspace(),
-            pre_tokenizers.Punctuation(),
-            pre_tokenizers.Digits(individual_digits=True),
-        ]
-    )
-    tk.decoder = decoders.Metaspace()
-    alphabet = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,?:-'\n ")
-    trainer = trainers.BpeTrainer(
-        vocab_size=1500,
-        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=alphabet,
-        show_progress=False,
-    )
-    tk.train_from_iterator(prose, trainer)
-    path = str(tmp_path / "meta.json")
-    tk.save(path)
+    path = metaspace_tokenizer(tmp_path / "meta.json", capitalize=True)
     tok = load_tokenizer(path)
     assert tok.encode("The") == tok.encode(" The")  # the word-start mark: "add up by sentence" does not hold
     for endpoint in ("chat", "completions"):
