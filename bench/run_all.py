@@ -439,7 +439,7 @@ def main() -> int:
         "--baseline",
         default=None,
         metavar="COMMIT",
-        help="the servesweep-base tool runs servesweep from this commit (e.g. the one before a change)",
+        help="also run the servesweep-base tool: servesweep from this commit (e.g. the one before a change)",
     )
     ap.add_argument(
         "--src",
@@ -469,6 +469,8 @@ def main() -> int:
         args.workers_streams, args.workers_duration = "8", 3.0
         args.output_tokens, args.long_tokens, args.pool, args.no_install = 24, 0, 0, True
     tools = _names(ap, "--only", args.tools, known)
+    if args.baseline and "servesweep-base" not in tools:
+        tools.append("servesweep-base")  # a baseline is given to be measured (it used to need --only as well)
     ladder_tools = set(_names(ap, "--ladder-tools", args.ladder_tools, known))
     figures = set(_ints(ap, "--figures", args.figures))
     if figures - set(range(1, 7)):
