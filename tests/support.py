@@ -77,3 +77,28 @@ def metaspace_tokenizer(path: Path, *, capitalize: bool) -> str:
     tk.train_from_iterator(prose, trainer)
     tk.save(str(path))
     return str(path)
+
+
+def byte_level_bpe(path: Path, corpus: list[str], *, vocab_size: int, split_digits: bool) -> str:
+    """A small byte-level BPE `tokenizer.json` at `path` trained on `corpus` (the family of Llama 3, Qwen and GPT
+    tokenizers); `split_digits`: one token per digit, as Qwen's pre-tokenizer does (else digits merge as the corpus
+    makes them). Returns the path as a string."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(corpus, trainer)
+    tk.save(str(path))
+    return str(path)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from support import metaspace_tokenizer
+from support import byte_level_bpe, metaspace_tokenizer
 
 from servesweep import prompts
 from servesweep.prompts import build_pool, verify_pool
@@ -45,23 +45,8 @@ def _sentences(n: int) -> list[str]:
 
 
 def _byte_level_bpe(path) -> str:
-    """A byte-level BPE with the GPT-2 split regex (the family of Llama 3, Qwen and GPT tokenizers)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=3000,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(_sentences(4000), trainer)
-    tk.save(str(path))
-    return str(path)
+    """A byte-level BPE with the GPT-2 split regex and one token per digit, trained on the filler's sentences."""
+    return byte_level_bpe(path, _sentences(4000), vocab_size=3000, split_digits=True)
 
 
 def _word_level(path) -> str:

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from support import metaspace_tokenizer
+from support import byte_level_bpe, metaspace_tokenizer
 
 from servesweep.prompts import (
     NONCE_SLOT,
@@ -296,21 +296,8 @@ def test_bad_arguments_name_the_parameter():
 
 
 def train_bpe(path, corpus: list[str]) -> str:
-    """A small byte-level BPE `tokenizer.json` (no digit splitting: digits merge as the corpus makes them)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=2000,
-        special_tokens=["<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(corpus, trainer)
-    tk.save(str(path))
-    return str(path)
+    """A small byte-level BPE (no digit splitting: digits merge as the corpus makes them)."""
+    return byte_level_bpe(path, corpus, vocab_size=2000, split_digits=False)
 
 
 def test_another_tokenizer_that_merges_digits(tmp_path):
