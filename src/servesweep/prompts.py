@@ -574,7 +574,7 @@ def nonce_scheme(tokenizer: Tokenizer, digits: int) -> tuple[str, int]:
     for fmt in NONCE_FORMATS:
         base = len(tokenizer.encode(head + format_nonce("0", fmt) + tail)) - 1
         texts = [head + format_nonce(x, fmt) + tail for x in samples]
-        counts = {len(ids) - base for ids in _encode_batch(tokenizer, texts)}
+        counts = {c - base for c in _count_batch(tokenizer, texts)}
         if len(counts) == 1:
             return fmt, counts.pop()
         seen[fmt] = sorted(counts)
@@ -788,7 +788,7 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
             ]
             heads = [render_chatml(m) for m in msgs]
             texts = [h[: h.index(NONCE_SLOT)] for h in heads]
-        return [len(ids) + (0 if endpoint == "chat" else before) for ids in _encode_batch(tok, texts)]
+        return [c + (0 if endpoint == "chat" else before) for c in _count_batch(tok, texts)]
 
     prefixes = [make_prefix(g) for g in range(groups if prefix_p else 0)]
     if prefixes and overhead is None:  # each group's prefix must be exactly P tokens: repair it if not

@@ -253,12 +253,9 @@ def loads_event(payload: bytes):
     (NaN, integers past 64 bits, nesting past 1024) goes to the stdlib, so what parses and what a malformed chunk
     says stay exactly as with `json.loads`."""
     try:
-        return _orjson_loads(payload)
+        return orjson.loads(payload)
     except ValueError:
         return json.loads(payload)
-
-
-_orjson_loads = orjson.loads
 
 
 def is_token_line(line: bytes) -> bool:

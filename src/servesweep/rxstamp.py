@@ -21,6 +21,8 @@ import struct
 import sys
 import time
 
+from greenlet import getcurrent  # gevent's own greenlets; importing it patches nothing
+
 # Python 3.11's socket module does not export SO_TIMESTAMPNS; on Linux it is 35 (x86, arm, riscv: every
 # architecture but alpha, mips, parisc, sparc). The control message type equals the option.
 _LINUX = sys.platform.startswith("linux")
@@ -62,16 +64,20 @@ class RxClock:
         self._classes: dict[type, type] = {}
         self._timers: dict[float, object] = {}  # socket timeout (s) -> this user's event-loop timer for it
 
-    def wait_readable(self, sock, timeout: float) -> None:
-        """Block this greenlet until `sock` (a gevent socket) is readable; TimeoutError after `timeout` seconds.
+    def wait_readable(self, sock, timeout: float | None) -> None:
+        """Block this greenlet until `sock` (a gevent socket) is readable; TimeoutError after `timeout` seconds
+        (None: no limit).
 
         gevent's own wait builds, starts and closes a `gevent.Timeout` object per wait (~6 % of the reader's CPU at
         256 streams, py-spy); a user waits once per chunk with one of two timeouts (first token, stall), so it keeps
         one loop timer per timeout value and restarts it."""
+        if timeout is None:
+            sock.hub.wait(sock._read_event)
+            return
         timer = self._timers.get(timeout)
         if timer is None:
             timer = self._timers[timeout] = sock.hub.loop.timer(timeout)
-        timer.start(_time_out, _getcurrent(), update=True)
+        timer.start(_time_out, getcurrent(), update=True)
         try:
             sock.hub.wait(sock._read_event)
         finally:
@@ -147,10 +153,7 @@ def _kernel_class(base: type, clock: RxClock) -> type:
             wait = clock.drained and timeout != 0.0
             while True:
                 if wait:
-                    if timeout is None:
-                        self.hub.wait(self._read_event)
-                    else:
-                        clock.wait_readable(self, timeout)
+                    clock.wait_readable(self, timeout)
                 try:
                     data, anc, _flags, _addr = self._sock.recvmsg(bufsize, anc_size, flags)
                     break
@@ -202,15 +205,6 @@ def _time_out(greenlet) -> None:
     """A read wait's timer fired: raise in the waiting greenlet what gevent's socket raises (a fresh exception, so
     no traceback of an earlier timeout rides along)."""
     greenlet.throw(TimeoutError("timed out"))
-
-
-def _getcurrent():
-    """greenlet.getcurrent, imported on first use (this module is imported by processes that never load gevent)."""
-    global _getcurrent
-    from greenlet import getcurrent
-
-    _getcurrent = getcurrent
-    return getcurrent()
 
 
 def idle_socket_alive(sock) -> bool:

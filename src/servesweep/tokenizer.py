@@ -46,9 +46,6 @@ class QwenTiktokenTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self._enc.encode_batch([unicodedata.normalize("NFC", t) for t in texts], allowed_special="all")
 
-    def count_batch(self, texts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.encode_batch(texts)]
-
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids, errors="replace")
 

@@ -342,9 +342,9 @@ class LLMUser(FastHttpUser):
                 sock = resp._sock  # None when the whole message came with the headers (released)
                 block = resp.block_size
                 try:
+                    if sock is None and not resp.message_complete:
+                        raise HTTPConnectionClosed("connection closed.")
                     while not resp.message_complete:
-                        if sock is None:
-                            raise HTTPConnectionClosed("connection closed.")
                         data = sock.recv(block)
                         feed(data)  # b"" (peer closed): completes a read-to-close body or raises Incomplete
                         if not data and not resp.message_complete:
