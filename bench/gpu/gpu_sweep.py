@@ -7,7 +7,7 @@ the load axes (prompt tokens x concurrency, fixed output) point by point with se
 `servesweep load` writes (manifest.json with a `points` list, one folder per point with records.parquet and
 summary.json; each point labelled with its server setting as `config_id`), so `servesweep report` reads it.
 
-The earlier driver, kept to reproduce the first runs (results/smoke-20261129T193520Z, results/full-20261129): it was
+The earlier driver, kept to reproduce the first runs (results/smoke-20261129T193520Z, results/full-20261129; figures in bench/gpu/RESULTS.md): it was
 written when `servesweep load` could not leave `ignore_eos` out and the sglang_server role launched only SGLang.
 Both work now; run_gpu.sh drives `servesweep run bench/gpu/experiment.yaml` instead (docs/gpu-validation.md).
 
