@@ -7,6 +7,7 @@ emulator and compares every recorded arrival with the emulator's ground truth.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import ssl
@@ -272,3 +273,67 @@ def test_parse_stream_pauses_between_slices_and_parses_alike():
     parse_stream(lines, times, whole)
     assert sliced == whole and whole["chunk_ns"] == times[:50] and whole.get("error_class") is None
     assert len(pauses) == -(-len(lines) // PARSE_SLICE)  # one before each slice
+
+
+# Runs in a subprocess per gevent loop (the pytest process must not import gevent). Two gevent sockets of a
+# socketpair; a greenlet writes one byte every 0.15 s; the reader waits with a 1 s timeout each time. Ten waits
+# add up to 1.5 s of waiting on one timer (issue 18: a timer restarted with start() gave each wait only what the
+# earlier ones left, so the 7th "timed out"), then a wait with nothing written must time out, and not before 1 s.
+WAIT_SCRIPT = textwrap.dedent(
+    """\
+    import sys, time
+    import gevent, gevent.socket
+    from servesweep.rxstamp import RxClock
+
+    loop = type(gevent.get_hub().loop).__module__
+    a, b = gevent.socket.socketpair()
+    clock = RxClock()
+
+    def writer(n):
+        for _ in range(n):
+            gevent.sleep(0.15)
+            b.send(b"x")
+
+    g = gevent.spawn(writer, 10)
+    for i in range(10):
+        try:
+            clock.wait_readable(a, 1.0)
+        except TimeoutError:
+            print(f"{loop} FALSE TIMEOUT at wait {i}")
+            sys.exit(1)
+        assert a.recv(16) == b"x"
+    g.join()
+    t0 = time.monotonic()
+    try:
+        clock.wait_readable(a, 1.0)
+        print(f"{loop} no timeout")
+        sys.exit(1)
+    except TimeoutError:
+        waited = time.monotonic() - t0
+    b.send(b"y")  # and the timer is reusable afterwards, with its full time again
+    clock.wait_readable(a, 1.0)
+    assert a.recv(16) == b"y"
+    print(f"{loop} ok {waited:.3f}")
+    """
+)
+
+
+def test_read_waits_get_their_full_timeout_on_every_gevent_loop():
+    """RxClock.wait_readable: every wait gets the whole timeout from its own start, however many waits came before,
+    on each loop gevent can run on (libev C, libev cffi, libuv)."""
+
+    procs = {
+        loop: subprocess.Popen(
+            [sys.executable, "-c", WAIT_SCRIPT],
+            env={**os.environ, "GEVENT_LOOP": loop},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for loop in ("libev-cext", "libev-cffi", "libuv")
+    }
+    for loop, p in procs.items():
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, f"{loop}: {out}"
+        waited = float(out.split()[-1])
+        assert waited >= 0.99, f"{loop}: the timeout fired {waited:.3f} s after its wait began (limit 1 s)"

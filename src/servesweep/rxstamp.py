@@ -62,7 +62,7 @@ class RxClock:
         self.user_reads = 0
         self.drained = True  # the last read returned less than it asked for: wait before the next one
         self._classes: dict[type, type] = {}
-        self._timers: dict[float, object] = {}  # socket timeout (s) -> this user's event-loop timer for it
+        self._timers: dict[float, object] = {}  # socket timeout (s) -> this user's loop timer (repeat = timeout)
 
     def wait_readable(self, sock, timeout: float | None) -> None:
         """Block this greenlet until `sock` (a gevent socket) is readable; TimeoutError after `timeout` seconds
@@ -70,14 +70,22 @@ class RxClock:
 
         gevent's own wait builds, starts and closes a `gevent.Timeout` object per wait (~6 % of the reader's CPU at
         256 streams, py-spy); a user waits once per chunk with one of two timeouts (first token, stall), so it keeps
-        one loop timer per timeout value and restarts it."""
+        one loop timer per timeout value and re-arms it for each wait.
+
+        Re-armed with `again()` on a timer whose `repeat` is the timeout, never with `start()`: libev's
+        `ev_timer_stop` keeps a stopped timer's *remaining* time and `ev_timer_start` counts down from it, so a
+        restarted timer gives each wait only what the earlier waits left over (issue 18: after ~2 minutes of
+        streaming every wait of a 120 s stall timer "timed out" at once). `ev_timer_again` on a stopped timer sets
+        it to `repeat` from now (after `update=True` refreshes the loop's clock); libuv's `again` on a stopped timer
+        is a plain `uv_timer_start(after)`. Either way: the full timeout from the start of THIS wait. The repeat
+        never fires twice: the wait stops the timer as soon as it ends, by data or by the timeout."""
         if timeout is None:
             sock.hub.wait(sock._read_event)
             return
         timer = self._timers.get(timeout)
         if timer is None:
-            timer = self._timers[timeout] = sock.hub.loop.timer(timeout)
-        timer.start(_time_out, getcurrent(), update=True)
+            timer = self._timers[timeout] = sock.hub.loop.timer(timeout, timeout)
+        timer.again(_time_out, getcurrent(), update=True)
         try:
             sock.hub.wait(sock._read_event)
         finally:
