@@ -172,18 +172,22 @@ def _kernel_class(base: type, clock: RxClock) -> type:
             clock.drained = len(data) < bufsize
         else:
             data, anc, _flags, _addr = recvmsg(self, bufsize, anc_size, flags)
-        u = mono()
         for _level, kind, payload in anc:
             if kind == scm:
                 sec, nsec = unpack(payload)
                 # CLOCK_REALTIME → CLOCK_MONOTONIC with the offset of this very moment: an NTP step or slew
-                # between reads cannot leak into the stamps (two vDSO calls, ~130 ns).
-                k = sec * 1_000_000_000 + nsec - (wall() - u)
+                # between reads cannot leak into the stamps (two vDSO calls, ~130 ns). The wall clock is read
+                # FIRST: a preemption between the two calls then makes the offset smaller and the stamp later,
+                # never earlier than the arrival (read the other way round, a descheduled reader stamped bytes
+                # before the server wrote them).
+                w = wall()
+                u = mono()
+                k = sec * 1_000_000_000 + nsec - (w - u)
                 clock.ns = k
                 if u - k > clock.lag_ns:
                     clock.lag_ns = u - k
                 return data
-        clock.ns = u
+        clock.ns = mono()
         if data:
             clock.user_reads += 1
         return data
