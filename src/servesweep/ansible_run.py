@@ -7,7 +7,11 @@ The pitfalls this wrapper exists for (reference locust-and-ansible.md §6):
   fresh one (removed afterwards; the artifacts are kept where the caller asks);
 - `ansible-playbook` is looked up on PATH, so the venv's bin folder goes first;
 - a timeout or cancel kills only ansible-playbook's process group; Ansible's per-task worker called setsid and
-  survives, so every process still holding the private data dir on its command line is killed at the end.
+  survives. So while the playbook runs, its processes are recorded (`_Tracker`: pid and start time of
+  ansible-playbook, of its task workers and of every process in their sessions), and at the end what is still
+  alive of them is killed; `owned` (a manifest.OwnedProcesses) gets the same records, so a run that resumes after
+  a SIGKILL stops them too. A process is never found by its command line; a server the playbook launched in a
+  session of its own (setsid) is never one of them.
 Secrets never pass through here: the role reads them from the environment this process hands down.
 """
 
@@ -15,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -78,13 +81,14 @@ def run_playbook(
     tag: str | None = None,
     secrets: Mapping[str, str] | None = None,
     hide_env: tuple[str, ...] = (),
+    owned=None,
 ) -> PlaybookResult:
     """Run one playbook (a path; relative ones are looked up in ansible_dir()) and return what happened.
 
     `inventory` is a path to an inventory file or inventory text (INI). `on_event` sees every ansible-runner
     event (for progress display); `cancel` is polled and stops the run when it returns True. `tag` goes into the
-    private data dir's name, which every Ansible process names on its command line: kill_tagged(tag) finds what a
-    SIGKILLed caller left running.
+    private data dir's name (remove_private_dirs(tag) removes what a SIGKILLed caller left). `owned`
+    (manifest.OwnedProcesses): the playbook's processes are recorded there while they run.
 
     `secrets` (extravar name -> value) reach the playbook through 0600 files in the private data dir (removed at
     the end), never through extravars (ansible-runner may put those on ansible-playbook's command line) or the
@@ -109,6 +113,7 @@ def run_playbook(
     inv_path = Path(inventory).expanduser()
     inv_is_file = "\n" not in inventory and inv_path.exists()
     artifact_dir.mkdir(parents=True, exist_ok=True)
+    tracker = _Tracker(owned)
     pd = Path(tempfile.mkdtemp(prefix=_prefix(tag)))
     try:
         if not inv_is_file:
@@ -138,6 +143,7 @@ def run_playbook(
         artifact: dict[str, Any] = {}
 
         def handler(ev: dict) -> bool:
+            tracker.sample()
             data = ev.get("event_data") or {}
             if ev.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get(
                 "ignore_errors"
@@ -166,7 +172,8 @@ def run_playbook(
             artifact_dir=str(artifact_dir),
             quiet=True,
             event_handler=handler,
-            cancel_callback=(lambda: bool(cancel())) if cancel is not None else None,
+            # polled about once a second (pexpect_timeout): the moment to record the playbook's processes
+            cancel_callback=lambda: tracker.sample() or (bool(cancel()) if cancel is not None else False),
             settings={"suppress_env_files": True, "pexpect_timeout": 1},
         )
         if limit:
@@ -196,7 +203,7 @@ def run_playbook(
                 result.failures.append(tail)
         return result
     finally:
-        _kill_orphans(pd)
+        tracker.finish()
         shutil.rmtree(pd, ignore_errors=True)
 
 
@@ -212,28 +219,88 @@ def _prefix(tag: str | None) -> str:
     return f"servesweep-ansible-{tag}-" if tag else "servesweep-ansible-"
 
 
-def kill_tagged(tag: str) -> int:
-    """Kill Ansible processes of a run_playbook(tag=...) whose caller died (SIGKILL leaves them running: they
-    could start a server behind the back of the run that resumes). Returns how many were killed."""
-    n = _kill_naming(os.path.join(tempfile.gettempdir(), _prefix(tag)))
+def remove_private_dirs(tag: str) -> int:
+    """Remove the private data dirs a SIGKILLed run_playbook(tag=...) left in the temporary folder (its processes
+    are stopped through the run's processes.json, not here). Returns how many were removed."""
+    n = 0
     for leftover in Path(tempfile.gettempdir()).glob(_prefix(tag) + "*"):
         shutil.rmtree(leftover, ignore_errors=True)
+        n += 1
     return n
 
 
-def _kill_orphans(pd: Path) -> None:
-    """Kill processes left behind by a timed-out or cancelled run: they name the private data dir."""
-    _kill_naming(str(pd))
+class _Tracker:
+    """The processes of one playbook run, recorded as they appear: ansible-playbook (a child of this process that
+    was not there before: ansible-runner spawns it in a session of its own, through a pty), its task workers (its
+    children; each calls setsid) and every process in those sessions (modules, their shells). A process that
+    started a session of its own below them (a server the role launched with setsid) is not theirs. Each record
+    holds the pid, the start time and the sessions; finish() kills what is still alive of them, checked against
+    both."""
 
+    def __init__(self, owned=None):
+        self.me = psutil.Process()
+        self.before = {(c.pid, _ctime(c)) for c in self.me.children()}
+        self.owned = owned
+        self.sessions: dict[int, float] = {}  # session id -> its leader's start time
+        self.refs: dict[tuple[int, float], dict] = {}
 
-def _kill_naming(needle: str) -> int:
-    """SIGKILL every other process with `needle` in an argument of its command line; how many were killed."""
-    me, n = os.getpid(), 0
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    def sample(self) -> None:
         try:
-            if p.info["pid"] != me and any(needle in a for a in (p.info["cmdline"] or [])):
-                p.send_signal(signal.SIGKILL)
-                n += 1
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return n
+            tops = [c for c in self.me.children() if (c.pid, _ctime(c)) not in self.before]
+            new = []
+            for top in tops:
+                self.sessions.setdefault(top.pid, _ctime(top))
+                kids = top.children(recursive=True)
+                for k in top.children():
+                    self.sessions.setdefault(k.pid, _ctime(k))  # a task worker: setsid made its pid its session
+                for p in [top, *kids]:
+                    try:
+                        sid = os.getsid(p.pid)
+                    except (ProcessLookupError, PermissionError):
+                        continue
+                    if sid not in self.sessions:
+                        continue  # a session of its own: a server the playbook launched
+                    key = (p.pid, _ctime(p))
+                    if key[1] and key not in self.refs:
+                        self.refs[key] = {
+                            "pid": p.pid,
+                            "create_time": key[1],
+                            "kind": "ansible",
+                            "sessions": self._sessions(),
+                        }
+                        new.append(self.refs[key])
+            for r in self.refs.values():
+                r["sessions"] = self._sessions()
+            if new and self.owned is not None:
+                self.owned.add(new)
+        except (psutil.Error, OSError):
+            pass  # recording must never break the playbook
+
+    def _sessions(self) -> list[list]:
+        return [[sid, t] for sid, t in sorted(self.sessions.items())]
+
+    def finish(self) -> int:
+        """Kill what is left of the recorded processes (a timed-out or cancelled playbook leaves task workers and
+        their modules running); forget them. Returns how many were killed."""
+        from servesweep.manifest import owned_now
+
+        self.sample()
+        n = 0
+        for ref in self.refs.values():
+            ref["sessions"] = self._sessions()
+            for p in owned_now(ref):
+                try:
+                    p.kill()
+                    n += 1
+                except psutil.Error:
+                    pass
+        if self.owned is not None and self.refs:
+            self.owned.remove(list(self.refs.values()))
+        return n
+
+
+def _ctime(p: psutil.Process) -> float:
+    try:
+        return p.create_time()
+    except psutil.Error:
+        return 0.0

@@ -443,6 +443,12 @@ class Load(_Strict):
     cache_bust: bool = True
     first_token_timeout_s: float = Field(900.0, gt=0)
     workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
+    max_failure_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="exit 3 when a done point's failed share is above this (a point with 0 successes always does)",
+    )
 
     @model_validator(mode="before")
     @classmethod

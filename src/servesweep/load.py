@@ -69,11 +69,28 @@ class _Transient(RuntimeError):
     """A probe failure worth another try whatever its message says (an in-stream error event)."""
 
 
-def _retrying(what: str, fn: Callable[[], object]):
+class ProbeLog:
+    """What the probes of a point did: requests sent per probe (each attempt is one request) and notes for the
+    summary (a model name the server does not list)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, int] = {}
+        self.notes: list[str] = []
+
+    def count(self, kind: str) -> None:
+        self.requests[kind] = self.requests.get(kind, 0) + 1
+
+    def as_dict(self) -> dict:
+        return {"requests": dict(self.requests), "total": sum(self.requests.values())}
+
+
+def _retrying(what: str, fn: Callable[[], object], log: ProbeLog | None = None, kind: str | None = None):
     """Run a probe, retrying what looks transient (429, 5xx, a refused or reset connection, a timeout)."""
     delay = 0.5
     for attempt in range(1, PROBE_ATTEMPTS + 1):
         try:
+            if log is not None and kind:
+                log.count(kind)
             return fn()
         except (RuntimeError, OSError) as e:
             transient = isinstance(e, _Transient) or _TRANSIENT.search(str(e))
@@ -84,8 +101,8 @@ def _retrying(what: str, fn: Callable[[], object]):
     raise AssertionError("unreachable")
 
 
-def fetch_model(point: LoadPoint) -> str:
-    """The first model the server lists at GET /v1/models."""
+def list_models(point: LoadPoint, log: ProbeLog | None = None) -> list[str]:
+    """The model ids the server lists at GET /v1/models."""
 
     def once() -> dict:
         try:
@@ -98,16 +115,38 @@ def fetch_model(point: LoadPoint) -> str:
         except (urllib.error.URLError, OSError) as e:
             raise RuntimeError(f"{point.base_url}/v1/models: cannot reach the server ({e})") from None
 
-    d = _retrying("listing models", once)
+    d = _retrying("listing models", once, log, "models")
     models = d.get("data") or [] if isinstance(d, dict) else []
-    if not models or not models[0].get("id"):
+    return [m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
+
+
+def fetch_model(point: LoadPoint, log: ProbeLog | None = None) -> str:
+    """The first model the server lists at GET /v1/models."""
+    ids = list_models(point, log)
+    if not ids:
         raise RuntimeError(f"{point.base_url}/v1/models lists no model; give --model")
-    return models[0]["id"]
+    return ids[0]
 
 
-def probe_continuous_usage(point: LoadPoint) -> bool:
+def check_model(point: LoadPoint, log: ProbeLog) -> None:
+    """A model name the server does not list gets a note (a warning, not an error: some servers serve any name,
+    or list nothing); a server whose list cannot be read is left alone."""
+    try:
+        ids = list_models(point, log)
+    except RuntimeError:
+        return
+    if ids and point.model not in ids:
+        log.notes.append(
+            f"model {point.model!r} is not among the models {point.base_url}/v1/models lists "
+            f"({', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}); the server may reject or re-route it"
+        )
+
+
+def probe_continuous_usage(point: LoadPoint, log: ProbeLog | None = None) -> bool:
     """Whether the server adds per-chunk usage with stream_options.continuous_usage_stats (SGLang, vLLM do).
-    A server that rejects the option (4xx) does not; 429/5xx and connection errors are retried."""
+    A server that rejects the option (4xx) does not; 429/5xx and connection errors are retried. The stream is read
+    to its end (2 tokens), so the request ends as a normal one does: closing it early would count as an abort in
+    the server's own metrics (SGLang's num_aborted_requests_total)."""
     body = {
         "model": point.model,
         "stream": True,
@@ -122,11 +161,14 @@ def probe_continuous_usage(point: LoadPoint) -> bool:
         path = "/v1/completions"
 
     def once() -> bool:
+        found = False
         try:
             with _request(point, path, body, timeout=point.first_token_s) as r:
                 for raw in r:
                     line = raw.strip()
-                    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    if line.startswith(b"data:") and line[5:].strip() == b"[DONE]":
+                        break
+                    if not line.startswith(b"data:"):
                         continue
                     try:
                         ev = json.loads(line[5:])
@@ -141,22 +183,25 @@ def probe_continuous_usage(point: LoadPoint) -> bool:
                         if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get(
                             "usage"
                         ):
-                            return True
+                            found = True  # read on to the end: an early close is an abort to the server
+                r.read()  # whatever follows [DONE] (nothing, on a well-behaved server)
         except urllib.error.HTTPError as e:
             if e.code == 429 or e.code >= 500:
                 raise RuntimeError(f"per-chunk usage probe: POST {path} answered HTTP {e.code}") from None
             return False  # the option itself was refused
         except (urllib.error.URLError, OSError) as e:
             raise RuntimeError(f"per-chunk usage probe: cannot reach {point.base_url} ({e})") from None
-        return False
+        return found
 
-    return bool(_retrying("probing per-chunk usage", once))
+    return bool(_retrying("probing per-chunk usage", once, log, "continuous_usage"))
 
 
-def resolve_point(point: LoadPoint) -> LoadPoint:
+def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
     """Fill what the point leaves to the server: model name, chat template overhead, continuous usage support.
-    Each probe is one small request, retried when the failure looks transient."""
+    Each probe is one small request, retried when the failure looks transient; `log` counts them (and notes a
+    model name the server does not list)."""
     upd: dict = {}
+    log = log if log is not None else ProbeLog()
     if not point.probe:
         return (
             point
@@ -164,8 +209,10 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
             else point.model_copy(update={"continuous_usage": False})
         )
     if point.model is None:
-        upd["model"] = fetch_model(point)
+        upd["model"] = fetch_model(point, log)
         point = point.model_copy(update=upd)
+    elif point.template_overhead is None or point.continuous_usage is None:  # not resolved before: check it once
+        check_model(point, log)
     if point.template_overhead is None and point.endpoint == "chat":
         tpl_extra = {k: v for k, v in request_extra(point).items() if k == "chat_template_kwargs"}
         from servesweep.prompts import probe_template_overhead
@@ -181,12 +228,14 @@ def resolve_point(point: LoadPoint) -> LoadPoint:
                     tokenizer=point.tokenizer,
                     extra={**point.extra_body, **tpl_extra} or None,
                 ),
+                log,
+                "template_overhead",
             )
         )
     if point.continuous_usage is None and point.endpoint == "generate":
         upd["continuous_usage"] = False  # /generate says its counts in every event's meta_info anyway
     elif point.continuous_usage is None:
-        upd["continuous_usage"] = probe_continuous_usage(point.model_copy(update=upd))
+        upd["continuous_usage"] = probe_continuous_usage(point.model_copy(update=upd), log)
     return point.model_copy(update=upd) if upd else point
 
 
@@ -213,16 +262,80 @@ class PointFailed(RuntimeError):
     """The Locust process produced no records (it crashed or could not start)."""
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP reached `servesweep load` (a BaseException, like KeyboardInterrupt: nothing on the
+    way up mistakes it for a failed probe). `signum` gives the exit status 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# after SIGTERM, Locust writes the records of what finished at once (its quitting hook), then waits for the streams
+# in flight up to its stop timeout: this long, then the group is SIGKILLed (the load must stop within seconds)
+STOP_GRACE_S = float(os.environ.get("SERVESWEEP_STOP_GRACE_S", "5"))
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
+    """SIGTERM the process group Locust leads (start_new_session), SIGKILL it after grace_s."""
+    grace_s = STOP_GRACE_S if grace_s is None else grace_s
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        proc.wait(timeout=grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # forked workers may outlive their master: the whole group
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def keep_partial(work: Path, out_dir: Path, point_id: str, reason: str) -> dict:
+    """An interrupted point: the records Locust wrote (what finished before the stop) go next to its log as
+    `records.partial.parquet`, described by `interrupted.json`; `.work/` is removed. Returns that description."""
+    from servesweep.results import write_json_atomic
+
+    info: dict = {"point_id": point_id, "reason": reason, "records": None, "rows": None}
+    rec = work / "records.parquet"
+    if rec.is_file():
+        dest = out_dir / "records.partial.parquet"
+        os.replace(rec, dest)
+        info["records"] = dest.name
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+            from servesweep.records import read_parquet
+
+            info["rows"] = read_parquet(dest).num_rows
+        except Exception as e:  # a torn file: kept, and said so
+            info["unreadable"] = f"{type(e).__name__}: {e}"
+    write_json_atomic(out_dir / "interrupted.json", info)
+    shutil.rmtree(work, ignore_errors=True)
+    return info
+
+
+def failure_check(summary: dict, max_failure_rate: float | None) -> dict:
+    """Whether a point's failures are above the threshold: none succeeded, or (with max_failure_rate) the failed
+    share of measured requests is above it. {"pass", "message", "top_error", "max_failure_rate"}."""
+    req = summary.get("requests") or {}
+    measured, ok, failed = req.get("measured", 0), req.get("ok", 0), req.get("failed", 0)
+    fails = summary.get("failures") or {}
+    top = max(fails.items(), key=lambda kv: kv[1]) if fails else None
+    top_txt = f"; top error class {top[0]} ({top[1]} of {measured})" if top else ""
+    msg = None
+    if ok == 0:
+        msg = f"point {summary.get('point_id')}: 0 of {measured} measured requests succeeded{top_txt}"
+    elif max_failure_rate is not None and measured and failed / measured > max_failure_rate:
+        msg = (
+            f"point {summary.get('point_id')}: {failed} of {measured} requests failed "
+            f"({failed / measured:.1%} > max failure rate {max_failure_rate:.1%}){top_txt}"
+        )
+    return {
+        "pass": msg is None,
+        "message": msg,
+        "top_error": top[0] if top else None,
+        "max_failure_rate": max_failure_rate,
+    }
 
 
 def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[str]:
@@ -287,6 +400,9 @@ def run_point(
     command_prefix: list[str] | None = None,
     metrics_port: int | None = None,
     worker_hosts: dict | None = None,
+    owned=None,
+    max_failure_rate: float | None = None,
+    probes: ProbeLog | None = None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
@@ -298,6 +414,13 @@ def run_point(
     the locust_worker role ({"inventory": PATH_OR_TEXT, "group": "loadgen", "per_host": N, "master_host": ADDR,
     "master_port": 5557, "extravars": {...}, "package": WHEEL}); the master binds master_host. Either way a worker
     that dies mid-point is named in summary.json with the requests it lost, and the point is marked degraded.
+
+    `owned` (manifest.OwnedProcesses): the Locust process group is recorded there (pid and start time) while it
+    runs, so a resumed run can stop exactly it. An exception while Locust runs (Interrupted: a signal) stops the
+    group (SIGTERM, SIGKILL after STOP_GRACE_S) and keeps the records Locust wrote as records.partial.parquet with
+    interrupted.json (keep_partial) before it goes on up. `max_failure_rate`: summary["failure_check"] says
+    whether the point's failures are above it (0 successes always are). `probes`: probe requests sent for this
+    point before (counted into summary["probe_requests"] with this point's own).
     """
     from servesweep.records import read_parquet
     from servesweep.results import write_json_atomic
@@ -314,7 +437,8 @@ def run_point(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    point = resolve_point(point)
+    probes = probes if probes is not None else ProbeLog()
+    point = resolve_point(point, probes)
     # build (and cache on disk) the pool here, so the child's start is quick and errors show early
     build_bodies(point)
     work = out_dir / ".work"
@@ -364,24 +488,35 @@ def run_point(
         cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
         started = time.monotonic()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
+            ref = proc = None
             try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+                if owned is not None:
+                    from servesweep.manifest import process_ref
+
+                    ref = process_ref(proc.pid, "locust", group=True, point=point.id)
+                    owned.add([ref])
                 while proc.poll() is None:
                     time.sleep(0.5)
                     if progress is not None:
                         progress(_read_progress(work, point, time.monotonic() - started))
-            except BaseException:
-                _kill_group(proc)
+                if workers:
+                    _wait_workers_gone(proc, status_dir)
+            except BaseException as e:
+                if proc is not None:
+                    _kill_group(proc)
+                    keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
                 raise
-        if workers:
-            _wait_workers_gone(proc, status_dir)
+            finally:
+                if owned is not None and ref is not None:
+                    owned.remove([ref])
     finally:
         states = None
         if handle is not None:
@@ -408,6 +543,9 @@ def run_point(
     summary["client_headroom"] = client_headroom(clients, table, summary.get("itl_zero_gap_share"))
     summary["client_saturated"] = summary["client_headroom"]["client_saturated"]
     summary["degraded"], summary["problems"] = False, []
+    summary["notes"] = list(probes.notes)
+    summary["probe_requests"] = probes.as_dict()
+    summary["failure_check"] = failure_check(summary, max_failure_rate)
     if workers or states is not None:
         from servesweep.remote_workers import account
 
@@ -689,6 +827,8 @@ def _notes(summaries: list[dict]) -> list[str]:
     """Lines printed under the table: degraded points and a saturated load generator."""
     out = []
     for s in summaries:
+        for n in s.get("notes") or ():
+            out.append(f"[yellow]point {s['point_id']}: {n}[/]")
         for p in s.get("problems") or ():
             out.append(f"[red]point {s['point_id']} degraded: {p}[/]")
         if s.get("client_saturated"):
@@ -805,7 +945,90 @@ def _notes(summaries: list[dict]) -> list[str]:
 @click.option("--think-time", default="0s", show_default=True, help="agent: pause between turns")
 @click.option("--context-cap", type=click.IntRange(min=1), default=100_000, show_default=True, help="agent")
 @click.option("--metrics-port", type=click.IntRange(min=0), default=0, help="serve live client metrics here")
-def command(
+@click.option(
+    "--max-failure-rate",
+    default=None,
+    help="exit 3 when a point's failed share of measured requests is above this (0.05 or 5%); a point with 0 "
+    "successes always does",
+)
+def command(max_failure_rate, **opts):
+    """Run one load point or a sweep (concurrency and/or open-loop rate; one Locust run per point) and print the
+    results table. Exit codes: docs/reports.md, "Exit codes"."""
+    max_rate = parse_rate_limit(max_failure_rate, "--max-failure-rate")
+    old_handlers = {}
+
+    def on_signal(signum, frame):
+        for sig in STOP_SIGNALS:  # once: a second signal must not break the stop that the first one began
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for sig in STOP_SIGNALS:
+        old_handlers[sig] = signal.signal(sig, on_signal)
+    state: dict = {}
+    try:
+        _load(state, max_rate, **opts)
+    except Interrupted as e:
+        _interrupted(state, e)
+    finally:
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+
+
+def parse_rate_limit(text: str | None, what: str) -> float | None:
+    """'5%' or '0.05' as a fraction in [0, 1]; None stays None."""
+    if text is None:
+        return None
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v <= 1:
+        raise click.BadParameter(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", param_hint=what)
+    return v
+
+
+def _interrupted(state: dict, e: Interrupted) -> None:
+    """A signal stopped `servesweep load`: Locust is stopped already (run_point); keep what finished, list the
+    partial records of the point it interrupted, say so, exit 128 + signum."""
+    from servesweep.results import write_manifest
+
+    err = click.get_text_stream("stderr")
+    name = signal.Signals(e.signum).name
+    run_dir, manifest, current = state.get("run_dir"), state.get("manifest"), state.get("current")
+    lines = [f"servesweep load: stopped by {name}; the load generator is stopped"]
+    if run_dir is not None and manifest is not None:
+        manifest["status"] = "interrupted"
+        manifest["interrupted"] = {"signal": name, "unix": time.time(), "point": current}
+        done = [p["point_id"] for p in manifest["points"]]
+        if current is not None:
+            info = _read_json(run_dir / current / "interrupted.json")
+            if info is not None:
+                manifest["points"].append(
+                    {"point_id": current, "dir": current, "status": "interrupted", "partial": info}
+                )
+                if info.get("records"):
+                    lines.append(
+                        f"point {current} was interrupted: {info.get('rows')} finished requests in "
+                        f"{run_dir / current / info['records']} (partial; see interrupted.json)"
+                    )
+        try:
+            write_manifest(run_dir, manifest)
+        except OSError:
+            pass
+        lines.append(f"finished points kept in {run_dir}: {', '.join(done) or 'none'}")
+        left = [pid for pid in state.get("all_points", []) if pid not in done]
+        if left:
+            lines.append(f"not measured: {', '.join(left)} (run them again with servesweep load)")
+    for line in lines:
+        print(line, file=err, flush=True)
+    sys.exit(128 + e.signum)
+
+
+def _load(
+    state: dict,
+    max_rate: float | None,
+    *,
     base_url,
     model,
     endpoint,
@@ -848,9 +1071,8 @@ def command(
     think_time,
     context_cap,
     metrics_port,
-):
-    """Run one load point or a sweep (concurrency and/or open-loop rate; one Locust run per point) and print the
-    results table."""
+) -> None:
+    """The body of `servesweep load`; `state` tells the signal path how far it got."""
     from contextlib import ExitStack
 
     from pydantic import ValidationError
@@ -972,11 +1194,18 @@ def command(
             except ValidationError as e:
                 raise click.UsageError(str(e)) from None
         # Probe the server once for the whole run; every point reuses what it found.
+        probes = ProbeLog()
         try:
-            first = resolve_point(points[0])
+            first = resolve_point(points[0], probes)
         except (RuntimeError, ValueError, OSError) as e:
             raise click.ClickException(f"probing {base_url}: {e}") from None
+        for note in probes.notes:
+            err.print(f"[yellow]warning: {note}[/]")
         run_id, run_dir = new_run(out_root)
+        from servesweep.manifest import OwnedProcesses
+
+        owned = OwnedProcesses(run_dir)  # processes.json: the Locust groups this run starts, while they run
+        state.update(run_dir=run_dir, all_points=[p.id for p in points])
         fixed = {k: getattr(first, k) for k in ("model", "template_overhead", "continuous_usage")}
         points = [p.model_copy(update=fixed) for p in points]
         err.print(
@@ -989,8 +1218,10 @@ def command(
             "base_url": base_url,
             "points": [],
             "argv": sys.argv[1:],
+            "probe_requests": probes.as_dict(),
         }
         write_manifest(run_dir, manifest)
+        state["manifest"] = manifest
         summaries = []
         with Progress(
             TextColumn("{task.description}"),
@@ -1014,6 +1245,10 @@ def command(
                     )
                     prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
 
+                state["current"] = p.id
+                # the run's probes are counted with its first point; their notes go with every point
+                pl = probes if p is points[0] else ProbeLog()
+                pl.notes = list(probes.notes)
                 try:
                     s = run_point(
                         p,
@@ -1023,6 +1258,9 @@ def command(
                         slos=slo,
                         metrics_port=metrics_port or None,
                         worker_hosts=worker_hosts,
+                        owned=owned,
+                        max_failure_rate=max_rate,
+                        probes=pl,
                     )
                 except (RuntimeError, ValueError, OSError) as e:
                     raise click.ClickException(f"point {p.id}: {e}") from None
@@ -1031,6 +1269,7 @@ def command(
                     {"point_id": p.id, "dir": p.id, "concurrency": p.concurrency, "rate_rps": p.rate_rps}
                 )
                 write_manifest(run_dir, manifest)
+                state["current"] = None
         manifest["finished_unix"] = time.time()
         write_manifest(run_dir, manifest)
 
@@ -1046,7 +1285,13 @@ def command(
         out.print(f"results: {run_dir}")
     for line in _notes(summaries):
         err.print(line)
+    failed = [s["failure_check"]["message"] for s in summaries if not s["failure_check"]["pass"]]
+    for msg in failed:
+        err.print(f"[red]failed: {msg}[/]")
     slo_fail = [s for s in summaries if any(not c["pass"] for c in s.get("slos", []))]
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")
+    if failed:
+        sys.exit(3)  # docs/reports.md, "Exit codes": requests failed above the threshold
+    if slo_fail:
         sys.exit(1)  # issue 8's exit codes: 0 pass, 1 breach, 2 could not run

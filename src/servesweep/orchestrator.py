@@ -38,7 +38,11 @@ PLAYBOOK = "sglang_server.yml"
 
 
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM: stop after cleaning up; the run can be resumed."""
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP: stop after cleaning up; the run can be resumed. The run exits with
+    128 + the signal's number."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class DiskTrouble(Exception):
@@ -313,7 +317,11 @@ class Runner:
         self.plan: Plan = make_plan(self.exp)
         self.port = int(m.data["port"])
         self.stop_requested = False
+        self.stop_signal = signal.SIGINT
         self.in_ansible = False
+        # processes.json: the Locust groups and Ansible processes this run starts, by pid and start time; a resumed
+        # run stops the ones the interrupted run left (and nothing else)
+        self.owned = mf.OwnedProcesses(m.run_dir)
         self.server_up = False
         self.metrics = None  # servesweep.exporter.ClientMetrics while the run runs (see _start_exporter)
         self.exporter_at: str | None = None
@@ -324,10 +332,13 @@ class Runner:
             os.environ[RUN_KEY_ENV] = self.api_key  # for the Locust child only; hidden from Ansible
             self.key_env = RUN_KEY_ENV
 
-    # -- signals: Ctrl-C / SIGTERM set a flag; outside Ansible they interrupt at once --
+    # -- signals: SIGINT / SIGTERM / SIGHUP set a flag; outside Ansible they interrupt at once --
 
     def _on_signal(self, signum, frame):
+        if self.stop_requested:
+            return  # the first signal's stop is under way: a second one must not break it
         self.stop_requested = True
+        self.stop_signal = signum
         if not self.in_ansible:
             raise Interrupted(signal.Signals(signum).name)
 
@@ -444,18 +455,18 @@ class Runner:
                     on_event=on_event,
                     cancel=lambda: self.stop_requested,
                     tag=self.ansible_tag,
+                    owned=self.owned,
                     **self._secrets(),
                 )
         finally:
             self.in_ansible = False
             if self.stop_requested:
-                raise Interrupted("SIGINT")
+                raise Interrupted(signal.Signals(self.stop_signal).name)
 
     # -- the run --
 
     def run(self) -> int:
-        old_int = signal.signal(signal.SIGINT, self._on_signal)
-        old_term = signal.signal(signal.SIGTERM, self._on_signal)
+        old = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
             self._adopt_and_clean()
             self._start_exporter()
@@ -465,15 +476,21 @@ class Runner:
             self.m.save()
             for cp in self.plan.configs:
                 if self.stop_requested:
-                    raise Interrupted("SIGINT")
+                    raise Interrupted(signal.Signals(self.stop_signal).name)
                 self._run_config(cp)
             self.m.data["status"] = "finished"
             self.m.save()
         except Interrupted:
+            self.stop_requested = True
             self._mark_interrupted()
-            self.console.print(f"[yellow]interrupted[/]: resume with  servesweep run --resume {self.run_dir}")
+            name = signal.Signals(self.stop_signal).name
+            msg = (
+                f"interrupted by {name}: the load generator is stopped, finished points are kept; resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            click.echo(msg, err=True)
             self._stop_server_quietly()
-            return 130
+            return 128 + int(self.stop_signal)
         except DiskTrouble as e:
             for tmp in self.run_dir.glob(".tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -497,13 +514,22 @@ class Runner:
             )
             return 4
         finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
+            for sig, h in old.items():
+                signal.signal(sig, h)
         if not self.keep_server:
             self._stop_server_quietly()
         self.print_results()
         self.write_report()
-        return 0 if all(p["status"] in mf.FINISHED for p in self.m.points.values()) else 1
+        if not all(p["status"] in mf.FINISHED for p in self.m.points.values()):
+            return 1
+        over = [
+            fc["message"]
+            for p in self.m.points.values()
+            if p["status"] == mf.DONE and (fc := (p.get("result") or {}).get("failure_check")) and not fc["pass"]
+        ]
+        for msg in over:
+            click.echo(f"failed: {msg}", err=True)
+        return 3 if over else 0
 
     # -- live client metrics (issue 6, docs/observability.md) --
 
@@ -575,14 +601,16 @@ class Runner:
     def _adopt_and_clean(self) -> None:
         """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
         finished point folders the manifest did not get to record."""
-        from servesweep.ansible_run import kill_tagged
+        from servesweep.ansible_run import remove_private_dirs
 
-        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first;
-        # a server it left is stopped through its pidfile when the role starts this run's (force restart)
-        n = kill_tagged(self.ansible_tag)
-        _kill_processes_naming(self.run_dir)
+        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first,
+        # exactly those it recorded in processes.json (pid and start time); a server it left is stopped through its
+        # pidfile when the role starts this run's (force restart)
+        n = self.owned.stop_previous()
+        remove_private_dirs(self.ansible_tag)
         if n:
-            self.event(f"stopped {n} Ansible process(es) left by the interrupted run")
+            what = ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
+            self.event(f"stopped what the interrupted run left running: {what} process(es)")
         for tmp in self.run_dir.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
         changed = False
@@ -638,7 +666,7 @@ class Runner:
         for i, pid in enumerate(todo):
             while True:
                 if self.stop_requested:
-                    raise Interrupted("SIGINT")
+                    raise Interrupted(signal.Signals(self.stop_signal).name)
                 self._run_point(cid, pid)
                 p = self.m.points[pid]
                 if p["status"] != mf.FAILED or self._healthy():
@@ -767,8 +795,21 @@ class Runner:
                     progress=progress,
                     slos=",".join(self.exp.slo) or None,
                     worker_hosts=self._worker_hosts(),
+                    owned=self.owned,
+                    max_failure_rate=ld.max_failure_rate,
                 )
         except Interrupted:
+            # the records Locust wrote before it stopped (run_point kept them in tmp): aside, listed on the point
+            if (tmp / "interrupted.json").is_file():
+                aside = self.run_dir / "interrupted" / f"{pid}.{p['attempts']}"
+                aside.parent.mkdir(exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(tmp, aside)
+                p.update(
+                    records_aside=str(aside.relative_to(self.run_dir)),
+                    reason=f"interrupted by {signal.Signals(self.stop_signal).name}; the records of what "
+                    f"finished: {aside.relative_to(self.run_dir)}/records.partial.parquet",
+                )
             shutil.rmtree(tmp, ignore_errors=True)
             self._metrics_finished(pid, tmp, None)
             raise
@@ -967,6 +1008,7 @@ def _headline(summary: dict) -> dict[str, Any]:
         "itl_p99_ms": pick("itl_ms", "p99"),
         "tpot_p50_ms": pick("tpot_ms", "p50"),
         "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
+        "failure_check": summary.get("failure_check"),
     }
 
 
@@ -1008,19 +1050,6 @@ def _flush_cache(url: str, api_key: str | None, *, tries: int = 20) -> bool:
     return False
 
 
-def _kill_processes_naming(path: Path) -> None:
-    """Load generators of a killed run still name its folder on their command line."""
-    import psutil
-
-    needle = str(path.resolve())
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["pid"] != os.getpid() and any(needle in a for a in (p.info["cmdline"] or [])):
-                os.killpg(p.pid, signal.SIGKILL) if os.getpgid(p.pid) == p.pid else p.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            continue
-
-
 @click.command(name="run")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option(
@@ -1052,6 +1081,12 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
             m = mf.Manifest.load(Path(resume).resolve())
         except (FileNotFoundError, ValueError) as e:
             raise click.ClickException(str(e)) from None
+        owner = mf.OwnedProcesses(m.run_dir).previous_owner_alive()
+        if owner is not None:
+            raise click.ClickException(
+                f"run {m.data['run_id']} is still running (servesweep process {owner}): stop it first "
+                f"(kill -TERM {owner}, it then stops its load generator), or wait for it"
+            )
         exp_r = Experiment.model_validate(m.data["experiment"])
         resolve_run_key(exp_r, m.data.get("experiment_file"))  # fail before the preflight
         left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
