@@ -9,7 +9,7 @@ import re
 import pytest
 
 from servesweep.datasets import DatasetError, load_dataset
-from servesweep.prompts import NONCE_SLOT, Nonces
+from servesweep.pool import NONCE_SLOT, Nonces
 from servesweep.tokenizer import load_tokenizer, render_chatml
 
 TOK = load_tokenizer()

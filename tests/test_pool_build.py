@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from support import byte_level_bpe, metaspace_tokenizer
 
 from servesweep import prompts
+from servesweep.pool import _SLOT_BYTES, NONCE_SLOT, _split_body
 from servesweep.prompts import build_pool, verify_pool
 from servesweep.tokenizer import load_tokenizer, render_chatml
 
@@ -30,13 +31,13 @@ def server_counts(tok, pool) -> list[int]:
 def counted(monkeypatch):
     """The number of prompts each call of the pool's full count got (a spy on the real function)."""
     calls: list[int] = []
-    real = prompts._count
+    real = prompts.count_prompts
 
     def spy(tok, ps, overhead, nonce):
         calls.append(len(ps))
         return real(tok, ps, overhead, nonce)
 
-    monkeypatch.setattr(prompts, "_count", spy)
+    monkeypatch.setattr(prompts, "count_prompts", spy)
     return calls
 
 
@@ -175,26 +176,26 @@ def test_a_cached_pool_is_read_without_loading_the_tokenizer(tmp_path):
     "content",
     [
         "plain text\nwith a paragraph break",
-        f"{prompts.NONCE_SLOT}\nthe nonce slot first",
-        f'before {prompts.NONCE_SLOT} after, and a tab\tand a quote " here',
-        f"non-ASCII: café, 中文, emoji 🚀 {prompts.NONCE_SLOT} end",
-        f"a control character \x01 {prompts.NONCE_SLOT}",
+        f"{NONCE_SLOT}\nthe nonce slot first",
+        f'before {NONCE_SLOT} after, and a tab\tand a quote " here',
+        f"non-ASCII: café, 中文, emoji 🚀 {NONCE_SLOT} end",
+        f"a control character \x01 {NONCE_SLOT}",
         "a literal backslash-u: \\ue000 and no slot",
-        f"a literal \\ue000 and the slot {prompts.NONCE_SLOT}",
-        f"a backslash \\ and the slot {prompts.NONCE_SLOT}",
+        f"a literal \\ue000 and the slot {NONCE_SLOT}",
+        f"a backslash \\ and the slot {NONCE_SLOT}",
     ],
 )
 def test_request_bodies_are_utf8_json_split_at_the_nonce(content):
     obj = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
-    want = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode().split(prompts._SLOT_BYTES)
-    head, tail = prompts._split_body(obj)
+    want = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode().split(_SLOT_BYTES)
+    head, tail = _split_body(obj)
     assert [head, tail] == (want if len(want) == 2 else [*want, b""])
-    nonce = "12345678" if prompts.NONCE_SLOT in content else ""
+    nonce = "12345678" if NONCE_SLOT in content else ""
     got = json.loads(head + nonce.encode() + tail)["messages"][0]["content"]
-    assert got == content.replace(prompts.NONCE_SLOT, nonce)
+    assert got == content.replace(NONCE_SLOT, nonce)
 
 
 def test_a_prompt_with_two_nonce_slots_is_an_error():
-    obj = {"prompt": f"{prompts.NONCE_SLOT} and {prompts.NONCE_SLOT}"}
+    obj = {"prompt": f"{NONCE_SLOT} and {NONCE_SLOT}"}
     with pytest.raises(ValueError, match="holds the nonce slot 2 times"):
-        prompts._split_body(obj)
+        _split_body(obj)

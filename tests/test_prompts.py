@@ -12,14 +12,8 @@ import urllib.request
 import pytest
 from support import byte_level_bpe, metaspace_tokenizer
 
-from servesweep.prompts import (
-    NONCE_SLOT,
-    Nonces,
-    build_pool,
-    nonce_scheme,
-    nonce_tokens,
-    probe_template_overhead,
-)
+from servesweep.pool import NONCE_SLOT, Nonces, nonce_scheme, nonce_tokens
+from servesweep.prompts import build_pool, probe_template_overhead
 from servesweep.sim.launch import start_sim
 from servesweep.tokenizer import load_tokenizer, render_chatml
 

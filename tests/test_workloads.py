@@ -15,9 +15,10 @@ import pytest
 
 from servesweep.load import run_point
 from servesweep.loadspec import LoadPoint
+from servesweep.output_dist import parse_output_dist
 from servesweep.records import read_parquet
 from servesweep.sim.launch import start_sim
-from servesweep.workloads import PATHS, build_workload, parse_output_dist
+from servesweep.workloads import PATHS, build_workload
 
 SIM_ARGS = [
     "--model-path",

@@ -18,21 +18,21 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
-from servesweep.prompts import (
+from servesweep.pool import (
     DEFAULT_NONCE_DIGITS,
     ENDPOINTS,
     NONCE_SLOT,
     Prompt,
     PromptPool,
-    _check_int,
-    _count,
-    _encode_batch,
+    check_int,
+    count_prompts,
     format_nonce,
     nonce_scheme,
 )
-from servesweep.tokenizer import load_tokenizer
+from servesweep.tokenizer import encode_batch, load_tokenizer
 
 FORMATS = ("sharegpt", "jsonl")
 _SHAREGPT_ROLES = {
@@ -191,67 +191,28 @@ def load_dataset(
     if format is not None and format not in FORMATS:
         raise ValueError(f"format={format!r}: expected one of {', '.join(FORMATS)}")
     if n is not None:
-        _check_int("n", n, 1)
-    _check_int("seed", seed, 0)
-    _check_int("nonce_digits", nonce_digits, 1)
-    for name, v in (("min_prompt_tokens", min_prompt_tokens), ("max_prompt_tokens", max_prompt_tokens)):
-        if v is not None:
-            _check_int(name, v, 0)
-    lo = min_prompt_tokens or 0
-    hi = max_prompt_tokens if max_prompt_tokens is not None else float("inf")
-    if lo > hi:
-        raise ValueError(f"min_prompt_tokens={lo} is above max_prompt_tokens={hi}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    fmt = format or _detect_format(path, text)
-    records = _parse_sharegpt(path, text) if fmt == "sharegpt" else _parse_jsonl(path, text)
-    if not records:
-        raise DatasetError(f"{path}: no usable prompts in the file")
+        check_int("n", n, 1)
+    check_int("seed", seed, 0)
+    check_int("nonce_digits", nonce_digits, 1)
+    lo, hi = _length_range(min_prompt_tokens, max_prompt_tokens)
+    records = _read_records(path, format)
 
     tok = load_tokenizer(tokenizer)
     k = nonce_digits if cache_bust else 0
     nonce_fmt, k_tokens = nonce_scheme(tok, k)
-    slot = NONCE_SLOT + "\n" if k else ""
-
+    nonce = format_nonce("0" * k, nonce_fmt)
     if endpoint == "completions":  # raw text only: name the first record that is chat messages
         bad = next((r[3] for r in records if r[0] is not None), None)
         if bad is not None:
             raise DatasetError(f"{bad}: chat messages need endpoint 'chat', not 'completions'")
 
     def make(i: int) -> Prompt:
-        msgs, txt, ref, _ = records[i]
-        out_tokens = ref if isinstance(ref, int) else None  # a reference text is counted once chosen
-        if endpoint == "chat":
-            if msgs is None:
-                msgs = [{"role": "user", "content": txt or ""}]
-            msgs = [{**m, "content": m["content"].replace(NONCE_SLOT, "")} for m in msgs]
-            u = next(j for j, m in enumerate(msgs) if m["role"] == "user")
-            msgs[u] = {**msgs[u], "content": slot + msgs[u]["content"]}
-            return Prompt("chat", 0, messages=msgs, output_tokens=out_tokens, **nonce_kw)
-        text = slot + (txt or "").replace(NONCE_SLOT, "")
-        return Prompt("completions", 0, text=text, output_tokens=out_tokens, **nonce_kw)
+        return _make_prompt(records[i], endpoint, k, nonce_fmt)
 
-    nonce_kw = {"nonce_digits": k, "nonce_format": nonce_fmt}
     order = list(range(len(records)))
     if n is not None:
         random.Random(seed).shuffle(order)
-    chosen: list[tuple[int, Prompt]] = []
-    batch = len(order) if n is None else max(64, 2 * n)  # sampled: count only as many as needed
-    nonce = format_nonce("0" * k, nonce_fmt)
-    for start in range(0, len(order), batch):
-        idx = order[start : start + batch]
-        prompts = [make(i) for i in idx]
-        for i, p, c in zip(idx, prompts, _count(tok, prompts, template_overhead, nonce), strict=True):
-            if lo <= c <= hi:
-                p.tokens = c
-                chosen.append((i, p))
-        if n is not None and len(chosen) >= n:
-            chosen = chosen[:n]
-            break
+    chosen = _choose(order, make, lambda ps: count_prompts(tok, ps, template_overhead, nonce), n, lo, hi)
     if not chosen or (n is not None and len(chosen) < n):
         span = f"{lo}..{'' if hi == float('inf') else hi}"
         raise DatasetError(
@@ -259,7 +220,7 @@ def load_dataset(
             + (f", fewer than n={n}" if n is not None else "")
         )
     refs = [(p, records[i][2]) for i, p in chosen if isinstance(records[i][2], str)]
-    for (p, _), ids in zip(refs, _encode_batch(tok, [str(r) for _, r in refs]), strict=True):
+    for (p, _), ids in zip(refs, encode_batch(tok, [str(r) for _, r in refs]), strict=True):
         p.output_tokens = len(ids) or None
     return PromptPool(
         prompts=[p for _, p in chosen],
@@ -274,3 +235,72 @@ def load_dataset(
         source=f"dataset:{path}",
         counted_in_full=len(chosen),
     )
+
+
+def _length_range(min_prompt_tokens: int | None, max_prompt_tokens: int | None) -> tuple[int, float]:
+    """The prompt length filter as (lo, hi), hi infinite when not given."""
+    for name, v in (("min_prompt_tokens", min_prompt_tokens), ("max_prompt_tokens", max_prompt_tokens)):
+        if v is not None:
+            check_int(name, v, 0)
+    lo = min_prompt_tokens or 0
+    hi = max_prompt_tokens if max_prompt_tokens is not None else float("inf")
+    if lo > hi:
+        raise ValueError(f"min_prompt_tokens={lo} is above max_prompt_tokens={hi}")
+    return lo, hi
+
+
+def _read_records(path: Path, format: str | None) -> list[_Record]:
+    """The file's records, in the given format or the one its name and first character show."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    fmt = format or _detect_format(path, text)
+    records = _parse_sharegpt(path, text) if fmt == "sharegpt" else _parse_jsonl(path, text)
+    if not records:
+        raise DatasetError(f"{path}: no usable prompts in the file")
+    return records
+
+
+def _make_prompt(record: _Record, endpoint: str, k: int, nonce_fmt: str) -> Prompt:
+    """A record as a prompt for `endpoint`, the nonce slot first in its first user message (or its text); `tokens`
+    is set once counted. A stray slot character in the record's text is dropped."""
+    msgs, txt, ref, _ = record
+    slot = NONCE_SLOT + "\n" if k else ""
+    nonce_kw = {"nonce_digits": k, "nonce_format": nonce_fmt}
+    out_tokens = ref if isinstance(ref, int) else None  # a reference text is counted once chosen
+    if endpoint == "chat":
+        if msgs is None:
+            msgs = [{"role": "user", "content": txt or ""}]
+        msgs = [{**m, "content": m["content"].replace(NONCE_SLOT, "")} for m in msgs]
+        u = next(j for j, m in enumerate(msgs) if m["role"] == "user")
+        msgs[u] = {**msgs[u], "content": slot + msgs[u]["content"]}
+        return Prompt("chat", 0, messages=msgs, output_tokens=out_tokens, **nonce_kw)
+    text = slot + (txt or "").replace(NONCE_SLOT, "")
+    return Prompt("completions", 0, text=text, output_tokens=out_tokens, **nonce_kw)
+
+
+def _choose(
+    order: list[int],
+    make: Callable[[int], Prompt],
+    count: Callable[[list[Prompt]], list[int]],
+    n: int | None,
+    lo: int,
+    hi: float,
+) -> list[tuple[int, Prompt]]:
+    """(record index, prompt) of the records in `order` whose length is within lo..hi: all of them (`n` None), or
+    the first `n`, counting only batches of as many as needed."""
+    chosen: list[tuple[int, Prompt]] = []
+    batch = len(order) if n is None else max(64, 2 * n)
+    for start in range(0, len(order), batch):
+        idx = order[start : start + batch]
+        prompts = [make(i) for i in idx]
+        for i, p, c in zip(idx, prompts, count(prompts), strict=True):
+            if lo <= c <= hi:
+                p.tokens = c
+                chosen.append((i, p))
+        if n is not None and len(chosen) >= n:
+            return chosen[:n]
+    return chosen

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from servesweep.output_dist import parse_output_dist
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _POINT_ID = re.compile(r"^[A-Za-z0-9._=-]{1,120}$")
 # Headers that carry secrets; they must come through api_key_env, never through the point (which is written to disk).
@@ -74,7 +76,7 @@ class LoadPoint(BaseModel):
     ignore_eos: bool = Field(
         True, description="send ignore_eos (False: leave it out, for servers that reject it)"
     )
-    # -- workloads (issue 9; docs/workloads.md) --
+    # -- workloads (docs/workloads.md) --
     workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = "synthetic"
     output_dist: str | None = Field(
         None, description="output lengths drawn per prompt, e.g. 'lognormal:mean=512,sigma=0.5'; None: fixed"
@@ -182,8 +184,6 @@ class LoadPoint(BaseModel):
         if self.thinking is not None and self.endpoint != "chat":
             raise ValueError("thinking: chat_template_kwargs apply to the chat endpoint only")
         if self.output_dist is not None:
-            from servesweep.workloads import parse_output_dist
-
             parse_output_dist(self.output_dist)  # a ValueError names what is wrong
             if self.output_dist.strip() == "dataset" and self.workload != "dataset":
                 raise ValueError("output_dist 'dataset' (reference answer lengths) needs workload dataset")
@@ -207,7 +207,8 @@ class LoadPoint(BaseModel):
     def digest(self) -> str:
         """Hash of everything that changes what is measured (not the labels or the id)."""
         exclude = {"point_id", "labels"}
-        if self.arrival == "closed":  # closed-loop points keep the digests they had before open loop
+        # A closed point's open-loop fields hold their defaults: they are not part of its digest.
+        if self.arrival == "closed":
             exclude |= {"arrival", "rate_rps"}
         d = self.model_dump(exclude=exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()

@@ -13,12 +13,8 @@ ones do) and the rest are taken at their composed length; when any is off (e.g. 
 marks), every prompt is encoded and the ones off are recomposed. Encoding all 64 prompts of 100k tokens would cost
 2-12 s on one core; `verify_pool` (`servesweep prompts --verify`) does it on demand.
 
-Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any).
-The load generator fills it per request with K decimal digits. Qwen's pre-tokenizer splits digits one per token,
-so any K digits are K tokens whatever their neighbours; `nonce_scheme()` checks the property for the tokenizer in
-use (and writes the digits spaced out for a tokenizer that merges them). Use the pool's `nonces()` stream: it
-writes a counter's digits least-significant first, so consecutive requests differ from their first digit on and a
-radix cache cannot serve their prefill.
+Cache busting. Each prompt carries a nonce slot at the start of the user content (after a shared prefix, if any);
+`servesweep.pool` holds the prompt and pool types and how nonces are written and counted.
 """
 
 from __future__ import annotations
@@ -32,250 +28,44 @@ import json
 import os
 import random
 import tempfile
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
-from servesweep.tokenizer import Tokenizer, load_tokenizer, render_chatml, tokenizer_source
+from servesweep.pool import (
+    DEFAULT_NONCE_DIGITS,
+    ENDPOINTS,
+    NONCE_SLOT,
+    Nonces,  # noqa: F401  (user.py imports it from here)
+    Prompt,
+    PromptPool,
+    check_int,
+    count_prompts,
+    format_nonce,
+    nonce_scheme,
+)
+from servesweep.tokenizer import (
+    Tokenizer,
+    count_batch,
+    encode_batch,
+    load_tokenizer,
+    render_chatml,
+    tokenizer_source,
+)
 
 FORMAT_VERSION = 3  # bump when the text a seed gives changes
-DEFAULT_NONCE_DIGITS = 8
-NONCE_FORMATS = ("digits", "spaced")
 DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
-ENDPOINTS = ("chat", "completions")
-
-# Marks the nonce's place in a prompt's text; a private-use character that no filler or JSON escaping produces.
-NONCE_SLOT = "\ue000"
-_SLOT_BYTES = NONCE_SLOT.encode()
 
 _BANK_SEED = 20261129
 _BANK_PER_TOPIC = 1500
 _FINAL_WINDOW = 200  # below this many tokens left, finish with an exact fill
-_CANARY_TOKENS = 200_000  # a pool's first prompts up to this many tokens are counted in full (see `_build`)
+_CANARY_TOKENS = 200_000  # a pool's first prompts up to this many tokens are counted in full (`_make_exact`)
 _PROBE_CONTENT = "Reply with the single word: ready."
 _PROBE_SYSTEM = "You are a test assistant."
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Prompts and pools
-
-
-@dataclass(eq=False)
-class Prompt:
-    """One prompt, ready to send. `tokens` is its length as the server counts it, nonce included.
-
-    Chat prompts hold `messages`, completions prompts hold `text`; either has `NONCE_SLOT` where the nonce goes
-    (when `nonce_digits` > 0).
-    """
-
-    endpoint: str
-    tokens: int
-    messages: list[dict] | None = None
-    text: str | None = None
-    nonce_digits: int = 0
-    nonce_format: str = "digits"  # "spaced": a space before each digit (see `nonce_scheme`)
-    group: int = 0
-    shared_prefix_tokens: int = 0
-    question: str | None = None
-    answer: str | None = None
-    output_tokens: int | None = None  # a dataset's reference answer length, when it has one
-    _bodies: dict = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def render(self, nonce: str = "") -> list[dict] | str:
-        """The messages (chat) or text (completions) with the nonce filled in."""
-        width = self.nonce_digits * (2 if self.nonce_format == "spaced" else 1)
-        if len(nonce) != width:
-            raise ValueError(
-                f"nonce {nonce!r}: this prompt takes {self.nonce_digits} digits ({self.nonce_format})"
-            )
-        if self.messages is not None:
-            return [{**m, "content": m["content"].replace(NONCE_SLOT, nonce)} for m in self.messages]
-        return (self.text or "").replace(NONCE_SLOT, nonce)
-
-    def as_text(self) -> str:
-        """The prompt as one string with the nonce slot left in: ChatML for chat prompts, the text otherwise."""
-        if self.messages is not None:
-            return render_chatml(self.messages)
-        return self.text or ""
-
-    def body_parts(
-        self, model: str, max_tokens: int, endpoint: str | None = None, extra: dict | None = None
-    ) -> tuple[bytes, bytes]:
-        """The JSON request body split around the nonce: a request is `head + nonce + tail`.
-
-        The body is `{"model", "messages"|"prompt"|"text", "max_tokens", "stream": true,
-        "stream_options": {"include_usage": true}}` updated with `extra` (e.g. `ignore_eos`,
-        `chat_template_kwargs`; a key in `extra` replaces the default). `endpoint` "chat" needs a chat prompt;
-        "completions" and "generate" (SGLang's native API) send chat prompts as their ChatML text, which the server
-        counts the same. With cache busting off, `tail` is empty and `head` is the whole body. Cached per arguments.
-        """
-        endpoint = endpoint or self.endpoint
-        key = (model, max_tokens, endpoint, json.dumps(extra, sort_keys=True) if extra else "")
-        got = self._bodies.get(key)
-        if got is not None:
-            return got
-        with self._lock:
-            got = self._bodies.get(key)
-            if got is None:
-                got = self._bodies[key] = _split_body(
-                    self._body_obj(model, max_tokens, endpoint, extra or {})
-                )
-        return got
-
-    def body(self, model: str, max_tokens: int, nonce: bytes | str = b"", **kw) -> bytes:
-        """One whole request body (tests and one-off requests; the load loop joins `body_parts` itself)."""
-        head, tail = self.body_parts(model, max_tokens, **kw)
-        return head + (nonce.encode() if isinstance(nonce, str) else nonce) + tail
-
-    def _body_obj(self, model: str, max_tokens: int, endpoint: str, extra: dict) -> dict:
-        if endpoint == "chat":
-            if self.messages is None:
-                raise ValueError("endpoint 'chat' needs a chat prompt; this pool was built for completions")
-            body: dict[str, Any] = {"model": model, "messages": self.messages, "max_tokens": max_tokens}
-        elif endpoint == "completions":
-            body = {"model": model, "prompt": self.as_text(), "max_tokens": max_tokens}
-        elif endpoint == "generate":
-            sp = {"max_new_tokens": max_tokens, **extra.get("sampling_params", {})}
-            body = {"text": self.as_text(), "sampling_params": sp, "stream": True}
-            body.update({k: v for k, v in extra.items() if k != "sampling_params"})
-            return body
-        else:
-            raise ValueError(f"endpoint {endpoint!r}: expected one of chat, completions, generate")
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-        body.update(extra)
-        return body
-
-    def to_json(self) -> dict:
-        d = {k: getattr(self, k) for k in _PROMPT_FIELDS}
-        return {k: v for k, v in d.items() if v is not None}
-
-
-_PROMPT_FIELDS = (
-    "endpoint",
-    "tokens",
-    "messages",
-    "text",
-    "nonce_digits",
-    "nonce_format",
-    "group",
-    "shared_prefix_tokens",
-    "question",
-    "answer",
-    "output_tokens",
-)
-
-
-def _split_body(obj: dict) -> tuple[bytes, bytes]:
-    """The body as UTF-8 JSON, split at the nonce slot."""
-    # ASCII JSON encodes twice as fast. When its only \u escape is the slot's (no other non-ASCII or control
-    # character) and it holds no literal backslash (which could spell a false "\ue000"), it is the UTF-8 JSON.
-    raw = json.dumps(obj, separators=(",", ":")).encode()
-    escapes = raw.count(b"\\u")
-    if escapes == 0:
-        return raw, b""
-    if escapes == 1 and b"\\\\" not in raw:
-        parts = raw.split(b"\\ue000")
-        if len(parts) == 2:
-            return parts[0], parts[1]
-    raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-    parts = raw.split(_SLOT_BYTES)
-    if len(parts) == 1:
-        return raw, b""
-    if len(parts) != 2:
-        raise ValueError(f"prompt holds the nonce slot {len(parts) - 1} times; expected once")
-    return parts[0], parts[1]
-
-
-@dataclass(eq=False)
-class PromptPool:
-    """Prompts of one shape. `prompt_tokens` is the exact length of each (None for datasets, whose lengths vary)."""
-
-    prompts: list[Prompt]
-    endpoint: str
-    tokenizer: str
-    nonce_digits: int
-    nonce_tokens: int
-    nonce_format: str = "digits"
-    prompt_tokens: int | None = None
-    template_overhead: int | None = None
-    shared_prefix_tokens: int = 0
-    num_groups: int = 1
-    seed: int = 0
-    source: str = "synthetic"
-    # How many prompts the tokenizer counted in full at build time (the rest kept their composed length, which those
-    # confirmed; see the module's docstring). None: a pool cached before this was recorded.
-    counted_in_full: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.prompts)
-
-    def __iter__(self) -> Iterator[Prompt]:
-        return iter(self.prompts)
-
-    def __getitem__(self, i: int) -> Prompt:
-        return self.prompts[i]
-
-    def bodies(
-        self, model: str, max_tokens: int, endpoint: str | None = None, extra: dict | None = None
-    ) -> list[tuple[bytes, bytes]]:
-        """`body_parts` of every prompt, in order."""
-        return [p.body_parts(model, max_tokens, endpoint, extra) for p in self.prompts]
-
-    def nonces(self, start: int | None = None) -> Nonces:
-        """A nonce stream for this pool, in its format (empty nonces when cache busting is off)."""
-        return Nonces(self.nonce_digits, start, spaced=self.nonce_format == "spaced")
-
-    def meta(self) -> dict:
-        """What a results file should record about the pool."""
-        return {
-            "source": self.source,
-            "endpoint": self.endpoint,
-            "tokenizer": self.tokenizer,
-            "n": len(self.prompts),
-            "prompt_tokens": self.prompt_tokens,
-            "template_overhead": self.template_overhead,
-            "nonce_digits": self.nonce_digits,
-            "nonce_tokens": self.nonce_tokens,
-            "nonce_format": self.nonce_format,
-            "shared_prefix_tokens": self.shared_prefix_tokens,
-            "num_groups": self.num_groups,
-            "seed": self.seed,
-            "counted_in_full": self.counted_in_full,
-        }
-
-
-class Nonces:
-    """Per-request nonces: a counter from a random start, its K digits written least-significant first.
-
-    Consecutive requests differ from their first digit, and two streams with random starts rarely share more than
-    a digit or two at the same moment. `next(nonces)` returns bytes, ready to join between a body's parts.
-    """
-
-    __slots__ = ("digits", "spaced", "_i", "_mod")
-
-    def __init__(self, digits: int, start: int | None = None, *, spaced: bool = False):
-        self.digits = digits
-        self.spaced = spaced
-        self._mod = 10**digits
-        self._i = (random.SystemRandom().randrange(self._mod) if start is None else start) % self._mod
-
-    def __iter__(self) -> Nonces:
-        return self
-
-    def __next__(self) -> bytes:
-        if not self.digits:
-            return b""
-        s = (b"%0*d" % (self.digits, self._i))[::-1]
-        self._i = (self._i + 1) % self._mod
-        return s if not self.spaced else b" " + b" ".join(s[i : i + 1] for i in range(len(s)))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -310,17 +100,6 @@ def _filler_data() -> dict:
 def _filler_digest() -> str:
     raw = importlib.resources.files("servesweep").joinpath("data", "filler.json").read_bytes()
     return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def _encode_batch(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
-    fn = getattr(tok, "encode_batch", None)
-    return fn(texts) if fn else [tok.encode(t) for t in texts]
-
-
-def _count_batch(tok: Tokenizer, texts: list[str]) -> list[int]:
-    """Token counts of the texts (a tokenizer's own `count_batch` may skip building id lists)."""
-    fn = getattr(tok, "count_batch", None)
-    return fn(texts) if fn else [len(ids) for ids in _encode_batch(tok, texts)]
 
 
 def _generate_sentences(data: dict) -> tuple[list[str], list[list[int]]]:
@@ -360,7 +139,7 @@ def _encode_sentences(
         chunks = ["".join(" " + s for s in sents[i : i + 200]) for i in range(0, len(sents), 200)]
         mids: list[list[int]] = []
         d, whole = dot[0], True
-        for ids in _encode_batch(tok, chunks):
+        for ids in encode_batch(tok, chunks):
             start = 0
             with contextlib.suppress(ValueError):  # list.index: the next "." (a C loop, not a Python one)
                 while True:
@@ -546,47 +325,7 @@ def _needle(tok: Tokenizer, bank: _Bank, rng: random.Random) -> tuple[tuple[str,
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Token accounting
-
-
-def format_nonce(digits: str, nonce_format: str) -> str:
-    """The nonce as it goes into the prompt: "digits" as is, "spaced" with a space before each digit."""
-    return "".join(" " + d for d in digits) if nonce_format == "spaced" else digits
-
-
-@functools.lru_cache(maxsize=16)
-def nonce_scheme(tokenizer: Tokenizer, digits: int) -> tuple[str, int]:
-    """(format, tokens): how a nonce of `digits` decimal digits is written, and how many tokens it takes.
-
-    The count must not depend on the digits, or a nonce would change the prompt's length. Qwen's pre-tokenizer
-    splits every digit into its own token, so plain digits work and K digits are K tokens. A tokenizer that merges
-    digits unevenly (some byte-level BPEs) gets "spaced" digits (" 1 2 3"): a space and a digit make one piece,
-    which no merge crosses. Checked in context, over every repeated digit and 200 random nonces.
-    """
-    if digits <= 0:
-        return "digits", 0
-    rng = random.Random(digits)
-    samples = [d * digits for d in "0123456789"]
-    samples += ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in range(200)]
-    # Counted against a one-digit nonce (one token), so that the newlines around it stay apart as in a prompt.
-    head, tail = "<|im_start|>user\n", "\nThe river was calm."
-    seen = {}
-    for fmt in NONCE_FORMATS:
-        base = len(tokenizer.encode(head + format_nonce("0", fmt) + tail)) - 1
-        texts = [head + format_nonce(x, fmt) + tail for x in samples]
-        counts = {c - base for c in _count_batch(tokenizer, texts)}
-        if len(counts) == 1:
-            return fmt, counts.pop()
-        seen[fmt] = sorted(counts)
-    raise ValueError(
-        f"tokenizer {tokenizer.name}: a nonce of {digits} digits takes a number of tokens that depends on the digits "
-        f"({seen}), so it would change the prompt's length; turn cache busting off"
-    )
-
-
-def nonce_tokens(tokenizer: Tokenizer, digits: int) -> int:
-    """Tokens a nonce of `digits` digits takes with this tokenizer (see `nonce_scheme`)."""
-    return nonce_scheme(tokenizer, digits)[1]
+# Building a pool
 
 
 def _chat_layout(tok: Tokenizer, system: bool) -> tuple[int, int]:
@@ -599,34 +338,6 @@ def _chat_layout(tok: Tokenizer, system: bool) -> tuple[int, int]:
     before = len(tok.encode(text[:cut])) - (mark_n if system else 0)
     after = len(tok.encode(text)) - len(tok.encode(text[:cut])) - mark_n
     return before, after
-
-
-def _count(tok: Tokenizer, prompts: list[Prompt], overhead: int | None, nonce: str) -> list[int]:
-    """Each prompt's length as the server counts it: ChatML + encode, or `overhead` + the content tokens."""
-    if overhead is None:
-        texts = [(p.as_text()).replace(NONCE_SLOT, nonce) for p in prompts]
-        return _count_batch(tok, texts)
-    contents: list[str] = []
-    owner: list[int] = []
-    for i, p in enumerate(prompts):
-        r = p.render(nonce)
-        for c in [m["content"] for m in r] if isinstance(r, list) else [r]:
-            contents.append(c)
-            owner.append(i)
-    out = [overhead] * len(prompts)
-    for i, c in zip(owner, _count_batch(tok, contents), strict=True):
-        out[i] += c
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Building a pool
-
-
-def _check_int(name: str, v: Any, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ValueError(f"{name}={v!r}: expected an integer ≥ {lo}")
-    return v
 
 
 def _tokenizer_id(name: str) -> str:
@@ -670,14 +381,14 @@ def build_pool(
     i % num_groups and the prompts of a group share their first P tokens (chat: a system prompt; the nonce follows
     the prefix). Deterministic from `seed`; cached under `cache_dir` (None: no disk cache).
     """
-    _check_int("prompt_tokens", prompt_tokens, 1)
-    _check_int("n", n, 1)
-    _check_int("seed", seed, 0)
-    _check_int("shared_prefix_tokens", shared_prefix_tokens, 0)
-    _check_int("num_groups", num_groups, 1)
-    _check_int("nonce_digits", nonce_digits, 1)
+    check_int("prompt_tokens", prompt_tokens, 1)
+    check_int("n", n, 1)
+    check_int("seed", seed, 0)
+    check_int("shared_prefix_tokens", shared_prefix_tokens, 0)
+    check_int("num_groups", num_groups, 1)
+    check_int("nonce_digits", nonce_digits, 1)
     if template_overhead is not None:
-        _check_int("template_overhead", template_overhead, 0)
+        check_int("template_overhead", template_overhead, 0)
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
     if shared_prefix_tokens >= prompt_tokens:
@@ -748,15 +459,54 @@ def _prune(cache_dir: Path, keep: Path) -> None:
             total -= size
 
 
+@dataclass
+class _Plan:
+    """How every prompt of one pool is laid out: its length, the tokens outside the filler, the shared prefixes."""
+
+    tok: Tokenizer
+    bank: _Bank
+    target: int
+    seed: int
+    endpoint: str
+    overhead: int | None  # the server's template tokens, when probed
+    k: int  # nonce digits (0: no cache busting)
+    nonce_fmt: str
+    k_tokens: int
+    prefix_p: int  # shared prefix tokens (0: none)
+    groups: int
+    before: int  # tokens before the user content: the chat template's, or the completions overhead
+    after: int  # tokens after the user content
+    body_budget: int  # tokens of the user content after the nonce and its separator
+    prefixes: list[str] = field(default_factory=list)  # per group: its system prompt (chat) or leading text
+
+
 def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
-    target, n, seed = params["prompt_tokens"], params["n"], params["seed"]
-    endpoint, overhead, k = params["endpoint"], params["template_overhead"], params["nonce_digits"]
-    prefix_p, groups = params["shared_prefix_tokens"], params["num_groups"]
+    plan = _plan(tok, params, cache_dir)
+    plan.prefixes = _shared_prefixes(plan)
+    prompts = [_make_prompt(plan, i) for i in range(params["n"])]
+    counted = _make_exact(plan, prompts)
+    return PromptPool(
+        prompts=prompts,
+        endpoint=plan.endpoint,
+        tokenizer=tok.name,
+        nonce_digits=plan.k,
+        nonce_tokens=plan.k_tokens,
+        nonce_format=plan.nonce_fmt,
+        prompt_tokens=plan.target,
+        template_overhead=(plan.before + plan.after) if plan.endpoint == "chat" else plan.overhead,
+        shared_prefix_tokens=plan.prefix_p,
+        num_groups=plan.groups,
+        seed=plan.seed,
+        counted_in_full=counted,
+    )
+
+
+def _plan(tok: Tokenizer, params: dict, cache_dir: Path | None) -> _Plan:
+    """The pool's layout from its cache-key parameters; a ValueError when the shared prefix cannot hold one."""
+    target, endpoint, overhead = params["prompt_tokens"], params["endpoint"], params["template_overhead"]
+    k, prefix_p = params["nonce_digits"], params["shared_prefix_tokens"]
     nonce_fmt, k_tokens = nonce_scheme(tok, k)
     bank = _bank(tok, cache_dir)
-    sep = bank.sep if k else 0
-    nonce = format_nonce("0" * k, nonce_fmt)
-
     # Tokens outside the filler: the template around the content, the nonce and its separator.
     if endpoint == "chat":
         before, after = _chat_layout(tok, system=bool(prefix_p))
@@ -769,90 +519,121 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
         raise ValueError(
             f"shared_prefix_tokens={prefix_p} is too small: a shared prefix needs ≥ {min_prefix} tokens"
         )
-    system_tokens = prefix_p - before if prefix_p else 0
-    body_budget = target - (prefix_p if prefix_p else before) - after - k_tokens - sep
+    sep = bank.sep if k else 0
+    return _Plan(
+        tok=tok,
+        bank=bank,
+        target=target,
+        seed=params["seed"],
+        endpoint=endpoint,
+        overhead=overhead,
+        k=k,
+        nonce_fmt=nonce_fmt,
+        k_tokens=k_tokens,
+        prefix_p=prefix_p,
+        groups=params["num_groups"],
+        before=before,
+        after=after,
+        body_budget=target - (prefix_p if prefix_p else before) - after - k_tokens - sep,
+    )
 
-    def make_prefix(g: int, adjust: int = 0) -> str:
-        rng = random.Random(f"{seed}:{target}:group:{g}")  # other lengths: other text
-        # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
-        # In completions text follows the prefix, after a paragraph break.
-        end, end_n = ("\n\n", bank.delta) if endpoint != "chat" else ("", 0)
-        filler_n = system_tokens - bank.instruction_len - end_n + adjust
-        return _compose(bank, rng, filler_n) + bank.instruction + end
 
-    def prefix_counts(texts: list[str]) -> list[int]:
-        """Tokens up to the user content (chat) or up to the nonce (completions), as the server counts them."""
-        if endpoint == "chat":
-            msgs = [
-                [{"role": "system", "content": t}, {"role": "user", "content": NONCE_SLOT}] for t in texts
-            ]
-            heads = [render_chatml(m) for m in msgs]
-            texts = [h[: h.index(NONCE_SLOT)] for h in heads]
-        return [c + (0 if endpoint == "chat" else before) for c in _count_batch(tok, texts)]
+def _prefix_text(plan: _Plan, g: int, adjust: int = 0) -> str:
+    """Group g's shared prefix, composed to its share of `prefix_p` tokens (plus `adjust`)."""
+    bank = plan.bank
+    rng = random.Random(f"{plan.seed}:{plan.target}:group:{g}")  # other lengths: other text
+    # Filler first, the instruction last: groups then share no tokens beyond the template's first ones.
+    # In completions text follows the prefix, after a paragraph break.
+    end, end_n = ("\n\n", bank.delta) if plan.endpoint != "chat" else ("", 0)
+    filler_n = plan.prefix_p - plan.before - bank.instruction_len - end_n + adjust
+    return _compose(bank, rng, filler_n) + bank.instruction + end
 
-    prefixes = [make_prefix(g) for g in range(groups if prefix_p else 0)]
-    if prefixes and overhead is None:  # each group's prefix must be exactly P tokens: repair it if not
-        p_adjust = [0] * len(prefixes)
-        for attempt in range(9):
-            counts = prefix_counts(prefixes)
-            if all(c == prefix_p for c in counts):
-                break
-            if attempt == 8:
-                raise RuntimeError(
-                    f"tokenizer {tok.name}: shared prefixes came out at {counts}, not {prefix_p}"
-                )
-            for g, c in enumerate(counts):
-                if c != prefix_p:
-                    p_adjust[g] += prefix_p - c
-                    prefixes[g] = make_prefix(g, p_adjust[g])
 
-    min_body = min(bank.by_start_len)
+def _prefix_counts(plan: _Plan, texts: list[str]) -> list[int]:
+    """Tokens up to the user content (chat) or up to the nonce (completions), as the server counts them."""
+    if plan.endpoint == "chat":
+        msgs = [[{"role": "system", "content": t}, {"role": "user", "content": NONCE_SLOT}] for t in texts]
+        heads = [render_chatml(m) for m in msgs]
+        texts = [h[: h.index(NONCE_SLOT)] for h in heads]
+    return [c + (0 if plan.endpoint == "chat" else plan.before) for c in count_batch(plan.tok, texts)]
 
-    def make(i: int, adjust: int = 0) -> Prompt:
-        rng = random.Random(f"{seed}:{target}:{i}")
-        fact, question, q_len, answer = _needle(tok, bank, rng)
-        filler_n = body_budget - q_len + adjust
-        if filler_n >= fact[1] + 2 * bank.max_cost:
-            body = _compose(bank, rng, filler_n, needle=fact) + question
-        else:  # a short prompt: a sentence or a few, no room for a needle and a question
-            question = answer = None
-            if body_budget + adjust < min_body:
-                raise ValueError(
-                    f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, "
-                    f"the nonce and the shared prefix; it needs ≥ {min_body}"
-                )
-            body = _compose(bank, rng, body_budget + adjust, end_para=False)
-        user = (NONCE_SLOT + "\n" if k else "") + body
-        g = i % groups if prefix_p else 0
-        common = dict(
-            nonce_digits=k,
-            nonce_format=nonce_fmt,
-            group=g,
-            shared_prefix_tokens=prefix_p,
-            question=question,
-            answer=answer,
-        )
-        if endpoint == "chat":
-            msgs = [{"role": "user", "content": user}]
-            if prefix_p:
-                msgs.insert(0, {"role": "system", "content": prefixes[g]})
-            return Prompt("chat", target, messages=msgs, **common)
-        text = (prefixes[g] if prefix_p else "") + user
-        return Prompt("completions", target, text=text, **common)
 
-    prompts = [make(i) for i in range(n)]
-    # Each prompt is `target` tokens by construction when the tokenizer adds up by pieces (it splits at every joint
-    # the composer makes). The first prompts check that, counted in full as the server counts them; the rest are
-    # taken at their composed length. If any is off, count every prompt and recompose the ones that are off.
-    canary = min(n, max(groups if prefix_p else 1, -(-_CANARY_TOKENS // target)))
-    counts = _count(tok, prompts[:canary], overhead, nonce)
+def _shared_prefixes(plan: _Plan) -> list[str]:
+    """One prefix per group (none without a shared prefix). Counted by the local template, each must be exactly
+    `prefix_p` tokens: one that is off is recomposed; with a probed overhead the composed length is taken."""
+    prefixes = [_prefix_text(plan, g) for g in range(plan.groups if plan.prefix_p else 0)]
+    if not prefixes or plan.overhead is not None:
+        return prefixes
+    adjust = [0] * len(prefixes)
+    for attempt in range(9):
+        counts = _prefix_counts(plan, prefixes)
+        if all(c == plan.prefix_p for c in counts):
+            break
+        if attempt == 8:
+            raise RuntimeError(
+                f"tokenizer {plan.tok.name}: shared prefixes came out at {counts}, not {plan.prefix_p}"
+            )
+        for g, c in enumerate(counts):
+            if c != plan.prefix_p:
+                adjust[g] += plan.prefix_p - c
+                prefixes[g] = _prefix_text(plan, g, adjust[g])
+    return prefixes
+
+
+def _make_prompt(plan: _Plan, i: int, adjust: int = 0) -> Prompt:
+    """Prompt i: its group's prefix, the nonce slot, filler with a needle fact, and the question about it."""
+    bank, target, body_budget = plan.bank, plan.target, plan.body_budget
+    rng = random.Random(f"{plan.seed}:{target}:{i}")
+    fact, question, q_len, answer = _needle(plan.tok, bank, rng)
+    filler_n = body_budget - q_len + adjust
+    if filler_n >= fact[1] + 2 * bank.max_cost:
+        body = _compose(bank, rng, filler_n, needle=fact) + question
+    else:  # a short prompt: a sentence or a few, no room for a needle and a question
+        question = answer = None
+        min_body = min(bank.by_start_len)
+        if body_budget + adjust < min_body:
+            raise ValueError(
+                f"prompt_tokens={target} leaves {body_budget} tokens for the prompt body after the template, "
+                f"the nonce and the shared prefix; it needs ≥ {min_body}"
+            )
+        body = _compose(bank, rng, body_budget + adjust, end_para=False)
+    user = (NONCE_SLOT + "\n" if plan.k else "") + body
+    g = i % plan.groups if plan.prefix_p else 0
+    common = dict(
+        nonce_digits=plan.k,
+        nonce_format=plan.nonce_fmt,
+        group=g,
+        shared_prefix_tokens=plan.prefix_p,
+        question=question,
+        answer=answer,
+    )
+    if plan.endpoint == "chat":
+        msgs = [{"role": "user", "content": user}]
+        if plan.prefix_p:
+            msgs.insert(0, {"role": "system", "content": plan.prefixes[g]})
+        return Prompt("chat", target, messages=msgs, **common)
+    text = (plan.prefixes[g] if plan.prefix_p else "") + user
+    return Prompt("completions", target, text=text, **common)
+
+
+def _make_exact(plan: _Plan, prompts: list[Prompt]) -> int:
+    """Check the prompts' lengths and recompose the ones that are off, in place; how many were counted in full.
+
+    Each prompt is `target` tokens by construction when the tokenizer adds up by pieces (it splits at every joint
+    the composer makes). The first prompts check that, counted in full as the server counts them; the rest are
+    taken at their composed length. If any is off, count every prompt and recompose the ones that are off.
+    """
+    tok, target, overhead, n = plan.tok, plan.target, plan.overhead, len(prompts)
+    nonce = format_nonce("0" * plan.k, plan.nonce_fmt)
+    canary = min(n, max(plan.groups if plan.prefix_p else 1, -(-_CANARY_TOKENS // target)))
+    counts = count_prompts(tok, prompts[:canary], overhead, nonce)
     counted = n
     if canary < n:
         if all(c == target for c in counts):
             counts += [target] * (n - canary)
             counted = canary
         else:
-            counts += _count(tok, prompts[canary:], overhead, nonce)
+            counts += count_prompts(tok, prompts[canary:], overhead, nonce)
     adjust = [0] * n
     for _attempt in range(8):
         bad = [i for i, c in enumerate(counts) if c != target]
@@ -860,26 +641,13 @@ def _build(tok: Tokenizer, params: dict, cache_dir: Path | None) -> PromptPool:
             break
         for i in bad:
             adjust[i] += target - counts[i]
-            prompts[i] = make(i, adjust[i])
-        for i, c in zip(bad, _count(tok, [prompts[i] for i in bad], overhead, nonce), strict=True):
+            prompts[i] = _make_prompt(plan, i, adjust[i])
+        for i, c in zip(bad, count_prompts(tok, [prompts[i] for i in bad], overhead, nonce), strict=True):
             counts[i] = c
     off = {i: c for i, c in enumerate(counts) if c != target}
     if off:
         raise RuntimeError(f"tokenizer {tok.name}: could not make prompts of exactly {target} tokens: {off}")
-    return PromptPool(
-        prompts=prompts,
-        endpoint=endpoint,
-        tokenizer=tok.name,
-        nonce_digits=k,
-        nonce_tokens=k_tokens,
-        nonce_format=nonce_fmt,
-        prompt_tokens=target,
-        template_overhead=(before + after) if endpoint == "chat" else overhead,
-        shared_prefix_tokens=prefix_p,
-        num_groups=groups,
-        seed=seed,
-        counted_in_full=counted,
-    )
+    return counted
 
 
 def verify_pool(pool: PromptPool, template_overhead: int | None = None) -> dict[int, int]:
@@ -887,7 +655,7 @@ def verify_pool(pool: PromptPool, template_overhead: int | None = None) -> dict[
     count differs from their `tokens` (empty: all exact). `template_overhead`: what the pool was built with."""
     tok = load_tokenizer(pool.tokenizer)
     nonce = format_nonce("0" * pool.nonce_digits, pool.nonce_format)
-    counts = _count(tok, pool.prompts, template_overhead, nonce)
+    counts = count_prompts(tok, pool.prompts, template_overhead, nonce)
     return {i: c for i, (p, c) in enumerate(zip(pool.prompts, counts, strict=True)) if c != p.tokens}
 
 
@@ -949,7 +717,7 @@ def _load_cached(path: Path, key: str) -> PromptPool | None:
             shared_prefix_tokens=m["shared_prefix_tokens"],
             num_groups=m["num_groups"],
             seed=m["seed"],
-            counted_in_full=m.get("counted_in_full"),
+            counted_in_full=m["counted_in_full"],
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -1094,35 +862,21 @@ def command(
 
     t0 = time.perf_counter()
     try:
-        if dataset:
-            from servesweep.datasets import load_dataset
-
-            pool = load_dataset(
-                dataset,
-                n=num_prompts,
-                seed=seed,
-                min_prompt_tokens=min_prompt_tokens,
-                max_prompt_tokens=max_prompt_tokens,
-                tokenizer=tokenizer,
-                endpoint=endpoint,
-                cache_bust=not no_cache_bust,
-                template_overhead=template_overhead,
-            )
-        else:
-            if prompt_tokens is None:
-                raise click.UsageError("give --prompt-tokens N (or --dataset FILE)")
-            pool = build_pool(
-                prompt_tokens,
-                num_prompts or 64,
-                tokenizer=tokenizer,
-                seed=seed,
-                endpoint=endpoint,
-                template_overhead=template_overhead,
-                cache_bust=not no_cache_bust,
-                shared_prefix_tokens=shared_prefix_tokens,
-                num_groups=num_groups,
-                cache_dir=cache_dir or None,
-            )
+        pool = _command_pool(
+            prompt_tokens=prompt_tokens,
+            num_prompts=num_prompts,
+            tokenizer=tokenizer,
+            seed=seed,
+            endpoint=endpoint,
+            template_overhead=template_overhead,
+            cache_bust=not no_cache_bust,
+            shared_prefix_tokens=shared_prefix_tokens,
+            num_groups=num_groups,
+            dataset=dataset,
+            min_prompt_tokens=min_prompt_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            cache_dir=cache_dir,
+        )
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     lengths = [p.tokens for p in pool]
@@ -1133,27 +887,59 @@ def command(
         "tokens_max": max(lengths),
     }
     if verify:
-        t1 = time.perf_counter()
-        off = verify_pool(pool, template_overhead)
-        if off:
-            shown = ", ".join(
-                f"prompt {i}: {c} tokens, not {pool[i].tokens}" for i, c in list(off.items())[:5]
-            )
-            raise click.ClickException(f"{len(off)} of {len(pool)} prompts are off: {shown}")
-        summary["verified_prompts"] = len(pool)
-        summary["verify_seconds"] = round(time.perf_counter() - t1, 3)
+        summary |= _command_verify(pool, template_overhead)
     if show is not None:
-        if not 0 <= show < len(pool):
-            raise click.BadParameter(
-                f"{show}: the pool holds prompts 0..{len(pool) - 1}", param_hint="--show"
-            )
-        p = pool[show]
-        text = json.dumps(p.messages, indent=1, ensure_ascii=False) if p.messages is not None else p.text
-        click.echo((text or "").replace(NONCE_SLOT, "<NONCE>"))
-        if p.answer:
-            click.echo(f"\n[needle answer: {p.answer}]")
+        _command_show(pool, show)
     if as_json:
         click.echo(json.dumps(summary))
     else:
         for k, v in summary.items():
             click.echo(f"{k:>22}: {v}")
+
+
+def _command_pool(*, dataset, num_prompts, prompt_tokens, cache_dir, **kw) -> PromptPool:
+    """`servesweep prompts`' pool: the dataset's prompts, or a synthetic pool built (or read) under `cache_dir`."""
+    common = {k: kw[k] for k in ("tokenizer", "seed", "endpoint", "template_overhead", "cache_bust")}
+    if dataset:
+        from servesweep.datasets import load_dataset
+
+        return load_dataset(
+            dataset,
+            n=num_prompts,
+            min_prompt_tokens=kw["min_prompt_tokens"],
+            max_prompt_tokens=kw["max_prompt_tokens"],
+            **common,
+        )
+    if prompt_tokens is None:
+        raise click.UsageError("give --prompt-tokens N (or --dataset FILE)")
+    return build_pool(
+        prompt_tokens,
+        num_prompts or 64,
+        shared_prefix_tokens=kw["shared_prefix_tokens"],
+        num_groups=kw["num_groups"],
+        cache_dir=cache_dir or None,
+        **common,
+    )
+
+
+def _command_verify(pool: PromptPool, template_overhead: int | None) -> dict:
+    """`--verify`: every prompt counted in full; a ClickException naming the first ones off."""
+    import time
+
+    t1 = time.perf_counter()
+    off = verify_pool(pool, template_overhead)
+    if off:
+        shown = ", ".join(f"prompt {i}: {c} tokens, not {pool[i].tokens}" for i, c in list(off.items())[:5])
+        raise click.ClickException(f"{len(off)} of {len(pool)} prompts are off: {shown}")
+    return {"verified_prompts": len(pool), "verify_seconds": round(time.perf_counter() - t1, 3)}
+
+
+def _command_show(pool: PromptPool, show: int) -> None:
+    """`--show I`: prompt I with its nonce slot as <NONCE>, and its needle's answer."""
+    if not 0 <= show < len(pool):
+        raise click.BadParameter(f"{show}: the pool holds prompts 0..{len(pool) - 1}", param_hint="--show")
+    p = pool[show]
+    text = json.dumps(p.messages, indent=1, ensure_ascii=False) if p.messages is not None else p.text
+    click.echo((text or "").replace(NONCE_SLOT, "<NONCE>"))
+    if p.answer:
+        click.echo(f"\n[needle answer: {p.answer}]")

@@ -81,6 +81,18 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=False)
 
 
+def encode_batch(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, through the tokenizer's own batch encoder where it has one."""
+    fn = getattr(tok, "encode_batch", None)
+    return fn(texts) if fn else [tok.encode(t) for t in texts]
+
+
+def count_batch(tok: Tokenizer, texts: list[str]) -> list[int]:
+    """Token counts of the texts (a tokenizer's own `count_batch` may skip building id lists)."""
+    fn = getattr(tok, "count_batch", None)
+    return fn(texts) if fn else [len(ids) for ids in encode_batch(tok, texts)]
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(spec: str | None = None) -> Tokenizer:
     """Return a tokenizer for `spec`.
