@@ -49,3 +49,29 @@ def test_harness_smoke_measures_cpu_and_accuracy(tmp_path):
     # the master's CPU and the workers' are measured apart (the CLI, Locust master, two forked workers)
     assert w[2]["processes_by_depth"] == {"0": 1, "1": 1, "2": 2}, w[2]
     assert "## 6. Scaling: 1 vs 2 worker processes" in md and "servesweep-w2 (master + 2 workers)" in md
+
+
+def test_soak_smoke_checks_records_against_ground_truth_and_samples_locust(tmp_path):
+    """bench/bench_soak.py, cut to seconds: one matrix point through `servesweep load` and a web-UI step ramp
+    started through POST /swarm, each against its own emulator at real timing. The harness pairs every record with
+    the emulator's ground truth and samples RSS/fds of each Locust process it started."""
+    cmd = [
+        sys.executable, str(ROOT / "bench" / "bench_soak.py"), "--minutes", "0.3", "--webui-minutes", "0.2",
+        "--points", "1000x2", "--output-tokens", "32", "--webui-prompt-tokens", "1000", "--ramp-steps", "1,2",
+        "--sample-s", "1", "--out", str(tmp_path),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "soak.json").read_text())
+    v = doc["verdict"]
+    assert v["passed"] and v["false_failures"] == 0 and v["failed"] == 0 and v["counts_equal"], v
+    for part in ("matrix", "webui"):
+        c = doc["checks"][part]
+        assert c["client_records"] == c["ok"] == c["emulator_requests_with_client_id"] > 0, c
+        assert c["emulator_completed"] == c["client_records"] and c["records_missing_from_emulator"] == 0, c
+    webui = doc["parts"]["webui"]
+    assert webui["swarm_response"]["success"] and webui["ramp_steps"] == [1, 2], webui
+    labels = sorted(p["label"] for p in doc["processes"])
+    assert labels == ["matrix p1000 c2", "webui step-ramp"], labels
+    assert all(p["samples"] >= 3 and p["rss_max_mib"] > 0 and p["fds_max"] > 0 for p in doc["processes"])
+    assert "| webui step-ramp |" in r.stdout and "| matrix p1000 c2 |" in r.stdout
