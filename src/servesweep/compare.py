@@ -25,7 +25,9 @@ from typing import Any
 import click
 import numpy as np
 
-_NS_PER_MS = 1e6
+from servesweep import metrics
+from servesweep.results import write_atomic
+
 BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
 
 # ---------------------------------------------------------------- run folders
@@ -294,71 +296,31 @@ class PointSample:
             return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
         ok = np.array([e is None for e in table.column("error_class").to_pylist()], dtype=bool)
-        sched, sent, first, end = col("scheduled_ns"), col("sent_ns"), col("first_token_ns"), col("end_ns")
+        sched, end = col("scheduled_ns"), col("end_ns")
         completion = col("completion_tokens")
-        nan = np.full(n, np.nan)
-        ttft = np.where(ok, (first - sent) / _NS_PER_MS, np.nan)
-        e2e = np.where(ok, (end - sent) / _NS_PER_MS, np.nan)
-        tpot = nan.copy()
-        max_itl = np.zeros(n)
-        itl_v: list[np.ndarray] = []
-        itl_o: list[np.ndarray] = []
-        itlt_v: list[np.ndarray] = []
-        itlt_o: list[np.ndarray] = []
-        chunks = table.column("chunk_ns").to_pylist()
-        toks = table.column("chunk_tokens").to_pylist()
-        for i in np.flatnonzero(ok):
-            ch = chunks[i]
-            if not ch:
-                continue
-            gaps = np.diff(np.asarray(ch, dtype=np.float64)) / _NS_PER_MS
-            c = completion[i]
-            tk = toks[i]
-            if gaps.size:
-                max_itl[i] = gaps.max()
-                itl_v.append(gaps)
-                itl_o.append(np.full(gaps.size, i))
-            if tk is not None and len(tk) == len(ch):
-                k = np.asarray(tk[1:], dtype=np.int64)
-                keep = k > 0
-                per = np.repeat(gaps[keep] / k[keep], k[keep])
-                first_tokens = tk[0]
-            else:
-                per = gaps / ((c - 1) / gaps.size) if gaps.size and not math.isnan(c) and c > 1 else gaps[:0]
-                first_tokens = 1
-            if per.size:
-                itlt_v.append(per)
-                itlt_o.append(np.full(per.size, i))
-            if not math.isnan(c) and c > first_tokens and len(ch) > 1:
-                tpot[i] = (ch[-1] - ch[0]) / _NS_PER_MS / (c - first_tokens)
-        decode = np.where(tpot > 0, 1000.0 / tpot, np.nan)
-
-        def pooled(v, o):
-            if not v:
-                return np.zeros(0), np.zeros(0, dtype=np.int64)
-            return np.concatenate(v), np.concatenate(o).astype(np.int64)
-
+        rm = metrics.request_metrics(table, ok)
         window = max((np.nanmax(end) - np.nanmin(sched)) / 1e9, 1e-9) if n else math.nan
-        cached = np.where(ok, col("cached_tokens"), np.nan)
-        prompt = np.where(ok, col("prompt_tokens"), np.nan)
         return cls(
             ok=ok,
             tokens=np.where(ok & ~np.isnan(completion), completion, 0.0),
             busy_s=(end - sched) / 1e9,
             window_s=float(window),
             per_request={
-                "ttft": ttft,
-                "ttft_from_scheduled": np.where(ok, (first - sched) / _NS_PER_MS, np.nan),
-                "e2e": e2e,
-                "e2e_from_scheduled": np.where(ok, (end - sched) / _NS_PER_MS, np.nan),
-                "tpot": tpot,
-                "decode_tokens_per_s": decode,
-                "schedule_lag": (sent - sched) / _NS_PER_MS,  # all measured requests (client overhead)
+                "ttft": rm.ttft_ms,
+                "ttft_from_scheduled": rm.ttft_from_scheduled_ms,
+                "e2e": rm.e2e_ms,
+                "e2e_from_scheduled": rm.e2e_from_scheduled_ms,
+                "tpot": rm.tpot_ms,
+                "decode_tokens_per_s": rm.decode_tokens_per_s,
+                "schedule_lag": rm.schedule_lag_ms,  # all measured requests (client overhead)
             },
-            pooled={"itl": pooled(itl_v, itl_o), "itl_per_token": pooled(itlt_v, itlt_o)},
-            max_itl=max_itl,
-            cached=cached,
-            prompt=prompt,
+            pooled={
+                "itl": (rm.itl_ms, rm.itl_owner),
+                "itl_per_token": (rm.itl_per_token_ms, rm.itl_per_token_owner),
+            },
+            max_itl=rm.max_itl_ms,
+            cached=np.where(ok, col("cached_tokens"), np.nan),
+            prompt=np.where(ok, col("prompt_tokens"), np.nan),
         )
 
 
@@ -742,26 +704,8 @@ def write_compare_html(rcs: list[RunComparison], out: Path) -> Path:
     from servesweep.report_templates import render
 
     html = render("page.html.j2", title="servesweep compare", banner=None, body=compare_html_section(rcs))
-    _write_text_atomic(Path(out), html)
+    write_atomic(Path(out), html, mode=0o666)  # a report is for reading (mkstemp makes files private)
     return Path(out)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a report is for reading (mkstemp makes files private)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _few(ids: list[str], n: int = 6) -> str:

@@ -19,18 +19,23 @@ label of `servesweep_point_info` only, joined with `on (run_id, point_id) group_
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from servesweep import metrics
 
 PREFIX = "servesweep_"
 
@@ -227,33 +232,25 @@ class ClientMetrics(Collector):
             p.cached_tokens += int(_num(record, "cached_tokens") or 0)
             h = p.hists
             if sent is not None and sched is not None:
-                h["schedule_lag_seconds"].one(max(0.0, (sent - sched) / 1e9))
+                h["schedule_lag_seconds"].one(max(0.0, metrics.schedule_lag(sent, sched, metrics.NS_PER_S)))
             if err or sent is None:
                 return
             if first is not None:
-                h["ttft_seconds"].one((first - sent) / 1e9)
+                h["ttft_seconds"].one(metrics.ttft(first, sent, metrics.NS_PER_S))
             if end is not None:
-                h["e2e_seconds"].one((end - sent) / 1e9)
+                h["e2e_seconds"].one(metrics.e2e(end, sent, metrics.NS_PER_S))
             ntok = int(_num(record, "completion_tokens") or 0)
             chunks = record.get("chunk_ns")
             if chunks is None or len(chunks) < 2:
                 return
-            # Same definitions as servesweep.summary (docs/metrics.md), so live and final figures agree.
-            t = np.asarray(chunks, dtype=np.int64)
-            gaps = np.diff(t).astype(np.float64) / 1e9
+            # The definitions of servesweep.metrics (docs/metrics.md), so live and final figures agree.
             toks = record.get("chunk_tokens")
-            if toks is not None and len(toks) == len(t):
-                w = np.asarray(toks, dtype=np.float64)
-                first_tokens = max(int(w[0]), 0)
-                w = w[1:]
-                keep = w > 0
-                h["itl_seconds"].many(gaps[keep] / w[keep], w[keep])
-            else:
-                first_tokens = 1
-                if ntok > 1:
-                    h["itl_seconds"].many(gaps / ((ntok - 1) / gaps.size))
-            if ntok > first_tokens:
-                h["tpot_seconds"].one((t[-1] - t[0]) / 1e9 / (ntok - first_tokens))
+            gaps = metrics.itl_gaps(chunks, metrics.NS_PER_S)
+            values, counts = metrics.itl_per_token(gaps, chunks, toks, ntok)
+            h["itl_seconds"].many(values, counts if metrics.has_chunk_tokens(chunks, toks) else None)
+            tpot = metrics.tpot(chunks, toks, ntok, metrics.NS_PER_S)
+            if not math.isnan(tpot):
+                h["tpot_seconds"].one(tpot)
 
     def observe_many(self, records: Iterable[Mapping]) -> None:
         for r in records:
@@ -284,8 +281,6 @@ class ClientMetrics(Collector):
 
     def load_run(self, run_dir) -> int:
         """Expose a finished run folder's point summaries (for a run nobody scraped: serve or push them)."""
-        from servesweep.promconfig import finished_points
-
         run_id, points = finished_points(run_dir)
         if run_id != self.run_id:
             raise ValueError(
@@ -673,10 +668,6 @@ def _cli():
     @click.option("--port", default=9464, show_default=True, type=int)
     def serve(run_dir, host, port):
         """Serve /metrics with the run's point summaries until interrupted."""
-        from pathlib import Path
-
-        from servesweep.promconfig import finished_points
-
         run_id, _ = finished_points(run_dir)
         m = ClientMetrics(run_id)
         n = m.load_run(Path(run_dir))
@@ -694,8 +685,6 @@ def _cli():
     @click.option("--job", default="servesweep", show_default=True)
     def push(run_dir, gateway, job):
         """Push the run's point summaries to a Pushgateway (grouped by job and run_id)."""
-        from servesweep.promconfig import finished_points
-
         run_id, _ = finished_points(run_dir)
         m = ClientMetrics(run_id)
         n = m.load_run(run_dir)
@@ -711,3 +700,144 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------- finished run folders
+
+
+def _unix(v) -> float | None:
+    """A wall-clock time from a summary/manifest value: unix seconds (or ms/ns), or an ISO-8601 string."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        f = float(v)
+        if math.isnan(f) or f <= 0:
+            return None
+        while f > 1e11:  # ms or ns
+            f /= 1e3
+        return f
+    if isinstance(v, str):
+        try:
+            d = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if d.tzinfo is None:
+            from datetime import UTC
+
+            d = d.replace(tzinfo=UTC)
+        return d.timestamp()
+    return None
+
+
+_START_KEYS = (
+    "start_unix",
+    "started_unix",
+    "started",
+    "start_time",
+    "started_at",
+    "start",
+    "wall_start",
+    "t_start",
+)
+_END_KEYS = (
+    "end_unix",
+    "finished_unix",
+    "finished",
+    "end_time",
+    "finished_at",
+    "ended_at",
+    "end",
+    "wall_end",
+    "t_end",
+)
+
+
+def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
+    for k in keys:
+        t = _unix(d.get(k))
+        if t is not None:
+            return t
+    for sub in ("window", "times", "timing", "measurement"):
+        if isinstance(d.get(sub), Mapping):
+            t = _first_time(d[sub], keys)
+            if t is not None:
+                return t
+    return None
+
+
+def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
+    pts = manifest.get("points")
+    out: dict[str, Mapping] = {}
+    if isinstance(pts, Mapping):
+        for k, v in pts.items():
+            if isinstance(v, Mapping):
+                out[str(k)] = v
+    elif isinstance(pts, list):
+        for v in pts:
+            if isinstance(v, Mapping) and (v.get("point_id") or v.get("id")):
+                out[str(v.get("point_id") or v.get("id"))] = v
+    return out
+
+
+def _point_axes(summary: Mapping, mpoint: Mapping | None, manifest: Mapping) -> dict[str, str]:
+    """Lowest to highest precedence: the server configuration's flags and labels (manifest), the manifest's point
+    entry, the LoadPoint's labels, then the LoadPoint's own fields (what was measured). Top-level summary keys are
+    results, never axes."""
+    mp = mpoint or {}
+    cfg: Mapping = {}
+    cid = mp.get("config_id")
+    if cid is not None and isinstance(manifest.get("configs"), Mapping):
+        cfg = manifest["configs"].get(cid) or {}
+    point = summary.get("point") if isinstance(summary.get("point"), Mapping) else {}
+    return normalize_axes(
+        cfg.get("flags") if isinstance(cfg.get("flags"), Mapping) else None,
+        mp,
+        {"config": cid} if cid is not None else None,
+        point,
+        extras={**(cfg.get("labels") or {}), **(point.get("labels") or {})},
+    )
+
+
+def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
+    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's finished points.
+
+    A finished point is a sub-folder with summary.json (what run_point writes). Axes come from the manifest's entry
+    for the point and the summary's `point` (LoadPoint, its `labels` included); times from `started_unix` +
+    `wall_s` (or start/end keys of the manifest), else the summary file's modification time.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run folder {run_dir} does not exist")
+    manifest: Mapping = {}
+    mpath = run_dir / "manifest.json"
+    if mpath.exists():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{mpath}: not valid JSON ({e})") from None
+    run_id = str(manifest.get("run_id") or run_dir.name)
+    mpoints = _manifest_points(manifest)
+    out = []
+    for sp in sorted(run_dir.glob("*/summary.json")):
+        try:
+            summary = json.loads(sp.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{sp}: not valid JSON ({e})") from None
+        if not isinstance(summary, Mapping):
+            raise ValueError(f"{sp}: expected a JSON object")
+        point_id = str(summary.get("point_id") or sp.parent.name)
+        mp = mpoints.get(point_id)
+        axes = _point_axes(summary, mp, manifest)
+        start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
+        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
+        if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
+            end = start + float(summary["wall_s"])  # run_point writes started_unix + wall_s
+        if end is None:
+            end = sp.stat().st_mtime
+        if start is None:
+            dur = summary.get("window_s") or 0
+            start = end - float(dur) if isinstance(dur, int | float) else end
+        out.append(
+            {"point_id": point_id, "axes": axes, "summary": summary, "start": min(start, end), "end": end}
+        )
+    return run_id, out

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
+from servesweep import metrics
 from servesweep.compare import (
     Metric,
     PointSample,
@@ -44,7 +44,7 @@ from servesweep.compare import (
 )
 
 PASS, BREACH, ERROR = 0, 1, 2
-PER_REQUEST = ("ttft", "tpot", "e2e", "itl")  # latencies that can be judged per request (goodput)
+PER_REQUEST = metrics.PER_REQUEST_SLO_METRICS  # latencies that can be judged per request (goodput)
 GOODPUT = {"goodput_ratio": "ratio", "goodput_per_s": "req/s"}
 _EXPR = re.compile(
     r"^\s*(?P<name>[A-Za-z][A-Za-z0-9_.]*)\s*(?P<op><=|>=|<|>)\s*"
@@ -61,7 +61,7 @@ REGRESSION_METRICS = (
     "e2e_p50",
     "error_rate",
 )
-_OPS = {"<=": np.less_equal, ">=": np.greater_equal, "<": np.less, ">": np.greater}
+_OPS = metrics.SLO_OPS
 
 
 class GateError(ValueError):
@@ -242,17 +242,13 @@ class Verdict:
 
 def _goodput(s: PointSample, per_request: list[SLO]) -> tuple[float, float]:
     """(ratio of measured requests that are good, good per second of the window), docs/metrics.md."""
-    good = s.ok.copy()
     values = {
         "ttft": s.per_request["ttft"],
         "e2e": s.per_request["e2e"],
         "tpot": s.per_request["tpot"],
         "itl": s.max_itl,
     }
-    for slo in per_request:
-        v = values[slo.name]
-        with np.errstate(invalid="ignore"):
-            good &= ~np.isnan(v) & _OPS[slo.op](np.nan_to_num(v, nan=np.inf), slo.value)
+    good = metrics.good_requests(values, s.ok, [(slo.name, slo.op, slo.value) for slo in per_request])
     if s.n == 0:
         return math.nan, math.nan
     return float(good.sum()) / s.n, float(good.sum()) / s.window_s

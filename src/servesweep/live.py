@@ -24,6 +24,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from servesweep import metrics
+
 LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "ttft_ms": "TTFT ms",
     "itl_ms": "ITL ms",
@@ -31,7 +33,7 @@ LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "e2e_ms": "E2E ms",
     "decode_tps": "per-request tok/s",
 }
-_PER_REQUEST = ("ttft", "itl", "tpot", "e2e")
+_PER_REQUEST = metrics.PER_REQUEST_SLO_METRICS
 RATE_WINDOW_S = 10  # the "now" output rate: this many whole seconds ...
 KEEP_BINS_S = 120  # ... from per-second bins kept this long
 
@@ -156,11 +158,12 @@ class LiveStats:
     """The mergeable aggregate of finished requests (see the module docstring for every definition).
 
     `slos`: summary.SLO objects; the per-request ones (no percentile: 'ttft<=2s') count each successful request
-    that meets all of them (goodput, as summary.py defines it: itl = the request's largest chunk gap).
+    that meets all of them (goodput, as servesweep.metrics defines it: itl = the request's largest chunk gap).
     """
 
     def __init__(self, slos=()) -> None:
         self.slos = [x for x in slos if x.stat is None and x.metric in _PER_REQUEST]
+        self._slo_limits = [(x.metric, x.op, x.value) for x in self.slos]
         self.good = 0
         self.sketches: dict[str, Sketch] = {k: Sketch() for k in LATENCIES}
         self.ok = 0
@@ -204,12 +207,12 @@ class LiveStats:
             self.prompt_reported += 1
         sent = rec["sent_ns"]
         sk = self.sketches
-        e2e = (rec["end_ns"] - sent) / 1e6
+        e2e = metrics.e2e(rec["end_ns"], sent)
         sk["e2e_ms"].add_one(e2e)
         first = rec.get("first_token_ns")
         ttft = math.nan
         if first is not None:
-            ttft = (first - sent) / 1e6
+            ttft = metrics.ttft(first, sent)
             sk["ttft_ms"].add_one(ttft)
         ch = rec.get("chunk_ns") or ()
         tpot = math.nan
@@ -227,16 +230,14 @@ class LiveStats:
                 gaps = np.diff(np.asarray(ch, dtype=np.float64)) / 1e6
                 itl.add(gaps)
                 max_itl = float(gaps.max())
-            toks = rec.get("chunk_tokens")
-            first_tokens = toks[0] if toks is not None and len(toks) == len(ch) else 1
-            if c is not None and c > first_tokens:
-                tpot = (ch[-1] - ch[0]) / 1e6 / (c - first_tokens)
+            tpot = metrics.tpot(ch, rec.get("chunk_tokens"), c)
+            if not math.isnan(tpot):
                 sk["tpot_ms"].add_one(tpot)
                 if tpot > 0:
                     sk["decode_tps"].add_one(1000.0 / tpot)
         if self.slos:
             per = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": max_itl}
-            if all(not math.isnan(per[x.metric]) and x.holds(per[x.metric]) for x in self.slos):
+            if metrics.meets_slos(per, self._slo_limits):
                 self.good += 1
 
     def add_columns(self, cols: Mapping[str, list]) -> None:

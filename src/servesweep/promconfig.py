@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -22,7 +21,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from pathlib import Path
 
 import click
@@ -33,24 +31,16 @@ from servesweep.exporter import (
     PREFIX,
     SUMMARY_LATENCIES,
     SUMMARY_SCALARS,
-    normalize_axes,
+    finished_points,
     summary_values,
 )
+from servesweep.results import write_atomic
 
 EXPORTER_JOB = "servesweep"
 SGLANG_JOB = "sglang"
 PUSHGATEWAY_JOB = "pushgateway"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _TARGET = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
-
-
-def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
 
 
 def prometheus_config(
@@ -98,7 +88,7 @@ def write_prometheus_config(path: str | Path, **kw) -> Path:
     y = YAML()
     y.default_flow_style = False
     y.dump(prometheus_config(**kw), buf)
-    return _atomic_write(
+    return write_atomic(
         Path(path), "# Written by servesweep.promconfig; targets live in file_sd files.\n" + buf.getvalue()
     )
 
@@ -157,105 +147,12 @@ def write_targets(
             raise ValueError(f"{where}: expected 'host:port' or a mapping, got {type(s).__name__}")
     sd = Path(sd_dir)
     return [
-        _atomic_write(sd / f"{EXPORTER_JOB}-{run_id}.json", json.dumps(groups_ex, indent=2) + "\n"),
-        _atomic_write(sd / f"{SGLANG_JOB}-{run_id}.json", json.dumps(groups_sv, indent=2) + "\n"),
+        write_atomic(sd / f"{EXPORTER_JOB}-{run_id}.json", json.dumps(groups_ex, indent=2) + "\n"),
+        write_atomic(sd / f"{SGLANG_JOB}-{run_id}.json", json.dumps(groups_sv, indent=2) + "\n"),
     ]
 
 
 # ---------------------------------------------------------------- backfill
-
-
-def _unix(v) -> float | None:
-    """A wall-clock time from a summary/manifest value: unix seconds (or ms/ns), or an ISO-8601 string."""
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, int | float):
-        f = float(v)
-        if math.isnan(f) or f <= 0:
-            return None
-        while f > 1e11:  # ms or ns
-            f /= 1e3
-        return f
-    if isinstance(v, str):
-        try:
-            d = datetime.fromisoformat(v.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if d.tzinfo is None:
-            from datetime import UTC
-
-            d = d.replace(tzinfo=UTC)
-        return d.timestamp()
-    return None
-
-
-_START_KEYS = (
-    "start_unix",
-    "started_unix",
-    "started",
-    "start_time",
-    "started_at",
-    "start",
-    "wall_start",
-    "t_start",
-)
-_END_KEYS = (
-    "end_unix",
-    "finished_unix",
-    "finished",
-    "end_time",
-    "finished_at",
-    "ended_at",
-    "end",
-    "wall_end",
-    "t_end",
-)
-
-
-def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
-    for k in keys:
-        t = _unix(d.get(k))
-        if t is not None:
-            return t
-    for sub in ("window", "times", "timing", "measurement"):
-        if isinstance(d.get(sub), Mapping):
-            t = _first_time(d[sub], keys)
-            if t is not None:
-                return t
-    return None
-
-
-def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
-    pts = manifest.get("points")
-    out: dict[str, Mapping] = {}
-    if isinstance(pts, Mapping):
-        for k, v in pts.items():
-            if isinstance(v, Mapping):
-                out[str(k)] = v
-    elif isinstance(pts, list):
-        for v in pts:
-            if isinstance(v, Mapping) and (v.get("point_id") or v.get("id")):
-                out[str(v.get("point_id") or v.get("id"))] = v
-    return out
-
-
-def _point_axes(summary: Mapping, mpoint: Mapping | None, manifest: Mapping) -> dict[str, str]:
-    """Lowest to highest precedence: the server configuration's flags and labels (manifest), the manifest's point
-    entry, the LoadPoint's labels, then the LoadPoint's own fields (what was measured). Top-level summary keys are
-    results, never axes."""
-    mp = mpoint or {}
-    cfg: Mapping = {}
-    cid = mp.get("config_id")
-    if cid is not None and isinstance(manifest.get("configs"), Mapping):
-        cfg = manifest["configs"].get(cid) or {}
-    point = summary.get("point") if isinstance(summary.get("point"), Mapping) else {}
-    return normalize_axes(
-        cfg.get("flags") if isinstance(cfg.get("flags"), Mapping) else None,
-        mp,
-        {"config": cid} if cid is not None else None,
-        point,
-        extras={**(cfg.get("labels") or {}), **(point.get("labels") or {})},
-    )
 
 
 def _esc(v: str) -> str:
@@ -264,51 +161,6 @@ def _esc(v: str) -> str:
 
 def _labels(d: Mapping[str, str]) -> str:
     return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in d.items()) + "}"
-
-
-def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
-    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's finished points.
-
-    A finished point is a sub-folder with summary.json (what run_point writes). Axes come from the manifest's entry
-    for the point and the summary's `point` (LoadPoint, its `labels` included); times from `started_unix` +
-    `wall_s` (or start/end keys of the manifest), else the summary file's modification time.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"run folder {run_dir} does not exist")
-    manifest: Mapping = {}
-    mpath = run_dir / "manifest.json"
-    if mpath.exists():
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{mpath}: not valid JSON ({e})") from None
-    run_id = str(manifest.get("run_id") or run_dir.name)
-    mpoints = _manifest_points(manifest)
-    out = []
-    for sp in sorted(run_dir.glob("*/summary.json")):
-        try:
-            summary = json.loads(sp.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{sp}: not valid JSON ({e})") from None
-        if not isinstance(summary, Mapping):
-            raise ValueError(f"{sp}: expected a JSON object")
-        point_id = str(summary.get("point_id") or sp.parent.name)
-        mp = mpoints.get(point_id)
-        axes = _point_axes(summary, mp, manifest)
-        start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
-        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
-        if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
-            end = start + float(summary["wall_s"])  # run_point writes started_unix + wall_s
-        if end is None:
-            end = sp.stat().st_mtime
-        if start is None:
-            dur = summary.get("window_s") or 0
-            start = end - float(dur) if isinstance(dur, int | float) else end
-        out.append(
-            {"point_id": point_id, "axes": axes, "summary": summary, "start": min(start, end), "end": end}
-        )
-    return run_id, out
 
 
 def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:

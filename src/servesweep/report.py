@@ -24,11 +24,11 @@ from servesweep.compare import (
     Run,
     RunComparison,
     RunError,
-    _write_text_atomic,
     compare_runs,
     load_run,
     metric,
 )
+from servesweep.results import write_atomic
 
 HTML_NAME = "report.html"
 MD_NAME = "report.md"
@@ -558,8 +558,8 @@ def write_report(
     )
     html_path = Path(html_path) if html_path else here(HTML_NAME)
     md_path = Path(md_path) if md_path else here(MD_NAME)
-    _write_text_atomic(html_path, rep.html)
-    _write_text_atomic(md_path, rep.markdown)
+    write_atomic(html_path, rep.html, mode=0o666)  # reports are for reading (mkstemp makes files private)
+    write_atomic(md_path, rep.markdown, mode=0o666)
     return html_path, md_path
 
 

@@ -1,5 +1,6 @@
 """The results folder of `servesweep load`: `runs/<run_id>/<point_id>/{records.parquet,summary.json,locust.log}`
-plus `runs/<run_id>/manifest.json`. Every file is written atomically (temp file + rename in the same folder).
+plus `runs/<run_id>/manifest.json`. Every file is written atomically and durably (`write_atomic`: temp file,
+fsync, rename, folder fsync).
 """
 
 from __future__ import annotations
@@ -14,18 +15,38 @@ from pathlib import Path
 MANIFEST = "manifest.json"
 
 
-def write_json_atomic(path: Path, data) -> None:
+def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> Path:
+    """Write a whole file atomically and durably: a temp file in the same folder, fsynced, renamed over `path`,
+    then the folder fsynced (so the rename survives a crash). `str` is written as UTF-8. `mode`: permission bits
+    (before the umask) for a file meant to be read by others, e.g. 0o666 for a report; None keeps mkstemp's
+    private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False, default=_default)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, mode & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return path
+
+
+def write_json_atomic(path: Path, data) -> None:
+    """`data` as indented JSON (Paths and pydantic models included), written with `write_atomic`."""
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_default) + "\n")
 
 
 def _default(o):

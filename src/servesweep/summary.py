@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from servesweep import metrics
 from servesweep.records import ERROR_CLASSES
 
-_NS_PER_MS = 1e6
+_NS_PER_MS = metrics.NS_PER_MS
 
 
 def stats(values) -> dict | None:
@@ -266,7 +267,7 @@ def _sessions(ok: pa.Table, measured: pa.Table, window_s: float) -> dict | None:
         sel = turn == k
         p, c = prompt[sel], cached[sel]
         has = ~np.isnan(p) & ~np.isnan(c)
-        ttft = stats((first[sel] - sent[sel]) / _NS_PER_MS)
+        ttft = stats(metrics.ttft(first[sel], sent[sel]))
         per_turn.append(
             {
                 "turn": k,
@@ -298,86 +299,119 @@ def _sessions(ok: pa.Table, measured: pa.Table, window_s: float) -> dict | None:
     }
 
 
-def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
-    """Everything docs/metrics.md defines, for one point's records."""
-    if isinstance(slos, str):
-        slos = parse_slos(slos)
-    slos = slos or []
-    n_total = table.num_rows
+def _split(table: pa.Table) -> tuple[np.ndarray, pa.Table, pa.Table, dict[str, int]]:
+    """(warmup mask, measured requests, ok requests, failures by class) of one point's records."""
     warm = (
-        table.column("warmup").to_numpy(zero_copy_only=False).astype(bool) if n_total else np.zeros(0, bool)
+        table.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
+        if table.num_rows
+        else np.zeros(0, bool)
     )
-    m = table.filter(pa.array(~warm)) if n_total else table
+    m = table.filter(pa.array(~warm)) if table.num_rows else table
     err = m.column("error_class").to_pylist()
     ok_mask = np.array([e is None for e in err], dtype=bool)
     ok = m.filter(pa.array(ok_mask)) if m.num_rows else m
-
     failures = {c: 0 for c in ERROR_CLASSES}
     for e in err:
         if e is not None:
             failures[e] = failures.get(e, 0) + 1
-    n_meas, n_ok = m.num_rows, ok.num_rows
-    n_fail = n_meas - n_ok
+    return warm, m, ok, failures
 
-    sent = _col(ok, "sent_ns")
-    first = _col(ok, "first_token_ns")
-    end = _col(ok, "end_ns")
-    sched = _col(ok, "scheduled_ns")
+
+def _window(m: pa.Table) -> tuple[float, float, float]:
+    """The measurement window (w0, w1, window_s): from the first measured request's schedule to the last measured
+    request's end."""
+    if not m.num_rows:
+        return math.nan, math.nan, math.nan
+    w0 = float(np.nanmin(_col(m, "scheduled_ns")))
+    w1 = float(np.nanmax(_col(m, "end_ns")))
+    return w0, w1, max((w1 - w0) / 1e9, 1e-9)
+
+
+def _latencies(ok: pa.Table, m: pa.Table, rm: metrics.RequestMetrics) -> dict:
+    """The latency statistics of the ok requests (schedule lag: of every measured request)."""
+    itl = rm.itl_ms
+    tpot_v = rm.tpot_ms[~np.isnan(rm.tpot_ms)]
+    return {
+        "ttft_ms": stats(rm.ttft_ms),
+        "ttft_from_scheduled_ms": stats(rm.ttft_from_scheduled_ms),
+        "itl_ms": stats(itl),
+        "itl_per_token_ms": stats(rm.itl_per_token_ms),
+        # gaps of exactly 0: chunks read together and stamped by one kernel receive time (a client a gap behind)
+        "itl_zero_gap_share": float(np.mean(itl == 0.0)) if itl.size else None,
+        "rx_clock": _rx_clocks(ok),
+        "tpot_ms": stats(tpot_v),
+        "e2e_ms": stats(rm.e2e_ms),
+        "e2e_from_scheduled_ms": stats(rm.e2e_from_scheduled_ms),
+        "decode_tokens_per_s": stats(metrics.decode_tokens_per_s(tpot_v[tpot_v > 0])),
+        "schedule_lag_ms": stats(metrics.schedule_lag(_col(m, "sent_ns"), _col(m, "scheduled_ns"))),
+    }
+
+
+def _tokens(ok: pa.Table) -> dict:
+    """Prompt-token accuracy, completion-token statistics and the cache hit ratio of the ok requests."""
     completion = _col(ok, "completion_tokens")
     prompt = _col(ok, "prompt_tokens")
     cached = _col(ok, "cached_tokens")
     target_prompt = _col(ok, "target_prompt_tokens")
-
-    ttft = (first - sent) / _NS_PER_MS
-    e2e = (end - sent) / _NS_PER_MS
-    chunk_lists = ok.column("chunk_ns").to_pylist()
-    tok_lists = ok.column("chunk_tokens").to_pylist()
-    itl: list[float] = []
-    itl_tok: list[float] = []
-    tpot = np.full(n_ok, np.nan)
-    max_itl = np.zeros(n_ok)
-    for i, (ch, toks) in enumerate(zip(chunk_lists, tok_lists, strict=True)):
-        if not ch:
-            continue
-        gaps = np.diff(np.asarray(ch, dtype=np.float64)) / _NS_PER_MS
-        itl.extend(gaps.tolist())
-        if gaps.size:
-            max_itl[i] = gaps.max()
-        c = completion[i]
-        if toks is not None and len(toks) == len(ch):
-            for g, k in zip(gaps, toks[1:], strict=True):
-                if k > 0:
-                    itl_tok.extend([g / k] * int(k))
-            first_tokens = toks[0]
-        else:
-            # The server did not say per chunk: each gap is assumed to carry the request's mean tokens per chunk.
-            if gaps.size and not math.isnan(c) and c > 1:
-                k = (c - 1) / gaps.size
-                itl_tok.extend((gaps / k).tolist())
-            first_tokens = 1
-        if not math.isnan(c) and c > first_tokens and len(ch) > 1:
-            tpot[i] = (ch[-1] - ch[0]) / _NS_PER_MS / (c - first_tokens)
-
-    # The measurement window: from the first measured request's schedule to the last measured request's end.
-    if n_meas:
-        w0 = float(np.nanmin(_col(m, "scheduled_ns")))
-        w1 = float(np.nanmax(_col(m, "end_ns")))
-        window_s = max((w1 - w0) / 1e9, 1e-9)
-    else:
-        w0 = w1 = math.nan
-        window_s = math.nan
-
-    comp_ok = completion[~np.isnan(completion)]
-    out_tokens = float(comp_ok.sum()) if comp_ok.size else 0.0
     has_usage = ~np.isnan(prompt)
     sized = has_usage & (target_prompt > 0)  # agent turns after the first have no target length
     dev_pct = (prompt[sized] - target_prompt[sized]) / target_prompt[sized] * 100.0
     has_cache = ~np.isnan(cached) & has_usage
-    tpot_v = tpot[~np.isnan(tpot)]
+    return {
+        "prompt_tokens": {
+            "target": float(target_prompt[0]) if ok.num_rows and target_prompt[0] > 0 else None,
+            "mean": float(prompt[has_usage].mean()) if has_usage.any() else None,
+            "mean_deviation_pct": float(dev_pct.mean()) if dev_pct.size else None,
+            "max_abs_deviation_pct": float(np.abs(dev_pct).max()) if dev_pct.size else None,
+            "reported": int(has_usage.sum()),
+        },
+        "completion_tokens": stats(completion[~np.isnan(completion)]),
+        "cache_hit_ratio": float(cached[has_cache].sum() / prompt[has_cache].sum())
+        if has_cache.any() and prompt[has_cache].sum() > 0
+        else None,
+    }
 
+
+def _goodput(slos: list[SLO], rm: metrics.RequestMetrics, n_meas: int, window_s: float) -> dict | None:
+    """Goodput under the per-request SLOs (those without a STAT); None without any."""
+    per_request = [s for s in slos if s.stat is None and s.metric in _LATENCY]
+    if not per_request or not n_meas:
+        return None
+    ok = np.ones(rm.ttft_ms.size, dtype=bool)
+    good = metrics.good_requests(
+        rm.per_request_slo_values(), ok, [(s.metric, s.op, s.value) for s in per_request]
+    )
+    n_good, ratio, per_s = metrics.goodput(good, n_meas, window_s)
+    return {"slos": [s.text for s in per_request], "requests": n_good, "ratio": ratio, "per_s": per_s}
+
+
+def _slo_checks(slos: list[SLO], summary: dict) -> list[dict]:
+    """Each aggregate SLO's measured value and whether it held. Per-request SLOs shape goodput instead."""
+    out = []
+    for s in slos:
+        if s.stat is None and s.metric in _LATENCY:
+            continue
+        v = _slo_value(s, summary)
+        out.append({"slo": s.text, "value": v, "pass": v is not None and s.holds(v)})
+    return out
+
+
+def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
+    """Everything docs/metrics.md defines, for one point's records (per-request metrics: servesweep.metrics)."""
+    if isinstance(slos, str):
+        slos = parse_slos(slos)
+    slos = slos or []
+    warm, m, ok, failures = _split(table)
+    n_meas, n_ok = m.num_rows, ok.num_rows
+    n_fail = n_meas - n_ok
+    w0, w1, window_s = _window(m)
+    rm = metrics.request_metrics(ok)
+    completion = _col(ok, "completion_tokens")
+    comp_ok = completion[~np.isnan(completion)]
+    out_tokens = float(comp_ok.sum()) if comp_ok.size else 0.0
     summary = {
         "requests": {
-            "total": n_total,
+            "total": table.num_rows,
             "warmup": int(warm.sum()),
             "measured": n_meas,
             "ok": n_ok,
@@ -390,52 +424,13 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
         "request_rate": n_ok / window_s if n_meas else None,
         "error_rate": n_fail / n_meas if n_meas else None,
         "failures": {k: v for k, v in failures.items() if v},
-        "ttft_ms": stats(ttft),
-        "ttft_from_scheduled_ms": stats((first - sched) / _NS_PER_MS),
-        "itl_ms": stats(itl),
-        "itl_per_token_ms": stats(itl_tok),
-        # gaps of exactly 0: chunks read together and stamped by one kernel receive time (a client a gap behind)
-        "itl_zero_gap_share": float(np.mean(np.asarray(itl) == 0.0)) if itl else None,
-        "rx_clock": _rx_clocks(ok),
-        "tpot_ms": stats(tpot_v),
-        "e2e_ms": stats(e2e),
-        "e2e_from_scheduled_ms": stats((end - sched) / _NS_PER_MS),
-        "decode_tokens_per_s": stats(1000.0 / tpot_v[tpot_v > 0]),
-        "schedule_lag_ms": stats((_col(m, "sent_ns") - _col(m, "scheduled_ns")) / _NS_PER_MS),
+        **_latencies(ok, m, rm),
         "arrivals": _arrivals(m),
-        "prompt_tokens": {
-            "target": float(target_prompt[0]) if n_ok and target_prompt[0] > 0 else None,
-            "mean": float(prompt[has_usage].mean()) if has_usage.any() else None,
-            "mean_deviation_pct": float(dev_pct.mean()) if dev_pct.size else None,
-            "max_abs_deviation_pct": float(np.abs(dev_pct).max()) if dev_pct.size else None,
-            "reported": int(has_usage.sum()),
-        },
-        "completion_tokens": stats(comp_ok),
-        "cache_hit_ratio": float(cached[has_cache].sum() / prompt[has_cache].sum())
-        if has_cache.any() and prompt[has_cache].sum() > 0
-        else None,
-        "goodput": None,
+        **_tokens(ok),
+        "goodput": _goodput(slos, rm, n_meas, window_s),
         "slos": [],
     }
-    summary.update(_reasoning(ok, sent))
+    summary.update(_reasoning(ok, _col(ok, "sent_ns")))
     summary["sessions"] = _sessions(ok, m, window_s)
-
-    per_request = [s for s in slos if s.stat is None and s.metric in _LATENCY]
-    if per_request and n_meas:
-        good = np.ones(n_ok, dtype=bool)
-        per = {"ttft": ttft, "e2e": e2e, "tpot": tpot, "itl": max_itl}
-        for s in per_request:
-            v = per[s.metric]
-            good &= np.array([(not math.isnan(x)) and s.holds(x) for x in v], dtype=bool)
-        summary["goodput"] = {
-            "slos": [s.text for s in per_request],
-            "requests": int(good.sum()),
-            "ratio": float(good.sum()) / n_meas,
-            "per_s": float(good.sum()) / window_s,
-        }
-    for s in slos:
-        if s.stat is None and s.metric in _LATENCY:
-            continue  # per-request SLOs shape goodput; not a pass/fail of the point by themselves
-        v = _slo_value(s, summary)
-        summary["slos"].append({"slo": s.text, "value": v, "pass": v is not None and s.holds(v)})
+    summary["slos"] = _slo_checks(slos, summary)
     return summary
