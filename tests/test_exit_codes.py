@@ -59,7 +59,9 @@ def test_prompts_longer_than_the_context_exit_3_naming_the_point_and_error(sim, 
     )
     assert r.returncode == 3, r.stdout + r.stderr
     err = " ".join(r.stderr.split())
-    assert "failed: point c2: 0 of 4 measured requests succeeded; top error class http_400_context" in err, err
+    assert "failed: point c2: 0 of 4 measured requests succeeded; top error class http_400_context" in err, (
+        err
+    )
     (s,) = summaries(tmp_path)
     assert s["failure_check"]["pass"] is False and s["failure_check"]["top_error"] == "http_400_context"
 
@@ -97,7 +99,16 @@ def test_failure_share_above_max_failure_rate_exits_3(sim, tmp_path):
         + ["--sim-seed", "3"]
     ) as faulty:
         r = load(
-            ["--base-url", faulty.base_url, "--concurrency", "2", "--requests", "16", "--prompt-tokens", "100"]
+            [
+                "--base-url",
+                faulty.base_url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "16",
+                "--prompt-tokens",
+                "100",
+            ]
             + ["--output-tokens", "4", "--max-failure-rate", "0.05"],
             tmp_path,
         )
@@ -128,7 +139,8 @@ def test_run_exits_3_when_a_point_fails_above_load_max_failure_rate(tmp_path):
     the probes retry theirs)."""
     exp = tmp_path / "faulty.yaml"
     head = emulator_experiment_head(tmp_path, "faulty", load_time=0.1).replace(
-        "sim_args: {sim_load_time: 0.1}", 'sim_args: {sim_load_time: 0.1, sim_fault_rate: "500=0.3", sim_seed: 5}'
+        "sim_args: {sim_load_time: 0.1}",
+        'sim_args: {sim_load_time: 0.1, sim_fault_rate: "500=0.3", sim_seed: 5}',
     )
     assert "sim_fault_rate" in head
     exp.write_text(
@@ -163,5 +175,6 @@ def test_run_exits_3_when_a_point_fails_above_load_max_failure_rate(tmp_path):
     assert r.returncode == 3, out[-3000:]
     err = " ".join(r.stderr.split())
     assert re.search(
-        r"failed: point \S+: \d+ of 10 requests failed \(\S+ > max failure rate 0.0%\); top error class http_5xx", err
+        r"failed: point \S+: \d+ of 10 requests failed \(\S+ > max failure rate 0.0%\); top error class http_5xx",
+        err,
     ), err

@@ -252,7 +252,9 @@ class _Tracker:
                 self.sessions.setdefault(top.pid, _ctime(top))
                 kids = top.children(recursive=True)
                 for k in top.children():
-                    self.sessions.setdefault(k.pid, _ctime(k))  # a task worker: setsid made its pid its session
+                    self.sessions.setdefault(
+                        k.pid, _ctime(k)
+                    )  # a task worker: setsid made its pid its session
                 for p in [top, *kids]:
                     try:
                         sid = os.getsid(p.pid)

@@ -211,7 +211,9 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
     if point.model is None:
         upd["model"] = fetch_model(point, log)
         point = point.model_copy(update=upd)
-    elif point.template_overhead is None or point.continuous_usage is None:  # not resolved before: check it once
+    elif (
+        point.template_overhead is None or point.continuous_usage is None
+    ):  # not resolved before: check it once
         check_model(point, log)
     if point.template_overhead is None and point.endpoint == "chat":
         tpl_extra = {k: v for k, v in request_extra(point).items() if k == "chat_template_kwargs"}

@@ -525,7 +525,9 @@ class Runner:
         over = [
             fc["message"]
             for p in self.m.points.values()
-            if p["status"] == mf.DONE and (fc := (p.get("result") or {}).get("failure_check")) and not fc["pass"]
+            if p["status"] == mf.DONE
+            and (fc := (p.get("result") or {}).get("failure_check"))
+            and not fc["pass"]
         ]
         for msg in over:
             click.echo(f"failed: {msg}", err=True)
