@@ -12,8 +12,16 @@ Options (all in the web UI's start form): --model, --endpoint chat|completions|g
 --api-key-env, --first-token-timeout, --stall-timeout, --total-timeout, --slo (a breach exits 1), --workload
 synthetic|shared_prefix|dataset|agent, --shared-prefix-tokens, --num-groups, --dataset, --thinking on|off,
 --session-turns, --tool-result-tokens, --think-time, --context-cap (docs/workloads.md); --records (at the end).
-Workers (--worker) need no --host: the master sends it. Always give -s/--stop-timeout in headless runs with -t, so
-streams still running at the end are measured instead of dropped.
+Workers (--worker) need no --host: the master sends it.
+
+Headless without -s/--stop-timeout, the streams still running at -t get the point's stop timeout to finish (min(total,
+first-token + 4 x stall + 60 s): 1440 s with the defaults; each stream stays bounded by its own timeouts) and are
+measured, not dropped; an explicit -s (even 0) is kept. A master with -t ends like a servesweep duration point (its
+workers finish their streams and ship every record first). Exit codes (docs/reports.md, "Exit codes"): 3 when no
+measured request succeeded (it says why, and with 0 records why there are none) or when the failed share is above
+--max-failure-rate (0.05 or 5%; given, it replaces Locust's --exit-code-on-error rule); 1 an SLO breach or, without
+--max-failure-rate, Locust's own rule (any failure). A process servesweep started (--point-json) stops within about a
+second, exit 4, when its parent dies, and so do the workers Locust's --processes forked when their master dies.
 """
 
 from servesweep import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)

@@ -7,6 +7,7 @@ Under distributed Locust, workers ship their records to the master with each rep
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import logging
@@ -37,6 +38,33 @@ _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir
 _END_MSG = "servesweep_end"  # master -> workers: the duration is over; finish the streams, ship every record
 _DRAINED_MSG = "servesweep_drained"  # worker -> master: done, every record shipped
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
+_ABORT_MSG = "servesweep_abort"  # master -> workers: the load must stop now (the master's parent is gone)
+
+# Exit codes of a headless Locust process, beyond Locust's own (0; 1 with --exit-code-on-error on any failure; 2 an
+# unhandled error) and the SLO gate's (1 breach, 2 could not run). The table: docs/reports.md, "Exit codes".
+# 3: no successful request, or a failure share above --max-failure-rate (plain headless Locust).
+# 4: the process that started this one (servesweep load/run, or the local master) is gone.
+EXIT_FAILURES = 3
+EXIT_PARENT_GONE = 4
+
+# Who this process's parent is, to notice when it dies (ppid changes: the orphan is re-parented). Recorded when
+# Locust imports this file: in the process servesweep (or a shell) started, before `--processes` forks its workers,
+# whose parent is then this very process (_IMPORT_PID).
+_IMPORT_PID = os.getpid()
+_IMPORT_PPID = os.getppid()
+_WATCH_ENV = "SERVESWEEP_WATCH_PARENT"  # 1: watch the parent, 0: never; unset: see _parent_to_watch
+# A watched remote worker quits after this long without a heartbeat from its master (Locust's own check: 60 s).
+_MASTER_SILENCE_ENV = "SERVESWEEP_MASTER_SILENCE_S"
+_MASTER_SILENCE_S = 15.0
+_WATCH_PERIOD_S = 0.5
+
+
+class _NoStopTimeout(float):
+    """Locust's --stop-timeout default, told apart from an explicit `-s 0` (argv, LOCUST_STOP_TIMEOUT, a config
+    file: those arrive as plain numbers). Equal to 0 in every use; replaced by a plain float at init."""
+
+
+_NO_STOP_TIMEOUT = _NoStopTimeout(0.0)
 
 
 @events.init_command_line_parser.add_listener
@@ -46,7 +74,9 @@ def _args(parser) -> None:
         parser.add_argument(*a, include_in_web_ui=ui, **kw)
 
     # The web UI starts load against a GPU server: bind it to loopback unless told otherwise (--web-host).
-    parser.set_defaults(web_host="127.0.0.1")
+    # No -s given: a headless run picks the point's stop timeout itself (_init), instead of dropping every stream
+    # still running at -t.
+    parser.set_defaults(web_host="127.0.0.1", stop_timeout=_NO_STOP_TIMEOUT)
 
     opt("--point-json", default=None, ui=False, help="a LoadPoint JSON file (overrides the options below)")
     opt("--model", default="", help="model name; empty: the first of GET /v1/models")
@@ -87,6 +117,14 @@ def _args(parser) -> None:
     opt(
         "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 1"
     )
+    opt(
+        "--max-failure-rate",
+        type=_failure_rate,
+        default=None,
+        ui=False,
+        help="headless: exit 3 when more than this share of the measured requests failed (0.05 or 5%%); "
+        "given, it replaces Locust's exit-code-on-error rule. Always: exit 3 when no request succeeded",
+    )
     # Workloads (docs/workloads.md)
     opt(
         "--workload",
@@ -119,6 +157,14 @@ def _args(parser) -> None:
             ui=False,
             help="serve the client Prometheus metrics on this port of 127.0.0.1 (0: none)",
         )
+
+
+def _failure_rate(text: str) -> float:
+    t = str(text).strip()
+    v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"--max-failure-rate {text}: a share from 0 to 1 (or 0% to 100%)")
+    return v
 
 
 def _point_from_options(opts, host: str | None) -> LoadPoint | None:
@@ -271,6 +317,11 @@ def _init(environment, **_kw) -> None:
         environment.servesweep = _MasterState(point=point, buffer=RecordBuffer())
     # else: a worker without --host builds its context at test start, with the host the master sent
 
+    _settle_stop_timeout(environment, point)
+    if isinstance(runner, MasterRunner):
+        _graceful_run_time(environment)
+    _start_parent_watch(environment)
+
     if not isinstance(runner, MasterRunner):
         # A context built after test_start (the web UI's start form, or a worker whose init was still building
         # when the first spawn came) is prepared by the first user that runs with it.
@@ -286,6 +337,7 @@ def _init(environment, **_kw) -> None:
 
     if isinstance(runner, WorkerRunner):
         runner.register_message(_END_MSG, _on_end, concurrent=True)
+        runner.register_message(_ABORT_MSG, _on_abort, concurrent=True)
 
         @events.report_to_master.add_listener
         def _ship(client_id, data, **_k) -> None:
@@ -316,6 +368,147 @@ def _init(environment, **_kw) -> None:
         import gevent
 
         gevent.spawn(_watch_workers, environment)
+
+
+def _settle_stop_timeout(environment, point: LoadPoint | None) -> None:
+    """Locust's default stop timeout is 0: at -t every stream still running is dropped, and a run whose streams last
+    longer than -t ends with 0 records. Headless without -s, take the point's stop timeout instead (what
+    `servesweep load` passes: min(total, first-token + 4 x stall + 60 s), 1440 s with the defaults): the end waits
+    for the running streams only, each bounded by its own timeouts. An explicit -s (even 0) is kept."""
+    opts = environment.parsed_options
+    given = getattr(opts, "stop_timeout", 0.0)
+    if not isinstance(given, _NoStopTimeout):
+        return
+    opts.stop_timeout = 0.0  # a plain float from here on (the spawn message carries the options to workers)
+    if not getattr(opts, "headless", False) or getattr(opts, "worker", False) or point is None:
+        return  # the web UI keeps Locust's default; a worker takes the master's with each spawn
+    st = point.effective_stop_timeout()
+    opts.stop_timeout = environment.stop_timeout = st
+    log.info(
+        "servesweep: no -s/--stop-timeout: streams running at the end get up to %g s to finish "
+        "(min(total, first-token + 4 x stall + 60 s)); they are measured, not dropped",
+        st,
+    )
+
+
+def _graceful_run_time(environment) -> None:
+    """A headless master started by hand with -t: end it the way a servesweep duration point ends (the workers
+    finish their streams within the stop timeout and ship every record, then the master quits). Locust's own -t
+    quits the master 0.5 s after telling the workers, before the records of the streams still running arrive; it
+    stays as a backstop, a stop timeout and a margin later."""
+    import math
+
+    opts, st = environment.parsed_options, environment.servesweep
+    run_time = getattr(opts, "run_time", None)
+    point = st.point
+    if not (getattr(opts, "headless", False) and run_time and point is not None and not opts.point_json):
+        return
+    if point.requests is not None or point.duration_s is None or point.duration_s < _FOREVER:
+        return
+    st.point = point.model_copy(update={"duration_s": max(0.001, run_time - point.warmup_s)})
+    opts.run_time = math.ceil(run_time + environment.stop_timeout + 30)
+
+
+def _parent_to_watch() -> int | None:
+    """The pid whose death ends this process, or None. A worker that Locust's --processes forked: its master,
+    always (nothing else talks to it). A process servesweep started (it passes --point-json: `servesweep load`,
+    `servesweep run`, the locust_worker role's launch script): its parent. A `locust` a person started from a shell
+    is not watched: a closing terminal sends SIGHUP itself, and `nohup locust ... &` is meant to outlive the shell.
+    SERVESWEEP_WATCH_PARENT=1 or 0 overrides."""
+    forced = os.environ.get(_WATCH_ENV, "").strip()
+    if forced == "0":
+        return None
+    if os.getpid() != _IMPORT_PID:
+        return _IMPORT_PID  # forked by Locust after importing this file: the parent is the master
+    if forced == "1" or "--point-json" in sys.argv:
+        return _IMPORT_PPID
+    return None
+
+
+def _start_parent_watch(environment) -> None:
+    from locust.runners import WorkerRunner
+
+    parent = _parent_to_watch()
+    if parent is None:
+        return
+    import gevent
+
+    silence = 0.0
+    if isinstance(environment.runner, WorkerRunner) and os.getpid() == _IMPORT_PID:
+        # A worker servesweep started on another host: its master is its real parent (Locust's own check waits 60 s)
+        try:
+            silence = float(os.environ.get(_MASTER_SILENCE_ENV, _MASTER_SILENCE_S))
+        except ValueError:
+            silence = _MASTER_SILENCE_S
+    gevent.spawn(_watch_parent, environment, parent, silence)
+
+
+def _watch_parent(environment, parent: int, master_silence_s: float) -> None:
+    """Twice a second: is the parent still this process's parent (an orphan is re-parented to init or a
+    subreaper)? For a watched remote worker: has the master answered a heartbeat lately?"""
+    import gevent
+
+    runner = environment.runner
+    while True:
+        if os.getppid() != parent:
+            _abandon(environment, f"the parent process {parent} is gone")
+            return
+        last = getattr(runner, "last_heartbeat_timestamp", None)
+        if master_silence_s > 0 and last and time.time() - last > master_silence_s:
+            _abandon(environment, f"no heartbeat from the master for {master_silence_s:g} s")
+            return
+        gevent.sleep(_WATCH_PERIOD_S)
+
+
+def _abandon(environment, why: str) -> None:
+    """Stop the load at once: nobody waits for this run any more. Streams in flight are dropped (stop timeout 0),
+    what finished is shipped or written, and the process exits EXIT_PARENT_GONE; a backstop exits it hard if the
+    regular way has not within a few seconds."""
+    import gevent
+    from locust.runners import MasterRunner, WorkerRunner
+
+    if getattr(environment, "servesweep_abandoned", False):
+        return
+    environment.servesweep_abandoned = True
+    log.error("servesweep: %s: stopping the load now (exit %d)", why, EXIT_PARENT_GONE)
+    environment.process_exit_code = EXIT_PARENT_GONE
+    environment.stop_timeout = 0.0
+    ctx = getattr(environment, "servesweep", None)
+    if isinstance(ctx, LoadContext):
+        ctx.closing = True
+    gevent.spawn_later(5.0, _hard_exit, environment)
+    runner = environment.runner
+    try:
+        if isinstance(runner, MasterRunner):
+            runner.send_message(_ABORT_MSG)  # workers drop their streams and ship what finished
+            gevent.sleep(1.0)
+        elif isinstance(runner, WorkerRunner):
+            runner.stop()
+            runner._send_stats()  # the records, if a master is still there to take them
+        runner.quit()
+    finally:
+        web_ui = getattr(environment, "web_ui", None)
+        if web_ui is not None:
+            web_ui.stop()
+
+
+def _on_abort(environment, msg, **_k) -> None:
+    import gevent
+
+    # Outside the runner's greenlet group: runner.quit() kills that group, and this handler with it.
+    gevent.spawn(_abandon, environment, "the master stopped the load (its parent is gone)")
+
+
+def _hard_exit(environment) -> None:
+    from locust.runners import WorkerRunner
+
+    log.error("servesweep: still running 5 s after the stop; exiting now")
+    try:
+        if not isinstance(environment.runner, WorkerRunner):
+            _write_records(environment)
+    finally:
+        logging.shutdown()
+        os._exit(EXIT_PARENT_GONE)
 
 
 class _MasterState:
@@ -446,11 +639,18 @@ def _on_end(environment, msg, **_k) -> None:
     runner = environment.runner
     if isinstance(ctx, LoadContext):
         ctx.closing = True
-        deadline = time.monotonic() + ctx.point.effective_stop_timeout()
+        deadline = time.monotonic() + _stop_timeout(environment, ctx.point)
         while ctx.in_flight and time.monotonic() < deadline:
             gevent.sleep(0.05)
     runner._send_stats()  # the records, before the message below (one ordered channel)
     runner.send_message(_DRAINED_MSG, {"in_flight": getattr(ctx, "in_flight", 0)})
+
+
+def _stop_timeout(environment, point: LoadPoint) -> float:
+    """How long the end of a duration point waits for running streams: Locust's stop timeout (the master's -s, or
+    the point's own when none was given: _settle_stop_timeout), else the point's."""
+    st = float(getattr(environment, "stop_timeout", 0.0) or 0.0)
+    return st if st > 0 else point.effective_stop_timeout()
 
 
 def _end_distributed(environment) -> None:
@@ -459,7 +659,7 @@ def _end_distributed(environment) -> None:
 
     runner, st = environment.runner, environment.servesweep
     runner.send_message(_END_MSG)
-    deadline = time.monotonic() + st.point.effective_stop_timeout() + 10.0
+    deadline = time.monotonic() + _stop_timeout(environment, st.point) + 10.0
     while time.monotonic() < deadline:
         alive = {c.id for c in runner.clients.all if c.state != "missing"}
         if alive <= st.drained:
@@ -524,6 +724,7 @@ def _start(environment, **_kw) -> None:
         if d is not None and d < _FOREVER and opts is not None and opts.headless:
             gevent.spawn_later(ctx.point.warmup_s + d, _end_distributed, environment)
     if isinstance(ctx, LoadContext):
+        ctx.closing = False  # a new start in the web UI after a stop
         ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         import gevent
 
@@ -673,6 +874,15 @@ def _write_records(environment) -> Path | None:
     return path
 
 
+@events.test_stopping.add_listener
+def _stopping(environment, **_kw) -> None:
+    """A graceful stop (-t with a stop timeout, the UI's stop): the streams running finish, no new one starts (an
+    open-loop user waiting for its slot would otherwise send once more and hold the stop up)."""
+    ctx = getattr(environment, "servesweep", None)
+    if isinstance(ctx, LoadContext):
+        ctx.closing = True
+
+
 @events.test_stop.add_listener
 def _stop(environment, **_kw) -> None:
     from locust.runners import WorkerRunner
@@ -710,7 +920,14 @@ def _quitting(environment, **_kw) -> None:
         environment
     )  # again: the master may have received the workers' final reports since test_stop
     opts = environment.parsed_options
-    if opts is None or not opts.slo:
+    if opts is None or getattr(environment, "servesweep_abandoned", False):
+        return  # EXIT_PARENT_GONE stands
+    _slo_gate(environment, opts)
+    _failure_gate(environment, opts)
+
+
+def _slo_gate(environment, opts) -> None:
+    if not opts.slo:
         return
     from servesweep.gates import GateError, evaluate_records, parse_slos
 
@@ -726,3 +943,55 @@ def _quitting(environment, **_kw) -> None:
     print(verdict.line, flush=True)
     if verdict.exit_code:
         environment.process_exit_code = verdict.exit_code  # 1 breach, 2 could not run (issue 8)
+
+
+def failure_verdict(
+    table, max_failure_rate: float | None, stop_timeout: float | None = None
+) -> tuple[bool, str]:
+    """(failed, message) for a headless run's records: failed when no measured request succeeded, or when more than
+    `max_failure_rate` of them failed. The message says how many succeeded and which error classes the failures
+    had, or, with no measured request at all, why there is none."""
+    from collections import Counter
+
+    warm = table.column("warmup").to_pylist()
+    classes = [c for c, w in zip(table.column("error_class").to_pylist(), warm, strict=True) if not w]
+    n, n_warm = len(classes), sum(1 for w in warm if w)
+    if n == 0:
+        why = f"{n_warm} warmup request(s) finished and no measured one" if n_warm else "no request finished"
+        if stop_timeout is not None and stop_timeout <= 0:
+            why += (
+                "; -s/--stop-timeout is 0, so the streams still running at the end were dropped: give -s longer"
+                " than a request lasts"
+            )
+        else:
+            why += " (the run ended before any stream did: a longer -t, or check the server and its log)"
+        return True, f"servesweep: 0 records: {why}"
+    failed = Counter(c for c in classes if c is not None)
+    n_failed = sum(failed.values())
+    line = f"{n - n_failed} of {n} measured requests succeeded"
+    if failed:
+        line += "; failures: " + ", ".join(f"{k} {v}" for k, v in failed.most_common())
+    if n_failed == n:
+        return True, f"servesweep: FAILED: no request succeeded: {line}"
+    if max_failure_rate is not None and n_failed / n > max_failure_rate:
+        return True, (
+            f"servesweep: FAILED: {n_failed / n:.1%} of the requests failed, above --max-failure-rate "
+            f"{max_failure_rate:.1%}: {line}"
+        )
+    return False, f"servesweep: {line}"
+
+
+def _failure_gate(environment, opts) -> None:
+    """Plain headless Locust: never end with 0 records, or with every request failed, and exit 0. A process
+    servesweep started (--point-json) is judged by servesweep on its side."""
+    ctx = getattr(environment, "servesweep", None)
+    if not getattr(opts, "headless", False) or opts.point_json or ctx is None:
+        return
+    rate = getattr(opts, "max_failure_rate", None)
+    failed, msg = failure_verdict(ctx.buffer.table(), rate, environment.stop_timeout)
+    print(msg, file=sys.stderr, flush=True)
+    if failed:
+        environment.process_exit_code = EXIT_FAILURES
+    elif rate is not None and environment.process_exit_code is None:
+        # Within --max-failure-rate: Locust's any-failure rule (--exit-code-on-error) does not apply.
+        environment.process_exit_code = 0
