@@ -481,7 +481,7 @@ def _abandon(environment, why: str) -> None:
     try:
         if isinstance(runner, MasterRunner):
             runner.send_message(_ABORT_MSG)  # workers drop their streams and ship what finished
-            gevent.sleep(1.0)
+            gevent.sleep(0.5)
         elif isinstance(runner, WorkerRunner):
             runner.stop()
             runner._send_stats()  # the records, if a master is still there to take them
