@@ -184,6 +184,12 @@ class LLMUser(FastHttpUser):
 
         pool.get_socket = _get_socket
         pool._is_socket_alive = idle_socket_alive  # the same check minus gevent's yield (rxstamp)
+        # A request that says `Connection: close` ends its connection (RFC 9112 9.6: the client sends nothing more
+        # on it), whatever the response says: a server that closes without answering `connection: close` (the
+        # emulator did) otherwise races the next request onto a dying socket (`connection_reset`).
+        # This user's own pool: a finished response closes its socket instead of returning it.
+        if any(k.lower() == "connection" and "close" in v.lower() for k, v in ctx.headers.items()):
+            pool.return_socket = pool.release_socket
         self._index = ctx.users_started
         ctx.users_started += 1
         self._fire = self.environment.events.request.fire
