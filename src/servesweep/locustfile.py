@@ -480,8 +480,8 @@ def _abandon(environment, why: str) -> None:
     runner = environment.runner
     try:
         if isinstance(runner, MasterRunner):
-            runner.send_message(_ABORT_MSG)  # workers drop their streams and ship what finished
-            gevent.sleep(0.5)
+            # Workers drop their streams and ship what finished; quit() below waits 0.5 s for those last reports.
+            runner.send_message(_ABORT_MSG)
         elif isinstance(runner, WorkerRunner):
             runner.stop()
             runner._send_stats()  # the records, if a master is still there to take them
