@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,43 @@ def _count_params(a: ModelArch, *, active: bool) -> int:
     return emb + attn + lin + mlp
 
 
+def _layer_layout(
+    text: Mapping[str, Any], architectures: tuple[str, ...], num_layers: int
+) -> tuple[bool, int, int]:
+    """(hybrid, full-attention layers, full_attention_interval): a hybrid model holds KV only in every
+    interval-th layer (from `layer_types` when it lists every layer, else from the interval, 4 by default)."""
+    interval = int(text.get("full_attention_interval") or 0)
+    layer_types = text.get("layer_types")
+    hybrid = bool(set(architectures) & _HYBRID_ARCHS) or (
+        isinstance(layer_types, list) and "linear_attention" in layer_types
+    )
+    if not hybrid:
+        return False, num_layers, 0
+    if isinstance(layer_types, list) and len(layer_types) == num_layers:
+        full_layers = sum(1 for t in layer_types if t == "full_attention")
+        if not interval:
+            interval = num_layers // max(1, full_layers)
+    else:
+        interval = interval or 4
+        full_layers = sum(1 for i in range(num_layers) if (i + 1) % interval == 0)
+    return True, full_layers, interval
+
+
+def _weight_bytes_per_param(cfg: Mapping[str, Any], text: Mapping[str, Any]) -> float:
+    """Bytes per weight: the checkpoint's dtype, or its quantization (FP8: 1 byte; else `bits` / 8)."""
+    dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+    wbytes = float(_DTYPE_BYTES.get(dtype, 2))
+    quant = cfg.get("quantization_config") or text.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", "")).lower()
+        bits = quant.get("bits") or quant.get("weight_bits")
+        if "fp8" in method:
+            wbytes = 1.0
+        elif bits:
+            wbytes = float(bits) / 8
+    return wbytes
+
+
 def _arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
     """Build a ModelArch from a Hugging Face config.json (flat, or with Qwen3.5-style `text_config` nesting)."""
     text = cfg.get("text_config") or cfg
@@ -168,34 +205,8 @@ def _arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
     vocab = int(need("vocab_size"))
     # `get_context_length` (srt/utils/hf_transformers_utils.py) reads max_position_embeddings (rope scaling aside).
     max_pos = int(text.get("max_position_embeddings") or cfg.get("max_position_embeddings") or 2048)
-    interval = int(text.get("full_attention_interval") or 0)
-    layer_types = text.get("layer_types")
-    hybrid = bool(set(architectures) & _HYBRID_ARCHS) or (
-        isinstance(layer_types, list) and "linear_attention" in layer_types
-    )
-    if hybrid:
-        if isinstance(layer_types, list) and len(layer_types) == num_layers:
-            full_layers = sum(1 for t in layer_types if t == "full_attention")
-            if not interval:
-                interval = num_layers // max(1, full_layers)
-        else:
-            interval = interval or 4
-            full_layers = sum(1 for i in range(num_layers) if (i + 1) % interval == 0)
-    else:
-        full_layers = num_layers
-        interval = 0
-
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
-    wbytes = float(_DTYPE_BYTES.get(dtype, 2))
-    quant = cfg.get("quantization_config") or text.get("quantization_config")
-    if isinstance(quant, Mapping):
-        method = str(quant.get("quant_method", "")).lower()
-        bits = quant.get("bits") or quant.get("weight_bits")
-        if "fp8" in method:
-            wbytes = 1.0
-        elif bits:
-            wbytes = float(bits) / 8
-
+    hybrid, full_layers, interval = _layer_layout(text, architectures, num_layers)
+    wbytes = _weight_bytes_per_param(cfg, text)
     arch = ModelArch(
         name=name,
         architectures=architectures,
@@ -615,31 +626,73 @@ def _spec_defaults(algo: str, arch: ModelArch) -> tuple[int, int, int]:
     return 3, 1, 4
 
 
-def resolve_server(
-    args: Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-    *,
-    extra_spec_algorithms: set[str] | frozenset[str] | None = None,
-) -> ResolvedServer:
-    """Resolve SGLang's "auto" server args and memory budget the way SGLang does at start-up.
+@dataclass(slots=True)
+class _Resolution:
+    """What resolve_server's steps read and fill in, step by step; `a` is the server args by SGLang dest name."""
 
-    `args` uses SGLang's argparse dest names plus `sim_gpu` (GPU profile, default H200) and optionally
-    `sim_sglang_version` (flag semantics of that version) and `sim_extra_spec_algorithms` (forked builds).
-    Raises ValueError with SGLang's own text for an unknown speculative algorithm and an over-long context.
-    """
-    env = dict(env or {})
+    a: dict[str, Any]
+    env: dict[str, str]
+    version: str
+    vt: tuple[int, ...]
+    gpu: GpuProfile
+    arch: ModelArch
+    extra_spec: set[str]
+    log: list[str] = field(default_factory=list)
+    warns: list[str] = field(default_factory=list)
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    spec_asked: Any = None
+    spec: str | None = None
+    steps: Any = None
+    topk: Any = None
+    draft: Any = None
+    reserved_tokens: int = 0
+    context_asked: int | None = None
+    context_len: int = 0
+    radix: bool = True
+    strategy: str | None = None
+    page_size: int = 1
+    chunk: int = 0
+    max_prefill: int = 0
+    graph_bs: int = 0
+    frac: float = 0.0
+    pre_load_gib: float = 0.0
+    weights: float = 0.0
+    draft_weights: float = 0.0
+    rest_gib: float = 0.0
+    kv_dtype: str = "auto"
+    cell: float = 0.0
+    slot: int = 0
+    slots: int = 0
+    mamba_ratio: int = 0
+    intermediate_gib: float = 0.0
+    tokens: int = 0
+    mrr: int = 0
+    max_req_input_len: int = 0
+    kv_gib: float = 0.0
+    avail_after_gib: float = 0.0
+
+    def warn(self, msg: str) -> None:
+        self.warns.append(msg)
+        self.log.append(f"WARNING {msg}")
+
+
+def _start_resolution(
+    args: Mapping[str, Any], env: Mapping[str, str] | None, extra_spec_algorithms: Iterable[str] | None
+) -> _Resolution:
+    """Merge `args` over SGLang's defaults and take out the emulator's `sim_*` settings (GPU, version, forks)."""
     a: dict[str, Any] = dict(_ARG_DEFAULTS)
     for k, v in args.items():
         if v is not None or k not in a:
             a[k] = v
-    # The pre-0.5.15 flag name maps onto the new dest.
+    # SGLang before 0.5.15 names this flag --mamba-scheduler-strategy; both set the same dest.
     if args.get("mamba_scheduler_strategy") is not None:
         a["mamba_radix_cache_strategy"] = args["mamba_scheduler_strategy"]
     a.pop("mamba_scheduler_strategy", None)
     if not a.get("model_path"):
         raise ValueError("--model-path is required")
     version = str(a.pop("sim_sglang_version", None) or "0.5.23")
-    vt = _version_tuple(version)
     gpu = get_gpu(a.pop("sim_gpu", None))
     extra = {s.upper() for s in (extra_spec_algorithms or ())}
     more = a.pop("sim_extra_spec_algorithms", None) or ()
@@ -648,38 +701,49 @@ def resolve_server(
     extra |= {str(s).strip().upper() for s in more if str(s).strip()}
     for k in [k for k in a if k.startswith("sim_")]:
         a.pop(k)
+    return _Resolution(
+        a=a,
+        env=dict(env or {}),
+        version=version,
+        vt=_version_tuple(version),
+        gpu=gpu,
+        arch=load_model_arch(a["model_path"]),
+        extra_spec=extra,
+    )
 
-    arch = load_model_arch(a["model_path"])
-    log: list[str] = []
-    warns: list[str] = []
 
-    def warn(msg: str) -> None:
-        warns.append(msg)
-        log.append(f"WARNING {msg}")
-
-    if "SGLANG_ENABLE_SPEC_V2" in env and vt >= (0, 5, 15):
-        # removed in 0.5.15 (arg_groups/speculative_hook.py): setting it only logs a notice (reference §0)
-        warn(
+def _check_parallelism(r: _Resolution) -> None:
+    """tp/dp sizes, and the attention heads tp must divide; notes SGLANG_ENABLE_SPEC_V2, which 0.5.15 removed."""
+    a = r.a
+    if "SGLANG_ENABLE_SPEC_V2" in r.env and r.vt >= (0, 5, 15):
+        # arg_groups/speculative_hook.py: setting it only logs a notice (reference §0)
+        r.warn(
             "SGLANG_ENABLE_SPEC_V2 has been removed; it has no effect. Use --disable-overlap-schedule to turn spec v2 off."
         )
-    tp = int(a["tp_size"] or 1)
-    dp = int(a["dp_size"] or 1)
-    pp = int(a.get("pp_size") or 1)
-    if tp < 1 or dp < 1:
-        raise ValueError(f"--tp-size and --dp-size must be >= 1 (got tp={tp}, dp={dp})")
-    if arch.num_heads % tp:
+    r.tp = int(a["tp_size"] or 1)
+    r.dp = int(a["dp_size"] or 1)
+    r.pp = int(a.get("pp_size") or 1)
+    if r.tp < 1 or r.dp < 1:
+        raise ValueError(f"--tp-size and --dp-size must be >= 1 (got tp={r.tp}, dp={r.dp})")
+    if r.arch.num_heads % r.tp:
         raise ValueError(
-            f"Total number of attention heads ({arch.num_heads}) must be divisible by tensor parallel size ({tp})."
+            f"Total number of attention heads ({r.arch.num_heads}) must be divisible by tensor parallel size ({r.tp})."
         )
 
-    # -- speculative decoding (srt/speculative/spec_info.py::SpeculativeAlgorithm.from_string; speculative_hook.py)
-    spec_asked = a.get("speculative_algorithm")
-    spec: str | None = None
-    if spec_asked:
-        name = str(spec_asked).upper()
-        if name not in BUILTIN_SPEC_ALGORITHMS and name not in extra:
-            raise ValueError(f"Unknown speculative algorithm name: {spec_asked}")
-        spec = "EAGLE" if name == "NEXTN" else name
+
+def _resolve_spec_algorithm(r: _Resolution) -> None:
+    """The algorithm's name (srt/speculative/spec_info.py::SpeculativeAlgorithm.from_string; NEXTN runs as EAGLE)."""
+    r.spec_asked = r.a.get("speculative_algorithm")
+    if r.spec_asked:
+        name = str(r.spec_asked).upper()
+        if name not in BUILTIN_SPEC_ALGORITHMS and name not in r.extra_spec:
+            raise ValueError(f"Unknown speculative algorithm name: {r.spec_asked}")
+        r.spec = "EAGLE" if name == "NEXTN" else name
+
+
+def _resolve_spec_budget(r: _Resolution) -> None:
+    """Steps, top-k and draft tokens per algorithm (speculative_hook.py), and the tokens the EAGLE family reserves."""
+    a, spec = r.a, r.spec
     steps, topk, draft = (
         a["speculative_num_steps"],
         a["speculative_eagle_topk"],
@@ -695,76 +759,86 @@ def resolve_server(
         steps = steps or 1
         topk = topk or int(a.get("speculative_ngram_max_bfs_breadth") or 10)
         draft = draft or 12
-    elif spec is not None and spec in extra:
+    elif spec is not None and spec in r.extra_spec:
         # A forked algorithm (e.g. DDTREE): its budget is num_draft_tokens; steps/topk are passed through.
         steps = steps or 1
         topk = topk or 1
         draft = draft or 16
     elif spec is not None:
-        d_steps, d_topk, d_draft = _spec_defaults(spec, arch)
-        if steps is None and topk is None and draft is None:
-            steps, topk, draft = d_steps, d_topk, d_draft
-        else:
-            steps = d_steps if steps is None else int(steps)
-            topk = d_topk if topk is None else int(topk)
-            draft = d_draft if draft is None else int(draft)
-        if topk == 1 and draft != steps + 1:
-            if a["speculative_num_draft_tokens"] is not None:
-                warn(
-                    "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
-                    "speculative_eagle_topk == 1"
-                )
-            draft = steps + 1
+        steps, topk, draft = _eagle_budget(r, steps, topk, draft)
     if spec is None:
         steps = topk = draft = None
+    r.steps, r.topk, r.draft = steps, topk, draft
     a["speculative_algorithm"] = spec
     a["speculative_num_steps"], a["speculative_eagle_topk"], a["speculative_num_draft_tokens"] = (
         steps,
         topk,
         draft,
     )
-    reserved_tokens = max(int(topk or 0) * int(steps or 0), int(draft or 0)) if spec in EAGLE_FAMILY else 0
+    r.reserved_tokens = max(int(topk or 0) * int(steps or 0), int(draft or 0)) if spec in EAGLE_FAMILY else 0
 
-    # server_args.py::_handle_speculative_decoding: any spec algorithm resets an unset max_running_requests to 48.
-    mrr_asked = a["max_running_requests"]
-    if spec is not None and mrr_asked is None:
-        a["max_running_requests"] = SPEC_MAX_RUNNING_REQUESTS
-        warn(
+
+def _eagle_budget(r: _Resolution, steps: Any, topk: Any, draft: Any) -> tuple[int, int, int]:
+    """EAGLE-style budgets: the defaults fill what is not given; with top-k 1 the draft is steps + 1."""
+    d_steps, d_topk, d_draft = _spec_defaults(r.spec, r.arch)
+    if steps is None and topk is None and draft is None:
+        steps, topk, draft = d_steps, d_topk, d_draft
+    else:
+        steps = d_steps if steps is None else int(steps)
+        topk = d_topk if topk is None else int(topk)
+        draft = d_draft if draft is None else int(draft)
+    if topk == 1 and draft != steps + 1:
+        if r.a["speculative_num_draft_tokens"] is not None:
+            r.warn(
+                "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when "
+                "speculative_eagle_topk == 1"
+            )
+        draft = steps + 1
+    return steps, topk, draft
+
+
+def _reset_running_requests_for_spec(r: _Resolution) -> None:
+    """server_args.py::_handle_speculative_decoding: any spec algorithm sets an unset max_running_requests to 48."""
+    if r.spec is not None and r.a["max_running_requests"] is None:
+        r.a["max_running_requests"] = SPEC_MAX_RUNNING_REQUESTS
+        r.warn(
             "Max running requests is reset to 48 for speculative decoding. You can override this by explicitly "
             "setting --max-running-requests."
         )
 
-    # -- context length (srt/configs/model_config.py::_derive_context_length)
-    derived = arch.max_position_embeddings
-    asked = a["context_length"]
-    if asked is not None:
-        asked = int(asked)
-        if asked > derived:
-            if _env_true(env, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
-                warn(context_length_error(asked, derived).split(" To allow")[0])
-                context_len = asked
-            else:
-                raise ValueError(context_length_error(asked, derived))
-        else:
-            context_len = asked
-    else:
-        context_len = derived
 
-    # -- hybrid models: mamba radix cache strategy (arg_groups/overrides.py::_mamba_radix_cache_resolution)
-    radix = not bool(a["disable_radix_cache"])
+def _resolve_context_length(r: _Resolution) -> None:
+    """srt/configs/model_config.py::_derive_context_length: above the model's maximum only with the override."""
+    derived = r.arch.max_position_embeddings
+    asked = r.a["context_length"]
+    if asked is None:
+        r.context_len = derived
+        return
+    asked = int(asked)
+    r.context_asked = asked
+    if asked > derived:
+        if not _env_true(r.env, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+            raise ValueError(context_length_error(asked, derived))
+        r.warn(context_length_error(asked, derived).split(" To allow")[0])
+    r.context_len = asked
+
+
+def _resolve_mamba_strategy(r: _Resolution) -> None:
+    """Hybrid models' radix cache strategy (arg_groups/overrides.py::_mamba_radix_cache_resolution) and page size."""
+    a, arch = r.a, r.arch
+    r.radix = not bool(a["disable_radix_cache"])
     page_size = a["page_size"]
-    strategy: str | None = None
     if arch.is_hybrid:
         strategy = str(a["mamba_radix_cache_strategy"] or "auto")
         if strategy == "auto":
-            if vt >= (0, 5, 15) and (not a["disable_overlap_schedule"] or (page_size or 1) > 1):
+            if r.vt >= (0, 5, 15) and (not a["disable_overlap_schedule"] or (page_size or 1) > 1):
                 strategy = "extra_buffer"
             else:
                 strategy = "no_buffer"
         if strategy == "no_buffer":
             a["disable_overlap_schedule"] = True
             page_size = 1
-            if spec is not None and radix and vt <= (0, 5, 12):
+            if r.spec is not None and r.radix and r.vt <= (0, 5, 12):
                 arch_name = arch.architectures[0] if arch.architectures else arch.name
                 raise ValueError(
                     f"Speculative decoding for {arch_name} is not compatible with radix cache when using "
@@ -772,191 +846,263 @@ def resolve_server(
                     f"use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
                 )
         a["mamba_radix_cache_strategy"] = strategy
-    page_size = int(page_size or 1)
-    a["page_size"] = page_size
+        r.strategy = strategy
+    r.page_size = int(page_size or 1)
+    a["page_size"] = r.page_size
 
-    # -- memory defaults (memory_hook.py)
-    gpu_mem = gpu.memory_mib
+
+def _resolve_memory_defaults(r: _Resolution) -> None:
+    """Chunked prefill, CUDA graph batch and mem_fraction_static defaults from GPU memory (memory_hook.py)."""
+    a, gpu_mem = r.a, r.gpu.memory_mib
     chunk = a["chunked_prefill_size"]
-    chunk = default_chunked_prefill_size(gpu_mem) if chunk is None else int(chunk)
-    a["chunked_prefill_size"] = chunk
-    max_prefill = int(a["max_prefill_tokens"] or 16384)
+    r.chunk = default_chunked_prefill_size(gpu_mem) if chunk is None else int(chunk)
+    a["chunked_prefill_size"] = r.chunk
+    r.max_prefill = int(a["max_prefill_tokens"] or 16384)
     graph_bs = a.get("cuda_graph_max_bs")
     if graph_bs is None:
-        graph_bs = a.get("cuda_graph_max_bs_decode")  # the 0.5.15+ name
-    graph_bs = default_cuda_graph_max_bs(gpu_mem, tp) if graph_bs is None else int(graph_bs)
+        graph_bs = a.get("cuda_graph_max_bs_decode")  # its name from SGLang 0.5.15 on
+    graph_bs = default_cuda_graph_max_bs(gpu_mem, r.tp) if graph_bs is None else int(graph_bs)
     if a["max_running_requests"] is not None:
         graph_bs = min(graph_bs, int(a["max_running_requests"]))
-    a["cuda_graph_max_bs"] = graph_bs
+    r.graph_bs = a["cuda_graph_max_bs"] = graph_bs
     frac = a["mem_fraction_static"]
     if frac is None:
-        frac = auto_mem_fraction_static(gpu_mem, chunk if chunk > 0 else max_prefill, tp, graph_bs, pp)
+        frac = auto_mem_fraction_static(
+            gpu_mem, r.chunk if r.chunk > 0 else r.max_prefill, r.tp, graph_bs, r.pp
+        )
     frac = float(frac)
     if not 0 < frac < 1:
         raise ValueError(f"--mem-fraction-static must be in (0, 1), got {frac}")
-    a["mem_fraction_static"] = frac
+    r.frac = a["mem_fraction_static"] = frac
 
-    # -- KV pool (model_executor/model_runner_kv_cache_mixin.py::_profile_available_bytes):
-    # rest = post_load_free - pre_load_free * (1 - mem_fraction_static) = frac * pre_load_free - weights.
-    pre_load = gpu_mem / 1024 - _runtime_overhead_gib(tp)  # GiB free after CUDA context and NCCL init
-    weights = weight_bytes_per_rank(arch, tp)
-    draft_weights = _draft_weight_bytes(spec, arch, a.get("speculative_draft_model_path"), tp)
-    rest_gib = frac * pre_load - (weights + draft_weights) / GiB
-    if rest_gib <= 0:
+
+def _profile_available_memory(r: _Resolution) -> None:
+    """model_executor/model_runner_kv_cache_mixin.py::_profile_available_bytes: what the weights leave for caches,
+    rest = post_load_free - pre_load_free * (1 - mem_fraction_static) = frac * pre_load_free - weights."""
+    r.pre_load_gib = r.gpu.memory_mib / 1024 - _runtime_overhead_gib(
+        r.tp
+    )  # free after CUDA context and NCCL init
+    r.weights = weight_bytes_per_rank(r.arch, r.tp)
+    r.draft_weights = _draft_weight_bytes(r.spec, r.arch, r.a.get("speculative_draft_model_path"), r.tp)
+    r.rest_gib = r.frac * r.pre_load_gib - (r.weights + r.draft_weights) / GiB
+    if r.rest_gib <= 0:
         raise RuntimeError(
-            f"Not enough memory. Please try to increase --mem-fraction-static. (weights {weights / GiB:.2f} GiB "
-            f"per rank on {gpu.name} with {gpu_mem / 1024:.1f} GiB, mem_fraction_static={frac})"
+            f"Not enough memory. Please try to increase --mem-fraction-static. (weights {r.weights / GiB:.2f} GiB "
+            f"per rank on {r.gpu.name} with {r.gpu.memory_mib / 1024:.1f} GiB, mem_fraction_static={r.frac})"
         )
-    kv_dtype = str(a["kv_cache_dtype"] or "auto")
-    cell = kv_bytes_per_token(arch, tp, kv_dtype)
-    slot = state_slot_bytes(arch, tp, a.get("mamba_ssm_dtype"))
-    slots = 0
-    mamba_ratio = 0
-    intermediate_gib = 0.0
-    if arch.is_hybrid:
-        mamba_ratio = _mamba_ratio(radix, strategy, bool(a["disable_overlap_schedule"]))
-        D = int(draft or 0) if spec else 0
-        mrr_now = a["max_running_requests"]
-        if a["max_mamba_cache_size"] is not None:
-            slots = int(a["max_mamba_cache_size"]) // dp
-            if spec:
-                capped = min(int(mrr_now) // dp, slots // mamba_ratio)
-                intermediate_gib = slot * capped * D / GiB
-        elif not radix and mrr_now is not None:
-            slots = int(mrr_now) // dp
-            if spec:
-                intermediate_gib = slot * slots * D / GiB
+    r.kv_dtype = str(r.a["kv_cache_dtype"] or "auto")
+    r.cell = kv_bytes_per_token(r.arch, r.tp, r.kv_dtype)
+    r.slot = state_slot_bytes(r.arch, r.tp, r.a.get("mamba_ssm_dtype"))
+
+
+def _allocate_state_slots(r: _Resolution) -> None:
+    """Hybrid models: recurrent-state slots (and spec's intermediate state) come out of the rest before the KV pool
+    (mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache)."""
+    if not r.arch.is_hybrid:
+        return
+    a, slot, dp = r.a, r.slot, r.dp
+    r.mamba_ratio = _mamba_ratio(r.radix, r.strategy, bool(a["disable_overlap_schedule"]))
+    D = int(r.draft or 0) if r.spec else 0
+    mrr_now = a["max_running_requests"]
+    if a["max_mamba_cache_size"] is not None:
+        slots = int(a["max_mamba_cache_size"]) // dp
+        if r.spec:
+            capped = min(int(mrr_now) // dp, slots // r.mamba_ratio)
+            r.intermediate_gib = slot * capped * D / GiB
+    elif not r.radix and mrr_now is not None:
+        slots = int(mrr_now) // dp
+        if r.spec:
+            r.intermediate_gib = slot * slots * D / GiB
+    else:
+        # mamba : KV = ratio : 1 (mamba_full_memory_ratio, 0.9 by default)
+        ratio = float(a["mamba_full_memory_ratio"] or 0.9)
+        budget = r.rest_gib * ratio / (1 + ratio) * GiB
+        if r.spec:
+            slots = int(budget // (slot * (1 + D / r.mamba_ratio)))
+            capped = min(int(mrr_now) // dp, slots // r.mamba_ratio)
+            r.intermediate_gib = slot * capped * D / GiB
         else:
-            # mem_cache/kv_cache_configurator.py::_handle_max_mamba_cache: mamba : KV = ratio : 1 (ratio 0.9).
-            r = float(a["mamba_full_memory_ratio"] or 0.9)
-            budget = rest_gib * r / (1 + r) * GiB
-            if spec:
-                slots = int(budget // (slot * (1 + D / mamba_ratio)))
-                capped = min(int(mrr_now) // dp, slots // mamba_ratio)
-                intermediate_gib = slot * capped * D / GiB
-            else:
-                slots = int(budget // slot)
-        if slots <= 0:
-            raise RuntimeError(
-                "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Try: (1) reduce "
-                "--max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
-                "--speculative-num-draft-tokens, or (4) use GPUs with more memory."
-            )
-        rest_gib = rest_gib - intermediate_gib - slots * slot / GiB
-        a["max_mamba_cache_size"] = slots
-    tokens = int(rest_gib * GiB // cell)
+            slots = int(budget // slot)
+    if slots <= 0:
+        raise RuntimeError(
+            "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Try: (1) reduce "
+            "--max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
+            "--speculative-num-draft-tokens, or (4) use GPUs with more memory."
+        )
+    r.rest_gib = r.rest_gib - r.intermediate_gib - slots * slot / GiB
+    r.slots = a["max_mamba_cache_size"] = slots
+
+
+def _allocate_kv_pool(r: _Resolution) -> None:
+    """The KV pool in tokens: what is left over the per-token KV bytes, capped by --max-total-tokens, whole pages."""
+    tokens = int(r.rest_gib * GiB // r.cell)
     if tokens <= 0:
         raise RuntimeError("Not enough memory. Please try to increase --mem-fraction-static.")
-    if a["max_total_tokens"] is not None:
-        cap = int(a["max_total_tokens"])
+    if r.a["max_total_tokens"] is not None:
+        cap = int(r.a["max_total_tokens"])
         if cap > tokens:
-            warn(
+            r.warn(
                 f"max_total_tokens={cap} is larger than the profiled value {tokens}. Use the profiled value instead."
             )
         tokens = min(tokens, cap)
-    tokens = tokens // page_size * page_size
+    r.tokens = tokens // r.page_size * r.page_size
 
-    # -- max running requests (kv_cache_configurator.py::resolve_max_num_reqs)
-    estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
-    if a["max_running_requests"] is not None:
-        requested = int(a["max_running_requests"]) // dp
-        mrr = min(requested, tokens // 2)
+
+def _resolve_max_running_requests(r: _Resolution) -> None:
+    """kv_cache_configurator.py::resolve_max_num_reqs: per DP rank, bounded by the KV pool and the state slots."""
+    estimated = max(min(int(r.tokens / r.context_len * 512), 4096), 2048)
+    if r.a["max_running_requests"] is not None:
+        requested = int(r.a["max_running_requests"]) // r.dp
+        mrr = min(requested, r.tokens // 2)
     else:
         requested = None
-        mrr = min(estimated, tokens // 2)
-    if arch.is_hybrid:
-        cap_m = slots // mamba_ratio
+        mrr = min(estimated, r.tokens // 2)
+    if r.arch.is_hybrid:
+        cap_m = r.slots // r.mamba_ratio
         if cap_m < mrr:
-            warn(
+            r.warn(
                 f"max_running_requests is capped to {cap_m} by the mamba state cache "
-                f"(max_mamba_cache_size={slots}, mamba_ratio={mamba_ratio})."
+                f"(max_mamba_cache_size={r.slots}, mamba_ratio={r.mamba_ratio})."
             )
         mrr = min(mrr, cap_m)
         if mrr <= 0:
             raise RuntimeError(
                 f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-                f"max_mamba_cache_size={slots}, mamba_ratio={mamba_ratio}, resulting max_num_reqs={mrr}."
+                f"max_mamba_cache_size={r.slots}, mamba_ratio={r.mamba_ratio}, resulting max_num_reqs={mrr}."
             )
     if requested is not None and mrr < requested:
-        warn(
+        r.warn(
             f"max_running_requests was reduced from the requested {requested} to {mrr} (per dp worker) due to the "
             f"available KV cache capacity."
         )
+    r.mrr = mrr
 
-    # managers/tp_worker.py: max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5
-    max_req_input_len = min(context_len - 1, tokens - 1) - 5
-    if tokens < context_len:
-        warn(
-            f"KV pool holds {tokens} tokens, fewer than --context-length {context_len}: longer prompts are "
+
+def _resolve_max_input_len(r: _Resolution) -> None:
+    """managers/tp_worker.py: max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5."""
+    r.max_req_input_len = min(r.context_len - 1, r.tokens - 1) - 5
+    if r.tokens < r.context_len:
+        r.warn(
+            f"KV pool holds {r.tokens} tokens, fewer than --context-length {r.context_len}: longer prompts are "
             f"rejected at runtime."
         )
 
-    kv_gib = tokens * cell / GiB
-    avail_after = pre_load - frac * pre_load + max(0.0, rest_gib - kv_gib)
-    memory_usage: dict[str, Any] = {
-        "weight": round((weights + draft_weights) / GiB, 2),
-        "kvcache": round(kv_gib, 2),
-        "startup_available": round(avail_after, 2),
-        "token_capacity": tokens,
-        "token_capacity_swa": None,
-        "graph": {"decode": round(graph_bs * 2 / 1024, 2)},
-    }
-    if arch.is_hybrid:
-        memory_usage["mamba"] = round(slots * slot / GiB + intermediate_gib, 2)
 
-    a["tp_size"], a["dp_size"] = tp, dp
-    a["context_length"] = asked
-    a["max_running_requests"] = a["max_running_requests"]  # as set (48 under spec), per SGLang's server args
-    a["kv_cache_dtype"] = kv_dtype
+def _write_back_args(r: _Resolution) -> None:
+    """The resolved args as SGLang's server args show them; max_running_requests stays as set (48 under spec)."""
+    r.a["tp_size"], r.a["dp_size"] = r.tp, r.dp
+    r.a["context_length"] = r.context_asked
+    r.a["kv_cache_dtype"] = r.kv_dtype
 
-    log.append(
+
+def _log_allocation(r: _Resolution) -> None:
+    """SGLang's start-up log lines for the weights, the state cache and the KV pool."""
+    arch, weights_gib, tokens = r.arch, r.weights / GiB, r.tokens
+    r.kv_gib = tokens * r.cell / GiB
+    r.avail_after_gib = r.pre_load_gib - r.frac * r.pre_load_gib + max(0.0, r.rest_gib - r.kv_gib)
+    r.log.append(
         f"Load weight end. type={arch.architectures[0] if arch.architectures else arch.model_type}, "
-        f"dtype=torch.bfloat16, avail mem={pre_load - weights / GiB:.2f} GB, mem usage={weights / GiB:.2f} GB."
+        f"dtype=torch.bfloat16, avail mem={r.pre_load_gib - weights_gib:.2f} GB, mem usage={weights_gib:.2f} GB."
     )
     if arch.is_hybrid:
-        log.append(
-            f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state and ssm_state size: "
-            f"{slots * slot / GiB:.2f}GB"
+        r.log.append(
+            f"Mamba Cache is allocated. max_mamba_cache_size: {r.slots}, conv_state and ssm_state size: "
+            f"{r.slots * r.slot / GiB:.2f}GB"
         )
-    log.append(
-        f"KV Cache is allocated. #tokens: {tokens}, K size: {kv_gib / 2:.2f} GB, V size: {kv_gib / 2:.2f} GB"
+    r.log.append(
+        f"KV Cache is allocated. #tokens: {tokens}, K size: {r.kv_gib / 2:.2f} GB, V size: {r.kv_gib / 2:.2f} GB"
     )
-    log.append(
-        f"max_total_num_tokens={tokens}, chunked_prefill_size={chunk}, max_prefill_tokens={max_prefill}, "
-        f"max_running_requests={mrr}, context_len={context_len}, available_gpu_mem={avail_after:.2f} GB"
+    r.log.append(
+        f"max_total_num_tokens={tokens}, chunked_prefill_size={r.chunk}, max_prefill_tokens={r.max_prefill}, "
+        f"max_running_requests={r.mrr}, context_len={r.context_len}, available_gpu_mem={r.avail_after_gib:.2f} GB"
     )
 
+
+# resolve_server's steps, in SGLang's start-up order (each warning lands in the log where SGLang logs it).
+_RESOLUTION_STEPS = (
+    _check_parallelism,
+    _resolve_spec_algorithm,
+    _resolve_spec_budget,
+    _reset_running_requests_for_spec,
+    _resolve_context_length,
+    _resolve_mamba_strategy,
+    _resolve_memory_defaults,
+    _profile_available_memory,
+    _allocate_state_slots,
+    _allocate_kv_pool,
+    _resolve_max_running_requests,
+    _resolve_max_input_len,
+    _write_back_args,
+    _log_allocation,
+)
+
+
+def resolve_server(
+    args: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    *,
+    extra_spec_algorithms: set[str] | frozenset[str] | None = None,
+) -> ResolvedServer:
+    """Resolve SGLang's "auto" server args and memory budget the way SGLang does at start-up.
+
+    `args` uses SGLang's argparse dest names plus `sim_gpu` (GPU profile, default H200) and optionally
+    `sim_sglang_version` (flag semantics of that version) and `sim_extra_spec_algorithms` (forked builds).
+    Raises ValueError with SGLang's own text for an unknown speculative algorithm and an over-long context.
+    """
+    r = _start_resolution(args, env, extra_spec_algorithms)
+    for step in _RESOLUTION_STEPS:
+        step(r)
+    return _resolved_server(r)
+
+
+def _memory_usage(r: _Resolution) -> dict[str, Any]:
+    """/server_info's memory_usage (GiB per rank)."""
+    usage: dict[str, Any] = {
+        "weight": round((r.weights + r.draft_weights) / GiB, 2),
+        "kvcache": round(r.kv_gib, 2),
+        "startup_available": round(r.avail_after_gib, 2),
+        "token_capacity": r.tokens,
+        "token_capacity_swa": None,
+        "graph": {"decode": round(r.graph_bs * 2 / 1024, 2)},
+    }
+    if r.arch.is_hybrid:
+        usage["mamba"] = round(r.slots * r.slot / GiB + r.intermediate_gib, 2)
+    return usage
+
+
+def _resolved_server(r: _Resolution) -> ResolvedServer:
+    a = r.a
     return ResolvedServer(
         args=a,
-        arch=arch,
-        gpu=gpu,
-        tp_size=tp,
-        dp_size=dp,
-        context_len=context_len,
-        max_total_num_tokens=tokens,
-        max_req_input_len=max_req_input_len,
-        effective_max_running_requests=mrr,
+        arch=r.arch,
+        gpu=r.gpu,
+        tp_size=r.tp,
+        dp_size=r.dp,
+        context_len=r.context_len,
+        max_total_num_tokens=r.tokens,
+        max_req_input_len=r.max_req_input_len,
+        effective_max_running_requests=r.mrr,
         max_queued_requests=None if a["max_queued_requests"] is None else int(a["max_queued_requests"]),
-        chunked_prefill_size=chunk,
-        max_prefill_tokens=max_prefill,
-        page_size=page_size,
-        kv_bytes_per_token=cell,
-        state_slot_bytes=slot,
-        state_slots=slots,
-        mem_fraction_static=frac,
-        memory_usage=memory_usage,
-        spec_algorithm=spec,
-        spec_algorithm_asked=str(spec_asked).upper() if spec_asked else None,
-        spec_num_steps=steps,
-        spec_eagle_topk=topk,
-        spec_num_draft_tokens=draft,
-        num_reserved_tokens=reserved_tokens,
-        radix_cache=radix,
-        mamba_radix_cache_strategy=strategy,
-        sglang_version=version,
-        log_lines=log,
-        warnings=warns,
-        mamba_ratio=mamba_ratio,
+        chunked_prefill_size=r.chunk,
+        max_prefill_tokens=r.max_prefill,
+        page_size=r.page_size,
+        kv_bytes_per_token=r.cell,
+        state_slot_bytes=r.slot,
+        state_slots=r.slots,
+        mem_fraction_static=r.frac,
+        memory_usage=_memory_usage(r),
+        spec_algorithm=r.spec,
+        spec_algorithm_asked=str(r.spec_asked).upper() if r.spec_asked else None,
+        spec_num_steps=r.steps,
+        spec_eagle_topk=r.topk,
+        spec_num_draft_tokens=r.draft,
+        num_reserved_tokens=r.reserved_tokens,
+        radix_cache=r.radix,
+        mamba_radix_cache_strategy=r.strategy,
+        sglang_version=r.version,
+        log_lines=r.log,
+        warnings=r.warns,
+        mamba_ratio=r.mamba_ratio,
     )
 
 

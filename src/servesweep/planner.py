@@ -145,6 +145,7 @@ def _resolve_args(exp: Experiment, cfg: ServerConfig) -> dict[str, Any]:
 
 
 def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
+    """Resolve one server configuration the way SGLang starts it, then check and price each of its points."""
     from servesweep import hardware
 
     cp = ConfigPlan(cfg)
@@ -153,31 +154,14 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     cp.points = [PointPlan(p) for p in points]
     if exp.launcher.generic:
         return _plan_generic(exp, cp)
-    tp = int(cfg.flags.get("tp_size") or 1)
-    dp = int(cfg.flags.get("dp_size") or 1)
     try:
         arch = hardware.load_model_arch(exp.model.path)
     except (ValueError, OSError) as e:
         cp.error = f"model: {e}"
         return cp
-    problems = []
-    if arch.num_heads % tp:
-        problems.append(f"tp_size {tp} does not divide the model's {arch.num_heads} attention heads")
-    if tp * dp > exp.launcher.gpus_per_host:
-        problems.append(
-            f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})"
-        )
-    ctx_asked = cfg.flags.get("context_length")
-    if (
-        ctx_asked
-        and ctx_asked > arch.max_position_embeddings
-        and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True")
-    ):
-        problems.append(
-            f"context_length {ctx_asked} is above the model's maximum {arch.max_position_embeddings}: SGLang refuses to "
-            f"start unless server.env sets {OVERRIDE_ENV}=1"
-        )
+    problems = _start_problems(exp, cfg, arch)
     if problems:
+        ctx_asked = cfg.flags.get("context_length")
         cp.error = "; ".join(problems)
         cp.error_code = CONTEXT_ABOVE_MAX if ctx_asked and ctx_asked > arch.max_position_embeddings else None
         return cp
@@ -189,12 +173,54 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         cp.error = str(e)
         return cp
     cp.resolved = rs
-    cp.facts = {
+    cp.facts = _server_facts(rs, arch)
+    # the spec reset is reported by _running_cap_warning with the concurrencies it caps
+    cp.warnings.extend(w for w in rs.warnings if "reset to 48" not in w)
+    if rs.tp_size > arch.num_kv_heads:
+        cp.warnings.append(
+            f"tp_size {rs.tp_size} exceeds the model's {arch.num_kv_heads} KV heads: KV heads replicate, so KV bytes "
+            f"per token per GPU stay at {rs.kv_bytes_per_token / 1024:.0f} KiB (as at tp {arch.num_kv_heads}) and KV "
+            "capacity per GPU stops growing with tp"
+        )
+    _plan_points(exp, cfg, rs, arch, cp)
+    return cp
+
+
+def _overrides_context(cfg: ServerConfig) -> bool:
+    """Whether the configuration's environment lets SGLang run above the model's maximum context."""
+    return cfg.env.get(OVERRIDE_ENV) in ("1", "true", "True")
+
+
+def _start_problems(exp: Experiment, cfg: ServerConfig, arch) -> list[str]:
+    """Why SGLang would refuse to start this configuration (heads, GPUs per host, context), before resolving it."""
+    tp = int(cfg.flags.get("tp_size") or 1)
+    dp = int(cfg.flags.get("dp_size") or 1)
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(f"tp_size {tp} does not divide the model's {arch.num_heads} attention heads")
+    if tp * dp > exp.launcher.gpus_per_host:
+        problems.append(
+            f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})"
+        )
+    ctx_asked = cfg.flags.get("context_length")
+    if ctx_asked and ctx_asked > arch.max_position_embeddings and not _overrides_context(cfg):
+        problems.append(
+            f"context_length {ctx_asked} is above the model's maximum {arch.max_position_embeddings}: SGLang refuses to "
+            f"start unless server.env sets {OVERRIDE_ENV}=1"
+        )
+    return problems
+
+
+def _server_facts(rs, arch) -> dict[str, Any]:
+    """What the plan reports of one resolved server (`plan --json` → configs[].facts)."""
+    from servesweep import hardware
+
+    return {
         "gpu": rs.gpu.name,
         "context_len": rs.context_len,
         "kv_capacity_tokens": rs.max_total_num_tokens,
         "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
-        "kv_heads_per_gpu": hardware.kv_heads_per_rank(arch, tp),
+        "kv_heads_per_gpu": hardware.kv_heads_per_rank(arch, rs.tp_size),
         "state_slot_bytes_per_gpu": rs.state_slot_bytes,
         "state_slots": rs.state_slots,
         "max_running_requests": rs.effective_max_running_requests,
@@ -204,14 +230,11 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         "memory_usage": rs.memory_usage,
         "hybrid": rs.is_hybrid,
     }
-    # the spec reset is reported below with the concurrencies it caps
-    cp.warnings.extend(w for w in rs.warnings if "reset to 48" not in w)
-    if tp > arch.num_kv_heads:
-        cp.warnings.append(
-            f"tp_size {tp} exceeds the model's {arch.num_kv_heads} KV heads: KV heads replicate, so KV bytes per token "
-            f"per GPU stay at {rs.kv_bytes_per_token / 1024:.0f} KiB (as at tp {arch.num_kv_heads}) and KV capacity "
-            "per GPU stops growing with tp"
-        )
+
+
+def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -> None:
+    """Check every point of a startable configuration against its server, price the feasible ones, and record the
+    context length to set and the running-request cap they meet."""
     mrr = rs.effective_max_running_requests
     spec_reset = rs.spec_algorithm is not None and cfg.flags.get("max_running_requests") is None
     cp.start_s = _start_estimate(exp, rs)
@@ -230,7 +253,7 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
             _estimate_point(exp, rs, pp, timer)
     if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
         want = _needed_context(need_max)
-        above = want > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True")
+        above = want > arch.max_position_embeddings and not _overrides_context(cfg)
         cp.context_fix = {
             "context_length": rs.context_len,
             "largest_point_tokens": need_max,
@@ -238,6 +261,16 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
             "model_max": arch.max_position_embeddings,
             "set_env": {OVERRIDE_ENV: "1"} if above else {},
         }
+    warning = _running_cap_warning(cp, rs, spec_reset)
+    if warning:
+        cp.warnings.append(warning)
+
+
+def _running_cap_warning(cp: ConfigPlan, rs, spec_reset: bool) -> str | None:
+    """The concurrencies that queue behind max_running_requests, and the spec reset to 48 when it set the cap."""
+    from servesweep import hardware
+
+    mrr = rs.effective_max_running_requests
     capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
     queue = f": concurrency {', '.join(map(str, capped))} will queue" if capped else ""
     if spec_reset:
@@ -247,10 +280,10 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         )
         if mrr < hardware.SPEC_MAX_RUNNING_REQUESTS:
             msg += f", and the server caps it further to {mrr} (KV / state slots)"
-        cp.warnings.append(msg + queue + ("; set server.base.max_running_requests" if capped else ""))
-    elif capped:
-        cp.warnings.append(f"the server runs at most {mrr} requests at once{queue}")
-    return cp
+        return msg + queue + ("; set server.base.max_running_requests" if capped else "")
+    if capped:
+        return f"the server runs at most {mrr} requests at once{queue}"
+    return None
 
 
 def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
@@ -277,7 +310,7 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
     if need >= rs.context_len:
         want = _needed_context(need_max)
         fix = f"set context_length to {want} (covers the largest point, {need_max} tokens)"
-        if want > arch.max_position_embeddings and cfg.env.get(OVERRIDE_ENV) not in ("1", "true", "True"):
+        if want > arch.max_position_embeddings and not _overrides_context(cfg):
             fix += f" and {OVERRIDE_ENV}=1 (above the model's maximum {arch.max_position_embeddings})"
         extra = f" + {rs.num_reserved_tokens} reserved draft tokens" if rs.num_reserved_tokens else ""
         pp.reasons.append(f"prompt {p} + output {o}{extra} = {need} ≥ context length {rs.context_len}; {fix}")
@@ -450,222 +483,274 @@ def _budget(plan: Plan) -> None:
     )
 
 
-def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
-    """One structured entry per pitfall code that applies: code, message, affected configs and points, detail."""
-    out: list[dict[str, Any]] = []
-    live = [cp for cp in plan.configs if cp.error is None]
-    if plan.experiment.launcher.generic:
-        cmd = plan.experiment.launcher.command or []
-        return [
-            {
-                "code": GENERIC_UNPLANNED,
-                "message": f"a generic server ({' '.join(cmd[:4])} ...): servesweep does not plan its memory or check "
-                "SGLang's pitfalls; every point is kept, and times count only the fixed costs"
-                + (
-                    " and load.duration_s"
-                    if plan.experiment.load.duration_s
-                    else " (request-bounded points: unknown)"
-                ),
-                "configs": [cp.config.id for cp in live],
-                "points": [pp.spec.id for cp in live for pp in cp.points],
-                "detail": {"command": cmd},
-            }
-        ]
+def _pitfall(
+    code: str, message: str, configs: list[str], points: list[str], detail: dict[str, Any]
+) -> dict[str, Any]:
+    return {"code": code, "message": message, "configs": configs, "points": points, "detail": detail}
 
-    def pts(code: str) -> list[str]:
-        return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
 
-    def add(code: str, message: str, configs: list[str], points: list[str], detail: dict[str, Any]) -> None:
-        out.append({"code": code, "message": message, "configs": configs, "points": points, "detail": detail})
+def _points_with(live: list[ConfigPlan], code: str) -> list[str]:
+    """Ids of the points of the startable configurations that carry pitfall `code`."""
+    return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
 
-    # context length below prompt + output
+
+def _generic_pitfall(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any]:
+    """The one pitfall of a generic server (launcher.command): nothing of it is planned."""
+    cmd = plan.experiment.launcher.command or []
+    bound = (
+        " and load.duration_s" if plan.experiment.load.duration_s else " (request-bounded points: unknown)"
+    )
+    return _pitfall(
+        GENERIC_UNPLANNED,
+        f"a generic server ({' '.join(cmd[:4])} ...): servesweep does not plan its memory or check "
+        "SGLang's pitfalls; every point is kept, and times count only the fixed costs" + bound,
+        [cp.config.id for cp in live],
+        [pp.spec.id for cp in live for pp in cp.points],
+        {"command": cmd},
+    )
+
+
+def _context_too_short(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """context_length below prompt + output: the one length to set instead, and the override it needs."""
     fixes = {cp.config.id: cp.context_fix for cp in live if cp.context_fix}
-    if fixes:
-        want = max(f["set_context_length"] for f in fixes.values())
-        env = {k: v for f in fixes.values() for k, v in f["set_env"].items()}
-        now = sorted({f["context_length"] for f in fixes.values()})
-        affected = pts(CONTEXT_TOO_SHORT)
-        msg = (
-            f"context_length {', '.join(map(str, now))} is below prompt + output of {len(affected)} points (they are "
-            f"dropped): set context_length to {want}"
-        )
-        msg += (
-            f" and {OVERRIDE_ENV}=1 in server.env (above the model's maximum)"
-            if env
-            else f" (within the model's maximum {max(f['model_max'] for f in fixes.values())}: no override needed)"
-        )
-        add(
-            CONTEXT_TOO_SHORT,
-            msg,
-            sorted(fixes),
-            affected,
-            {"set_context_length": want, "set_env": env, "per_config": fixes},
-        )
+    if not fixes:
+        return None
+    want = max(f["set_context_length"] for f in fixes.values())
+    env = {k: v for f in fixes.values() for k, v in f["set_env"].items()}
+    lengths = sorted({f["context_length"] for f in fixes.values()})
+    affected = _points_with(live, CONTEXT_TOO_SHORT)
+    msg = (
+        f"context_length {', '.join(map(str, lengths))} is below prompt + output of {len(affected)} points (they are "
+        f"dropped): set context_length to {want}"
+    )
+    msg += (
+        f" and {OVERRIDE_ENV}=1 in server.env (above the model's maximum)"
+        if env
+        else f" (within the model's maximum {max(f['model_max'] for f in fixes.values())}: no override needed)"
+    )
+    detail = {"set_context_length": want, "set_env": env, "per_config": fixes}
+    return _pitfall(CONTEXT_TOO_SHORT, msg, sorted(fixes), affected, detail)
+
+
+def _context_above_max(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """context_length above config.json's maximum without the override variable: SGLang refuses to start."""
     above = [cp for cp in plan.configs if cp.error_code == CONTEXT_ABOVE_MAX]
-    if above:
-        add(
-            CONTEXT_ABOVE_MAX,
-            f"context_length above the model's maximum: SGLang refuses to start unless server.env sets {OVERRIDE_ENV}=1",
-            [cp.config.id for cp in above],
-            [pp.spec.id for cp in above for pp in cp.points],
-            {"set_env": {OVERRIDE_ENV: "1"}},
-        )
-    # tensor parallel beyond the KV heads
+    if not above:
+        return None
+    return _pitfall(
+        CONTEXT_ABOVE_MAX,
+        f"context_length above the model's maximum: SGLang refuses to start unless server.env sets {OVERRIDE_ENV}=1",
+        [cp.config.id for cp in above],
+        [pp.spec.id for cp in above for pp in cp.points],
+        {"set_env": {OVERRIDE_ENV: "1"}},
+    )
+
+
+def _tp_over_kv_heads(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """tp_size above the model's KV heads: KV bytes per token per GPU stop shrinking, with the figures per tp."""
     over = [cp for cp in live if cp.resolved.tp_size > cp.resolved.arch.num_kv_heads]
-    if over:
-        arch = over[0].resolved.arch
-        per_tp = {}
-        for cp in live:
-            rs = cp.resolved
-            per_tp.setdefault(
-                rs.tp_size,
-                {
-                    "kv_heads_per_gpu": cp.facts["kv_heads_per_gpu"],
-                    "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
-                    "kv_tokens_per_gpu": rs.max_total_num_tokens,
-                },
-            )
-        add(
-            TP_OVER_KV_HEADS,
-            f"tp_size {', '.join(sorted({str(cp.resolved.tp_size) for cp in over}))} exceeds the model's "
-            f"{arch.num_kv_heads} KV heads: KV heads replicate, KV bytes per token per GPU stay as at tp "
-            f"{arch.num_kv_heads}, so KV capacity per GPU stops growing with tp (the extra GPUs buy compute, not context)",
-            [cp.config.id for cp in over],
-            [pp.spec.id for cp in over for pp in cp.points],
-            {"num_kv_heads": arch.num_kv_heads, "per_tp": dict(sorted(per_tp.items()))},
-        )
-    # KV and recurrent-state memory, and the points that do not fit
-    mem = []
+    if not over:
+        return None
+    arch = over[0].resolved.arch
+    per_tp = {}
     for cp in live:
-        rs, mu = cp.resolved, cp.resolved.memory_usage
-        mem.append(
+        rs = cp.resolved
+        per_tp.setdefault(
+            rs.tp_size,
             {
-                "config": cp.config.id,
-                "tp_size": rs.tp_size,
-                "mem_fraction_static": rs.mem_fraction_static,
-                "weights_gib_per_gpu": mu.get("weight"),
-                "kv_gib_per_gpu": mu.get("kvcache"),
-                "kv_tokens": rs.max_total_num_tokens,
+                "kv_heads_per_gpu": cp.facts["kv_heads_per_gpu"],
                 "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
-                "state_gib_per_gpu": mu.get("mamba", 0.0),
-                "state_slot_mib_per_gpu": round(rs.state_slot_bytes / 2**20, 2),
-                "state_slots": rs.state_slots,
-                "slots_per_running_request": rs.mamba_ratio,
-                "max_running_requests": rs.effective_max_running_requests,
-            }
+                "kv_tokens_per_gpu": rs.max_total_num_tokens,
+            },
         )
-    if mem:
-        hybrid = any(cp.resolved.is_hybrid for cp in live)
-        arch = live[0].resolved.arch
-        affected = pts(MEMORY_FIT)
-        head = (
-            f"hybrid model: only {arch.full_attention_layers} of {arch.num_layers} layers hold KV; each running "
-            "request also holds Gated DeltaNet state slots. "
+    return _pitfall(
+        TP_OVER_KV_HEADS,
+        f"tp_size {', '.join(sorted({str(cp.resolved.tp_size) for cp in over}))} exceeds the model's "
+        f"{arch.num_kv_heads} KV heads: KV heads replicate, KV bytes per token per GPU stay as at tp "
+        f"{arch.num_kv_heads}, so KV capacity per GPU stops growing with tp (the extra GPUs buy compute, not context)",
+        [cp.config.id for cp in over],
+        [pp.spec.id for cp in over for pp in cp.points],
+        {"num_kv_heads": arch.num_kv_heads, "per_tp": dict(sorted(per_tp.items()))},
+    )
+
+
+def _memory_row(cp: ConfigPlan) -> dict[str, Any]:
+    """One configuration's KV pool and recurrent-state slots per GPU."""
+    rs, mu = cp.resolved, cp.resolved.memory_usage
+    return {
+        "config": cp.config.id,
+        "tp_size": rs.tp_size,
+        "mem_fraction_static": rs.mem_fraction_static,
+        "weights_gib_per_gpu": mu.get("weight"),
+        "kv_gib_per_gpu": mu.get("kvcache"),
+        "kv_tokens": rs.max_total_num_tokens,
+        "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+        "state_gib_per_gpu": mu.get("mamba", 0.0),
+        "state_slot_mib_per_gpu": round(rs.state_slot_bytes / 2**20, 2),
+        "state_slots": rs.state_slots,
+        "slots_per_running_request": rs.mamba_ratio,
+        "max_running_requests": rs.effective_max_running_requests,
+    }
+
+
+def _memory_fit(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """KV and recurrent-state memory of every startable configuration, and the points that do not fit."""
+    mem = [_memory_row(cp) for cp in live]
+    if not mem:
+        return None
+    hybrid = any(cp.resolved.is_hybrid for cp in live)
+    arch = live[0].resolved.arch
+    affected = _points_with(live, MEMORY_FIT)
+    head = (
+        f"hybrid model: only {arch.full_attention_layers} of {arch.num_layers} layers hold KV; each running "
+        "request also holds Gated DeltaNet state slots. "
+        if hybrid
+        else ""
+    )
+    rows = "; ".join(
+        f"{m['config']} (tp {m['tp_size']}, mem {m['mem_fraction_static']}): KV {m['kv_gib_per_gpu']} GiB = "
+        f"{m['kv_tokens']:,} tokens"
+        + (
+            f", state {m['state_gib_per_gpu']} GiB = {m['state_slots']} slots of {m['state_slot_mib_per_gpu']} MiB"
             if hybrid
             else ""
         )
-        rows = "; ".join(
-            f"{m['config']} (tp {m['tp_size']}, mem {m['mem_fraction_static']}): KV {m['kv_gib_per_gpu']} GiB = "
-            f"{m['kv_tokens']:,} tokens"
-            + (
-                f", state {m['state_gib_per_gpu']} GiB = {m['state_slots']} slots of {m['state_slot_mib_per_gpu']} MiB"
-                if hybrid
-                else ""
-            )
-            + f" → {m['max_running_requests']} running"
-            for m in mem[:6]
-        )
-        more = f" (+{len(mem) - 6} more in detail)" if len(mem) > 6 else ""
-        add(
-            MEMORY_FIT,
-            f"{head}Per GPU: {rows}{more}. {len(affected)} concurrency × context points do not fit (dropped, or "
-            "queued behind the running-request cap)",
-            [m["config"] for m in mem],
-            affected,
-            {"hybrid": hybrid, "per_config": mem},
-        )
-    # speculative decoding's reset of max_running_requests
+        + f" → {m['max_running_requests']} running"
+        for m in mem[:6]
+    )
+    more = f" (+{len(mem) - 6} more in detail)" if len(mem) > 6 else ""
+    return _pitfall(
+        MEMORY_FIT,
+        f"{head}Per GPU: {rows}{more}. {len(affected)} concurrency × context points do not fit (dropped, or "
+        "queued behind the running-request cap)",
+        [m["config"] for m in mem],
+        affected,
+        {"hybrid": hybrid, "per_config": mem},
+    )
+
+
+def _spec_reset(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Speculative decoding sets an unset max_running_requests to 48, capping the concurrency sweep."""
     reset = [
         cp
         for cp in live
         if cp.resolved.spec_algorithm is not None and cp.config.flags.get("max_running_requests") is None
     ]
-    if reset:
-        add(
-            SPEC_RESET,
-            "speculative decoding resets max_running_requests to 48 when it is not set, capping the concurrency "
-            "sweep (the higher points only queue): set server.base.max_running_requests, the same in every "
-            "configuration, so autoregressive and speculative runs compare",
-            [cp.config.id for cp in reset],
-            pts(SPEC_RESET),
-            {
-                "reset_to": 48,
-                "max_running_requests": {
-                    cp.config.id: cp.resolved.effective_max_running_requests for cp in reset
-                },
+    if not reset:
+        return None
+    return _pitfall(
+        SPEC_RESET,
+        "speculative decoding resets max_running_requests to 48 when it is not set, capping the concurrency "
+        "sweep (the higher points only queue): set server.base.max_running_requests, the same in every "
+        "configuration, so autoregressive and speculative runs compare",
+        [cp.config.id for cp in reset],
+        _points_with(live, SPEC_RESET),
+        {
+            "reset_to": 48,
+            "max_running_requests": {
+                cp.config.id: cp.resolved.effective_max_running_requests for cp in reset
             },
-        )
+        },
+    )
+
+
+def _multi_minute_prefill(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Points whose last concurrent prompt waits more than a minute for its first token."""
     slow = [(cp, pp) for cp in live for pp in cp.points if MULTI_MINUTE_PREFILL in pp.codes]
-    if slow:
-        add(
-            MULTI_MINUTE_PREFILL,
-            f"{len(slow)} points have a multi-minute TTFT: the step model's prefill of one prompt, times the "
-            "prompts of one wave (concurrency, up to the running cap) that prefill one after another, plus one "
-            "wave per extra group of queued requests (detail: prefill_s of one request, last_ttft_s)",
-            sorted({cp.config.id for cp, _ in slow}),
-            [pp.spec.id for _, pp in slow],
-            {
-                pp.spec.id: {
-                    "prefill_s": pp.detail.get("prefill_s"),
-                    "last_ttft_s": pp.detail.get("last_ttft_s"),
-                }
-                for _, pp in slow
-            },
-        )
-    if plan.cut_first:
-        cut = set(plan.cut_first)
-        by: dict[str, dict[str, float]] = {
-            "config": {},
-            "prompt_tokens": {},
-            "output_tokens": {},
-            "concurrency": {},
-        }
-        for pp in plan.point_plans():
-            if pp.spec.id in cut:
-                for axis, key in (
-                    ("config", pp.spec.id.split(".")[0]),
-                    ("prompt_tokens", str(pp.spec.prompt_tokens)),
-                    ("output_tokens", str(pp.spec.output_tokens)),
-                    ("concurrency", str(pp.spec.concurrency)),
-                ):
-                    by[axis][key] = round(by[axis].get(key, 0.0) + pp.est_s, 1)
-        # the axis values whose points cost the most: the ones to trim in the experiment file
-        heavy = {axis: sorted(v.items(), key=lambda kv: -kv[1])[:3] for axis, v in by.items()}
-        add(
-            OVER_BUDGET,
-            f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(plan.budget_s or 0)}: cut first the "
-            f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first); they sit "
-            + "; ".join(f"{axis} {', '.join(k for k, _ in v)}" for axis, v in heavy.items())
-            + " (the values to trim first)",
-            sorted({pid.split(".")[0] for pid in cut}),
-            list(plan.cut_first),
-            {
-                "total_s": round(plan.total_s, 1),
-                "budget_s": plan.budget_s,
-                "cut_s_by": by,
-                "trim_first": {axis: [k for k, _ in v] for axis, v in heavy.items()},
-            },
-        )
+    if not slow:
+        return None
+    return _pitfall(
+        MULTI_MINUTE_PREFILL,
+        f"{len(slow)} points have a multi-minute TTFT: the step model's prefill of one prompt, times the "
+        "prompts of one wave (concurrency, up to the running cap) that prefill one after another, plus one "
+        "wave per extra group of queued requests (detail: prefill_s of one request, last_ttft_s)",
+        sorted({cp.config.id for cp, _ in slow}),
+        [pp.spec.id for _, pp in slow],
+        {
+            pp.spec.id: {"prefill_s": pp.detail.get("prefill_s"), "last_ttft_s": pp.detail.get("last_ttft_s")}
+            for _, pp in slow
+        },
+    )
+
+
+def _cut_seconds_by_axis(plan: Plan) -> dict[str, dict[str, float]]:
+    """Seconds of the cut_first points per value of each axis (config, prompt, output, concurrency)."""
+    cut = set(plan.cut_first)
+    by: dict[str, dict[str, float]] = {
+        "config": {},
+        "prompt_tokens": {},
+        "output_tokens": {},
+        "concurrency": {},
+    }
+    for pp in plan.point_plans():
+        if pp.spec.id in cut:
+            for axis, key in (
+                ("config", pp.spec.id.split(".")[0]),
+                ("prompt_tokens", str(pp.spec.prompt_tokens)),
+                ("output_tokens", str(pp.spec.output_tokens)),
+                ("concurrency", str(pp.spec.concurrency)),
+            ):
+                by[axis][key] = round(by[axis].get(key, 0.0) + pp.est_s, 1)
+    return by
+
+
+def _over_budget(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """The estimate exceeds budget.wall_time: the points to cut first and the axis values they sit on."""
+    if not plan.cut_first:
+        return None
+    by = _cut_seconds_by_axis(plan)
+    # the axis values whose points cost the most: the ones to trim in the experiment file
+    heavy = {axis: sorted(v.items(), key=lambda kv: -kv[1])[:3] for axis, v in by.items()}
+    return _pitfall(
+        OVER_BUDGET,
+        f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(plan.budget_s or 0)}: cut first the "
+        f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first); they sit "
+        + "; ".join(f"{axis} {', '.join(k for k, _ in v)}" for axis, v in heavy.items())
+        + " (the values to trim first)",
+        sorted({pid.split(".")[0] for pid in plan.cut_first}),
+        list(plan.cut_first),
+        {
+            "total_s": round(plan.total_s, 1),
+            "budget_s": plan.budget_s,
+            "cut_s_by": by,
+            "trim_first": {axis: [k for k, _ in v] for axis, v in heavy.items()},
+        },
+    )
+
+
+def _cannot_start(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Configurations that fail SGLang's start-up checks for a reason no other pitfall names."""
     dead = [cp for cp in plan.configs if cp.error is not None and cp.error_code is None]
-    if dead:
-        add(
-            CANNOT_START,
-            "; ".join(f"{cp.config.id}: {cp.error}" for cp in dead),
-            [cp.config.id for cp in dead],
-            [pp.spec.id for cp in dead for pp in cp.points],
-            {cp.config.id: cp.error for cp in dead},
-        )
-    return out
+    if not dead:
+        return None
+    return _pitfall(
+        CANNOT_START,
+        "; ".join(f"{cp.config.id}: {cp.error}" for cp in dead),
+        [cp.config.id for cp in dead],
+        [pp.spec.id for cp in dead for pp in cp.points],
+        {cp.config.id: cp.error for cp in dead},
+    )
+
+
+# The checks `_pitfalls` runs on an SGLang plan, in the order their entries appear.
+_PITFALL_CHECKS = (
+    _context_too_short,
+    _context_above_max,
+    _tp_over_kv_heads,
+    _memory_fit,
+    _spec_reset,
+    _multi_minute_prefill,
+    _over_budget,
+    _cannot_start,
+)
+
+
+def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
+    """One structured entry per pitfall code that applies: code, message, affected configs and points, detail."""
+    live = [cp for cp in plan.configs if cp.error is None]
+    if plan.experiment.launcher.generic:
+        return [_generic_pitfall(plan, live)]
+    return [entry for check in _PITFALL_CHECKS if (entry := check(plan, live)) is not None]
 
 
 def _global_warnings(plan: Plan) -> None:
@@ -757,8 +842,20 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 
 def print_plan(plan: Plan, console) -> None:
-    from rich.table import Table
+    """The plan for a person: header, configurations in run order, dropped points, warnings, totals, pitfalls."""
+    _print_header(plan, console)
+    console.print(_config_table(plan))
+    for cp in plan.configs:
+        if cp.error:
+            console.print(f"[red]✗ {cp.config.id}[/]: {cp.error}")
+        for w in cp.warnings:
+            console.print(f"[yellow]! {cp.config.id}[/]: {w}")
+    _print_dropped_points(plan, console)
+    _print_point_warnings(plan, console)
+    _print_totals(plan, console)
 
+
+def _print_header(plan: Plan, console) -> None:
     exp = plan.experiment
     server = (
         f"generic server `{' '.join((exp.launcher.command or [])[:4])} ...`"
@@ -773,6 +870,12 @@ def print_plan(plan: Plan, console) -> None:
     base = " ".join(f"{k}={v}" for k, v in exp.server.base.items())
     if base:
         console.print(f"base flags: {base}")
+
+
+def _config_table(plan: Plan):
+    """One row per server configuration, in run order: what varies, KV tokens, running cap, points, estimate."""
+    from rich.table import Table
+
     t = Table(title="server configurations (in run order)")
     for col in ("#", "config", "varies", "KV tokens", "max run", "points", "dropped", "est."):
         t.add_column(
@@ -781,7 +884,6 @@ def print_plan(plan: Plan, console) -> None:
         )
     for i, cp in enumerate(plan.configs):
         flags = " ".join(f"{k}={v}" for k, v in cp.config.labels.items())
-        env = ""
         if cp.error:
             t.add_row(
                 str(i + 1), cp.config.id, flags, "-", "-", "0", str(len(cp.points)), "[red]cannot start[/]"
@@ -791,29 +893,35 @@ def print_plan(plan: Plan, console) -> None:
         t.add_row(
             str(i + 1),
             cp.config.id + ("" if cp.restart else " (no restart)"),
-            (flags + (" " + env if env else "")).strip(),
+            flags.strip(),
             f"{cp.facts['kv_capacity_tokens']:,}" if "kv_capacity_tokens" in cp.facts else "-",
             str(cp.facts.get("max_running_requests", "")),
             str(len(cp.feasible_points)),
             str(dropped),
             _fmt_s(cp.est_s),
         )
-    console.print(t)
-    for cp in plan.configs:
-        if cp.error:
-            console.print(f"[red]✗ {cp.config.id}[/]: {cp.error}")
-        for w in cp.warnings:
-            console.print(f"[yellow]! {cp.config.id}[/]: {w}")
+    return t
+
+
+def _print_dropped_points(plan: Plan, console) -> None:
+    """The infeasible points of startable configurations with their reasons (the first 60)."""
+    from rich.table import Table
+
     drops = [(cp, p) for cp in plan.configs if not cp.error for p in cp.points if not p.feasible]
-    if drops:
-        d = Table(title=f"dropped points ({len(drops)})")
-        d.add_column("point")
-        d.add_column("reason")
-        for _, p in drops[:60]:
-            d.add_row(p.spec.id, "; ".join(p.reasons))
-        if len(drops) > 60:
-            d.add_row("…", f"{len(drops) - 60} more (see --json)")
-        console.print(d)
+    if not drops:
+        return
+    d = Table(title=f"dropped points ({len(drops)})")
+    d.add_column("point")
+    d.add_column("reason")
+    for _, p in drops[:60]:
+        d.add_row(p.spec.id, "; ".join(p.reasons))
+    if len(drops) > 60:
+        d.add_row("…", f"{len(drops) - 60} more (see --json)")
+    console.print(d)
+
+
+def _print_point_warnings(plan: Plan, console) -> None:
+    """Each kind of point warning once per configuration (the kind is the text before its first colon)."""
     seen = set()
     for cp in plan.configs:
         for p in cp.feasible_points:
@@ -822,6 +930,10 @@ def print_plan(plan: Plan, console) -> None:
                 if key not in seen:
                     seen.add(key)
                     console.print(f"[yellow]! {p.spec.id}[/]: {w}")
+
+
+def _print_totals(plan: Plan, console) -> None:
+    """Points to run, server starts and the estimate; then the plan's warnings, pitfalls and points to cut."""
     j = plan_json(plan)
     budget = f" (budget {_fmt_s(plan.budget_s)})" if plan.budget_s else ""
     console.print(
