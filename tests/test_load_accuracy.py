@@ -1,5 +1,9 @@
-"""Real Locust subprocess against a real emulator process: every timing the load generator records is checked
-against the emulator's ground truth (what it wrote, and when, on the same monotonic clock)."""
+"""Real Locust subprocess against a real emulator process: every record the load generator writes is checked
+against the emulator's ground truth (what it wrote, and when, on the same monotonic clock).
+
+Only what a loaded 2-core machine cannot break is asserted (issue 18 item 7): counts, token-exact records, and
+same-clock ordering (nothing arrives before it was written). How close the stamps are (p50/p99 of arrival - write,
+TTFT error) is measured by bench/bench_accuracy.py and bench/run_all.py (figure 2), not tested."""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ from servesweep.sim.launch import start_sim
 
 # speedup: the emulated H200 runs 4x faster than real time, so the test takes seconds, chunks still ~4 ms apart
 SIM_ARGS = ["--model-path", "Qwen/Qwen3.6-27B", "--enable-cache-report", "--sim-calibration", "speedup=4"]
+# Kernel stamps are CLOCK_REALTIME, converted to CLOCK_MONOTONIC at the read (rxstamp): an NTP slew between the
+# arrival and the read moves a stamp by at most ~0.5 ms per second of read lag. Not a timing tolerance.
+CLOCK_NS = 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -58,54 +65,49 @@ def test_counts_are_exact_and_files_written(point_run):
 
 
 def test_every_chunk_arrival_matches_ground_truth(point_run):
+    """One recorded arrival per chunk the emulator wrote, with its tokens, and none before its write: the emulator
+    stamps `write_ns` just before it writes and the client keeps the kernel's receive stamp, on the same clock, so
+    a loaded machine can only make arrivals later (how much later is bench/bench_accuracy.py's figure, not a test's).
+    """
     _, records, gt, _ = point_run
-    lat = []
     for r in records:
-        writes = [c[0] for c in gt[r["request_id"]]["chunks"]]
+        chunks = gt[r["request_id"]]["chunks"]
+        writes = [c[0] for c in chunks]
         assert len(r["chunk_ns"]) == len(writes), "one recorded arrival per token chunk the emulator wrote"
         if r["chunk_tokens"] is not None:
-            assert r["chunk_tokens"] == [c[1] for c in gt[r["request_id"]]["chunks"]]
-        lat.extend(np.subtract(r["chunk_ns"], writes))
-    lat_ms = np.asarray(lat) / 1e6
-    # An arrival cannot precede its write on one clock, but the emulator stamps just after transport.write returns,
-    # so on a loaded 2-core machine a preempted emulator stamps some chunks late (seen: -3.7 ms).
-    assert np.percentile(lat_ms, 1) > -1.0 and lat_ms.min() > -10.0, (
-        f"arrival {lat_ms.min():.3f} ms before write"
-    )
-    # A shared 2-core machine (load average 14 seen while the suites run): the median stays within a few ms; the
-    # tail is whatever the scheduler does to two busy processes. bench/bench_accuracy.py measures the real figure.
-    assert np.percentile(lat_ms, 50) < 5.0, f"p50 arrival lag {np.percentile(lat_ms, 50):.2f} ms"
-    assert np.percentile(lat_ms, 99) < 30.0, f"p99 arrival lag {np.percentile(lat_ms, 99):.2f} ms"
+            assert r["chunk_tokens"] == [c[1] for c in chunks]
+        early = [(w - a) / 1e6 for a, w in zip(r["chunk_ns"], writes, strict=True) if a < w - CLOCK_NS]
+        assert not early, f"arrivals before their write (ms): {early}"
 
 
 def test_ttft_and_e2e_match_ground_truth(point_run):
-    """TTFT and E2E run from the client's send stamp; the emulator stamps a request when it has parsed it, which
-    its busy event loop can delay by tens of ms on this loaded machine. So: the send precedes the server's receive,
-    the client's TTFT/E2E are never shorter than the server's, and the receiving ends agree to a few ms (the
-    headers here, every chunk in the test above)."""
+    """Same-clock ordering only (issue 18 item 7: a bound of -10 ms on the headers failed on a loaded machine, the
+    emulator stamping them after its write). The client stamps `sent_ns` before it writes, the emulator `recv_ns`
+    after it has the whole request, headers and chunks arrive after the emulator had the request and after their
+    writes: so the client's TTFT and E2E are never shorter than the emulator's."""
     _, records, gt, _ = point_run
     for r in records:
         g = gt[r["request_id"]]
+        first_write, last_write = g["chunks"][0][0], g["chunks"][-1][0]
         assert r["sent_ns"] < g["recv_ns"]
-        assert (r["first_token_ns"] - r["sent_ns"]) - (g["chunks"][0][0] - g["recv_ns"]) > -10e6
-        assert (r["end_ns"] - r["sent_ns"]) - (g["end_ns"] - g["recv_ns"]) > -10e6
-    headers_lag = np.array([r["headers_ns"] - gt[r["request_id"]]["headers_ns"] for r in records]) / 1e6
-    assert headers_lag.min() > -10.0 and np.percentile(headers_lag, 50) < 5.0, headers_lag
-    upload = np.array([gt[r["request_id"]]["recv_ns"] - r["sent_ns"] for r in records]) / 1e6
-    assert np.percentile(upload, 50) < 100.0, upload
+        assert r["headers_ns"] >= g["recv_ns"] - CLOCK_NS
+        assert r["first_token_ns"] == r["chunk_ns"][0] >= first_write - CLOCK_NS
+        assert r["end_ns"] >= last_write - CLOCK_NS
+        assert r["first_token_ns"] - r["sent_ns"] >= first_write - g["recv_ns"] - CLOCK_NS  # TTFT
+        assert r["end_ns"] - r["sent_ns"] >= last_write - g["recv_ns"] - CLOCK_NS  # E2E
 
 
 def test_summary_matches_ground_truth(point_run):
+    """The summary is computed from exactly these records: its figures equal the records' own, and its counts the
+    emulator's."""
     summary, records, gt, _ = point_run
-    # TTFT from the same send stamps to the emulator's first write: the summary is exactly these numbers
-    ttft = [(gt[r["request_id"]]["chunks"][0][0] - r["sent_ns"]) / 1e6 for r in records]
-    assert summary["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)), abs=5.0)
-    gaps = [
-        (b[0] - a[0]) / 1e6 for g in gt.values() for a, b in zip(g["chunks"], g["chunks"][1:], strict=False)
-    ]
-    assert summary["itl_ms"]["n"] == len(gaps)
-    assert summary["itl_ms"]["p50"] == pytest.approx(float(np.percentile(gaps, 50)), abs=2.0)
-    assert summary["output_tokens"] == 24 * 24
+    ttft = [(r["first_token_ns"] - r["sent_ns"]) / 1e6 for r in records]
+    assert summary["ttft_ms"]["p50"] == pytest.approx(float(np.percentile(ttft, 50)), rel=1e-9, abs=1e-6)
+    gaps = [(b - a) / 1e6 for r in records for a, b in zip(r["chunk_ns"], r["chunk_ns"][1:], strict=False)]
+    gt_gaps = sum(len(g["chunks"]) - 1 for g in gt.values())
+    assert summary["itl_ms"]["n"] == len(gaps) == gt_gaps
+    assert summary["itl_ms"]["p50"] == pytest.approx(float(np.percentile(gaps, 50)), rel=1e-9, abs=1e-6)
+    assert summary["output_tokens"] == 24 * 24 == sum(g["completion_tokens"] for g in gt.values())
     assert summary["error_rate"] == 0.0
 
 

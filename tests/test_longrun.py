@@ -233,9 +233,9 @@ def _check_case(case: dict, timeout_class: str, fault_kind: str) -> tuple[list[d
             assert r["chunk_tokens"] == [c[1] for c in g["chunks"]]
         # same clock: nothing arrives before it was written, requests leave before the server has them
         assert all(a >= w - CLOCK_NS for a, w in zip(r["chunk_ns"], writes, strict=True))
-        assert r["chunk_ns"] == sorted(r["chunk_ns"]) and r["first_token_ns"] == r["chunk_ns"][0]
+        assert r["first_token_ns"] == r["chunk_ns"][0]
         assert r["sent_ns"] < g["recv_ns"] and r["headers_ns"] >= g["recv_ns"] - CLOCK_NS
-        assert r["end_ns"] >= r["chunk_ns"][-1]
+        assert r["end_ns"] >= writes[-1] - CLOCK_NS
     return ok, failed
 
 
