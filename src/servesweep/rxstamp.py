@@ -62,7 +62,7 @@ class RxClock:
         self.user_reads = 0
         self.drained = True  # the last read returned less than it asked for: wait before the next one
         self._classes: dict[type, type] = {}
-        self._timers: dict[float, object] = {}  # socket timeout (s) -> this user's loop timer (repeat = timeout)
+        self._timers: dict[float, object] = {}  # socket timeout (s) -> loop timer (repeat = timeout)
 
     def wait_readable(self, sock, timeout: float | None) -> None:
         """Block this greenlet until `sock` (a gevent socket) is readable; TimeoutError after `timeout` seconds
