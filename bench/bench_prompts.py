@@ -36,8 +36,8 @@ CHILD = r"""
 import json, os, sys, time
 t0, c0 = time.perf_counter(), time.process_time()
 from pathlib import Path
-from servesweep.prompts import _bank, build_pool
-from servesweep.tokenizer import load_tokenizer
+from servesweep.workload.prompts import _bank, build_pool
+from servesweep.workload.tokenizer import load_tokenizer
 a = json.loads(sys.argv[1])
 cache = Path(a["cache"])
 t_imp = time.perf_counter() - t0
@@ -95,7 +95,7 @@ def measure(src: Path, tokenizer: str, args) -> dict:
             return {"error": r.stderr.strip()[-600:]}
         out |= json.loads(r.stdout.strip().splitlines()[-1])
         if args.verify:
-            from servesweep.prompts import build_pool, verify_pool
+            from servesweep.workload.prompts import build_pool, verify_pool
 
             pool = build_pool(
                 args.prompt_tokens, args.n, tokenizer=tokenizer, cache_dir=a["cache"], endpoint=args.endpoint
@@ -193,7 +193,7 @@ def main() -> None:
     srcs = [ROOT / "src", *[s.resolve() for s in args.src]]
     for s in srcs:
         if not (s / "servesweep" / "prompts.py").is_file():
-            ap.error(f"--src {s}: no servesweep/prompts.py under it")
+            ap.error(f"--src {s}: no servesweep/workload/prompts.py under it")
     tokenizers = args.tokenizer or ["qwen3.6"]
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeat):

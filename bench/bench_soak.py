@@ -493,7 +493,7 @@ def versions() -> dict:
             timeout=10,
         ).stdout.strip()
         out["rxstamp_commit"] = subprocess.run(
-            ["git", "-C", str(ROOT), "log", "-1", "--format=%h", "--", "src/servesweep/rxstamp.py"],
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h", "--", "src/servesweep/client/rxstamp.py"],
             capture_output=True,
             text=True,
             timeout=10,

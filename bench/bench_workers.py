@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from servesweep.load import run_point
-from servesweep.loadspec import LoadPoint
-from servesweep.records import read_parquet
+from servesweep.config.point import LoadPoint
+from servesweep.driver.load import run_point
+from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 
 MODEL = "Qwen/Qwen3.6-27B"

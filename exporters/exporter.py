@@ -4,10 +4,10 @@
     python exporters/exporter.py serve runs/<run_id> --port 9464        # expose its point summaries
     python exporters/exporter.py push runs/<run_id> --gateway http://127.0.0.1:9091
 
-Live runs expose the same metrics from the process that runs the load (servesweep.exporter.ClientMetrics).
+Live runs expose the same metrics from the process that runs the load (servesweep.observe.exporter.ClientMetrics).
 """
 
-from servesweep.exporter import main
+from servesweep.observe.exporter import main
 
 if __name__ == "__main__":
     main()

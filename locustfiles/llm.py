@@ -24,5 +24,5 @@ measured request succeeded (it says why, and with 0 records why there are none) 
 second, exit 4, when its parent dies, and so do the workers Locust's --processes forked when their master dies.
 """
 
-from servesweep import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)
-from servesweep.locustfile import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
+from servesweep.client import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)
+from servesweep.client.locustfile import LLMUser  # noqa: F401  (Locust picks up the user class from this module)

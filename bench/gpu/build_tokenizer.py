@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-# Qwen3's chat template, text only: what `servesweep.tokenizer.render_chatml` renders (thinking left on).
+# Qwen3's chat template, text only: what `servesweep.workload.tokenizer.render_chatml` renders (thinking left on).
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{%- if message['content'] is string -%}{%- set content = message['content'] -%}"

@@ -3,7 +3,7 @@
 For each server setting (a restart axis: extra `transformers serve` flags) this starts the server in its own
 process group, waits for /health, sends one warm-up request, probes the chat template's overhead once, then runs
 the load axes (prompt tokens x concurrency, fixed output) point by point with servesweep's own load core
-(`servesweep.load.run_point`: a real headless Locust process per point). The run folder has the layout
+(`servesweep.driver.load.run_point`: a real headless Locust process per point). The run folder has the layout
 `servesweep load` writes (manifest.json with a `points` list, one folder per point with records.parquet and
 summary.json; each point labelled with its server setting as `config_id`), so `servesweep report` reads it.
 
@@ -31,9 +31,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from servesweep.load import PointFailed, resolve_point, run_point
-from servesweep.loadspec import LoadPoint
-from servesweep.results import new_run, write_manifest
+from servesweep.config.point import LoadPoint
+from servesweep.driver.load import PointFailed, resolve_point, run_point
+from servesweep.results.store import new_run, write_manifest
 
 
 def free_port() -> int:
@@ -139,9 +139,9 @@ def accept_finish_without_done(point_dir: Path, summary: dict) -> dict:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from servesweep.records import read_parquet, write_parquet
-    from servesweep.results import write_json_atomic
-    from servesweep.summary import summarize
+    from servesweep.results.records import read_parquet, write_parquet
+    from servesweep.results.store import write_json_atomic
+    from servesweep.results.summary import summarize
 
     path = point_dir / "records.parquet"
     table = read_parquet(path)

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     with args.out.open("w") as f:
         yaml.dump(doc, f)
 
-    from servesweep.experiment import ExperimentError, load_experiment
+    from servesweep.config.experiment import ExperimentError, load_experiment
 
     try:
         load_experiment(args.out)

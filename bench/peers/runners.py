@@ -103,7 +103,7 @@ class Servesweep(Runner):
         ]
 
     def parse(self, job: Job, stdout: str) -> list[ClientReq]:
-        from servesweep.records import read_parquet
+        from servesweep.results.records import read_parquet
 
         doc = json.loads(stdout[stdout.index("{") :])
         pid = doc["points"][0]["point_id"]

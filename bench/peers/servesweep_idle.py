@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-import servesweep.load as _load
+import servesweep.driver.load as _load
 
 _load.LOCUSTFILE = Path(__file__).with_name("idle_parse_locustfile.py")
 

@@ -12,14 +12,14 @@ import click
 # subcommand -> (module, attribute holding a click.Command, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
-    "load": ("servesweep.load", "command", "Run one load point or a concurrency sweep against a server."),
-    "prompts": ("servesweep.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
-    "plan": ("servesweep.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
-    "run": ("servesweep.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
-    "report": ("servesweep.report", "command", "Write the HTML and Markdown report of a run folder."),
-    "compare": ("servesweep.compare", "command", "Compare runs point by point, with confidence intervals."),
-    "prom": ("servesweep.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
-    "gate": ("servesweep.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
+    "load": ("servesweep.driver.load", "command", "Run one load point or a concurrency sweep against a server."),
+    "prompts": ("servesweep.workload.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
+    "plan": ("servesweep.matrix.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
+    "run": ("servesweep.matrix.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
+    "report": ("servesweep.results.report", "command", "Write the HTML and Markdown report of a run folder."),
+    "compare": ("servesweep.results.compare", "command", "Compare runs point by point, with confidence intervals."),
+    "prom": ("servesweep.observe.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
+    "gate": ("servesweep.results.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
 }
 
 

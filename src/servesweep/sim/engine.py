@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.hardware import ResolvedServer
+from servesweep.sglang.hardware import ResolvedServer
 from servesweep.sim.deadline import DeadlineTimer
 from servesweep.sim.speculative import AcceptModel, accept_model
 from servesweep.sim.stepmodel import Calibration, StepModel, calibration_for

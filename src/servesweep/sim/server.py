@@ -110,7 +110,7 @@ class SimApp:
 
     def load(self):
         """The slow part of start-up (tokenizer, word table), run in a thread while the port already answers."""
-        from servesweep.tokenizer import load_tokenizer
+        from servesweep.workload.tokenizer import load_tokenizer
 
         from .text import build_word_table
 
@@ -417,7 +417,7 @@ class SimApp:
                 "missing" if msgs is None else "list_type",
                 msgs,
             )
-        from servesweep.tokenizer import render_chatml
+        from servesweep.workload.tokenizer import render_chatml
 
         ctk = body.get("chat_template_kwargs") or {}
         try:
@@ -745,7 +745,7 @@ def run_server(args) -> int:
         datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stdout,
     )
-    from servesweep import hardware
+    from servesweep.sglang import hardware
 
     from . import engine as engine_mod
 

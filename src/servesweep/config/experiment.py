@@ -1,0 +1,1186 @@
+"""Experiment files: the YAML a user writes to describe a benchmark matrix, and its expansion into server
+configurations and load points.
+
+Parsed with ruamel.yaml (round-trip mode keeps each key's line) and typed with pydantic, so every error names the
+file, the line, the key and what is wrong: ``experiment.yaml:14: server.axes.tp_size: expected a list of integers,
+got 'four'``. Unknown keys are errors with a did-you-mean.
+
+Server flags use SGLang's argparse dest names (``tp_size``, ``context_length``, ...). Older or aliased names are
+mapped to the current ones here (``mamba_scheduler_strategy`` -> ``mamba_radix_cache_strategy``); the Ansible role
+renders them back into the flag names of the SGLang version the experiment targets.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+from ruamel.yaml.reader import ReaderError
+
+# --------------------------------------------------------------------------------------------------------------
+# SGLang flags we know the type of (dest names, reference sglang.md §1). Other flags are accepted as they are
+# (forked builds add their own), unless they are one typo away from a known one.
+INT, FLOAT, STR, BOOL, HINT = "int", "float", "str", "bool", "hint"  # HINT: integer that accepts 128k / 32Ki
+SGLANG_FLAGS: dict[str, str] = {
+    "tp_size": INT,
+    "dp_size": INT,
+    "pp_size": INT,
+    "attn_dp_size": INT,
+    "ep_size": INT,
+    "context_length": HINT,
+    "mem_fraction_static": FLOAT,
+    "max_running_requests": INT,
+    "max_queued_requests": INT,
+    "max_total_tokens": HINT,
+    "chunked_prefill_size": HINT,
+    "max_prefill_tokens": HINT,
+    "page_size": INT,
+    "kv_cache_dtype": STR,
+    "attention_backend": STR,
+    "prefill_attention_backend": STR,
+    "decode_attention_backend": STR,
+    "linear_attn_backend": STR,
+    "speculative_algorithm": STR,
+    "speculative_num_steps": INT,
+    "speculative_eagle_topk": INT,
+    "speculative_num_draft_tokens": INT,
+    "speculative_draft_model_path": STR,
+    "speculative_dflash_block_size": INT,
+    "mamba_radix_cache_strategy": STR,
+    "mamba_full_memory_ratio": FLOAT,
+    "max_mamba_cache_size": INT,
+    "mamba_ssm_dtype": STR,
+    "mamba_track_interval": INT,
+    "mamba_backend": STR,
+    "disable_radix_cache": BOOL,
+    "radix_eviction_policy": STR,
+    "enable_metrics": BOOL,
+    "enable_cache_report": BOOL,
+    "served_model_name": STR,
+    "tokenizer_path": STR,
+    "reasoning_parser": STR,
+    "tool_call_parser": STR,
+    "stream_interval": INT,
+    "stream_response_default_include_usage": BOOL,
+    "allow_auto_truncate": BOOL,
+    "watchdog_timeout": FLOAT,
+    "skip_server_warmup": BOOL,
+    "schedule_policy": STR,
+    "disable_overlap_schedule": BOOL,
+    "enable_mixed_chunk": BOOL,
+    "trust_remote_code": BOOL,
+    "cuda_graph_max_bs_decode": INT,
+    "cuda_graph_max_bs_prefill": INT,
+    "disable_cuda_graph": BOOL,
+    "disable_decode_cuda_graph": BOOL,
+    "json_model_override_args": STR,
+    "quantization": STR,
+    "dtype": STR,
+    "load_format": STR,
+    "random_seed": INT,
+    "log_level": STR,
+}
+# Aliases and renamed flags -> the current dest name (sglang.md §0-1). The role renders version-specific names.
+FLAG_ALIASES = {
+    "tp": "tp_size",
+    "tensor_parallel_size": "tp_size",
+    "dp": "dp_size",
+    "data_parallel_size": "dp_size",
+    "mamba_scheduler_strategy": "mamba_radix_cache_strategy",
+    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
+    "speculative_algo": "speculative_algorithm",
+    "speculative_draft_model": "speculative_draft_model_path",
+}
+# Set by servesweep itself from other parts of the experiment; an experiment must not set them as flags.
+RESERVED_FLAGS = {
+    "model_path": "model.path",
+    "host": "target.address",
+    "port": "target.port",
+    "api_key": "secrets",
+}
+
+ENDPOINTS = ("chat", "completions", "generate")
+LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", "rate")
+# launcher.command placeholders: what servesweep fills in (the key files are 0600 files on the server's host)
+PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info", "models": "/v1/models"}
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|K|Ki|M|Mi)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+
+
+class ExperimentError(ValueError):
+    """One or more problems in an experiment file; str() gives one 'file:line: key: what' line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def human_int(v: Any) -> int:
+    """128k -> 128000, 32Ki -> 32768, 1M -> 1000000 (as SGLang's human_readable_int); ints pass through."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {v!r}")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        m = _HUMAN_INT.match(v)
+        if m:
+            mult = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1_000_000, "Mi": 1 << 20}[m.group(2)]
+            n = float(m.group(1)) * mult
+            if n.is_integer():
+                return int(n)
+    raise ValueError(f"expected an integer (e.g. 4096, 128k, 32Ki), got {v!r}")
+
+
+def duration_s(v: Any) -> float:
+    """'2h' -> 7200, '90m' -> 5400, '30s' / 30 -> 30."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if m:
+            return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+
+
+def _did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Target(_Strict):
+    """Where the server runs. `base_url`: an existing server servesweep does not manage (one configuration, checked
+    but never restarted). Otherwise Ansible manages it on `host_group` of `inventory` ('local' = this machine)."""
+
+    base_url: str | None = None
+    inventory: str | None = None
+    host_group: str = "gpu"
+    address: str = Field("127.0.0.1", description="where the load generator reaches the server")
+    port: int = Field(30000, ge=0, le=65535, description="0: pick a free port at run time (local only)")
+
+    @model_validator(mode="after")
+    def _one(self) -> Target:
+        if self.base_url is None and self.inventory is None:
+            raise ValueError(
+                "give either target.base_url (an existing server) or target.inventory ('local' or a path)"
+            )
+        if self.base_url is not None and self.inventory is not None:
+            raise ValueError("give target.base_url or target.inventory, not both")
+        if self.base_url is not None and not re.match(r"^https?://[^/\s]+", self.base_url):
+            raise ValueError(f"target.base_url {self.base_url!r} must start with http:// or https://")
+        if self.port == 0 and self.inventory != "local":
+            raise ValueError(
+                "target.port 0 (a free port picked at run time) works only with inventory 'local'"
+            )
+        return self
+
+    @property
+    def managed(self) -> bool:
+        return self.base_url is None
+
+    def url(self, port: int | None = None) -> str:
+        if self.base_url:
+            return self.base_url.rstrip("/")
+        return f"http://{self.address}:{port if port is not None else self.port}"
+
+
+class Model(_Strict):
+    path: str = Field(description="HF id or a local directory (the server's --model-path)")
+    tokenizer: str | None = Field(None, description="for sizing prompts; None: servesweep's default")
+    served_model_name: str | None = None
+
+
+class Launcher(_Strict):
+    kind: Literal["process", "systemd", "docker"] = "process"
+    emulator: bool = Field(False, description="launch `servesweep sim` with the same flags instead of SGLang")
+    gpu: str | None = Field(
+        None, description="GPU profile for the planner and the emulator (e.g. H200, RTX-A6000)"
+    )
+    gpus_per_host: int = Field(8, ge=1)
+    python: str | None = Field(
+        None, description="interpreter on the host; None: python3 (emulator: this venv's)"
+    )
+    workdir: str = "/tmp/servesweep-server"
+    image: str | None = Field(None, description="docker image; None: lmsysorg/sglang:v<sglang_version>")
+    unit: str = "servesweep-sglang"
+    become: bool = False
+    startup_timeout_s: float = Field(1800.0, gt=0, description="model load + warmup, bounded")
+    stop_timeout_s: float = Field(120.0, gt=0)
+    extra_spec_algorithms: list[str] = Field(
+        default_factory=list, description="speculative algorithms of a fork"
+    )
+    sim_args: dict[str, Any] = Field(default_factory=dict, description="extra --sim-* flags (emulator only)")
+    # A generic OpenAI-compatible server (vLLM, transformers serve, ...): its argv template. Unset: SGLang (or the
+    # emulator). The defaults of the four settings below depend on it (see _server_kind_defaults).
+    command: list[str] | None = Field(
+        None, description="argv template of a non-SGLang server; placeholders " + ", ".join(PLACEHOLDERS)
+    )
+    health_path: str | None = Field(None, description="readiness: GET answers 200 (default /health)")
+    info_paths: dict[str, str] | None = Field(
+        None, description="documents read after ready into server_info.json (SGLang: model_info, ...)"
+    )
+    verify: bool | None = Field(None, description="compare the server's settings (SGLang only; default true)")
+    flush_cache_path: str | None = Field(
+        None, description="POSTed between points (SGLang: /flush_cache; generic: none)"
+    )
+    metrics_path: str | None = Field(
+        None,
+        description="the server's Prometheus endpoint, scraped during the run (SGLang: /metrics; generic: none)",
+    )
+    api_key_env: str | None = Field(None, description="NAME of the env var holding the server's API key")
+    api_key_file: str | None = Field(None, description="a 0600 file holding the API key")
+    api_key_vault: str | None = Field(None, description="an Ansible Vault file holding the API key")
+    vault_password_file: str | None = Field(
+        None, description="the vault's password file; None: $ANSIBLE_VAULT_PASSWORD_FILE"
+    )
+    server_api_key_env: str | None = Field(
+        None, description="generic server: the env var it reads its API key from (e.g. VLLM_API_KEY)"
+    )
+
+    @field_validator("api_key_env", "server_api_key_env")
+    @classmethod
+    def _env(cls, v):
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError("must be the NAME of an environment variable, never the key itself")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("an empty command; give the server's argv template as a list")
+            for i, arg in enumerate(v):
+                bad = [m for m in _PLACEHOLDER.findall(arg) if m not in PLACEHOLDERS]
+                if bad:
+                    raise ValueError(
+                        f"item {i} ({arg!r}): unknown placeholder {{{bad[0]}}}{_did_you_mean(bad[0], PLACEHOLDERS)}; "
+                        f"known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+                    )
+        return v
+
+    @field_validator("health_path", "flush_cache_path", "metrics_path")
+    @classmethod
+    def _path(cls, v):
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"expected a URL path starting with '/', got {v!r}")
+        return v
+
+    @field_validator("info_paths")
+    @classmethod
+    def _info(cls, v):
+        for name, path in (v or {}).items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$", name):
+                raise ValueError(
+                    f"name {name!r} must be letters, digits or '_' (it is a key of server_info.json)"
+                )
+            if not path.startswith("/"):
+                raise ValueError(f"{name}: expected a URL path starting with '/', got {path!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _server_kind_defaults(self) -> Launcher:
+        generic = self.command is not None
+        if generic and self.emulator:
+            raise ValueError("launcher.command (a generic server) and launcher.emulator: give one of them")
+        sources = [k for k in ("api_key_env", "api_key_file", "api_key_vault") if getattr(self, k)]
+        if len(sources) > 1:
+            raise ValueError(f"give at most one of {', '.join('launcher.' + k for k in sources)}")
+        if self.server_api_key_env and not generic:
+            raise ValueError("launcher.server_api_key_env is for a generic server (launcher.command)")
+        if generic and self.kind == "docker" and not self.image:
+            raise ValueError("launcher.image is required when launcher.command runs in docker")
+        # the defaults differ by server kind; filled here so a manifest's copy (resume) reads back the same
+        if self.health_path is None:
+            self.health_path = "/health"
+        if self.info_paths is None:
+            self.info_paths = {} if generic else dict(SGLANG_INFO_PATHS)
+        if self.verify is None:
+            self.verify = not generic
+        if "flush_cache_path" not in self.model_fields_set and self.flush_cache_path is None:
+            self.flush_cache_path = None if generic else "/flush_cache"
+        # a generic server's metrics are not SGLang's (vLLM: vllm:*, transformers serve: none): scraped only when named
+        if "metrics_path" not in self.model_fields_set and self.metrics_path is None:
+            self.metrics_path = None if generic else "/metrics"
+        return self
+
+    @property
+    def generic(self) -> bool:
+        """A non-SGLang server launched from `command`: no SGLang flag names, memory plan or verification."""
+        return self.command is not None
+
+    @property
+    def key_given(self) -> bool:
+        return bool(self.api_key_env or self.api_key_file or self.api_key_vault)
+
+    @field_validator("sim_args")
+    @classmethod
+    def _sim(cls, v):
+        bad = [k for k in v if not k.replace("-", "_").startswith("sim_")]
+        if bad:
+            raise ValueError(f"keys must start with sim_ (emulator-only flags), got {bad}")
+        return v
+
+
+class Bundle(_Strict):
+    name: str
+    flags: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _NAME.match(v):
+            raise ValueError(f"bundle name {v!r} must be letters, digits, '.', '_' or '-'")
+        return v
+
+
+class Server(_Strict):
+    base: dict[str, Any] = Field(default_factory=dict)
+    axes: dict[str, list[Any]] = Field(default_factory=dict)
+    bundles: list[Bundle] = Field(default_factory=list)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    env_axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
+
+
+WORKLOAD_KINDS = ("synthetic", "shared_prefix", "dataset", "agent")
+BUILTIN_WORKLOADS = ("single", "chat")  # single-shot synthetic prompts, no settings needed
+
+
+class WorkloadSpec(_Strict):
+    """One named workload of `load.workloads` (docs/workloads.md): the LoadPoint workload fields. Unset fields keep
+    LoadPoint's defaults; `workload` may be left out when the name is a kind (agent, shared_prefix, dataset)."""
+
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] | None = None
+    shared_prefix_tokens: int | None = Field(None, ge=0)
+    num_groups: int | None = Field(None, ge=1)
+    dataset: str | None = None
+    dataset_min_tokens: int | None = Field(None, ge=0)
+    dataset_max_tokens: int | None = Field(None, ge=0)
+    session_turns: int | None = Field(None, ge=1)
+    tool_result_tokens: int | None = Field(None, ge=0)
+    think_time_s: float | None = Field(None, ge=0)
+    context_cap_tokens: int | None = Field(None, ge=1)
+    output_dist: str | None = None
+    thinking: bool | None = None
+
+    @field_validator("shared_prefix_tokens", "context_cap_tokens", "tool_result_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v):
+        return human_int(v) if isinstance(v, str) else v
+
+    @field_validator("think_time_s", mode="before")
+    @classmethod
+    def _dur(cls, v):
+        return None if v is None else duration_s(v)
+
+
+class WorkerHosts(_Strict):
+    """Locust workers on the hosts of an Ansible inventory group (load.run_point's worker_hosts,
+    docs/distributed.md), instead of local worker processes."""
+
+    inventory: str = Field(description="inventory file (relative: to the experiment file)")
+    group: str = "loadgen"
+    per_host: int = Field(1, ge=1)
+    master_host: str = Field(description="the address of this machine that the worker hosts reach")
+    master_port: int = Field(5557, gt=0, le=65535)
+
+
+class Load(_Strict):
+    concurrency: list[int] = Field(min_length=1)
+    arrival: Literal["closed", "constant", "poisson"] = Field(
+        "closed",
+        description="closed loop, or open loop at load.rate (concurrency caps the streams in flight)",
+    )
+    rate: list[float] | None = Field(None, min_length=1, description="open loop: requests/s, an axis")
+    worker_hosts: WorkerHosts | None = None
+    prompt_tokens: list[int] = Field(min_length=1)
+    output_tokens: list[int] = Field(min_length=1)
+    endpoint: list[Literal["chat", "completions", "generate"]] = Field(
+        default_factory=lambda: ["chat"], min_length=1
+    )
+    workload: list[str] = Field(
+        default_factory=lambda: ["single"],
+        min_length=1,
+        description="names of load.workloads (or single); the old 'chat'/'completions' meaning an endpoint",
+    )
+    workloads: dict[str, WorkloadSpec] = Field(default_factory=dict)
+    output_dist: str | None = Field(None, description="output lengths drawn per prompt; None: fixed")
+    thinking: bool | None = Field(
+        None, description="chat_template_kwargs.enable_thinking; None: server default"
+    )
+    ignore_eos: bool = True
+    requests: int | None = Field(None, ge=1, description="measured requests per point")
+    duration_s: float | None = Field(None, gt=0, description="measured seconds per point")
+    warmup_s: float = Field(0.0, ge=0)
+    seed: int = 0
+    cache_bust: bool = True
+    first_token_timeout_s: float = Field(900.0, gt=0)
+    workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
+    max_failure_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="exit 3 when a done point's failed share is above this (a point with 0 successes always does)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_workload(cls, v):
+        # before `endpoint` existed, `workload: chat|completions` named the endpoint: keep such files working
+        if isinstance(v, dict) and "endpoint" not in v and not v.get("workloads"):
+            wl = v.get("workload")
+            wls = wl if isinstance(wl, list) else [wl]
+            if wl is not None and wls and all(w in ("chat", "completions") for w in wls):
+                v = {k: x for k, x in v.items() if k != "workload"}
+                v["endpoint"] = wls
+        return v
+
+    @field_validator("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", mode="before")
+    @classmethod
+    def _listify(cls, v, info):
+        v = v if isinstance(v, list) else [v]
+        if info.field_name in ("prompt_tokens", "output_tokens"):
+            # 3k / 100k as people write them; a bad string is left for the int check to name
+            out = []
+            for x in v:
+                try:
+                    out.append(human_int(x) if isinstance(x, str) else x)
+                except ValueError:
+                    out.append(x)
+            v = out
+        return v
+
+    @field_validator("concurrency", "prompt_tokens", "output_tokens")
+    @classmethod
+    def _positive(cls, v):
+        bad = [x for x in v if x < 1]
+        if bad:
+            raise ValueError(f"values must be ≥ 1, got {bad}")
+        return v
+
+    @field_validator("workloads")
+    @classmethod
+    def _names(cls, v):
+        for name in v:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_]{0,31}$", name):
+                raise ValueError(
+                    f"workload name {name!r} must be 1-32 letters, digits or '_' (it goes into point ids)"
+                )
+        return v
+
+    @field_validator("duration_s", "warmup_s", mode="before")
+    @classmethod
+    def _dur(cls, v):
+        return None if v is None else duration_s(v)
+
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, v):
+        return v if v is None or isinstance(v, list) else [v]
+
+    @field_validator("rate")
+    @classmethod
+    def _rate_positive(cls, v):
+        bad = [x for x in v or [] if x <= 0]
+        if bad:
+            raise ValueError(f"rates must be > 0 requests/s, got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _stop(self) -> Load:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("give load.requests or load.duration_s (how each point stops)")
+        if self.arrival == "closed" and self.rate is not None:
+            raise ValueError("load.rate needs load.arrival constant or poisson (a closed loop has no rate)")
+        if self.arrival != "closed" and self.rate is None:
+            raise ValueError(f"load.arrival {self.arrival} needs load.rate (requests/s, a list is an axis)")
+        if self.worker_hosts is not None and self.workers:
+            raise ValueError("load.workers (local processes) and load.worker_hosts: give one of them")
+        return self
+
+    @property
+    def workload_axis(self) -> bool:
+        """True when points differ by named workload: the name then goes into the point ids."""
+        return bool(self.workloads) or any(w not in BUILTIN_WORKLOADS for w in self.workload)
+
+    def workload_fields(self, name: str) -> dict[str, Any]:
+        """The LoadPoint workload fields of a workload name (the load-wide scalars, then the workload's own)."""
+        out: dict[str, Any] = {"ignore_eos": self.ignore_eos}
+        if self.output_dist is not None:
+            out["output_dist"] = self.output_dist
+        if self.thinking is not None:
+            out["thinking"] = self.thinking
+        spec = self.workloads.get(name)
+        if spec is None:
+            if name in BUILTIN_WORKLOADS:
+                return out
+            raise KeyError(name)
+        own = spec.model_dump(exclude_none=True)
+        own.setdefault("workload", name if name in WORKLOAD_KINDS else "synthetic")
+        return out | own
+
+
+class Budget(_Strict):
+    wall_time_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wall(cls, v):
+        if isinstance(v, dict) and "wall_time" in v:
+            v = dict(v)
+            v["wall_time_s"] = duration_s(v.pop("wall_time"))
+        return v
+
+
+class Exporter(_Strict):
+    """The run's live client metrics (Prometheus /metrics, docs/observability.md), served while `servesweep run`
+    runs; port 0: a free one, printed at the start and recorded in the manifest."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+
+
+class Experiment(_Strict):
+    name: str
+    description: str | None = None
+    sglang_version: str | None = Field(
+        None,
+        description="the SGLang version the flags are rendered for; required unless launcher.command is set",
+    )
+    target: Target
+    model: Model
+    launcher: Launcher = Field(default_factory=Launcher)
+    server: Server = Field(default_factory=Server)
+    load: Load
+    exclude: list[dict[str, Any]] = Field(default_factory=list)
+    flush_cache_between_points: bool = True
+    retries: int = Field(
+        1,
+        ge=0,
+        le=10,
+        description="times a point is run again after its server died under it (restarted first)",
+    )
+    slo: list[str] = Field(
+        default_factory=list, description="e.g. ttft_p99<=2s, itl_p99<=50ms, error_rate<=1%"
+    )
+    budget: Budget = Field(default_factory=Budget)
+    exporter: Exporter = Field(default_factory=Exporter)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        if not _NAME.match(v):
+            raise ValueError(
+                f"name {v!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the run folder)"
+            )
+        return v
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, v):
+        from servesweep.results.summary import parse_slos  # the load core owns the SLO grammar
+
+        v = [v] if isinstance(v, str) else v
+        if isinstance(v, list):
+            parse_slos([str(x) for x in v])
+        return v
+
+    @field_validator("sglang_version", mode="before")
+    @classmethod
+    def _version(cls, v):
+        if v is None:
+            return v
+        v = str(v)
+        if not _VERSION.match(v):
+            raise ValueError(f"expected a version like 0.5.23 or 0.5.15.post1, got {v!r}")
+        return v
+
+    # ---- expansion ----------------------------------------------------------------------------------------
+
+    def server_configs(self) -> tuple[list[ServerConfig], list[tuple[ServerConfig, int]]]:
+        """Every server configuration (axes × env axes × bundles), minus those excluded by a server-only rule.
+        Returns (kept, [(excluded, rule index)])."""
+        axes = list(self.server.axes.items())
+        env_axes = list(self.server.env_axes.items())
+        bundles = self.server.bundles or [Bundle(name="base")]
+        kept: list[ServerConfig] = []
+        dropped: list[tuple[ServerConfig, int]] = []
+        combos = itertools.product(
+            itertools.product(*[v for _, v in axes]), itertools.product(*[v for _, v in env_axes]), bundles
+        )
+        for idx, (avals, evals, bundle) in enumerate(combos):
+            flags = dict(self.server.base)
+            flags.update(dict(zip([k for k, _ in axes], avals, strict=True)))
+            flags.update(bundle.flags)
+            env = {k: _env_str(v) for k, v in self.server.env.items()}
+            env.update({k: _env_str(v) for k, v in zip([k for k, _ in env_axes], evals, strict=True)})
+            env.update({k: _env_str(v) for k, v in bundle.env.items()})
+            # what tells this configuration from its siblings: the multi-valued axes and the bundle
+            labels: dict[str, Any] = {k: v for (k, vs), v in zip(axes, avals, strict=True) if len(vs) > 1}
+            labels.update({k: v for (k, vs), v in zip(env_axes, evals, strict=True) if len(vs) > 1})
+            if len(self.server.bundles) > 1:
+                labels["bundle"] = bundle.name
+            cfg = ServerConfig(
+                id=_config_id(idx, labels), index=idx, flags=flags, env=env, bundle=bundle.name, labels=labels
+            )
+            rule = self._excluded_by(cfg.match_values(), server_only=True)
+            if rule is None:
+                kept.append(cfg)
+            else:
+                dropped.append((cfg, rule))
+        return kept, dropped
+
+    def points_for(self, cfg: ServerConfig) -> tuple[list[PointSpec], list[tuple[PointSpec, int]]]:
+        kept: list[PointSpec] = []
+        dropped: list[tuple[PointSpec, int]] = []
+        ld = self.load
+        named = ld.workload_axis
+        for wl, ep, p, o, c, r in itertools.product(
+            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, ld.rate or [None]
+        ):
+            # ids of files without named workloads stay as before (resume finds its points by id)
+            head = f"{wl}-{ep}" if named else ep
+            tail = "" if r is None else f"-r{r:g}"
+            pt = PointSpec(
+                id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
+                config_id=cfg.id,
+                workload=wl if named else ep,  # what reports group by, as before named workloads existed
+                endpoint=ep,
+                prompt_tokens=p,
+                output_tokens=o,
+                concurrency=c,
+                rate=r,
+            )
+            values = cfg.match_values() | {
+                # without named workloads, `workload` still matches the endpoint (the old meaning)
+                "workload": wl if named else ep,
+                "endpoint": ep,
+                "prompt_tokens": p,
+                "output_tokens": o,
+                "concurrency": c,
+            }
+            if r is not None:
+                values["rate"] = r
+            rule = self._excluded_by(values, server_only=False)
+            if rule is None:
+                kept.append(pt)
+            else:
+                dropped.append((pt, rule))
+        return kept, dropped
+
+    def _excluded_by(self, values: dict[str, Any], *, server_only: bool) -> int | None:
+        for i, rule in enumerate(self.exclude):
+            if server_only and any(k in LOAD_AXES for k in rule):
+                continue
+            if all(_rule_matches(v, values.get(k, _MISSING)) for k, v in rule.items()):
+                return i
+        return None
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[
+            :12
+        ]
+
+
+_MISSING = object()
+
+
+def _rule_matches(want: Any, have: Any) -> bool:
+    if have is _MISSING:
+        return want is None
+    options = want if isinstance(want, list) else [want]
+    return any(str(o) == str(have) or _same_number(o, have) for o in options)
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    """2 matches 2.0 (a rate rule written as an integer)."""
+    nums = (int, float)
+    return isinstance(a, nums) and isinstance(b, nums) and not isinstance(a, bool) and float(a) == float(b)
+
+
+def _env_str(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+_ABBREV = {
+    "tp_size": "tp",
+    "dp_size": "dp",
+    "context_length": "ctx",
+    "mem_fraction_static": "mem",
+    "max_running_requests": "mrr",
+    "speculative_algorithm": "spec",
+    "speculative_num_steps": "steps",
+    "speculative_num_draft_tokens": "draft",
+    "mamba_radix_cache_strategy": "mamba",
+    "chunked_prefill_size": "chunk",
+}
+
+
+def _config_id(idx: int, labels: dict[str, Any]) -> str:
+    parts = [f"s{idx + 1:02d}"]
+    for k, v in labels.items():
+        if k == "bundle":
+            parts.append(str(v))
+        else:
+            parts.append(f"{_ABBREV.get(k, k.lower())}{v}")
+    slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+    return slug[:60]
+
+
+@dataclass
+class ServerConfig:
+    """One server configuration: the flags (dest names) and environment the server is launched with."""
+
+    id: str
+    index: int
+    flags: dict[str, Any]
+    env: dict[str, str]
+    bundle: str
+    labels: dict[str, Any] = field(default_factory=dict)
+
+    def match_values(self) -> dict[str, Any]:
+        """What exclusion rules can match on: every flag, env var and the bundle name."""
+        return {**self.flags, **self.env, "bundle": self.bundle}
+
+    def key(self) -> str:
+        """Identity of the launched server: two configurations with the same key need no restart between them."""
+        return json.dumps({"flags": self.flags, "env": self.env}, sort_keys=True, default=str)
+
+
+@dataclass
+class PointSpec:
+    """One load point of one server configuration."""
+
+    id: str
+    config_id: str
+    workload: str  # a name of load.workloads or 'single'; the endpoint when the file names no workloads
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+    endpoint: str = "chat"
+    rate: float | None = None  # open loop: requests/s (load.rate)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading with line numbers
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Parse and validate an experiment file; raises ExperimentError naming file, line, key and problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ExperimentError([f"{path}: cannot read: {e.strerror}"]) from None
+    return parse_experiment(text, str(path))
+
+
+def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment:
+    yaml = YAML(typ="rt")
+    try:
+        doc = yaml.load(text)
+    except MarkedYAMLError as e:
+        line = (e.problem_mark.line + 1) if e.problem_mark else 0
+        raise ExperimentError([f"{filename}:{line}: YAML syntax error: {e.problem}"]) from None
+    except ReaderError as e:  # a control character: the reader knows its offset, not its line
+        line = text.count("\n", 0, max(0, e.position)) + 1
+        raise ExperimentError(
+            [f"{filename}:{line}: YAML syntax error: character {e.character:#x} is not allowed in YAML"]
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the YAML library fails on odd scalars with IndexError etc.: a clean error
+        line = _first_failing_line(text, type(e))
+        raise ExperimentError(
+            [f"{filename}:{line}: YAML error: the YAML reader fails here ({type(e).__name__}: {e})"[:500]]
+        ) from None
+    if not isinstance(doc, CommentedMap):
+        raise ExperimentError(
+            [f"{filename}:1: expected a mapping of keys (name, target, model, ...) at the top"]
+        )
+    plain = _plain(doc)
+    problems: list[tuple[tuple, str]] = []
+    plain = _normalise_flags(plain, problems)
+    exp: Experiment | None = None
+    # validate the rest even after flag problems, so one pass reports everything
+    try:
+        exp = Experiment.model_validate(plain)
+    except ValidationError as e:
+        problems.extend(_translate(err) for err in e.errors())
+    if exp is not None and not problems:  # cross-checks would only echo the problems above
+        _check_semantics(exp, problems)
+    if problems:
+        lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
+        raise ExperimentError([f"{filename}:{n}: {key}: {msg}" for n, key, msg in lines])
+    assert exp is not None
+    return exp
+
+
+def _first_failing_line(text: str, exc: type) -> int:
+    """The first line whose inclusion makes the YAML reader raise `exc` (the reader gives no position for these)."""
+    lines = text.splitlines(keepends=True)
+    for n in range(1, len(lines) + 1):
+        try:
+            YAML(typ="rt").load("".join(lines[:n]))
+        except exc:
+            return n
+        except Exception:  # noqa: BLE001 - a different problem of a truncated document: keep looking
+            continue
+    return 1
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, CommentedMap):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [_plain(v) for v in node]
+    if hasattr(node, "value") and type(node).__name__.endswith("ScalarFloat"):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return node
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top)"
+
+
+def _line_of(doc: Any, loc: tuple) -> int:
+    """1-based line of the deepest key of `loc` present in the YAML tree."""
+    node, line = doc, 1
+    for part in loc:
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+            node = node[part]
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
+            line = node.lc.item(part)[0] + 1
+            node = node[part]
+        else:
+            break
+    return line
+
+
+_TYPE_WORDS = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+}
+_LIST_OF = {"concurrency": "integers", "prompt_tokens": "integers", "output_tokens": "integers"}
+
+
+def _translate(err: dict) -> tuple[tuple, str]:
+    loc, typ, inp = tuple(err["loc"]), err["type"], err.get("input")
+    if typ == "extra_forbidden":
+        parent_fields = _fields_at(loc[:-1])
+        return loc, f"unknown key '{loc[-1]}'{_did_you_mean(str(loc[-1]), parent_fields)}"
+    if typ == "missing":
+        return loc, "required key is missing"
+    if typ == "list_type":
+        inner = _LIST_OF.get(str(loc[-1]), "values")
+        return loc, f"expected a list of {inner}, got {inp!r}"
+    if typ == "literal_error":
+        return loc, f"{err['msg'][0].lower()}{err['msg'][1:]}, got {inp!r}"
+    if typ in _TYPE_WORDS:
+        # an element of a list: name the list, say what its elements must be
+        if loc and isinstance(loc[-1], int) and str(loc[-2]) in _LIST_OF:
+            return loc[:-1], f"expected a list of {_LIST_OF[str(loc[-2])]}, got {inp!r}"
+        return loc, f"expected {_TYPE_WORDS[typ]}, got {inp!r}"
+    msg = err["msg"]
+    msg = msg.removeprefix("Value error, ")
+    return loc, msg
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    model: Any = Experiment
+    mapping_key = False  # the part after a dict[str, Model] field is a user's key (a workload name)
+    for part in loc:
+        if isinstance(part, int) or mapping_key:
+            mapping_key = False
+            continue
+        f = getattr(model, "model_fields", {}).get(part)
+        if f is None:
+            return []
+        ann = f.annotation
+        inner = getattr(ann, "__args__", None)
+        mapping_key = getattr(ann, "__origin__", None) is dict
+        model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _normalise_flags(plain: dict, problems: list) -> dict:
+    """Map flag aliases to dest names and check flag values by type, wherever flags appear."""
+    server = plain.get("server")
+    if not isinstance(server, dict):
+        return plain
+    launcher = plain.get("launcher")
+    # a generic server's flags are its own: no SGLang renames, types or did-you-mean against SGLang's names
+    generic = isinstance(launcher, dict) and launcher.get("command") is not None
+
+    def fix_flags(d: Any, loc: tuple, is_axis: bool) -> Any:
+        if not isinstance(d, dict):
+            return d
+        out = {}
+        for raw_key, val in d.items():
+            key = raw_key.replace("-", "_")
+            if not generic:
+                key = FLAG_ALIASES.get(key, key)
+            kloc = loc + (raw_key,)
+            if key in RESERVED_FLAGS:
+                problems.append(
+                    (kloc, f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag")
+                )
+                continue
+            if key in out:
+                problems.append((kloc, f"'{raw_key}' is the same flag as '{key}', given twice"))
+                continue
+            if key not in SGLANG_FLAGS and not generic:
+                hint = _did_you_mean(key, SGLANG_FLAGS)
+                if hint:
+                    problems.append((kloc, f"unknown SGLang flag '{raw_key}'{hint}"))
+                    continue
+            typ = None if generic else SGLANG_FLAGS.get(key)
+            if is_axis:
+                if not isinstance(val, list):
+                    problems.append((kloc, f"expected a list of {_plural(typ)}, got {val!r}"))
+                    continue
+                vals = []
+                for v in val:
+                    ok, cv = _coerce(v, typ)
+                    if not ok:
+                        problems.append((kloc, f"expected a list of {_plural(typ)}, got {v!r}"))
+                        break
+                    vals.append(cv)
+                else:
+                    if not vals:
+                        problems.append((kloc, "an axis needs at least one value"))
+                    out[key] = vals
+            else:
+                ok, cv = _coerce(val, typ)
+                if not ok:
+                    problems.append((kloc, f"expected {_singular(typ)}, got {val!r}"))
+                    continue
+                out[key] = cv
+        return out
+
+    server = dict(server)
+    if "base" in server:
+        server["base"] = fix_flags(server["base"], ("server", "base"), False)
+    if "axes" in server:
+        server["axes"] = fix_flags(server["axes"], ("server", "axes"), True)
+    if isinstance(server.get("bundles"), list):
+        bundles = []
+        for i, b in enumerate(server["bundles"]):
+            if isinstance(b, dict) and "flags" in b:
+                b = dict(b)
+                b["flags"] = fix_flags(b["flags"], ("server", "bundles", i, "flags"), False)
+            bundles.append(b)
+        server["bundles"] = bundles
+    return {**plain, "server": server}
+
+
+def _plural(typ: str | None) -> str:
+    return {INT: "integers", HINT: "integers", FLOAT: "numbers", STR: "strings", BOOL: "booleans"}.get(
+        typ, "values"
+    )
+
+
+def _singular(typ: str | None) -> str:
+    return {
+        INT: "an integer",
+        HINT: "an integer",
+        FLOAT: "a number",
+        STR: "a string",
+        BOOL: "true or false",
+    }.get(typ, "a value")
+
+
+def _coerce(v: Any, typ: str | None) -> tuple[bool, Any]:
+    if typ is None:
+        ok = v is None or isinstance(v, str | int | float | bool | list | dict)
+        return ok, v
+    if v is None:
+        return True, None  # None = leave the flag unset (SGLang's default)
+    try:
+        if typ == INT:
+            if isinstance(v, bool) or not isinstance(v, int):
+                return False, v
+            return True, v
+        if typ == HINT:
+            return True, human_int(v)
+        if typ == FLOAT:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return False, v
+            return True, float(v)
+        if typ == BOOL:
+            return isinstance(v, bool), v
+        if typ == STR:
+            return isinstance(v, str | int | float) and not isinstance(v, bool), str(v)
+    except ValueError:
+        return False, v
+    return False, v
+
+
+def _check_semantics(exp: Experiment, problems: list) -> None:
+    srv = exp.server
+    L = exp.launcher
+    if exp.sglang_version is None and not L.generic:
+        problems.append(
+            (("sglang_version",), "required key is missing (the SGLang version the flags are rendered for)")
+        )
+    if L.generic and L.key_given and exp.target.managed:
+        handed = L.server_api_key_env or any(
+            "{api_key_file}" in a or "{api_key_config}" in a for a in L.command or []
+        )
+        if not handed:
+            problems.append(
+                (
+                    ("launcher", "command"),
+                    "an API key is given but the server would not get it: set launcher.server_api_key_env (the "
+                    "variable the server reads, e.g. VLLM_API_KEY) or put {api_key_file} / {api_key_config} in "
+                    "launcher.command",
+                )
+            )
+    for name in list(srv.env) + list(srv.env_axes):
+        if not _ENV_NAME.match(name):
+            loc = ("server", "env" if name in srv.env else "env_axes", name)
+            problems.append((loc, f"'{name}' is not a valid environment variable name"))
+    for name, vals in srv.env_axes.items():
+        if not vals:
+            problems.append((("server", "env_axes", name), "an axis needs at least one value"))
+    names = [b.name for b in srv.bundles]
+    for i, b in enumerate(srv.bundles):
+        if names.count(b.name) > 1:
+            problems.append((("server", "bundles", i, "name"), f"bundle name '{b.name}' is used twice"))
+        for k in b.flags:
+            if k in srv.axes:
+                problems.append(
+                    (
+                        ("server", "bundles", i, "flags", k),
+                        f"'{k}' is also a server axis; a bundle may not override it",
+                    )
+                )
+    for k in srv.axes:
+        if k in srv.base:
+            problems.append(
+                (("server", "axes", k), f"'{k}' is both in server.base and server.axes; keep one")
+            )
+    if not exp.target.managed and (srv.axes or srv.env_axes or len(srv.bundles) > 1):
+        problems.append(
+            (
+                ("server", "axes"),
+                "target.base_url is a server servesweep does not restart: no server axes or bundles",
+            )
+        )
+    _check_workloads(exp, problems)
+    known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
+    for b in srv.bundles:
+        known |= set(b.flags) | set(b.env)
+    for i, rule in enumerate(exp.exclude):
+        if not rule:
+            problems.append((("exclude", i), "an empty rule would exclude everything"))
+        for k in rule:
+            if k not in known:
+                problems.append(
+                    (
+                        ("exclude", i, k),
+                        f"'{k}' is not an axis, flag or env var of this experiment{_did_you_mean(k, known)}",
+                    )
+                )
+
+
+def _check_workloads(exp: Experiment, problems: list) -> None:
+    """Every name of load.workload is defined, and each workload makes valid points with every endpoint and
+    prompt length of the matrix (LoadPoint's own checks, so the file fails now and not mid-run)."""
+    from servesweep.config.point import LoadPoint
+
+    ld = exp.load
+    for i, name in enumerate(ld.workload):
+        if name not in ld.workloads and name not in BUILTIN_WORKLOADS:
+            defined = sorted(ld.workloads) + list(BUILTIN_WORKLOADS)
+            problems.append(
+                (
+                    ("load", "workload", i),
+                    f"workload '{name}' is not defined in load.workloads (defined: {', '.join(defined)})"
+                    f"{_did_you_mean(name, defined)}",
+                )
+            )
+            continue
+        fields = ld.workload_fields(name)
+        where = ("load", "workloads", name) if name in ld.workloads else ("load", "workload", i)
+        for ep, p in itertools.product(ld.endpoint, ld.prompt_tokens):
+            if _combo_excluded(exp, name, ep, p):
+                continue
+            try:
+                LoadPoint(
+                    base_url="http://127.0.0.1:1",
+                    endpoint=ep,
+                    concurrency=1,
+                    prompt_tokens=p,
+                    output_tokens=ld.output_tokens[0],
+                    requests=1,
+                    **fields,
+                )
+            except (ValidationError, ValueError) as e:
+                msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+                problems.append(
+                    (
+                        where,
+                        f"workload '{name}' with endpoint {ep}, prompt_tokens {p}: {msg.removeprefix('Value error, ')}",
+                    )
+                )
+                break
+
+
+def _combo_excluded(exp: Experiment, workload: str, endpoint: str, prompt_tokens: int) -> bool:
+    """Whether a rule on these three axes alone drops every point of this combination (e.g. agent × completions)."""
+    values = {"workload": workload, "endpoint": endpoint, "prompt_tokens": prompt_tokens}
+    return any(
+        set(rule) <= set(values) and all(_rule_matches(v, values[k]) for k, v in rule.items())
+        for rule in exp.exclude
+    )

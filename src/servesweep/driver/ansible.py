@@ -1,0 +1,308 @@
+"""Running servesweep's playbooks through ansible-runner, safely.
+
+The pitfalls this wrapper exists for (reference locust-and-ansible.md §6):
+- ansible-runner hangs forever after the playbook in a process where gevent patched the standard library, so it
+  refuses to run when Locust or gevent is imported;
+- ansible-runner reads back the extravars/settings of earlier runs from its private data dir, so every run gets a
+  fresh one (removed afterwards; the artifacts are kept where the caller asks);
+- `ansible-playbook` is looked up on PATH, so the venv's bin folder goes first;
+- a timeout or cancel kills only ansible-playbook's process group; Ansible's per-task worker called setsid and
+  survives. So while the playbook runs, its processes are recorded (`_Tracker`: pid and start time of
+  ansible-playbook, of its task workers and of every process in their sessions), and at the end what is still
+  alive of them is killed; `owned` (a manifest.OwnedProcesses) gets the same records, so a run that resumes after
+  a SIGKILL stops them too. A process is never found by its command line; a server the playbook launched in a
+  session of its own (setsid) is never one of them.
+Secrets never pass through here: the role reads them from the environment this process hands down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def ansible_dir() -> Path:
+    """The folder holding servesweep's playbooks and roles (SERVESWEEP_ANSIBLE_DIR overrides)."""
+    env = os.environ.get("SERVESWEEP_ANSIBLE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[3] / "ansible"
+
+
+def local_inventory(group: str = "gpu") -> str:
+    """An INI inventory with this machine in `group`, modules run by this interpreter (no SSH)."""
+    return f"[{group}]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+
+
+@dataclass
+class PlaybookResult:
+    status: str  # successful | failed | timeout | canceled
+    rc: int
+    duration_s: float
+    failures: list[str] = field(default_factory=list)  # "host: task: message" for each failed task
+    artifact_data: dict[str, Any] = field(default_factory=dict)  # what the playbook handed back via set_stats
+    stats: dict[str, Any] | None = None
+    artifact_dir: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and self.rc == 0
+
+    def error(self) -> str:
+        if self.ok:
+            return ""
+        if self.failures:
+            return self.failures[-1]  # the role's rescue re-raises one message that says it all
+        return f"ansible-playbook ended with status {self.status} (rc {self.rc})"
+
+
+def run_playbook(
+    playbook: str | Path,
+    *,
+    inventory: str,
+    extravars: Mapping[str, Any],
+    artifact_dir: Path,
+    ident: str,
+    limit: str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    timeout_s: float | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    tag: str | None = None,
+    secrets: Mapping[str, str] | None = None,
+    hide_env: tuple[str, ...] = (),
+    owned=None,
+) -> PlaybookResult:
+    """Run one playbook (a path; relative ones are looked up in ansible_dir()) and return what happened.
+
+    `inventory` is a path to an inventory file or inventory text (INI). `on_event` sees every ansible-runner
+    event (for progress display); `cancel` is polled and stops the run when it returns True. `tag` goes into the
+    private data dir's name (remove_private_dirs(tag) removes what a SIGKILLed caller left). `owned`
+    (manifest.OwnedProcesses): the playbook's processes are recorded there while they run.
+
+    `secrets` (extravar name -> value) reach the playbook through 0600 files in the private data dir (removed at
+    the end), never through extravars (ansible-runner may put those on ansible-playbook's command line) or the
+    environment; `hide_env` names environment variables (the ones holding those secrets) that Ansible must not
+    see: ansible-runner writes its whole environment into the artifact folder (`command`), and fact gathering
+    records it too.
+    """
+    for mod in ("gevent", "locust"):
+        if mod in sys.modules:
+            raise RuntimeError(
+                f"ansible-runner must not run in a process that imported {mod}: it hangs after the playbook "
+                "(gevent's monkey-patching); run Locust in a subprocess instead"
+            )
+    import ansible_runner  # imported here: the rest of servesweep does not need it
+
+    adir = ansible_dir()
+    pb = Path(playbook)
+    if not pb.is_absolute():
+        pb = adir / pb
+    if not pb.exists():
+        raise FileNotFoundError(f"playbook {pb} does not exist")
+    inv_path = Path(inventory).expanduser()
+    inv_is_file = "\n" not in inventory and inv_path.exists()
+    artifact_dir.mkdir(parents=True, exist_ok=True)
+    tracker = _Tracker(owned)
+    pd = Path(tempfile.mkdtemp(prefix=_prefix(tag)))
+    try:
+        if not inv_is_file:
+            (pd / "inventory").mkdir()
+            (pd / "inventory" / "hosts.ini").write_text(inventory)
+        bin_dir = str(Path(sys.executable).parent)
+        envvars = {
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "ANSIBLE_ROLES_PATH": str(adir / "roles"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_RETRY_FILES_ENABLED": "0",
+            "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "False"),
+            "ANSIBLE_LOCAL_TEMP": str(pd / "tmp"),
+            "ANSIBLE_DEPRECATION_WARNINGS": "0",
+        }
+        extravars = dict(extravars)
+        if secrets:
+            (pd / "secrets").mkdir(mode=0o700)
+            for name, value in secrets.items():
+                f = pd / "secrets" / name
+                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(value)
+                extravars[name] = "{{ lookup('ansible.builtin.file', " + repr(str(f)) + ", rstrip=False) }}"
+        cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
+        failures: list[str] = []
+        artifact: dict[str, Any] = {}
+
+        def handler(ev: dict) -> bool:
+            tracker.sample()
+            data = ev.get("event_data") or {}
+            if ev.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get(
+                "ignore_errors"
+            ):
+                res = data.get("res") or {}
+                msg = res.get("msg") or res.get("stderr") or res.get("stdout") or "failed"
+                failures.append(f"{data.get('host', '?')}: {data.get('task', '?')}: {str(msg).strip()}")
+            if ev.get("event") == "playbook_on_stats":
+                artifact.update(data.get("artifact_data") or {})
+            if on_event is not None:
+                try:
+                    on_event(ev)
+                except Exception:  # a progress display must never break the run
+                    pass
+            return True
+
+        t0 = time.monotonic()
+        kwargs: dict[str, Any] = dict(
+            private_data_dir=str(pd),
+            project_dir=str(adir),
+            playbook=str(pb),
+            inventory=str(inv_path) if inv_is_file else str(pd / "inventory" / "hosts.ini"),
+            extravars=dict(extravars),
+            envvars=envvars,
+            ident=ident,
+            artifact_dir=str(artifact_dir),
+            quiet=True,
+            event_handler=handler,
+            # polled about once a second (pexpect_timeout): the moment to record the playbook's processes
+            cancel_callback=lambda: tracker.sample() or (bool(cancel()) if cancel is not None else False),
+            settings={"suppress_env_files": True, "pexpect_timeout": 1},
+        )
+        if limit:
+            kwargs["limit"] = limit
+        if cmdline:
+            kwargs["cmdline"] = cmdline
+        if timeout_s is not None:
+            kwargs["timeout"] = int(timeout_s)
+        hidden = {n: os.environ.pop(n) for n in hide_env if n in os.environ}
+        try:
+            r = ansible_runner.run(**kwargs)
+        finally:
+            os.environ.update(hidden)
+        result = PlaybookResult(
+            status=r.status,
+            rc=r.rc if r.rc is not None else -1,
+            duration_s=time.monotonic() - t0,
+            failures=failures,
+            artifact_data=artifact,
+            stats=r.stats,
+            artifact_dir=Path(r.config.artifact_dir),
+        )
+        if result.status in ("failed",) and not failures and r.rc != 0:
+            # no failed task event: a syntax error or a missing binary; the playbook's stdout says which
+            tail = _tail(Path(r.config.artifact_dir) / "stdout", 12)
+            if tail:
+                result.failures.append(tail)
+        return result
+    finally:
+        tracker.finish()
+        shutil.rmtree(pd, ignore_errors=True)
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def _prefix(tag: str | None) -> str:
+    return f"servesweep-ansible-{tag}-" if tag else "servesweep-ansible-"
+
+
+def remove_private_dirs(tag: str) -> int:
+    """Remove the private data dirs a SIGKILLed run_playbook(tag=...) left in the temporary folder (its processes
+    are stopped through the run's processes.json, not here). Returns how many were removed."""
+    n = 0
+    for leftover in Path(tempfile.gettempdir()).glob(_prefix(tag) + "*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+        n += 1
+    return n
+
+
+class _Tracker:
+    """The processes of one playbook run, recorded as they appear: ansible-playbook (a child of this process that
+    was not there before: ansible-runner spawns it in a session of its own, through a pty), its task workers (its
+    children; each calls setsid) and every process in those sessions (modules, their shells). A process that
+    started a session of its own below them (a server the role launched with setsid) is not theirs. Each record
+    holds the pid, the start time and the sessions; finish() kills what is still alive of them, checked against
+    both."""
+
+    def __init__(self, owned=None):
+        self.me = psutil.Process()
+        self.before = {(c.pid, _ctime(c)) for c in self.me.children()}
+        self.owned = owned
+        self.sessions: dict[int, float] = {}  # session id -> its leader's start time
+        self.refs: dict[tuple[int, float], dict] = {}
+
+    def sample(self) -> None:
+        try:
+            tops = [c for c in self.me.children() if (c.pid, _ctime(c)) not in self.before]
+            new = []
+            for top in tops:
+                self.sessions.setdefault(top.pid, _ctime(top))
+                kids = top.children(recursive=True)
+                for k in top.children():
+                    self.sessions.setdefault(
+                        k.pid, _ctime(k)
+                    )  # a task worker: setsid made its pid its session
+                for p in [top, *kids]:
+                    try:
+                        sid = os.getsid(p.pid)
+                    except (ProcessLookupError, PermissionError):
+                        continue
+                    if sid not in self.sessions:
+                        continue  # a session of its own: a server the playbook launched
+                    key = (p.pid, _ctime(p))
+                    if key[1] and key not in self.refs:
+                        self.refs[key] = {
+                            "pid": p.pid,
+                            "create_time": key[1],
+                            "kind": "ansible",
+                            "sessions": self._sessions(),
+                        }
+                        new.append(self.refs[key])
+            for r in self.refs.values():
+                r["sessions"] = self._sessions()
+            if new and self.owned is not None:
+                self.owned.add(new)
+        except (psutil.Error, OSError):
+            pass  # recording must never break the playbook
+
+    def _sessions(self) -> list[list]:
+        return [[sid, t] for sid, t in sorted(self.sessions.items())]
+
+    def finish(self) -> int:
+        """Kill what is left of the recorded processes (a timed-out or cancelled playbook leaves task workers and
+        their modules running); forget them. Returns how many were killed."""
+        from servesweep.results.manifest import owned_now
+
+        self.sample()
+        n = 0
+        for ref in self.refs.values():
+            ref["sessions"] = self._sessions()
+            for p in owned_now(ref):
+                try:
+                    p.kill()
+                    n += 1
+                except psutil.Error:
+                    pass
+        if self.owned is not None and self.refs:
+            self.owned.remove(list(self.refs.values()))
+        return n
+
+
+def _ctime(p: psutil.Process) -> float:
+    try:
+        return p.create_time()
+    except psutil.Error:
+        return 0.0

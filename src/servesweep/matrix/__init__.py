@@ -1,0 +1,1 @@
+"""A whole experiment: the planner and the orchestrator."""

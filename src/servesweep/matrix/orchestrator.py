@@ -1,0 +1,1127 @@
+"""`servesweep run FILE` and `servesweep run --resume runs/<run_id>`: the whole matrix, headless.
+
+For each server configuration (in the planner's order) the sglang_server role is applied through ansible-runner
+(restart, readiness, verification, resolved info), then every load point runs through the load core's `run_point`
+(a Locust subprocess: this process never imports Locust or gevent, which would deadlock ansible-runner).
+
+Durability: each point is measured into `runs/<run_id>/.tmp-<point_id>/` and renamed to `runs/<run_id>/<point_id>/`
+only when complete, so a point folder exists if and only if the point finished; the manifest is rewritten
+atomically after every change. Resume trusts both: finished points are never run again, a point interrupted
+half-way is thrown away and run again, and nothing finished is lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from servesweep.config.experiment import Experiment, ExperimentError, ServerConfig, load_experiment
+from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
+from servesweep.results import manifest as mf
+
+PLAYBOOK = "sglang_server.yml"
+
+
+class Interrupted(Exception):
+    """SIGINT (Ctrl-C), SIGTERM or SIGHUP: stop after cleaning up; the run can be resumed. The run exits with
+    128 + the signal's number."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class DiskTrouble(Exception):
+    """The results folder filled up (or went read-only) mid-run: stop before a point is half-written; finished
+    points stay as they are and the run can be resumed once there is room."""
+
+
+# errno values that mean "the results folder cannot take more": full, over quota, read-only
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
+POINT_OVERHEAD_BYTES = 256 * 1024  # summary, Locust CSVs and log, per point
+CONFIG_OVERHEAD_BYTES = 4 * 1024 * 1024  # server log and Ansible artifacts, per configuration start
+MANIFEST_RESERVE_BYTES = 1024 * 1024  # the manifest is rewritten after every change: always leave room for it
+
+
+def point_bytes(requests: int, output_tokens: int) -> int:
+    """A generous estimate of one point's files: a records row is ~0.5 KiB plus 16 bytes per streamed chunk."""
+    return POINT_OVERHEAD_BYTES + requests * (512 + 16 * output_tokens)
+
+
+def _point_requests(exp: Experiment, concurrency: int, dry_run: bool) -> int:
+    if dry_run:
+        return concurrency
+    if exp.load.requests:
+        return exp.load.requests
+    # a duration point: assume at most 20 requests per user per second (short outputs on a fast server)
+    return int(concurrency * 20 * ((exp.load.duration_s or 60) + exp.load.warmup_s))
+
+
+def estimate_run_bytes(exp: Experiment, *, dry_run: bool = False) -> int:
+    plan = make_plan(exp)
+    total = 0
+    for cp in plan.configs:
+        if cp.error:
+            continue
+        total += CONFIG_OVERHEAD_BYTES
+        for pp in cp.points:
+            if pp.feasible:
+                s = pp.spec
+                total += point_bytes(_point_requests(exp, s.concurrency, dry_run), s.output_tokens)
+    return total
+
+
+def preflight_results_dir(folder: Path, need_bytes: int) -> None:
+    """Before any server starts: the results folder must exist or be creatable, take a file (written, synced and
+    removed) and have room for the estimate. Raises click.ClickException naming the folder and what is wrong."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise click.ClickException(f"results folder {folder}: cannot create it ({e.strerror})") from None
+    probe = folder / f".servesweep-write-test-{os.getpid()}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise click.ClickException(
+            f"results folder {folder} is not writable ({e.strerror}); choose another with --out"
+        ) from None
+    finally:
+        probe.unlink(missing_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise click.ClickException(
+            f"results folder {folder}: {_mib(free)} free, the run needs about {_mib(need_bytes)} "
+            "(records, summaries, logs); free some space or choose another folder with --out"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+# The key read from launcher.api_key_file / api_key_vault reaches the Locust child through its environment under
+# this name (Locust reads a variable NAME, never a key); Ansible's environment never holds it (hide_env).
+RUN_KEY_ENV = "SERVESWEEP_RUN_API_KEY"
+
+
+def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str | None:
+    """The run's API key from the one source the experiment names (env, 0600 file, Ansible Vault), read before any
+    server starts; relative paths are relative to the experiment file. A click error names the key and the file."""
+    from servesweep.config.secrets import SecretError, resolve_api_key
+
+    L = exp.launcher
+
+    def where(p: str | None) -> str | None:
+        return _relative_to(experiment_file, p) if p else p
+
+    try:
+        return resolve_api_key(
+            env=L.api_key_env,
+            file=where(L.api_key_file),
+            vault=where(L.api_key_vault),
+            vault_password_file=where(L.vault_password_file),
+        )
+    except SecretError as e:
+        hint = (
+            " (export it, e.g. from a file or a secret store, before the run; the key itself never goes in the "
+            "experiment)"
+            if L.api_key_env
+            else ""
+        )
+        raise click.ClickException(f"{e}{hint}") from None
+
+
+def _relative_to(experiment_file: str | None, path: str) -> str:
+    """A path of the experiment file (~ expanded; relative ones are relative to the file's folder)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and experiment_file:
+        p = Path(experiment_file).resolve().parent / p
+    return str(p)
+
+
+def _is_disk_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in _DISK_ERRNOS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DRY_RUN_OUTPUT_TOKENS = 8
+DRY_RUN_SPEEDUP = 20
+
+
+def shrink_for_dry_run(exp: Experiment) -> Experiment:
+    """The same matrix on the emulator on this machine, shrunk so the whole pipeline runs in minutes: same server
+    configurations (and GPU profile) and feasibility, but only the smallest and largest value of each load axis, one
+    request per user, short outputs, 2-turn agent sessions and an emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
+    before GPU time is booked."""
+    if exp.launcher.generic:
+        raise click.ClickException(
+            "--dry-run runs the matrix on the emulator, which takes SGLang's flags; launcher.command (a generic "
+            "server) has flags of its own: try the matrix on a small model with the real server instead"
+        )
+    d = exp.model_dump(mode="json")
+    d["name"] = f"{exp.name}-dryrun"[:64]
+    d["target"] = {"inventory": "local", "host_group": exp.target.host_group, "port": 0}
+    launcher = d["launcher"]
+    launcher.update(
+        kind="process", emulator=True, python=None, become=False, startup_timeout_s=300, stop_timeout_s=30
+    )
+    sim = dict(launcher.get("sim_args") or {})
+    sim.setdefault("sim_load_time", 0.3)
+    sim.setdefault("sim_calibration", f"speedup={DRY_RUN_SPEEDUP}")
+    launcher["sim_args"] = sim
+    load = d["load"]
+    # the ends of each load axis prove what the middle would: the longest prompt, the most users, the shortest.
+    # Ends among the points that would run (feasible, not excluded): a 100k prompt no configuration can take
+    # would leave the longest runnable one unproven.
+    ld = exp.load
+    plan = make_plan(exp)
+    runs = [pp.spec for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
+    for axis in ("concurrency", "prompt_tokens", "output_tokens"):
+        load[axis] = _ends([getattr(s, axis) for s in runs] or getattr(ld, axis))
+    if ld.rate:
+        load["rate"] = _ends([s.rate for s in runs if s.rate is not None] or ld.rate)
+    load["worker_hosts"] = None  # a dry run is this machine only
+    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in load["output_tokens"]})
+    # an agent session is many requests per user: two short turns still prove the multi-turn path
+    for name, w in (load.get("workloads") or {}).items():
+        if w.get("workload") == "agent" or (name == "agent" and not w.get("workload")):
+            w["session_turns"] = min(w.get("session_turns") or 2, 2)
+            w["think_time_s"] = 0.0
+    load.update(
+        requests=1, duration_s=None, warmup_s=0.0, workers=0
+    )  # 1 = one request per user, see _run_point
+    d["budget"] = {"wall_time_s": None}
+    return Experiment.model_validate(d)
+
+
+def _ends(values: list) -> list:
+    return sorted({min(values), max(values)})
+
+
+def _endpoint(p: dict) -> str:
+    """A manifest point's endpoint; manifests from before `load.endpoint` kept it under `workload`."""
+    return p.get("endpoint") or p["workload"]
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def create_run(
+    exp: Experiment, out: Path, *, experiment_file: str | None = None, dry_run: bool = False
+) -> mf.Manifest:
+    """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
+    plan = make_plan(exp)
+    out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = new_run_id(exp.name)
+    run_dir = out / run_id
+    n = 1
+    while True:
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+            run_dir = out / f"{run_id}-{n}"
+    port = exp.target.port if exp.target.port else _free_port()
+    configs: dict[str, Any] = {}
+    points: dict[str, Any] = {}
+    for order, cp in enumerate(plan.configs):
+        configs[cp.config.id] = {
+            "order": order,
+            "flags": cp.config.flags,
+            "env": cp.config.env,
+            "bundle": cp.config.bundle,
+            "labels": {k: str(v) for k, v in cp.config.labels.items()},
+            "status": "infeasible" if cp.error else "pending",
+            "error": cp.error,
+            "planned": {"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
+            "server": None,
+            "attempts": 0,
+        }
+        for pp in cp.points:
+            feasible = pp.feasible and cp.error is None
+            points[pp.spec.id] = {
+                "config_id": cp.config.id,
+                "workload": pp.spec.workload,
+                "endpoint": pp.spec.endpoint,
+                "concurrency": pp.spec.concurrency,
+                "prompt_tokens": pp.spec.prompt_tokens,
+                "output_tokens": pp.spec.output_tokens,
+                **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
+                "status": mf.PENDING if feasible else mf.INFEASIBLE,
+                "reason": None
+                if feasible
+                else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
+                "warnings": pp.warnings,
+                "est_s": round(pp.est_s, 2),
+                "attempts": 0,
+                "dir": None,
+                "result": None,
+            }
+    data = {
+        "schema_version": mf.SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "created": mf.now_iso(),
+        "updated": mf.now_iso(),
+        "status": "created",
+        "experiment_file": str(Path(experiment_file).resolve()) if experiment_file else None,
+        "dry_run": dry_run,
+        "experiment": exp.model_dump(mode="json"),
+        "experiment_digest": exp.digest(),
+        "port": port,
+        "plan": {k: v for k, v in plan_json(plan).items() if k != "configs"},
+        "versions": mf.versions(),
+        "git_rev": mf.git_revision(),
+        "controller": mf.controller_facts(),
+        "hosts": {},
+        "configs": configs,
+        "points": points,
+        "events": [],
+    }
+    m = mf.Manifest(run_dir, data)
+    m.save()
+    return m
+
+
+class Runner:
+    def __init__(self, m: mf.Manifest, *, console, keep_server: bool = False):
+        self.m = m
+        self.console = console
+        self.keep_server = keep_server
+        self.exp = Experiment.model_validate(m.data["experiment"])
+        self.plan: Plan = make_plan(self.exp)
+        self.port = int(m.data["port"])
+        self.stop_requested = False
+        self.stop_signal = signal.SIGINT
+        self.in_ansible = False
+        # processes.json: the Locust groups and Ansible processes this run starts, by pid and start time; a resumed
+        # run stops the ones the interrupted run left (and nothing else)
+        self.owned = mf.OwnedProcesses(m.run_dir)
+        self.server_up = False
+        self.metrics = None  # servesweep.observe.exporter.ClientMetrics while the run runs (see _start_exporter)
+        self.exporter_at: str | None = None
+        # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
+        self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
+        self.key_env = self.exp.launcher.api_key_env
+        if self.api_key and not self.key_env:
+            os.environ[RUN_KEY_ENV] = self.api_key  # for the Locust child only; hidden from Ansible
+            self.key_env = RUN_KEY_ENV
+
+    # -- signals: SIGINT / SIGTERM / SIGHUP set a flag; outside Ansible they interrupt at once --
+
+    def _on_signal(self, signum, frame):
+        if self.stop_requested:
+            return  # the first signal's stop is under way: a second one must not break it
+        self.stop_requested = True
+        self.stop_signal = signum
+        if not self.in_ansible:
+            raise Interrupted(signal.Signals(signum).name)
+
+    # -- helpers --
+
+    @property
+    def run_dir(self) -> Path:
+        return self.m.run_dir
+
+    @property
+    def ansible_tag(self) -> str:
+        """Names this run's Ansible processes (their private data dir), so a resume can find a killed run's."""
+        return hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
+
+    def event(self, text: str) -> None:
+        self.m.data["events"].append({"t": mf.now_iso(), "event": text})
+        self.console.print(text)
+
+    def base_url(self) -> str:
+        return self.exp.target.url(self.port)
+
+    def _worker_hosts(self) -> dict | None:
+        """load.worker_hosts as run_point takes it (the inventory relative to the experiment file)."""
+        wh = self.exp.load.worker_hosts
+        if wh is None:
+            return None
+        return wh.model_dump() | {"inventory": _relative_to(self.m.data.get("experiment_file"), wh.inventory)}
+
+    def _inventory(self) -> str:
+        from servesweep.driver.ansible import local_inventory
+
+        inv = self.exp.target.inventory
+        if inv == "local":
+            return local_inventory(self.exp.target.host_group)
+        p = Path(inv).expanduser()
+        if not p.is_absolute() and self.m.data.get("experiment_file"):
+            p = Path(self.m.data["experiment_file"]).parent / p
+        return str(p)
+
+    def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
+        exp, L = self.exp, self.exp.launcher
+        c = self.m.configs[cfg_id]
+        local = exp.target.inventory == "local"
+        python = L.python or (sys.executable if (L.emulator and local) else "python3")
+        if L.generic:
+            image = L.image or ""
+        else:
+            image = L.image or f"lmsysorg/sglang:v{exp.sglang_version}"
+        return {
+            "sglang_server_hosts": exp.target.host_group,
+            "sglang_server_state": state,
+            "sglang_server_launcher": L.kind,
+            "sglang_server_version": exp.sglang_version or "",
+            "sglang_server_command": L.command or [],
+            "sglang_server_health_path": L.health_path,
+            "sglang_server_info_paths": L.info_paths,
+            "sglang_server_verify": L.verify,
+            "sglang_server_server_api_key_env": L.server_api_key_env or "",
+            "sglang_server_model_path": exp.model.path,
+            "sglang_server_served_model_name": exp.model.served_model_name or "",
+            "sglang_server_flags": c["flags"],
+            "sglang_server_env": c["env"],
+            "sglang_server_port": self.port,
+            "sglang_server_bind": "127.0.0.1" if local else "0.0.0.0",
+            "sglang_server_python": python,
+            "sglang_server_emulator": L.emulator,
+            "sglang_server_sim_gpu": L.gpu or "",
+            "sglang_server_sim_args": L.sim_args,
+            "sglang_server_extra_spec_algorithms": L.extra_spec_algorithms,
+            "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
+            "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
+            "sglang_server_startup_timeout": int(L.startup_timeout_s),
+            # never adopt a server that is already up (a killed run's leftover may be mid-point or wedged): the
+            # role stops it through its pidfile and starts a fresh one
+            "sglang_server_force_restart": state == "started",
+            "sglang_server_stop_timeout": int(L.stop_timeout_s),
+            "sglang_server_api_key_env": L.api_key_env or "",
+            "sglang_server_become": L.become,
+            # host facts once per run: gathering them costs a few seconds per restart
+            "sglang_server_gather_facts": not self.m.data["hosts"],
+            "sglang_server_unit": L.unit,
+            "sglang_server_docker_image": image,
+        }
+
+    def _secrets(self) -> dict[str, Any]:
+        """The API key goes to the role through a 0600 file; its variables are hidden from Ansible's environment."""
+        if not self.api_key:
+            return {}
+        hide = tuple(n for n in (self.exp.launcher.api_key_env, RUN_KEY_ENV) if n)
+        return {"secrets": {"sglang_server_api_key": self.api_key}, "hide_env": hide}
+
+    def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
+        from servesweep.driver.ansible import run_playbook
+
+        c = self.m.configs[cfg_id]
+        ident = f"{cfg_id}-{state}-{c['attempts']}-{int(time.time())}"
+        status = self.console.status(f"{what}: starting Ansible")
+
+        def on_event(ev: dict) -> None:
+            task = (ev.get("event_data") or {}).get("task")
+            if ev.get("event") == "playbook_on_task_start" and task:
+                status.update(f"{what}: {task}")
+
+        self.in_ansible = True
+        try:
+            with status:
+                return run_playbook(
+                    PLAYBOOK,
+                    inventory=self._inventory(),
+                    extravars=self.role_vars(cfg_id, state),
+                    artifact_dir=artifact_dir or self.run_dir / "servers" / cfg_id / "ansible",
+                    ident=ident,
+                    timeout_s=self.exp.launcher.startup_timeout_s + self.exp.launcher.stop_timeout_s + 300,
+                    on_event=on_event,
+                    cancel=lambda: self.stop_requested,
+                    tag=self.ansible_tag,
+                    owned=self.owned,
+                    **self._secrets(),
+                )
+        finally:
+            self.in_ansible = False
+            if self.stop_requested:
+                raise Interrupted(signal.Signals(self.stop_signal).name)
+
+    # -- the run --
+
+    def run(self) -> int:
+        old = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            self._adopt_and_clean()
+            self._start_exporter()
+            self.m.data["status"] = "running"
+            self.m.data.setdefault("resumed", [])
+            self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
+            self.m.save()
+            for cp in self.plan.configs:
+                if self.stop_requested:
+                    raise Interrupted(signal.Signals(self.stop_signal).name)
+                self._run_config(cp)
+            self.m.data["status"] = "finished"
+            self.m.save()
+        except Interrupted:
+            self.stop_requested = True
+            self._mark_interrupted()
+            name = signal.Signals(self.stop_signal).name
+            msg = (
+                f"interrupted by {name}: the load generator is stopped, finished points are kept; resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            click.echo(msg, err=True)
+            self._stop_server_quietly()
+            return 128 + int(self.stop_signal)
+        except DiskTrouble as e:
+            for tmp in self.run_dir.glob(".tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                self._mark_interrupted()  # may fail too: the previous manifest then stays, whole
+            except OSError:
+                pass
+            self.console.print(
+                f"[red]stopped: {e}[/]\nfinished points are kept; make room, then resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            self._stop_server_quietly(outside_run_dir=True)
+            return 4
+        except OSError as e:
+            if not _is_disk_error(e):
+                raise
+            self._stop_server_quietly(outside_run_dir=True)
+            self.console.print(
+                f"[red]stopped: the results folder cannot be written ({e.strerror}: {e.filename})[/]\n"
+                f"finished points are kept; fix it, then resume with  servesweep run --resume {self.run_dir}"
+            )
+            return 4
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        if not self.keep_server:
+            self._stop_server_quietly()
+        self.print_results()
+        self.write_report()
+        if not all(p["status"] in mf.FINISHED for p in self.m.points.values()):
+            return 1
+        over = [
+            fc["message"]
+            for p in self.m.points.values()
+            if p["status"] == mf.DONE
+            and (fc := (p.get("result") or {}).get("failure_check"))
+            and not fc["pass"]
+        ]
+        for msg in over:
+            click.echo(f"failed: {msg}", err=True)
+        return 3 if over else 0
+
+    # -- live client metrics (issue 6, docs/observability.md) --
+
+    def _start_exporter(self) -> None:
+        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here, after each point, from the
+        point's records (observe_many) and summary (point_finished): Locust gets no metrics_port, so nothing is
+        counted twice. A resumed run serves again (new port unless fixed) and shows the points it runs."""
+        ex = self.exp.exporter
+        if not ex.enabled or self.metrics is not None:
+            return
+        from servesweep.observe.exporter import ClientMetrics
+
+        m = ClientMetrics(self.m.data["run_id"])
+        try:
+            port = m.serve(ex.host, ex.port)
+        except OSError as e:
+            raise click.ClickException(
+                f"exporter: cannot serve client metrics on {ex.host}:{ex.port} ({e.strerror}); "
+                "set exporter.port to a free port, or exporter.enabled: false"
+            ) from None
+        self.metrics = m
+        self.exporter_at = f"{ex.host}:{port}"
+        self.m.data["exporter"] = {"host": ex.host, "port": port, "url": f"http://{self.exporter_at}/metrics"}
+        self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
+
+    def close(self) -> None:
+        """Stop serving client metrics (after the run; a test scrapes them in between); drop the run's key from the
+        environment."""
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+        if self.key_env == RUN_KEY_ENV:
+            os.environ.pop(RUN_KEY_ENV, None)
+
+    def _write_targets(self, cid: str) -> None:
+        """Prometheus file_sd targets of this configuration: the exporter and the server's /metrics."""
+        if self.metrics is None:
+            return
+        from urllib.parse import urlsplit
+
+        from servesweep.observe.promconfig import write_targets
+
+        server = urlsplit(self.base_url()).netloc
+        path = self.exp.launcher.metrics_path
+        servers = [] if path is None else [{"target": server, "config": cid, "metrics_path": path}]
+        write_targets(
+            self.run_dir / "prometheus", self.m.data["run_id"], exporters=[self.exporter_at], servers=servers
+        )
+
+    def _metrics_started(self, pid: str, point) -> None:
+        if self.metrics is None:
+            return
+        from servesweep.observe.exporter import loadpoint_axes
+
+        self.metrics.point_started(pid, loadpoint_axes(point))
+
+    def _metrics_finished(self, pid: str, folder: Path, summary: dict | None) -> None:
+        if self.metrics is None:
+            return
+        if summary is not None:
+            try:
+                from servesweep.results.records import read_parquet
+
+                self.metrics.observe_many(read_parquet(folder / "records.parquet").to_pylist())
+            except (OSError, ValueError) as e:  # the gauges still come from the summary
+                self.console.print(f"[yellow]client metrics: records of {pid} not read ({e})[/]")
+        self.metrics.point_finished(pid, summary)
+
+    def _adopt_and_clean(self) -> None:
+        """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
+        finished point folders the manifest did not get to record."""
+        from servesweep.driver.ansible import remove_private_dirs
+
+        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first,
+        # exactly those it recorded in processes.json (pid and start time); a server it left is stopped through its
+        # pidfile when the role starts this run's (force restart)
+        n = self.owned.stop_previous()
+        remove_private_dirs(self.ansible_tag)
+        if n:
+            what = ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
+            self.event(f"stopped what the interrupted run left running: {what} process(es)")
+        for tmp in self.run_dir.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        changed = False
+        for pid, p in self.m.points.items():
+            d = self.run_dir / pid
+            if p["status"] != mf.DONE and (d / "summary.json").is_file():
+                p.update(
+                    status=mf.DONE, dir=pid, result=_headline(json.loads((d / "summary.json").read_text()))
+                )
+                changed = True
+            elif p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+                changed = True
+        if changed:
+            self.m.save()
+
+    def _mark_interrupted(self) -> None:
+        for p in self.m.points.values():
+            if p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+        self.m.data["status"] = "interrupted"
+        self.m.save()
+
+    def _pending(self, cfg_id: str) -> list[str]:
+        return [
+            pid
+            for pid, p in self.m.points.items()
+            if p["config_id"] == cfg_id and p["status"] not in mf.FINISHED
+        ]
+
+    def _run_config(self, cp: ConfigPlan) -> None:
+        cfg = cp.config
+        cid = cfg.id
+        todo = self._pending(cid)
+        if not todo:
+            return
+        c = self.m.configs[cid]
+        c["attempts"] += 1
+        c["status"] = "starting"
+        c["started"] = mf.now_iso()
+        self.m.save()
+        if self.exp.target.managed:
+            self.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
+            if not self._start_server(cid, todo):
+                return
+        else:
+            info = {
+                k: _get_json(self.base_url() + p) for k, p in (self.exp.launcher.info_paths or {}).items()
+            }
+            c.update(status="ready", server={**info, "info": info})
+            self.m.save()
+        self._write_targets(cid)
+        for i, pid in enumerate(todo):
+            while True:
+                if self.stop_requested:
+                    raise Interrupted(signal.Signals(self.stop_signal).name)
+                self._run_point(cid, pid)
+                p = self.m.points[pid]
+                if p["status"] != mf.FAILED or self._healthy():
+                    break
+                # the server died under this point: keep its log with the point, restart it, retry the point
+                self._server_crashed(cid, pid)
+                retry = p["attempts"] <= self.exp.retries
+                later = todo[i + 1 :]
+                if not self.exp.target.managed or not (retry or later):
+                    for other in later:
+                        self.m.points[other].update(
+                            status=mf.SERVER_FAILED, reason=f"server crashed during {pid}"
+                        )
+                    self.m.save()
+                    return
+                if not self._start_server(cid, ([pid] if retry else []) + later, restart=True):
+                    return
+                if not retry:
+                    self.event(
+                        f"[red]✗ {pid}[/]: failed after {p['attempts']} attempts (retries: {self.exp.retries})"
+                    )
+                    break
+                self.event(f"retrying {pid} (attempt {p['attempts'] + 1} of {self.exp.retries + 1})")
+        c["status"] = "done"
+        self.m.save()
+
+    def _start_server(self, cid: str, todo: list[str], *, restart: bool = False) -> bool:
+        """Apply the role (state started); on failure every point of `todo` is marked server_failed."""
+        c = self.m.configs[cid]
+        if restart:
+            c["restarts"] = c.get("restarts", 0) + 1
+        res = self.ansible(cid, "started", f"{'restarting' if restart else 'server'} {cid}")
+        server = res.artifact_data.get("sglang_server")
+        if not res.ok:
+            log = self.run_dir / "servers" / cid / "server.log"
+            self.server_up = False
+            c.update(
+                status="failed", error=res.error(), server=server, log=str(log) if log.exists() else None
+            )
+            for pid in todo:
+                self.m.points[pid].update(
+                    status=mf.SERVER_FAILED, reason=f"server did not start: {res.error()}"
+                )
+            self.m.save()
+            self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
+            return False
+        self.server_up = True
+        c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
+        if server and server.get("facts"):
+            self.m.data["hosts"][server.get("host", "?")] = server["facts"]
+        self.m.save()
+        ready = (server or {}).get("ready") or {}
+        self.event(
+            f"[green]✓ {cid}[/] {'restarted' if restart else 'ready'} (/health after "
+            f"{ready.get('health_after_s', '?')} s, role {res.duration_s:.1f} s)"
+        )
+        return True
+
+    def _run_point(self, cid: str, pid: str) -> bool:
+        from servesweep.config.point import LoadPoint
+        from servesweep.driver.load import run_point  # no Locust import: it runs Locust as a subprocess
+
+        p = self.m.points[pid]
+        ld = self.exp.load
+        flushed = None
+        if self.exp.flush_cache_between_points and self.exp.launcher.flush_cache_path:
+            flushed = _flush_cache(self.base_url() + self.exp.launcher.flush_cache_path, self.api_key)
+        point = LoadPoint(
+            base_url=self.base_url(),
+            # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from
+            # the experiment; SGLang's lists the served name, so it may stay unset there
+            model=self.exp.model.served_model_name
+            or (self.exp.model.path if self.exp.launcher.generic else None),
+            endpoint=_endpoint(p),
+            concurrency=p["concurrency"],
+            arrival=ld.arrival,
+            rate_rps=p.get("rate"),
+            prompt_tokens=p["prompt_tokens"],
+            output_tokens=p["output_tokens"],
+            # a dry run sends one request per user: every user, every point, no more
+            requests=p["concurrency"] if self.m.data.get("dry_run") else ld.requests,
+            duration_s=ld.duration_s,
+            warmup_s=ld.warmup_s,
+            tokenizer=self.exp.model.tokenizer,
+            cache_bust=ld.cache_bust,
+            seed=ld.seed,
+            api_key_env=self.key_env,
+            first_token_s=ld.first_token_timeout_s,
+            point_id=pid,
+            # without named workloads a point's `workload` is its endpoint (the old meaning): single-shot
+            **self.exp.load.workload_fields(p["workload"] if self.exp.load.workload_axis else "single"),
+            labels={"config_id": cid, "run_id": self.m.data["run_id"], **self.m.configs[cid]["labels"]},
+        )
+        tmp = self.run_dir / f".tmp-{pid}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        need = point_bytes(
+            _point_requests(self.exp, p["concurrency"], bool(self.m.data.get("dry_run"))), p["output_tokens"]
+        )
+        free = shutil.disk_usage(self.run_dir).free
+        if free < need + MANIFEST_RESERVE_BYTES:
+            raise DiskTrouble(
+                f"the results folder {self.run_dir} has {_mib(free)} free, point {pid} needs about "
+                f"{_mib(need + MANIFEST_RESERVE_BYTES)}"
+            )
+        p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
+        self.m.save()
+        self._metrics_started(pid, point)
+        t0 = time.monotonic()
+        counts = self.m.counts()
+        n_done = counts.get(mf.DONE, 0) + 1
+        n_all = sum(v for k, v in counts.items() if k != mf.INFEASIBLE)
+        head = f"[{n_done}/{n_all}] {pid}"
+        status = self.console.status(f"{head}: starting Locust")
+
+        def progress(d: dict) -> None:
+            status.update(
+                f"{head}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
+            )
+
+        try:
+            with status:
+                summary = run_point(
+                    point,
+                    tmp,
+                    workers=ld.workers,
+                    progress=progress,
+                    slos=",".join(self.exp.slo) or None,
+                    worker_hosts=self._worker_hosts(),
+                    owned=self.owned,
+                    max_failure_rate=ld.max_failure_rate,
+                )
+        except Interrupted:
+            # the records Locust wrote before it stopped (run_point kept them in tmp): aside, listed on the point
+            if (tmp / "interrupted.json").is_file():
+                aside = self.run_dir / "interrupted" / f"{pid}.{p['attempts']}"
+                aside.parent.mkdir(exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(tmp, aside)
+                p.update(
+                    records_aside=str(aside.relative_to(self.run_dir)),
+                    reason=f"interrupted by {signal.Signals(self.stop_signal).name}; the records of what "
+                    f"finished: {aside.relative_to(self.run_dir)}/records.partial.parquet",
+                )
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._metrics_finished(pid, tmp, None)
+            raise
+        except Exception as e:  # the point failed; the run goes on
+            if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
+                shutil.rmtree(tmp, ignore_errors=True)
+                # the first line only: a failed Locust's message carries its log tail, tracebacks included
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise DiskTrouble(
+                    f"the results folder filled up during {pid} ({type(e).__name__}: {first})"
+                ) from e
+            msg = f"{type(e).__name__}: {e}"
+            p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
+            self.m.save()
+            self._metrics_finished(pid, tmp, None)
+            self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
+            return False
+        if not self._healthy():
+            # the server died under this point: its records measure a crash, not the configuration. Keep them
+            # aside for inspection (a folder resume does not adopt) and let the caller record the crash.
+            aside = _aside(self.run_dir, pid, p["attempts"])
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(tmp, aside)
+            self._metrics_finished(pid, aside, None)
+            p.update(
+                status=mf.FAILED,
+                reason=f"the server stopped answering /health during this point; records in {aside.relative_to(self.run_dir)}",
+                finished=mf.now_iso(),
+            )
+            self.m.save()
+            return False
+        final = self.run_dir / pid
+        if final.exists():  # a folder from an attempt the manifest never recorded as done
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._metrics_finished(pid, final, summary)
+        p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
+        self.m.save()
+        r = p["result"]
+        self.console.print(
+            f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
+            f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({time.monotonic() - t0:.1f} s)"
+        )
+        return True
+
+    def _healthy(self) -> bool:
+        """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(self.base_url() + self.exp.launcher.health_path, timeout=30) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            if attempt < 2:
+                time.sleep(2)
+        return False
+
+    def _server_crashed(self, cid: str, failed_pid: str) -> None:
+        """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
+        records; the configuration keeps a list of its crashes."""
+        self.server_up = False
+        c = self.m.configs[cid]
+        p = self.m.points[failed_pid]
+        if self.exp.target.managed:
+            self.ansible(cid, "logs", f"server {cid} crashed: fetching its log")
+        log = self.run_dir / "servers" / cid / "server.log"
+        aside = _aside(self.run_dir, failed_pid, p["attempts"])
+        attached = None
+        if log.exists():
+            aside.mkdir(exist_ok=True)
+            shutil.copyfile(log, aside / "server.log")
+            attached = str(aside / "server.log")
+        c.setdefault("crashes", []).append({"t": mf.now_iso(), "point": failed_pid, "log": attached})
+        c.update(
+            status="crashed", error=f"server stopped answering /health during {failed_pid}", log=attached
+        )
+        reason = p.get("reason") or ""
+        p.update(
+            server_log=attached,
+            records_aside=str(aside.relative_to(self.run_dir))
+            if (aside / "records.parquet").exists()
+            else None,
+            reason=f"the server died during this point (log: {attached}); {reason}"[:4000],
+        )
+        self.m.save()
+        self.event(f"[red]✗ {cid}[/] crashed during {failed_pid}; its log: {attached}")
+
+    def _stop_server_quietly(self, *, outside_run_dir: bool = False) -> None:
+        """Stop the server through the role. With a full results folder Ansible's artifacts go to a temporary
+        folder instead (removed after)."""
+        if not self.exp.target.managed or self.keep_server:
+            return
+        cid = next(iter(self.m.configs), None)
+        if cid is None:
+            return
+        self.stop_requested = False
+        scratch = Path(tempfile.mkdtemp(prefix="servesweep-stop-")) if outside_run_dir else None
+        try:
+            res = self.ansible(cid, "stopped", "stopping the server", artifact_dir=scratch)
+            if not res.ok:
+                self.console.print(f"[yellow]could not stop the server: {res.error()}[/]")
+        except Interrupted:
+            pass
+        except OSError as e:
+            self.console.print(f"[yellow]could not stop the server: {e}[/]")
+        finally:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    # -- results --
+
+    def write_report(self) -> None:
+        """The report helper's HTML + Markdown report of this run folder; a report problem never fails the run."""
+        try:
+            from servesweep.results.report import write_report
+
+            html, md = write_report(self.run_dir)
+        except Exception as e:
+            self.console.print(
+                f"[yellow]report not written ({type(e).__name__}: {e}); try: servesweep report {self.run_dir}[/]"
+            )
+            return
+        self.console.print(f"report: {html} (and {md.name})")
+
+    def print_results(self) -> None:
+        from rich.table import Table
+
+        dry = "DRY RUN (emulator, shrunk points) - " if self.m.data.get("dry_run") else ""
+        t = Table(title=f"{dry}results: {self.run_dir}")
+        for col in (
+            "config",
+            "wl",
+            "prompt",
+            "out",
+            "conc",
+            "status",
+            "tok/s",
+            "TTFT p50",
+            "TTFT p99",
+            "ITL p50",
+            "ITL p99",
+            "fail",
+        ):
+            t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")
+        for p in self.m.points.values():
+            r = p.get("result") or {}
+            st = p["status"]
+            color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
+            t.add_row(
+                p["config_id"],
+                p["workload"] if p["workload"] == _endpoint(p) else f"{p['workload']}/{_endpoint(p)}",
+                str(p["prompt_tokens"]),
+                str(p["output_tokens"]),
+                str(p["concurrency"]) + (f"@{p['rate']:g}/s" if p.get("rate") else ""),
+                f"[{color}]{st}[/]",
+                f"{r['output_tokens_per_s']:.1f}" if r.get("output_tokens_per_s") is not None else "-",
+                _ms(r.get("ttft_p50_ms")),
+                _ms(r.get("ttft_p99_ms")),
+                _ms(r.get("itl_p50_ms")),
+                _ms(r.get("itl_p99_ms")),
+                str(r.get("failed", "-")),
+            )
+        self.console.print(t)
+        counts = self.m.counts()
+        self.console.print(
+            "points: "
+            + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            + f"\nresults: {self.run_dir}/<point>/summary.json, records.parquet; manifest: {self.m.path}"
+        )
+
+
+def _aside(run_dir: Path, pid: str, attempt: int) -> Path:
+    """Where a crashed attempt's records and the server log go: one level deeper than point folders, so nothing
+    that globs `<run>/*/summary.json` (resume, reports, the exporter) takes them for a finished point."""
+    d = run_dir / "crashed" / f"{pid}.{attempt}"
+    d.parent.mkdir(exist_ok=True)
+    return d
+
+
+def _headline(summary: dict) -> dict[str, Any]:
+    def pick(key, stat):
+        v = summary.get(key)
+        return v.get(stat) if isinstance(v, dict) else None
+
+    req = summary.get("requests") or {}
+    return {
+        "ok": req.get("ok"),
+        "failed": req.get("failed"),
+        "output_tokens_per_s": summary.get("output_tokens_per_s"),
+        "request_rate": summary.get("request_rate"),
+        "error_rate": summary.get("error_rate"),
+        "ttft_p50_ms": pick("ttft_ms", "p50"),
+        "ttft_p99_ms": pick("ttft_ms", "p99"),
+        "itl_p50_ms": pick("itl_ms", "p50"),
+        "itl_p99_ms": pick("itl_ms", "p99"),
+        "tpot_p50_ms": pick("tpot_ms", "p50"),
+        "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
+        "failure_check": summary.get("failure_check"),
+    }
+
+
+def _ms(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f}s" if v >= 1000 else f"{v:.1f}ms"
+
+
+def _flags_text(cfg: ServerConfig) -> str:
+    return " ".join(f"{k}={v}" for k, v in {**cfg.flags, **cfg.env}.items())
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return {"error": str(e)}
+
+
+def _flush_cache(url: str, api_key: str | None, *, tries: int = 20) -> bool:
+    """POST the flush path (SGLang: /flush_cache); SGLang answers 400 while requests still run, so retry briefly."""
+    headers = {}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    for _ in range(tries):
+        req = urllib.request.Request(url, data=b"", method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                if r.status == 200:
+                    return True
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                return False
+        except (urllib.error.URLError, OSError):
+            return False
+        time.sleep(0.5)
+    return False
+
+
+@click.command(name="run")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option(
+    "--resume", "resume", type=click.Path(file_okay=False), help="Continue runs/<run_id> where it stopped."
+)
+@click.option(
+    "--out",
+    default="runs",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for run folders.",
+)
+@click.option("--keep-server", is_flag=True, help="Leave the last server running at the end.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="The same matrix on the emulator here: every configuration, the ends of each load axis, one request per "
+    "user, 8-token outputs; proves the pipeline.",
+)
+def command(file: str | None, resume: str | None, out: str, keep_server: bool, dry_run: bool) -> None:
+    """Run an experiment matrix (or --resume one)."""
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI: no 80-column wrap
+    if bool(file) == bool(resume):
+        raise click.UsageError("give an experiment FILE or --resume runs/<run_id> (one of them)")
+    if resume:
+        try:
+            m = mf.Manifest.load(Path(resume).resolve())
+        except (FileNotFoundError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        owner = mf.OwnedProcesses(m.run_dir).previous_owner_alive()
+        if owner is not None:
+            raise click.ClickException(
+                f"run {m.data['run_id']} is still running (servesweep process {owner}): stop it first "
+                f"(kill -TERM {owner}, it then stops its load generator), or wait for it"
+            )
+        exp_r = Experiment.model_validate(m.data["experiment"])
+        resolve_run_key(exp_r, m.data.get("experiment_file"))  # fail before the preflight
+        left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
+        preflight_results_dir(
+            m.run_dir,
+            sum(
+                point_bytes(
+                    _point_requests(exp_r, p["concurrency"], bool(m.data.get("dry_run"))), p["output_tokens"]
+                )
+                for p in left
+            )
+            + MANIFEST_RESERVE_BYTES,
+        )
+        m.data.setdefault("resumed", []).append(mf.now_iso())
+        done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
+        console.print(f"resuming {m.data['run_id']}: {done} of {len(m.points)} points already done")
+    else:
+        try:
+            exp = load_experiment(file)
+        except ExperimentError as e:
+            click.echo(str(e), err=True)
+            sys.exit(2)
+        if dry_run:
+            exp = shrink_for_dry_run(exp)
+            console.print(
+                "[bold]dry run[/]: the emulator on this machine, one request per user, short outputs"
+            )
+        resolve_run_key(exp, file)  # fail before the run folder exists
+        preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
+        m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
+    runner = Runner(m, console=console, keep_server=keep_server)
+    try:
+        rc = runner.run()
+    finally:
+        runner.close()
+    sys.exit(rc)

@@ -1,0 +1,972 @@
+"""`servesweep plan`: expand an experiment, drop infeasible points with their reason, estimate wall time, and order
+the server configurations so the matrix restarts the server as few times as possible.
+
+All memory arithmetic comes from `servesweep.sglang.hardware.resolve_server` (the same code the emulator runs), and time
+estimates from the emulator's step-time model (`servesweep.sim.stepmodel`), so plan, dry run and emulator agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+
+# Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
+ANSIBLE_RUN_S = 10.0  # one role run: ~2 s to the first task, ~0.5 s per task, readiness polls
+EMULATOR_LOAD_S = 2.0  # the emulator's simulated load + warmup, tokenizer and pool set-up
+SGLANG_FIXED_START_S = 90.0  # SGLang process start, CUDA graph capture, warmup (excluding weight loading)
+WEIGHT_LOAD_BYTES_PER_S = 2.0e9  # weights read from local disk/page cache per GPU
+POINT_OVERHEAD_S = 6.0  # Locust subprocess start, prompt pool, template probe, result files
+LONG_PREFILL_S = 20.0  # a prefill this long is worth a warning
+MULTI_MINUTE_S = 60.0
+OVERRIDE_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+# Stable pitfall codes (`plan --json` → "pitfalls"): what people running these matrices by hand get wrong.
+CONTEXT_TOO_SHORT = "context_length_too_short"  # --context-length below prompt + output of some points
+CONTEXT_ABOVE_MAX = (
+    "context_length_above_model_max"  # above config.json's maximum without the override variable
+)
+TP_OVER_KV_HEADS = "tp_exceeds_kv_heads"  # KV heads replicate: KV capacity per GPU stops growing with tp
+MEMORY_FIT = (
+    "kv_state_memory"  # KV pool and recurrent-state slots per tp and memory fraction; points that do not fit
+)
+SPEC_RESET = "spec_resets_max_running_requests"  # any spec algorithm sets max_running_requests=48 when unset
+MULTI_MINUTE_PREFILL = "multi_minute_prefill"  # TTFT of the last concurrent prompt above a minute
+OVER_BUDGET = "over_budget"  # the estimate exceeds budget.wall_time; the points to cut first
+CANNOT_START = "server_cannot_start"  # the configuration fails SGLang's start-up checks (memory, tp)
+GENERIC_UNPLANNED = (
+    "generic_server_unplanned"  # launcher.command: no memory plan, no SGLang checks, rough times
+)
+GENERIC_START_S = 120.0  # a generic server's start (unknown: model load, warmup), for the time estimate only
+PITFALLS = (
+    CONTEXT_TOO_SHORT,
+    CONTEXT_ABOVE_MAX,
+    TP_OVER_KV_HEADS,
+    MEMORY_FIT,
+    SPEC_RESET,
+    MULTI_MINUTE_PREFILL,
+    OVER_BUDGET,
+    CANNOT_START,
+    GENERIC_UNPLANNED,
+)
+
+
+@dataclass
+class PointPlan:
+    spec: PointSpec
+    feasible: bool = True
+    reasons: list[str] = field(default_factory=list)  # why it was dropped
+    warnings: list[str] = field(default_factory=list)
+    est_s: float = 0.0
+    detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s
+    codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
+
+
+@dataclass
+class ConfigPlan:
+    config: ServerConfig
+    resolved: Any = None  # servesweep.sglang.hardware.ResolvedServer, None when the configuration cannot start
+    error: str | None = None
+    points: list[PointPlan] = field(default_factory=list)
+    excluded_points: int = 0
+    warnings: list[str] = field(default_factory=list)
+    start_s: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)
+    restart: bool = True  # False when the previous configuration launches the same server
+    error_code: str | None = None
+    context_fix: dict[str, Any] | None = None  # what to set instead when the context length is too short
+
+    @property
+    def feasible_points(self) -> list[PointPlan]:
+        return [p for p in self.points if p.feasible] if self.error is None else []
+
+    @property
+    def est_s(self) -> float:
+        fp = self.feasible_points
+        return (self.start_s if (fp and self.restart) else 0.0) + sum(p.est_s for p in fp)
+
+
+@dataclass
+class Plan:
+    experiment: Experiment
+    configs: list[ConfigPlan]
+    excluded_configs: list[tuple[ServerConfig, int]]
+    warnings: list[str] = field(default_factory=list)
+    cut_first: list[str] = field(default_factory=list)  # point ids to drop first to fit the budget
+    pitfalls: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # structured, one entry per code (see PITFALLS)
+
+    @property
+    def total_s(self) -> float:
+        return sum(c.est_s for c in self.configs)
+
+    @property
+    def budget_s(self) -> float | None:
+        return self.experiment.budget.wall_time_s
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for c in self.configs if c.feasible_points and c.restart)
+
+    def point_plans(self) -> list[PointPlan]:
+        return [p for c in self.configs for p in c.points]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_plan(exp: Experiment) -> Plan:
+    configs, excluded = exp.server_configs()
+    plans = [_plan_config(exp, cfg) for cfg in configs]
+    plans = _order(plans)
+    plan = Plan(exp, plans, excluded)
+    _budget(plan)
+    _global_warnings(plan)
+    plan.pitfalls = _pitfalls(plan)
+    return plan
+
+
+def _resolve_args(exp: Experiment, cfg: ServerConfig) -> dict[str, Any]:
+    args = {k: v for k, v in cfg.flags.items() if v is not None}
+    args["model_path"] = exp.model.path
+    if exp.model.served_model_name:
+        args["served_model_name"] = exp.model.served_model_name
+    if exp.launcher.gpu:
+        args["sim_gpu"] = exp.launcher.gpu
+    args["sim_sglang_version"] = exp.sglang_version
+    return args
+
+
+def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
+    """Resolve one server configuration the way SGLang starts it, then check and price each of its points."""
+    from servesweep.sglang import hardware
+
+    cp = ConfigPlan(cfg)
+    points, dropped = exp.points_for(cfg)
+    cp.excluded_points = len(dropped)
+    cp.points = [PointPlan(p) for p in points]
+    if exp.launcher.generic:
+        return _plan_generic(exp, cp)
+    try:
+        arch = hardware.load_model_arch(exp.model.path)
+    except (ValueError, OSError) as e:
+        cp.error = f"model: {e}"
+        return cp
+    problems = _start_problems(exp, cfg, arch)
+    if problems:
+        ctx_asked = cfg.flags.get("context_length")
+        cp.error = "; ".join(problems)
+        cp.error_code = CONTEXT_ABOVE_MAX if ctx_asked and ctx_asked > arch.max_position_embeddings else None
+        return cp
+    try:
+        rs = hardware.resolve_server(
+            _resolve_args(exp, cfg), cfg.env, extra_spec_algorithms=set(exp.launcher.extra_spec_algorithms)
+        )
+    except (ValueError, RuntimeError) as e:  # SGLang's own start-up errors (context override, memory)
+        cp.error = str(e)
+        return cp
+    cp.resolved = rs
+    cp.facts = _server_facts(rs, arch)
+    # the spec reset is reported by _running_cap_warning with the concurrencies it caps
+    cp.warnings.extend(w for w in rs.warnings if "reset to 48" not in w)
+    if rs.tp_size > arch.num_kv_heads:
+        cp.warnings.append(
+            f"tp_size {rs.tp_size} exceeds the model's {arch.num_kv_heads} KV heads: KV heads replicate, so KV bytes "
+            f"per token per GPU stay at {rs.kv_bytes_per_token / 1024:.0f} KiB (as at tp {arch.num_kv_heads}) and KV "
+            "capacity per GPU stops growing with tp"
+        )
+    _plan_points(exp, cfg, rs, arch, cp)
+    return cp
+
+
+def _overrides_context(cfg: ServerConfig) -> bool:
+    """Whether the configuration's environment lets SGLang run above the model's maximum context."""
+    return cfg.env.get(OVERRIDE_ENV) in ("1", "true", "True")
+
+
+def _start_problems(exp: Experiment, cfg: ServerConfig, arch) -> list[str]:
+    """Why SGLang would refuse to start this configuration (heads, GPUs per host, context), before resolving it."""
+    tp = int(cfg.flags.get("tp_size") or 1)
+    dp = int(cfg.flags.get("dp_size") or 1)
+    problems = []
+    if arch.num_heads % tp:
+        problems.append(f"tp_size {tp} does not divide the model's {arch.num_heads} attention heads")
+    if tp * dp > exp.launcher.gpus_per_host:
+        problems.append(
+            f"tp_size × dp_size = {tp * dp} GPUs, more than launcher.gpus_per_host ({exp.launcher.gpus_per_host})"
+        )
+    ctx_asked = cfg.flags.get("context_length")
+    if ctx_asked and ctx_asked > arch.max_position_embeddings and not _overrides_context(cfg):
+        problems.append(
+            f"context_length {ctx_asked} is above the model's maximum {arch.max_position_embeddings}: SGLang refuses to "
+            f"start unless server.env sets {OVERRIDE_ENV}=1"
+        )
+    return problems
+
+
+def _server_facts(rs, arch) -> dict[str, Any]:
+    """What the plan reports of one resolved server (`plan --json` → configs[].facts)."""
+    from servesweep.sglang import hardware
+
+    return {
+        "gpu": rs.gpu.name,
+        "context_len": rs.context_len,
+        "kv_capacity_tokens": rs.max_total_num_tokens,
+        "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+        "kv_heads_per_gpu": hardware.kv_heads_per_rank(arch, rs.tp_size),
+        "state_slot_bytes_per_gpu": rs.state_slot_bytes,
+        "state_slots": rs.state_slots,
+        "max_running_requests": rs.effective_max_running_requests,
+        "mem_fraction_static": rs.mem_fraction_static,
+        "chunked_prefill_size": rs.chunked_prefill_size,
+        "spec_algorithm": rs.spec_algorithm,
+        "memory_usage": rs.memory_usage,
+        "hybrid": rs.is_hybrid,
+    }
+
+
+def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -> None:
+    """Check every point of a startable configuration against its server, price the feasible ones, and record the
+    context length to set and the running-request cap they meet."""
+    mrr = rs.effective_max_running_requests
+    spec_reset = rs.spec_algorithm is not None and cfg.flags.get("max_running_requests") is None
+    cp.start_s = _start_estimate(exp, rs)
+    try:
+        timer = _Timer(rs, exp)
+    except Exception as e:  # the step model is the emulator's; a plan must still print without it
+        timer = None
+        cp.warnings.append(f"time estimate without the step model ({e})")
+    # one context length that covers every point of this configuration (what to set instead)
+    need_max = max(
+        (p.spec.prompt_tokens + p.spec.output_tokens + rs.num_reserved_tokens for p in cp.points), default=0
+    )
+    for pp in cp.points:
+        _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset, need_max)
+        if pp.feasible:
+            _estimate_point(exp, rs, pp, timer)
+    if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
+        want = _needed_context(need_max)
+        above = want > arch.max_position_embeddings and not _overrides_context(cfg)
+        cp.context_fix = {
+            "context_length": rs.context_len,
+            "largest_point_tokens": need_max,
+            "set_context_length": want,
+            "model_max": arch.max_position_embeddings,
+            "set_env": {OVERRIDE_ENV: "1"} if above else {},
+        }
+    warning = _running_cap_warning(cp, rs, spec_reset)
+    if warning:
+        cp.warnings.append(warning)
+
+
+def _running_cap_warning(cp: ConfigPlan, rs, spec_reset: bool) -> str | None:
+    """The concurrencies that queue behind max_running_requests, and the spec reset to 48 when it set the cap."""
+    from servesweep.sglang import hardware
+
+    mrr = rs.effective_max_running_requests
+    capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
+    queue = f": concurrency {', '.join(map(str, capped))} will queue" if capped else ""
+    if spec_reset:
+        msg = (
+            f"speculative decoding ({rs.spec_algorithm_asked}) resets max_running_requests to "
+            f"{hardware.SPEC_MAX_RUNNING_REQUESTS} because it is not set"
+        )
+        if mrr < hardware.SPEC_MAX_RUNNING_REQUESTS:
+            msg += f", and the server caps it further to {mrr} (KV / state slots)"
+        return msg + queue + ("; set server.base.max_running_requests" if capped else "")
+    if capped:
+        return f"the server runs at most {mrr} requests at once{queue}"
+    return None
+
+
+def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
+    """A server servesweep knows nothing of (launcher.command): every point runs, SGLang's memory arithmetic and
+    pitfalls do not apply, and the time estimate is only the fixed costs plus the load's own bound."""
+    ld = exp.load
+    cp.facts = {"server": "generic", "command": exp.launcher.command}
+    cp.start_s = ANSIBLE_RUN_S + GENERIC_START_S
+    for pp in cp.points:
+        pp.codes.append(GENERIC_UNPLANNED)
+        sched = (ld.requests / pp.spec.rate) if (pp.spec.rate and ld.requests) else 0.0
+        pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + (ld.duration_s or sched)
+    return cp
+
+
+def _needed_context(n: int) -> int:
+    """The next power of two above n (what people set --context-length to)."""
+    return 1 << max(12, math.ceil(math.log2(n + 1)))
+
+
+def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, need_max: int) -> None:
+    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    need = p + o + rs.num_reserved_tokens
+    if need >= rs.context_len:
+        want = _needed_context(need_max)
+        fix = f"set context_length to {want} (covers the largest point, {need_max} tokens)"
+        if want > arch.max_position_embeddings and not _overrides_context(cfg):
+            fix += f" and {OVERRIDE_ENV}=1 (above the model's maximum {arch.max_position_embeddings})"
+        extra = f" + {rs.num_reserved_tokens} reserved draft tokens" if rs.num_reserved_tokens else ""
+        pp.reasons.append(f"prompt {p} + output {o}{extra} = {need} ≥ context length {rs.context_len}; {fix}")
+        pp.codes.append(CONTEXT_TOO_SHORT)
+    if p + o > rs.max_total_num_tokens:
+        pp.codes.append(MEMORY_FIT)
+        pp.reasons.append(
+            f"one request needs {p + o} tokens of KV but the pool holds {rs.max_total_num_tokens} "
+            f"(tp {rs.tp_size}, mem_fraction_static {rs.mem_fraction_static})"
+        )
+    elif min(c, mrr) * (p + o) > rs.max_total_num_tokens:
+        pp.codes.append(MEMORY_FIT)
+        fit = rs.max_total_num_tokens // (p + o)
+        pp.reasons.append(
+            f"KV capacity {rs.max_total_num_tokens} tokens < {min(c, mrr)} running × {p + o} tokens: at most {fit} "
+            "requests of this size fit, the rest would queue or be retracted"
+        )
+    pp.feasible = not pp.reasons
+    if pp.feasible and c > mrr:
+        why = " (speculative decoding's reset to 48)" if spec_reset else ""
+        pp.warnings.append(f"concurrency {c} > max running requests {mrr}{why}: {c - mrr} requests queue")
+        if spec_reset:
+            pp.codes.append(SPEC_RESET)
+        if rs.is_hybrid and rs.state_slots // max(1, rs.mamba_ratio) <= mrr:
+            pp.codes.append(MEMORY_FIT)  # the state slots, not the KV pool, bound the running requests
+
+
+class _Timer:
+    """Prices one closed-loop point with the emulator's step-time model and accept-length model."""
+
+    def __init__(self, rs, exp: Experiment):
+        from servesweep.sim.stepmodel import StepModel, calibration_for
+
+        self.rs = rs
+        self.model = StepModel(rs, calibration_for(rs))
+        self.accept = 1.0
+        if rs.spec_algorithm:
+            from servesweep.sim.speculative import accept_model
+
+            extra = {a.upper() for a in exp.launcher.extra_spec_algorithms}
+            self.accept = accept_model(
+                rs.spec_algorithm,
+                num_steps=rs.spec_num_steps,
+                eagle_topk=rs.spec_eagle_topk,
+                num_draft_tokens=rs.spec_num_draft_tokens,
+                tree=rs.spec_algorithm.upper() in extra,
+            ).mean
+
+    def prefill_s(self, prompt: int) -> float:
+        chunk = self.rs.chunked_prefill_size if self.rs.chunked_prefill_size > 0 else prompt
+        t, done = 0.0, 0
+        while done < prompt:
+            n = min(chunk, prompt - done)
+            t += self.model.prefill(1, n, done, n * (done + n / 2))
+            done += n
+        return t
+
+    def decode_step_s(self, batch: int, ctx: int) -> float:
+        return self.model.decode(batch, batch * ctx)
+
+
+def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) -> None:
+    ld = exp.load
+    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    b = max(1, min(c, rs.effective_max_running_requests))
+    if timer is not None:
+        prefill = timer.prefill_s(p)
+        steps = math.ceil(max(1, o - 1) / timer.accept)
+        itl = timer.decode_step_s(b, p + o // 2)
+    else:
+        # simple roofline: prefill at 40 % of peak FLOP/s, decode reads the weights once per step
+        a, g = rs.arch, rs.gpu
+        prefill = 2 * a.active_params * p / (g.bf16_flops * 0.4 * rs.tp_size)
+        steps = max(1, o - 1)
+        itl = (a.total_params * a.weight_bytes / rs.tp_size + rs.kv_bytes_per_token * b * (p + o // 2)) / (
+            g.hbm_bandwidth * 0.7
+        )
+    # A wave of b requests: their prefills run one after the other (they stall decodes), then b decode together.
+    wave = b * prefill + steps * itl
+    if ld.requests is not None:
+        measure = math.ceil(ld.requests / b) * wave
+        if pp.spec.rate:  # open loop: the schedule, unless the server is slower than the rate
+            measure = max(measure, ld.requests / pp.spec.rate)
+    else:
+        measure = (ld.duration_s or 0.0) + wave  # running streams finish after the duration
+    pp.detail = {
+        "prefill_s": round(prefill, 4),
+        "ttft_s": round(prefill * (b + 1) / 2, 4),
+        "itl_s": round(itl / (timer.accept if timer else 1.0), 5),
+        "request_s": round(prefill + steps * itl, 3),
+    }
+    pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + measure
+    # The first token of the last of c concurrent prompts (closed loop: all c arrive together). Their prefills share
+    # the GPU one after another (chunked prefill runs one chunk budget per step), so the b that run wait ≈ b ×
+    # prefill; the c - b queued ones start only when a running request finishes, one wave (b prefills + the decode)
+    # later per extra wave. A single 29 s prefill is then a multi-minute TTFT at concurrency 4.
+    waves = math.ceil(c / b)
+    last_ttft = b * prefill + (waves - 1) * (b * prefill + steps * itl)
+    pp.detail["last_ttft_s"] = round(last_ttft, 2)
+    if prefill >= LONG_PREFILL_S or last_ttft >= MULTI_MINUTE_S:
+        msg = f"prefill of {p} tokens takes ~{prefill:.1f} s at tp {rs.tp_size}"
+        if c > 1:
+            msg += f"; the last of {c} concurrent prompts waits ~{last_ttft / 60:.1f} min for its first token"
+            if waves > 1:
+                msg += f" ({waves - 1} more waves queue behind {b} running)"
+        if last_ttft >= MULTI_MINUTE_S:
+            msg += ": multi-minute TTFT"
+            pp.codes.append(MULTI_MINUTE_PREFILL)
+        pp.warnings.append(msg)
+    if prefill * b > ld.first_token_timeout_s:
+        pp.warnings.append(
+            f"the last of {b} concurrent prefills waits ~{prefill * b:.0f} s > load.first_token_timeout_s "
+            f"({ld.first_token_timeout_s:g} s): requests would time out"
+        )
+
+
+def _start_estimate(exp: Experiment, rs) -> float:
+    if exp.launcher.emulator:
+        return ANSIBLE_RUN_S + EMULATOR_LOAD_S
+    weights = rs.memory_usage.get("weight", 0.0) if isinstance(rs.memory_usage, dict) else 0.0
+    weight_bytes = (
+        float(weights) * (1 << 30) if weights else rs.arch.total_params * rs.arch.weight_bytes / rs.tp_size
+    )
+    return ANSIBLE_RUN_S + SGLANG_FIXED_START_S + weight_bytes / WEIGHT_LOAD_BYTES_PER_S
+
+
+def _order(plans: list[ConfigPlan]) -> list[ConfigPlan]:
+    """Greedy nearest-neighbour over launch flags, starting from the first configuration: configurations that launch
+    the same server become neighbours (no restart between them), and each step changes as few flags as possible."""
+    if not plans:
+        return plans
+    left = plans[:]
+    out = [left.pop(0)]
+    while left:
+        last = out[-1].config
+        best = min(left, key=lambda cp: (_distance(last, cp.config), cp.config.index))
+        left.remove(best)
+        out.append(best)
+    prev_key = None
+    for cp in out:
+        if not cp.feasible_points:
+            continue
+        cp.restart = cp.config.key() != prev_key
+        prev_key = cp.config.key()
+    return out
+
+
+def _distance(a: ServerConfig, b: ServerConfig) -> int:
+    keys = set(a.flags) | set(b.flags) | set(a.env) | set(b.env)
+    d = sum(1 for k in keys if a.flags.get(k, a.env.get(k)) != b.flags.get(k, b.env.get(k)))
+    # a tp change is a full reload of the weights on other GPUs: the most expensive difference
+    return d + (3 if a.flags.get("tp_size") != b.flags.get("tp_size") else 0)
+
+
+def _budget(plan: Plan) -> None:
+    budget = plan.budget_s
+    if budget is None or plan.total_s <= budget:
+        return
+    over = plan.total_s - budget
+    ranked = sorted((p for c in plan.configs for p in c.feasible_points), key=lambda p: -p.est_s)
+    saved = 0.0
+    for p in ranked:
+        if saved >= over:
+            break
+        plan.cut_first.append(p.spec.id)
+        saved += p.est_s
+    plan.warnings.append(
+        f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(budget)} by {_fmt_s(over)}: cut first the "
+        f"{len(plan.cut_first)} most expensive points (listed under cut_first)"
+    )
+
+
+def _pitfall(
+    code: str, message: str, configs: list[str], points: list[str], detail: dict[str, Any]
+) -> dict[str, Any]:
+    return {"code": code, "message": message, "configs": configs, "points": points, "detail": detail}
+
+
+def _points_with(live: list[ConfigPlan], code: str) -> list[str]:
+    """Ids of the points of the startable configurations that carry pitfall `code`."""
+    return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
+
+
+def _generic_pitfall(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any]:
+    """The one pitfall of a generic server (launcher.command): nothing of it is planned."""
+    cmd = plan.experiment.launcher.command or []
+    bound = (
+        " and load.duration_s" if plan.experiment.load.duration_s else " (request-bounded points: unknown)"
+    )
+    return _pitfall(
+        GENERIC_UNPLANNED,
+        f"a generic server ({' '.join(cmd[:4])} ...): servesweep does not plan its memory or check "
+        "SGLang's pitfalls; every point is kept, and times count only the fixed costs" + bound,
+        [cp.config.id for cp in live],
+        [pp.spec.id for cp in live for pp in cp.points],
+        {"command": cmd},
+    )
+
+
+def _context_too_short(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """context_length below prompt + output: the one length to set instead, and the override it needs."""
+    fixes = {cp.config.id: cp.context_fix for cp in live if cp.context_fix}
+    if not fixes:
+        return None
+    want = max(f["set_context_length"] for f in fixes.values())
+    env = {k: v for f in fixes.values() for k, v in f["set_env"].items()}
+    lengths = sorted({f["context_length"] for f in fixes.values()})
+    affected = _points_with(live, CONTEXT_TOO_SHORT)
+    msg = (
+        f"context_length {', '.join(map(str, lengths))} is below prompt + output of {len(affected)} points (they are "
+        f"dropped): set context_length to {want}"
+    )
+    msg += (
+        f" and {OVERRIDE_ENV}=1 in server.env (above the model's maximum)"
+        if env
+        else f" (within the model's maximum {max(f['model_max'] for f in fixes.values())}: no override needed)"
+    )
+    detail = {"set_context_length": want, "set_env": env, "per_config": fixes}
+    return _pitfall(CONTEXT_TOO_SHORT, msg, sorted(fixes), affected, detail)
+
+
+def _context_above_max(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """context_length above config.json's maximum without the override variable: SGLang refuses to start."""
+    above = [cp for cp in plan.configs if cp.error_code == CONTEXT_ABOVE_MAX]
+    if not above:
+        return None
+    return _pitfall(
+        CONTEXT_ABOVE_MAX,
+        f"context_length above the model's maximum: SGLang refuses to start unless server.env sets {OVERRIDE_ENV}=1",
+        [cp.config.id for cp in above],
+        [pp.spec.id for cp in above for pp in cp.points],
+        {"set_env": {OVERRIDE_ENV: "1"}},
+    )
+
+
+def _tp_over_kv_heads(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """tp_size above the model's KV heads: KV bytes per token per GPU stop shrinking, with the figures per tp."""
+    over = [cp for cp in live if cp.resolved.tp_size > cp.resolved.arch.num_kv_heads]
+    if not over:
+        return None
+    arch = over[0].resolved.arch
+    per_tp = {}
+    for cp in live:
+        rs = cp.resolved
+        per_tp.setdefault(
+            rs.tp_size,
+            {
+                "kv_heads_per_gpu": cp.facts["kv_heads_per_gpu"],
+                "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+                "kv_tokens_per_gpu": rs.max_total_num_tokens,
+            },
+        )
+    return _pitfall(
+        TP_OVER_KV_HEADS,
+        f"tp_size {', '.join(sorted({str(cp.resolved.tp_size) for cp in over}))} exceeds the model's "
+        f"{arch.num_kv_heads} KV heads: KV heads replicate, KV bytes per token per GPU stay as at tp "
+        f"{arch.num_kv_heads}, so KV capacity per GPU stops growing with tp (the extra GPUs buy compute, not context)",
+        [cp.config.id for cp in over],
+        [pp.spec.id for cp in over for pp in cp.points],
+        {"num_kv_heads": arch.num_kv_heads, "per_tp": dict(sorted(per_tp.items()))},
+    )
+
+
+def _memory_row(cp: ConfigPlan) -> dict[str, Any]:
+    """One configuration's KV pool and recurrent-state slots per GPU."""
+    rs, mu = cp.resolved, cp.resolved.memory_usage
+    return {
+        "config": cp.config.id,
+        "tp_size": rs.tp_size,
+        "mem_fraction_static": rs.mem_fraction_static,
+        "weights_gib_per_gpu": mu.get("weight"),
+        "kv_gib_per_gpu": mu.get("kvcache"),
+        "kv_tokens": rs.max_total_num_tokens,
+        "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
+        "state_gib_per_gpu": mu.get("mamba", 0.0),
+        "state_slot_mib_per_gpu": round(rs.state_slot_bytes / 2**20, 2),
+        "state_slots": rs.state_slots,
+        "slots_per_running_request": rs.mamba_ratio,
+        "max_running_requests": rs.effective_max_running_requests,
+    }
+
+
+def _memory_fit(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """KV and recurrent-state memory of every startable configuration, and the points that do not fit."""
+    mem = [_memory_row(cp) for cp in live]
+    if not mem:
+        return None
+    hybrid = any(cp.resolved.is_hybrid for cp in live)
+    arch = live[0].resolved.arch
+    affected = _points_with(live, MEMORY_FIT)
+    head = (
+        f"hybrid model: only {arch.full_attention_layers} of {arch.num_layers} layers hold KV; each running "
+        "request also holds Gated DeltaNet state slots. "
+        if hybrid
+        else ""
+    )
+    rows = "; ".join(
+        f"{m['config']} (tp {m['tp_size']}, mem {m['mem_fraction_static']}): KV {m['kv_gib_per_gpu']} GiB = "
+        f"{m['kv_tokens']:,} tokens"
+        + (
+            f", state {m['state_gib_per_gpu']} GiB = {m['state_slots']} slots of {m['state_slot_mib_per_gpu']} MiB"
+            if hybrid
+            else ""
+        )
+        + f" → {m['max_running_requests']} running"
+        for m in mem[:6]
+    )
+    more = f" (+{len(mem) - 6} more in detail)" if len(mem) > 6 else ""
+    return _pitfall(
+        MEMORY_FIT,
+        f"{head}Per GPU: {rows}{more}. {len(affected)} concurrency × context points do not fit (dropped, or "
+        "queued behind the running-request cap)",
+        [m["config"] for m in mem],
+        affected,
+        {"hybrid": hybrid, "per_config": mem},
+    )
+
+
+def _spec_reset(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Speculative decoding sets an unset max_running_requests to 48, capping the concurrency sweep."""
+    reset = [
+        cp
+        for cp in live
+        if cp.resolved.spec_algorithm is not None and cp.config.flags.get("max_running_requests") is None
+    ]
+    if not reset:
+        return None
+    return _pitfall(
+        SPEC_RESET,
+        "speculative decoding resets max_running_requests to 48 when it is not set, capping the concurrency "
+        "sweep (the higher points only queue): set server.base.max_running_requests, the same in every "
+        "configuration, so autoregressive and speculative runs compare",
+        [cp.config.id for cp in reset],
+        _points_with(live, SPEC_RESET),
+        {
+            "reset_to": 48,
+            "max_running_requests": {
+                cp.config.id: cp.resolved.effective_max_running_requests for cp in reset
+            },
+        },
+    )
+
+
+def _multi_minute_prefill(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Points whose last concurrent prompt waits more than a minute for its first token."""
+    slow = [(cp, pp) for cp in live for pp in cp.points if MULTI_MINUTE_PREFILL in pp.codes]
+    if not slow:
+        return None
+    return _pitfall(
+        MULTI_MINUTE_PREFILL,
+        f"{len(slow)} points have a multi-minute TTFT: the step model's prefill of one prompt, times the "
+        "prompts of one wave (concurrency, up to the running cap) that prefill one after another, plus one "
+        "wave per extra group of queued requests (detail: prefill_s of one request, last_ttft_s)",
+        sorted({cp.config.id for cp, _ in slow}),
+        [pp.spec.id for _, pp in slow],
+        {
+            pp.spec.id: {"prefill_s": pp.detail.get("prefill_s"), "last_ttft_s": pp.detail.get("last_ttft_s")}
+            for _, pp in slow
+        },
+    )
+
+
+def _cut_seconds_by_axis(plan: Plan) -> dict[str, dict[str, float]]:
+    """Seconds of the cut_first points per value of each axis (config, prompt, output, concurrency)."""
+    cut = set(plan.cut_first)
+    by: dict[str, dict[str, float]] = {
+        "config": {},
+        "prompt_tokens": {},
+        "output_tokens": {},
+        "concurrency": {},
+    }
+    for pp in plan.point_plans():
+        if pp.spec.id in cut:
+            for axis, key in (
+                ("config", pp.spec.id.split(".")[0]),
+                ("prompt_tokens", str(pp.spec.prompt_tokens)),
+                ("output_tokens", str(pp.spec.output_tokens)),
+                ("concurrency", str(pp.spec.concurrency)),
+            ):
+                by[axis][key] = round(by[axis].get(key, 0.0) + pp.est_s, 1)
+    return by
+
+
+def _over_budget(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """The estimate exceeds budget.wall_time: the points to cut first and the axis values they sit on."""
+    if not plan.cut_first:
+        return None
+    by = _cut_seconds_by_axis(plan)
+    # the axis values whose points cost the most: the ones to trim in the experiment file
+    heavy = {axis: sorted(v.items(), key=lambda kv: -kv[1])[:3] for axis, v in by.items()}
+    return _pitfall(
+        OVER_BUDGET,
+        f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(plan.budget_s or 0)}: cut first the "
+        f"{len(plan.cut_first)} most expensive points (listed in points, most expensive first); they sit "
+        + "; ".join(f"{axis} {', '.join(k for k, _ in v)}" for axis, v in heavy.items())
+        + " (the values to trim first)",
+        sorted({pid.split(".")[0] for pid in plan.cut_first}),
+        list(plan.cut_first),
+        {
+            "total_s": round(plan.total_s, 1),
+            "budget_s": plan.budget_s,
+            "cut_s_by": by,
+            "trim_first": {axis: [k for k, _ in v] for axis, v in heavy.items()},
+        },
+    )
+
+
+def _cannot_start(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """Configurations that fail SGLang's start-up checks for a reason no other pitfall names."""
+    dead = [cp for cp in plan.configs if cp.error is not None and cp.error_code is None]
+    if not dead:
+        return None
+    return _pitfall(
+        CANNOT_START,
+        "; ".join(f"{cp.config.id}: {cp.error}" for cp in dead),
+        [cp.config.id for cp in dead],
+        [pp.spec.id for cp in dead for pp in cp.points],
+        {cp.config.id: cp.error for cp in dead},
+    )
+
+
+# The checks `_pitfalls` runs on an SGLang plan, in the order their entries appear.
+_PITFALL_CHECKS = (
+    _context_too_short,
+    _context_above_max,
+    _tp_over_kv_heads,
+    _memory_fit,
+    _spec_reset,
+    _multi_minute_prefill,
+    _over_budget,
+    _cannot_start,
+)
+
+
+def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
+    """One structured entry per pitfall code that applies: code, message, affected configs and points, detail."""
+    live = [cp for cp in plan.configs if cp.error is None]
+    if plan.experiment.launcher.generic:
+        return [_generic_pitfall(plan, live)]
+    return [entry for check in _PITFALL_CHECKS if (entry := check(plan, live)) is not None]
+
+
+def _global_warnings(plan: Plan) -> None:
+    exp = plan.experiment
+    if exp.launcher.emulator is False and not exp.launcher.gpu and not exp.launcher.generic:
+        plan.warnings.append("launcher.gpu is not set: memory arithmetic assumes an H200")
+    if exp.launcher.generic and exp.flush_cache_between_points and not exp.launcher.flush_cache_path:
+        plan.warnings.append(
+            "launcher.flush_cache_path is not set: the generic server's prefix cache (if any) is not flushed "
+            "between points; servesweep's cache-busting prompts still keep points apart"
+        )
+    if not exp.flush_cache_between_points:
+        plan.warnings.append("flush_cache_between_points is off: prefix-cache hits can fake a fast prefill")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_s(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 3600 * 1.5:
+        return f"{s / 60:.1f}m"
+    return f"{s / 3600:.2f}h"
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    exp = plan.experiment
+    configs = []
+    for order, cp in enumerate(plan.configs):
+        configs.append(
+            {
+                "order": order,
+                "id": cp.config.id,
+                "flags": cp.config.flags,
+                "env": cp.config.env,
+                "bundle": cp.config.bundle,
+                "labels": cp.config.labels,
+                "feasible": cp.error is None,
+                "error": cp.error,
+                "restart": cp.restart,
+                "start_s": round(cp.start_s, 1),
+                "est_s": round(cp.est_s, 1),
+                "facts": cp.facts,
+                "warnings": cp.warnings,
+                "excluded_points": cp.excluded_points,
+                "points": [
+                    {
+                        "id": p.spec.id,
+                        "workload": p.spec.workload,
+                        "concurrency": p.spec.concurrency,
+                        "rate": p.spec.rate,
+                        "prompt_tokens": p.spec.prompt_tokens,
+                        "output_tokens": p.spec.output_tokens,
+                        "feasible": p.feasible and cp.error is None,
+                        "reasons": p.reasons if cp.error is None else [f"server configuration: {cp.error}"],
+                        "warnings": p.warnings,
+                        "est_s": round(p.est_s, 2),
+                        "estimate": p.detail,
+                        "pitfalls": p.codes,
+                    }
+                    for p in cp.points
+                ],
+            }
+        )
+    feasible = sum(len(c.feasible_points) for c in plan.configs)
+    total = sum(len(c.points) for c in plan.configs)
+    return {
+        "experiment": exp.name,
+        "sglang_version": exp.sglang_version,
+        "model": exp.model.path,
+        "gpu": exp.launcher.gpu,
+        "emulator": exp.launcher.emulator,
+        "generic_command": exp.launcher.command,
+        "configs": configs,
+        "excluded_configs": [{"id": c.id, "rule": r} for c, r in plan.excluded_configs],
+        "points_total": total,
+        "points_feasible": feasible,
+        "points_infeasible": total - feasible,
+        "restarts": plan.restarts,
+        "total_s": round(plan.total_s, 1),
+        "budget_s": plan.budget_s,
+        "within_budget": plan.budget_s is None or plan.total_s <= plan.budget_s,
+        "cut_first": plan.cut_first,
+        "warnings": plan.warnings,
+        "pitfalls": plan.pitfalls,
+    }
+
+
+def print_plan(plan: Plan, console) -> None:
+    """The plan for a person: header, configurations in run order, dropped points, warnings, totals, pitfalls."""
+    _print_header(plan, console)
+    console.print(_config_table(plan))
+    for cp in plan.configs:
+        if cp.error:
+            console.print(f"[red]✗ {cp.config.id}[/]: {cp.error}")
+        for w in cp.warnings:
+            console.print(f"[yellow]! {cp.config.id}[/]: {w}")
+    _print_dropped_points(plan, console)
+    _print_point_warnings(plan, console)
+    _print_totals(plan, console)
+
+
+def _print_header(plan: Plan, console) -> None:
+    exp = plan.experiment
+    server = (
+        f"generic server `{' '.join((exp.launcher.command or [])[:4])} ...`"
+        if exp.launcher.generic
+        else f"SGLang {exp.sglang_version}"
+    )
+    console.print(
+        f"[bold]{exp.name}[/]: {server}, {exp.model.path}, "
+        f"{'emulator' if exp.launcher.emulator else exp.launcher.kind} on "
+        f"{exp.launcher.gpu or ('an unplanned GPU' if exp.launcher.generic else 'H200 (assumed)')}"
+    )
+    base = " ".join(f"{k}={v}" for k, v in exp.server.base.items())
+    if base:
+        console.print(f"base flags: {base}")
+
+
+def _config_table(plan: Plan):
+    """One row per server configuration, in run order: what varies, KV tokens, running cap, points, estimate."""
+    from rich.table import Table
+
+    t = Table(title="server configurations (in run order)")
+    for col in ("#", "config", "varies", "KV tokens", "max run", "points", "dropped", "est."):
+        t.add_column(
+            col,
+            justify="right" if col in ("#", "KV tokens", "max run", "points", "dropped", "est.") else "left",
+        )
+    for i, cp in enumerate(plan.configs):
+        flags = " ".join(f"{k}={v}" for k, v in cp.config.labels.items())
+        if cp.error:
+            t.add_row(
+                str(i + 1), cp.config.id, flags, "-", "-", "0", str(len(cp.points)), "[red]cannot start[/]"
+            )
+            continue
+        dropped = sum(1 for p in cp.points if not p.feasible)
+        t.add_row(
+            str(i + 1),
+            cp.config.id + ("" if cp.restart else " (no restart)"),
+            flags.strip(),
+            f"{cp.facts['kv_capacity_tokens']:,}" if "kv_capacity_tokens" in cp.facts else "-",
+            str(cp.facts.get("max_running_requests", "")),
+            str(len(cp.feasible_points)),
+            str(dropped),
+            _fmt_s(cp.est_s),
+        )
+    return t
+
+
+def _print_dropped_points(plan: Plan, console) -> None:
+    """The infeasible points of startable configurations with their reasons (the first 60)."""
+    from rich.table import Table
+
+    drops = [(cp, p) for cp in plan.configs if not cp.error for p in cp.points if not p.feasible]
+    if not drops:
+        return
+    d = Table(title=f"dropped points ({len(drops)})")
+    d.add_column("point")
+    d.add_column("reason")
+    for _, p in drops[:60]:
+        d.add_row(p.spec.id, "; ".join(p.reasons))
+    if len(drops) > 60:
+        d.add_row("…", f"{len(drops) - 60} more (see --json)")
+    console.print(d)
+
+
+def _print_point_warnings(plan: Plan, console) -> None:
+    """Each kind of point warning once per configuration (the kind is the text before its first colon)."""
+    seen = set()
+    for cp in plan.configs:
+        for p in cp.feasible_points:
+            for w in p.warnings:
+                key = (cp.config.id, w.split(":")[0])
+                if key not in seen:
+                    seen.add(key)
+                    console.print(f"[yellow]! {p.spec.id}[/]: {w}")
+
+
+def _print_totals(plan: Plan, console) -> None:
+    """Points to run, server starts and the estimate; then the plan's warnings, pitfalls and points to cut."""
+    j = plan_json(plan)
+    budget = f" (budget {_fmt_s(plan.budget_s)})" if plan.budget_s else ""
+    console.print(
+        f"[bold]{j['points_feasible']}[/] points to run, {j['points_infeasible']} dropped, "
+        f"{sum(c.excluded_points for c in plan.configs)} excluded by rules; {plan.restarts} server starts; "
+        f"estimated {_fmt_s(plan.total_s)}{budget}"
+    )
+    for w in plan.warnings:
+        console.print(f"[yellow]! {w}[/]")
+    if plan.pitfalls:
+        console.print(f"[bold]pitfalls ({len(plan.pitfalls)})[/]")
+        for pf in plan.pitfalls:
+            console.print(f"[magenta]{pf['code']}[/] ({len(pf['points'])} points): {pf['message']}")
+    if plan.cut_first:
+        console.print(
+            "cut first: " + ", ".join(plan.cut_first[:20]) + (" …" if len(plan.cut_first) > 20 else "")
+        )
+
+
+@click.command(name="plan")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (for machines).")
+def command(file: str, as_json: bool) -> None:
+    """Expand an experiment file, drop infeasible points with their reason, estimate wall time."""
+    from rich.console import Console
+
+    try:
+        exp = load_experiment(file)
+    except ExperimentError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    plan = make_plan(exp)
+    if as_json:
+        click.echo(json.dumps(plan_json(plan), indent=2, default=str))
+    else:
+        print_plan(plan, Console(width=None if sys.stdout.isatty() else 160))

@@ -1,0 +1,1 @@
+"""Live and historical observability: the client-metrics exporter, Prometheus configuration, Grafana dashboards generated from code."""

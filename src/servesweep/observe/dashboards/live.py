@@ -1,0 +1,119 @@
+"""Live run: client TTFT/ITL/TPOT/E2E, throughput, errors and users beside the SGLang server's own panels."""
+
+from __future__ import annotations
+
+from servesweep.observe.dashboards import grafana as g
+from servesweep.observe.dashboards.queries import CLIENT, EPS, SERVER, hist_mean, quantile, rate_sum
+
+FAILED = CLIENT + ', outcome="failure"'
+_Q = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+
+
+def _latency(title: str, hist: str, sel: str, desc: str) -> dict:
+    ts = [g.target(quantile(q, hist, sel), name) for q, name in _Q]
+    ts.append(g.target(hist_mean(hist, sel), "mean"))
+    return g.timeseries(title, ts, unit="s", desc=desc)
+
+
+def build() -> dict:
+    L = g.Layout()
+    L.row("Client (servesweep exporter): what users saw")
+    L.add(
+        _latency("Client TTFT", "servesweep_ttft_seconds", CLIENT, "Send to first token-bearing chunk."), w=8
+    )
+    L.add(
+        _latency(
+            "Client ITL (per token)", "servesweep_itl_seconds", CLIENT, "Chunk gaps spread over their tokens."
+        ),
+        w=8,
+    )
+    L.add(
+        _latency("Client TPOT", "servesweep_tpot_seconds", CLIENT, "(end - first token) / (tokens - 1)."), w=8
+    )
+    L.add(_latency("Client E2E latency", "servesweep_e2e_seconds", CLIENT, "Send to end of stream."), w=8)
+    L.add(g.timeseries("Client tokens/s", [
+        g.target(rate_sum("servesweep_completion_tokens_total", CLIENT), "output tok/s"),
+        g.target(rate_sum("servesweep_prompt_tokens_total", CLIENT), "prompt tok/s"),
+    ], unit="short", desc="From the server's usage of finished requests."), w=8)  # fmt: skip
+    L.add(g.timeseries("Client requests/s by outcome", [
+        g.target(rate_sum("servesweep_requests_total", CLIENT, "outcome"), "{{outcome}}"),
+    ], unit="reqps"), w=8)  # fmt: skip
+    L.add(g.timeseries("Errors by class", [
+        g.target(rate_sum("servesweep_requests_total", FAILED, "error_class"),
+                 "{{error_class}}"),
+    ], unit="reqps", stack=True, desc="Failed requests per second by error class (docs/metrics.md)."), w=8)  # fmt: skip
+    L.add(g.timeseries("Error ratio", [
+        g.target(f"{rate_sum('servesweep_requests_total', FAILED)} / "
+                 f"clamp_min({rate_sum('servesweep_requests_total', CLIENT)}, {EPS})", "failed / all"),
+    ], unit="percentunit"), w=8)  # fmt: skip
+    L.add(g.timeseries("Users and target rate", [
+        g.target('sum by (run_id) (servesweep_users_active{run_id=~"$run_id"})', "users {{run_id}}"),
+        g.target('sum by (run_id) (servesweep_target_requests_per_second{run_id=~"$run_id"})', "target req/s {{run_id}}"),
+    ], desc="Closed-loop points have users and no target rate."), w=8)  # fmt: skip
+    L.add(g.timeseries("Schedule lag p99", [
+        g.target(quantile(0.99, "servesweep_schedule_lag_seconds", CLIENT), "p99"),
+        g.target(hist_mean("servesweep_schedule_lag_seconds", CLIENT), "mean"),
+    ], unit="s", desc="Send minus scheduled time: the load generator falling behind."), w=8)  # fmt: skip
+    L.add(g.timeseries("TTFT p50: client vs server", [
+        g.target(quantile(0.5, "servesweep_ttft_seconds", CLIENT), "client"),
+        g.target(quantile(0.5, "sglang:time_to_first_token_seconds", SERVER), "server"),
+    ], unit="s", desc="The gap is network, HTTP and client overhead."), w=8)  # fmt: skip
+
+    L.row("Server (SGLang /metrics)")
+    L.add(g.timeseries("Running and queued requests", [
+        g.target(f"sum by (instance) (sglang:num_running_reqs{{{SERVER}}})", "running {{instance}}"),
+        g.target(f"sum by (instance) (sglang:num_queue_reqs{{{SERVER}}})", "queued {{instance}}"),
+    ]), w=8)  # fmt: skip
+    L.add(g.timeseries("KV token usage", [
+        g.target(f"max by (instance) (sglang:token_usage{{{SERVER}}})", "{{instance}}"),
+    ], unit="percentunit"), w=8)  # fmt: skip
+    L.add(g.timeseries("Generation throughput", [
+        g.target(f"sum by (instance) (sglang:gen_throughput{{{SERVER}}})", "gen_throughput {{instance}}"),
+        g.target(rate_sum("sglang:generation_tokens_total", SERVER, "instance"), "generated tok/s {{instance}}"),
+    ], desc="gen_throughput is the server's own last-interval figure; the counter rate covers finished requests."),
+        w=8)  # fmt: skip
+    L.add(g.timeseries("Prefix cache hit rate", [
+        g.target(f"max by (instance) (sglang:cache_hit_rate{{{SERVER}}})", "last batch {{instance}}"),
+        g.target(f'{rate_sum("sglang:cached_tokens_total", SERVER, "instance")} / '
+                 f'clamp_min({rate_sum("sglang:prompt_tokens_total", SERVER, "instance")}, {EPS})',
+                 "cached / prompt tokens {{instance}}"),
+    ], unit="percentunit", desc="With cache busting on, this should stay near 0."), w=8)  # fmt: skip
+    L.add(g.timeseries("Speculative accept length", [
+        g.target(f"max by (instance) (sglang:spec_accept_length{{{SERVER}}})", "{{instance}}"),
+    ], desc="Tokens per verify step (0 without speculative decoding)."), w=8)  # fmt: skip
+    L.add(
+        _latency("Server TTFT", "sglang:time_to_first_token_seconds", SERVER, "SGLang's own histogram."), w=8
+    )
+    L.add(
+        _latency("Server ITL", "sglang:inter_token_latency_seconds", SERVER, "SGLang's own histogram."), w=8
+    )
+    L.add(
+        _latency(
+            "Server E2E latency", "sglang:e2e_request_latency_seconds", SERVER, "SGLang's own histogram."
+        ),
+        w=8,
+    )
+
+    annotations = [{
+        "name": "Matrix points", "datasource": g.DS, "enable": True, "hide": False, "iconColor": "orange",
+        "expr": 'max by (run_id, point_id) (servesweep_point_running{run_id=~"$run_id"}) > 0',
+        "step": "5s", "titleFormat": "{{point_id}}", "textFormat": "run {{run_id}}", "tagKeys": "run_id,point_id",
+        "useValueForTime": False,
+    }]  # fmt: skip
+    variables = [
+        g.datasource_var(),
+        g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", sort=2),
+        g.query_var("model", 'label_values(servesweep_point_info{run_id=~"$run_id"}, model)', label="Model"),
+        g.query_var("config", 'label_values(servesweep_point_info{run_id=~"$run_id", model=~"$model"}, config)',
+                    label="Server configuration"),
+    ]  # fmt: skip
+    return g.dashboard(
+        "servesweep-live",
+        "servesweep / Live run",
+        L.panels,
+        variables,
+        desc="Client-side and server-side views of a running benchmark on one time axis.",
+        annotations=annotations,
+        time_from="now-30m",
+        refresh="5s",
+    )

@@ -1,0 +1,76 @@
+"""Matrix: one row per finished point of a run, and the two charts people draw by hand, per server configuration."""
+
+from __future__ import annotations
+
+from servesweep.observe.dashboards import grafana as g
+from servesweep.observe.dashboards.queries import summ, with_axes
+
+SEL = 'run_id="$run_id", model=~"$model", config=~"$config"'
+
+# (column title, metric, stat or None, unit)
+COLUMNS: tuple[tuple[str, str, str | None, str], ...] = (
+    ("output tok/s", "servesweep_point_output_tokens_per_second", None, "short"),
+    ("req/s", "servesweep_point_request_rate_per_second", None, "reqps"),
+    ("goodput req/s", "servesweep_point_goodput_requests_per_second", None, "reqps"),
+    ("TTFT p50", "servesweep_point_ttft_seconds", "p50", "s"),
+    ("TTFT p99", "servesweep_point_ttft_seconds", "p99", "s"),
+    ("ITL p50", "servesweep_point_itl_seconds", "p50", "s"),
+    ("ITL p99", "servesweep_point_itl_seconds", "p99", "s"),
+    ("TPOT p50", "servesweep_point_tpot_seconds", "p50", "s"),
+    ("TPOT p99", "servesweep_point_tpot_seconds", "p99", "s"),
+    ("E2E p50", "servesweep_point_e2e_seconds", "p50", "s"),
+    ("E2E p99", "servesweep_point_e2e_seconds", "p99", "s"),
+    ("requests", "servesweep_point_requests", None, "short"),
+    ("failures", "servesweep_point_failed_requests", None, "short"),
+)
+
+
+def points_table(title: str, sel: str, desc: str) -> dict:
+    targets = [g.target(with_axes(summ(m, sel, stat), sel), table=True) for _t, m, stat, _u in COLUMNS]
+    rename = {f"Value #{chr(ord('A') + i)}": t for i, (t, _m, _s, _u) in enumerate(COLUMNS)}
+    units = {t: u for t, _m, _s, u in COLUMNS}
+    return g.table(title, targets, desc=desc, rename=rename, units=units)
+
+
+def build() -> dict:
+    L = g.Layout()
+    L.row("Finished points")
+    L.add(points_table("Points of the run", SEL, "One row per finished point: exact percentiles from raw records."),
+          w=24, h=12)  # fmt: skip
+    L.row("Per server configuration")
+    tput = g.xychart(
+        "Output tok/s vs concurrency ($config)",
+        [g.target(with_axes(summ("servesweep_point_output_tokens_per_second", SEL), SEL), table=True)],
+        x="concurrency", series_by="prompt_tokens", x_label="concurrency", y_label="output tok/s",
+        desc="One line per prompt length.",
+    )  # fmt: skip
+    ttft = g.xychart(
+        "TTFT p99 vs prompt length ($config)",
+        [g.target(with_axes(summ("servesweep_point_ttft_seconds", SEL, "p99"), SEL), table=True)],
+        x="prompt_tokens", series_by="concurrency", y_unit="s", x_label="prompt tokens", y_label="TTFT p99",
+        desc="One line per concurrency.",
+    )  # fmt: skip
+    itl = g.xychart(
+        "ITL p50 vs concurrency ($config)",
+        [g.target(with_axes(summ("servesweep_point_itl_seconds", SEL, "p50"), SEL), table=True)],
+        x="concurrency", series_by="prompt_tokens", y_unit="s", x_label="concurrency", y_label="ITL p50",
+    )  # fmt: skip
+    for p in (tput, ttft, itl):
+        p.update(repeat="config", repeatDirection="h", maxPerRow=3)
+        L.add(p, w=8, h=9)
+    variables = [
+        g.datasource_var(),
+        g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", multi=False,
+                    include_all=False, sort=2),
+        g.query_var("model", 'label_values(servesweep_point_info{run_id="$run_id"}, model)', label="Model"),
+        g.query_var("config", 'label_values(servesweep_point_info{run_id="$run_id", model=~"$model"}, config)',
+                    label="Server configuration"),
+    ]  # fmt: skip
+    return g.dashboard(
+        "servesweep-matrix",
+        "servesweep / Matrix",
+        L.panels,
+        variables,
+        desc="Summaries of every finished point of one run; pick the run's time range (or wider).",
+        time_from="now-24h",
+    )

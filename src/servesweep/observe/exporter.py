@@ -1,0 +1,843 @@
+"""Client-side Prometheus metrics of a run: what the load generator saw, per run and per matrix point.
+
+One `ClientMetrics` per run, on its own `CollectorRegistry` (never the global one, so a process can hold several
+runs and the emulator's `sglang:*` metrics never mix in). It is a single custom collector: the request path only
+bumps plain numbers and numpy bucket arrays, and the Prometheus families are built at scrape time.
+
+    m = ClientMetrics(run_id)
+    m.point_started(point_id, {"model": ..., "config": ..., "concurrency": 8, ...})
+    m.observe(record)            # one finished request (a records.py row as a dict); cheap, once per request
+    m.set_users(n); m.set_target_rate(r)
+    m.point_finished(point_id, summary)   # the point's summary.json dict: kept as gauges for the run's life
+    m.serve(host="127.0.0.1", port=9464)  # or m.push(gateway_url, job) for a headless run that ends first
+
+Metric names follow Prometheus conventions (prefix `servesweep_`, seconds, `_total` counters). Labels are
+`run_id`, `point_id` and the point's `model` and `config` (server configuration); every other axis of a point is a
+label of `servesweep_point_info` only, joined with `on (run_id, point_id) group_left (...)`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from servesweep.results import metrics
+
+PREFIX = "servesweep_"
+
+# 1 ms ... 10 min, roughly 1-2-3-5 per decade plus the steps where LLM latencies cluster (ITL 5-50 ms, TTFT 0.1-5 s).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
+    45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 450.0, 600.0,
+)  # fmt: skip
+
+# name -> help; all in seconds, all on LATENCY_BUCKETS.
+HISTOGRAMS: dict[str, str] = {
+    "ttft_seconds": "Time to first token: first token-bearing chunk minus send time, per successful request.",
+    "itl_seconds": "Inter-token latency: each gap between token-bearing chunks divided by the chunk's tokens, "
+    "counted once per token (SGLang's definition).",
+    "tpot_seconds": "Time per output token: (last chunk - first chunk) / (completion tokens - tokens of the first chunk), per successful request.",
+    "e2e_seconds": "End-to-end latency: end of stream minus send time, per successful request.",
+    "schedule_lag_seconds": "Schedule lag: send time minus scheduled time, per request.",
+}
+
+# The axes a point's info metric carries (matrix axes); `model` and `config` also label every per-point metric.
+AXES: tuple[str, ...] = (
+    "model",
+    "config",
+    "tp",
+    "speculative_method",
+    "context_length",
+    "prompt_tokens",
+    "output_tokens",
+    "concurrency",
+    "workload",
+)
+POINT_LABELS: tuple[str, ...] = ("run_id", "point_id", "model", "config")
+
+# Summary gauges, from the point's summary dict (servesweep.results.summary.summarize; docs/metrics.md defines each).
+# Latencies: metric name -> (help, summary keys in order of preference; blocks of p50/p90/p99/mean in ms).
+LATENCY_STATS: tuple[str, ...] = ("p50", "p90", "p99", "mean")
+SUMMARY_LATENCIES: dict[str, str] = {
+    "ttft": "time to first token",
+    "itl": "inter-token latency (per token)",
+    "tpot": "time per output token",
+    "e2e": "end-to-end latency",
+}
+_LATENCY_KEYS: dict[str, tuple[str, ...]] = {
+    "ttft": ("ttft_ms",),
+    "itl": ("itl_per_token_ms", "itl_ms"),
+    "tpot": ("tpot_ms",),
+    "e2e": ("e2e_ms",),
+}
+SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
+    # metric suffix -> (path into the summary dict, help)
+    "output_tokens_per_second": (
+        ("output_tokens_per_s",),
+        "Aggregate output tokens per second over the window.",
+    ),
+    "request_rate_per_second": (
+        ("request_rate",),
+        "Successful requests per second over the measurement window.",
+    ),
+    "goodput_requests_per_second": (
+        ("goodput", "per_s"),
+        "Requests per second that met every per-request SLO.",
+    ),
+    "goodput_ratio": (("goodput", "ratio"), "Share of measured requests that met every per-request SLO."),
+    "requests": (("requests", "measured"), "Measured requests of the point (warmup excluded)."),
+    "failed_requests": (("requests", "failed"), "Failed measured requests of the point."),
+    "error_ratio": (("error_rate",), "Failed / measured requests of the point."),
+    "cache_hit_ratio": (("cache_hit_ratio",), "Cached / prompt tokens reported by the server."),
+    "window_seconds": (("window_s",), "Length of the measurement window."),
+}
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_BOUNDS = np.asarray(LATENCY_BUCKETS, dtype=np.float64)
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+
+class _Hist:
+    """Bucket counts of one histogram series. Bucket i counts values <= bound i (non-cumulative; +Inf last)."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(LATENCY_BUCKETS) + 1, dtype=np.int64)
+        self.sum = 0.0
+
+    def one(self, v: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, v)] += 1
+        self.sum += v
+
+    def many(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        if values.size == 0:
+            return
+        idx = np.searchsorted(_BOUNDS, values, side="left")
+        n = len(self.counts)
+        if weights is None:
+            self.counts += np.bincount(idx, minlength=n)
+            self.sum += float(values.sum())
+        else:
+            self.counts += np.bincount(idx, weights=weights, minlength=n).astype(np.int64)
+            self.sum += float((values * weights).sum())
+
+
+@dataclass
+class _Point:
+    labels: tuple[str, ...]  # values of POINT_LABELS
+    info: dict[str, str]
+    started: float
+    finished: float | None = None
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (outcome, error_class) -> n
+    warmup_requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    hists: dict[str, _Hist] = field(default_factory=lambda: {k: _Hist() for k in HISTOGRAMS})
+    summary: dict[str, float] = field(default_factory=dict)  # metric name + stat -> value
+    failures_by_class: dict[str, float] = field(default_factory=dict)
+
+
+def _num(record: Mapping, key: str) -> float | None:
+    v = record.get(key)
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+class ClientMetrics(Collector):
+    """Client metrics of one run. Thread-safe: the Locust master's greenlets and the scrape thread share it."""
+
+    def __init__(self, run_id: str, *, registry: CollectorRegistry | None = None) -> None:
+        if not run_id or not isinstance(run_id, str):
+            raise ValueError(f"ClientMetrics: run_id must be a non-empty string, got {run_id!r}")
+        self.run_id = run_id
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self._lock = threading.Lock()
+        self._points: dict[str, _Point] = {}
+        self._current: str | None = None
+        self._users: float = 0.0
+        self._users_fn: Callable[[], float] | None = None
+        self._target_rate: float = 0.0
+        self._server = None
+        self.registry.register(self)
+
+    # -- the API the load generator and orchestrator call --
+
+    def point_started(self, point_id: str, axes: Mapping[str, object] | None = None) -> None:
+        """A point begins: its info metric appears, and records without a known point_id go to it."""
+        if not point_id or not isinstance(point_id, str):
+            raise ValueError(f"point_started: point_id must be a non-empty string, got {point_id!r}")
+        info = {}
+        for k, v in (axes or {}).items():
+            if not isinstance(k, str) or not _LABEL_NAME.match(k) or k in ("run_id", "point_id", "le"):
+                raise ValueError(
+                    f"point_started({point_id!r}): axis name {k!r} is not a usable Prometheus label name "
+                    "(letters, digits, _; not run_id/point_id/le)"
+                )
+            info[k] = "" if v is None else str(v)
+        for k in AXES:
+            info.setdefault(k, "")
+        labels = (self.run_id, point_id, info["model"], info["config"])
+        with self._lock:
+            old = self._points.get(point_id)
+            if old is not None and old.labels == labels:
+                old.info, old.finished = info, None  # a resumed point keeps its counters
+            else:
+                self._points[point_id] = _Point(labels=labels, info=info, started=time.time())
+            self._current = point_id
+
+    def observe(self, record: Mapping) -> None:
+        """One finished request (a records.py row as a mapping). Called once per request, never per chunk."""
+        pid = record.get("point_id") or self._current
+        p = self._points.get(pid) if pid else None
+        if p is None:
+            raise ValueError(
+                f"observe: record for point {pid!r} but no point_started({pid!r}) was called "
+                f"(known points: {sorted(self._points)})"
+            )
+        err = record.get("error_class") or ""
+        sent = _num(record, "sent_ns")
+        sched = _num(record, "scheduled_ns")
+        first = _num(record, "first_token_ns")
+        end = _num(record, "end_ns")
+        with self._lock:
+            if record.get("warmup"):
+                p.warmup_requests += 1
+                return
+            key = ("failure", str(err)) if err else ("success", "none")
+            p.requests[key] = p.requests.get(key, 0) + 1
+            p.prompt_tokens += int(_num(record, "prompt_tokens") or 0)
+            p.completion_tokens += int(_num(record, "completion_tokens") or 0)
+            p.cached_tokens += int(_num(record, "cached_tokens") or 0)
+            h = p.hists
+            if sent is not None and sched is not None:
+                h["schedule_lag_seconds"].one(max(0.0, metrics.schedule_lag(sent, sched, metrics.NS_PER_S)))
+            if err or sent is None:
+                return
+            if first is not None:
+                h["ttft_seconds"].one(metrics.ttft(first, sent, metrics.NS_PER_S))
+            if end is not None:
+                h["e2e_seconds"].one(metrics.e2e(end, sent, metrics.NS_PER_S))
+            ntok = int(_num(record, "completion_tokens") or 0)
+            chunks = record.get("chunk_ns")
+            if chunks is None or len(chunks) < 2:
+                return
+            # The definitions of servesweep.results.metrics (docs/metrics.md), so live and final figures agree.
+            toks = record.get("chunk_tokens")
+            gaps = metrics.itl_gaps(chunks, metrics.NS_PER_S)
+            values, counts = metrics.itl_per_token(gaps, chunks, toks, ntok)
+            h["itl_seconds"].many(values, counts if metrics.has_chunk_tokens(chunks, toks) else None)
+            tpot = metrics.tpot(chunks, toks, ntok, metrics.NS_PER_S)
+            if not math.isnan(tpot):
+                h["tpot_seconds"].one(tpot)
+
+    def observe_many(self, records: Iterable[Mapping]) -> None:
+        for r in records:
+            self.observe(r)
+
+    def set_users(self, n: float | Callable[[], float]) -> None:
+        """Active users now, or a function read at scrape time (e.g. `lambda: runner.user_count`)."""
+        if callable(n):
+            self._users_fn = n
+        else:
+            self._users_fn, self._users = None, float(n)
+
+    def set_target_rate(self, requests_per_second: float) -> None:
+        """Target request rate of an open-loop point (0 for closed loops)."""
+        self._target_rate = float(requests_per_second)
+
+    def point_finished(self, point_id: str, summary: Mapping | None = None) -> None:
+        """A point ends: its summary becomes gauges, exposed for the rest of the run."""
+        with self._lock:
+            p = self._points.get(point_id)
+            if p is None:
+                raise ValueError(f"point_finished: unknown point {point_id!r}; call point_started first")
+            p.finished = time.time()
+            if summary:
+                p.summary, p.failures_by_class = summary_values(summary)
+            if self._current == point_id:
+                self._current = None
+
+    def load_run(self, run_dir) -> int:
+        """Expose a finished run folder's point summaries (for a run nobody scraped: serve or push them)."""
+        run_id, points = finished_points(run_dir)
+        if run_id != self.run_id:
+            raise ValueError(
+                f"load_run: {run_dir} is run {run_id!r}, these metrics are for run {self.run_id!r}"
+            )
+        for pt in points:
+            self.point_started(pt["point_id"], pt["axes"])
+            self.point_finished(pt["point_id"], pt["summary"])
+            with self._lock:
+                self._points[pt["point_id"]].started = pt["start"]
+                self._points[pt["point_id"]].finished = pt["end"]
+        return len(points)
+
+    def has_point(self, point_id: str) -> bool:
+        return point_id in self._points
+
+    # -- exposition --
+
+    def serve(self, host: str = "127.0.0.1", port: int = 9464) -> int:
+        """Serve /metrics over HTTP in a background thread; returns the bound port (port 0: a free one)."""
+        from prometheus_client import start_http_server
+
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_address[1]
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def push(self, gateway_url: str, job: str = "servesweep", timeout: float = 10.0) -> None:
+        """Push everything to a Pushgateway, grouped by job and run_id (replaces that group)."""
+        from prometheus_client import push_to_gateway
+
+        push_to_gateway(
+            gateway_url,
+            job=job,
+            registry=self.registry,
+            grouping_key={"run_id": self.run_id},
+            timeout=timeout,
+        )
+
+    def text(self) -> bytes:
+        """The exposition text (Prometheus text format 0.0.4), as /metrics serves it."""
+        return generate_latest(self.registry)
+
+    def collect(self):  # called by the registry at scrape time
+        with self._lock:
+            points = list(self._points.values())
+            users = self._users_fn() if self._users_fn else self._users
+            rate = self._target_rate
+            yield from _families(self.run_id, points, float(users), rate)
+
+    def describe(self):
+        return []
+
+
+def _path(d: Mapping, path: tuple[str, ...]):
+    for k in path:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _finite(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]]:
+    """Flatten a point summary into {"ttft/p99": seconds, "output_tokens_per_second": x, ...} and
+    {error_class: failures}. Values the summary lacks (or holds as null) are left out, never invented."""
+    out: dict[str, float] = {}
+    for name, keys in _LATENCY_KEYS.items():
+        block = next((summary[k] for k in keys if isinstance(summary.get(k), Mapping)), None)
+        for stat in LATENCY_STATS if block else ():
+            v = _finite(block.get(stat))
+            if v is not None:
+                out[f"{name}/{stat}"] = v / 1e3
+    for metric, (path, _help) in SUMMARY_SCALARS.items():
+        v = _finite(_path(summary, path))
+        if v is not None:
+            out[metric] = v
+    fails = summary.get("failures")
+    failures = (
+        {str(k): float(v) for k, v in fails.items() if _finite(v) is not None}
+        if isinstance(fails, Mapping)
+        else {}
+    )
+    return out, failures
+
+
+def _families(run_id: str, points: list[_Point], users: float, rate: float):
+    run = [run_id]
+    g = GaugeMetricFamily(PREFIX + "users_active", "Locust users running now.", labels=["run_id"])
+    g.add_metric(run, users)
+    yield g
+    g = GaugeMetricFamily(
+        PREFIX + "target_requests_per_second",
+        "Target request rate of an open-loop point (0: closed loop).",
+        labels=["run_id"],
+    )
+    g.add_metric(run, rate)
+    yield g
+
+    axis_names = list(AXES) + sorted({k for p in points for k in p.info} - set(AXES))
+    info = GaugeMetricFamily(
+        PREFIX + "point_info",
+        "One series per matrix point with its axes as labels (value 1); join on (run_id, point_id).",
+        labels=["run_id", "point_id", *axis_names],
+    )
+    running = GaugeMetricFamily(
+        PREFIX + "point_running", "1 while the point is being measured, 0 after.", labels=list(POINT_LABELS)
+    )
+    start = GaugeMetricFamily(
+        PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", labels=list(POINT_LABELS)
+    )
+    end = GaugeMetricFamily(
+        PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", labels=list(POINT_LABELS)
+    )
+    req = CounterMetricFamily(
+        PREFIX + "requests",
+        "Measured requests by outcome (success|failure) and error class (none for successes).",
+        labels=[*POINT_LABELS, "outcome", "error_class"],
+    )
+    warm = CounterMetricFamily(
+        PREFIX + "warmup_requests",
+        "Requests scheduled during warmup (not measured).",
+        labels=list(POINT_LABELS),
+    )
+    tok = {
+        k: CounterMetricFamily(PREFIX + f"{k}_tokens", f"{k.capitalize()} tokens of measured requests, "
+                               "from the server's usage.", labels=list(POINT_LABELS))
+        for k in ("prompt", "completion", "cached")
+    }  # fmt: skip
+    hists = {
+        k: HistogramMetricFamily(PREFIX + k, h, labels=list(POINT_LABELS)) for k, h in HISTOGRAMS.items()
+    }
+    lat = {
+        k: GaugeMetricFamily(
+            PREFIX + f"point_{k}_seconds",
+            f"Point summary: {h} in seconds (exact, from raw records), by stat p50|p90|p99|mean.",
+            labels=[*POINT_LABELS, "stat"],
+        )
+        for k, h in SUMMARY_LATENCIES.items()
+    }
+    scal = {
+        k: GaugeMetricFamily(PREFIX + f"point_{k}", f"Point summary: {h}", labels=list(POINT_LABELS))
+        for k, (_key, h) in SUMMARY_SCALARS.items()
+    }
+    fails = GaugeMetricFamily(
+        PREFIX + "point_failures",
+        "Point summary: failed requests by error class.",
+        labels=[*POINT_LABELS, "error_class"],
+    )
+    for p in points:
+        lv = list(p.labels)
+        info.add_metric([run_id, p.labels[1], *(p.info.get(a, "") for a in axis_names)], 1.0)
+        running.add_metric(lv, 0.0 if p.finished else 1.0)
+        start.add_metric(lv, p.started)
+        if p.finished:
+            end.add_metric(lv, p.finished)
+        for (outcome, err), n in sorted(p.requests.items()):
+            req.add_metric([*lv, outcome, err], float(n))
+        warm.add_metric(lv, float(p.warmup_requests))
+        tok["prompt"].add_metric(lv, float(p.prompt_tokens))
+        tok["completion"].add_metric(lv, float(p.completion_tokens))
+        tok["cached"].add_metric(lv, float(p.cached_tokens))
+        for k, fam in hists.items():
+            hh = p.hists[k]
+            cum = np.cumsum(hh.counts)
+            fam.add_metric(lv, list(zip(_LE, (float(c) for c in cum), strict=True)), hh.sum)
+        for key, v in p.summary.items():
+            if "/" in key:
+                name, stat = key.split("/")
+                lat[name].add_metric([*lv, stat], v)
+            else:
+                scal[key].add_metric(lv, v)
+        for err, n in sorted(p.failures_by_class.items()):
+            fails.add_metric([*lv, err], n)
+    yield info
+    yield running
+    yield start
+    yield end
+    yield req
+    yield warm
+    yield from tok.values()
+    yield from hists.values()
+    yield from lat.values()
+    yield from scal.values()
+    yield fails
+
+
+# ---------------------------------------------------------------- Locust
+
+
+# Names other parts use for the matrix axes -> the info metric's label.
+AXIS_ALIASES: dict[str, str] = {
+    "tp_size": "tp",
+    "tensor_parallel_size": "tp",
+    "speculative_algorithm": "speculative_method",
+    "speculative_algo": "speculative_method",
+    "context_len": "context_length",
+    "config_id": "config",
+    "served_model_name": "model",
+    "users": "concurrency",
+    "endpoint": "workload",
+}
+
+
+def normalize_axes(*sources: Mapping | None, extras: Mapping | None = None) -> dict[str, str]:
+    """Merge axis sources (later wins) into info-metric labels: from `sources` only the matrix axes (AXES, after
+    AXIS_ALIASES), from `extras` (e.g. a server configuration's varying labels) every scalar with a usable name.
+
+        m.point_started(pid, normalize_axes(config["flags"], point_fields, {"config": cid},
+                                            extras=config["labels"]))
+    """
+    out: dict[str, str] = {}
+
+    def put(d: Mapping | None, any_name: bool) -> None:
+        for k, v in (d or {}).items():
+            if v is None or isinstance(v, bool) or not isinstance(v, str | int | float):
+                continue
+            k = AXIS_ALIASES.get(str(k), str(k))
+            if k in ("run_id", "point_id", "le") or not _LABEL_NAME.match(k):
+                continue
+            if k in AXES or any_name:
+                out[k] = str(v)
+
+    put(extras, True)
+    for src in sources:
+        put(src, False)
+    return out
+
+
+def loadpoint_axes(point) -> dict[str, str]:
+    """Axes of a servesweep LoadPoint: its labels (the orchestrator's axes: config_id, tp_size, bundle...) and its
+    own fields (model, concurrency, prompt and output tokens, endpoint as workload)."""
+    if point is None:
+        return {}
+    fields = {
+        k: getattr(point, k, None)
+        for k in ("model", "concurrency", "prompt_tokens", "output_tokens", "endpoint")
+    }
+    return normalize_axes(fields, extras=getattr(point, "labels", None) or {})
+
+
+RECORD_CONTEXT_KEY = "servesweep_record"  # a request event's context carrying the finished request's record
+RECORDS_REPORT_KEY = (
+    "servesweep_records"  # workers' report_to_master batches (columns, as RecordBuffer.take())
+)
+
+
+def install_locust(
+    environment,
+    metrics: ClientMetrics,
+    *,
+    serve: tuple[str, int] | None = None,
+    point_id: str | None = None,
+    axes: Mapping[str, object] | None = None,
+) -> None:
+    """Feed `metrics` from a Locust process's events and expose it. Call from an `events.init` listener.
+
+    - local runner: each request event whose `context` holds the record under RECORD_CONTEXT_KEY is observed;
+      until one does, the rows servesweep's record buffer gains are observed once a second;
+    - master: each worker report's RECORDS_REPORT_KEY batch (the records the workers ship) is observed;
+    - users: read from the runner at scrape time (works for local and master runners);
+    - web UI mode: `/metrics` is added to the web UI's Flask app; `serve=(host, port)` also serves it on its own port
+      (what a headless master needs);
+    - the point is started at test start and finished at test stop: `point_id`/`axes` when given, else the
+      LoadPoint servesweep's locustfile put on the environment (its id, and axes from its fields and labels).
+    """
+    from locust.runners import WorkerRunner
+
+    if isinstance(environment.runner, WorkerRunner):
+        return  # workers ship records to the master; the master exposes them
+    events = environment.events
+    metrics.set_users(lambda: environment.runner.user_count if environment.runner is not None else 0)
+
+    def _ctx_point():
+        ctx = getattr(environment, "servesweep", None)  # set by servesweep's locustfile at init
+        return getattr(ctx, "point", None)
+
+    @events.test_start.add_listener
+    def _start(**_kw) -> None:
+        lp = _ctx_point()
+        pid = point_id or (lp.id if lp is not None else None)
+        if pid is not None:
+            metrics.point_started(pid, axes if axes is not None else loadpoint_axes(lp))
+
+    @events.test_stop.add_listener
+    def _stop(**_kw) -> None:
+        lp = _ctx_point()
+        pid = point_id or (lp.id if lp is not None else None)
+        if pid is not None and metrics.has_point(pid):
+            metrics.point_finished(pid)
+
+    def _observe(rec: Mapping) -> None:
+        # Never let a metrics problem break a load test: a record of a point nobody announced starts that point.
+        pid = rec.get("point_id")
+        if pid and not metrics.has_point(pid):
+            metrics.point_started(pid, loadpoint_axes(_ctx_point()))
+        metrics.observe(rec)
+
+    via_context = [False]
+
+    @events.request.add_listener
+    def _request(context=None, **_kw) -> None:
+        rec = context.get(RECORD_CONTEXT_KEY) if context else None
+        if rec is not None:
+            via_context[0] = True
+            _observe(rec)
+
+    def _pull_loop() -> None:
+        """Local runner whose user does not put records in the request context: once a second, observe the rows
+        servesweep's record buffer gained (it only grows in a local runner)."""
+        import logging
+
+        import gevent
+
+        seen_ctx, seen = None, 0
+        while not via_context[0]:
+            gevent.sleep(1.0)
+            try:
+                ctx = getattr(environment, "servesweep", None)
+                buf = getattr(ctx, "buffer", None)
+                if buf is None or via_context[0]:
+                    continue
+                if ctx is not seen_ctx:
+                    seen_ctx, seen = ctx, 0
+                rows, seen = buf.rows_since(seen)
+                for row in rows:
+                    _observe(row)
+            except Exception:  # noqa: BLE001 - metrics must never take the load test down
+                logging.getLogger("servesweep").exception("servesweep exporter: reading records failed")
+
+    from locust.runners import LocalRunner
+
+    if isinstance(environment.runner, LocalRunner):
+        import gevent
+
+        gevent.spawn(_pull_loop)
+
+    @events.worker_report.add_listener
+    def _worker_report(client_id=None, data=None, **_kw) -> None:
+        cols = (data or {}).get(RECORDS_REPORT_KEY)
+        if not cols:
+            return
+        names = list(cols)
+        for row in zip(*(cols[n] for n in names), strict=True):
+            _observe(dict(zip(names, row, strict=True)))
+
+    web_ui = getattr(environment, "web_ui", None)
+    if web_ui is not None:
+        from flask import Response
+
+        def _metrics_route():
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return Response(metrics.text(), mimetype=None, content_type=CONTENT_TYPE_LATEST)
+
+        web_ui.app.add_url_rule("/metrics", "servesweep_metrics", _metrics_route)
+    if serve is not None:
+        metrics.serve(*serve)
+
+
+# ---------------------------------------------------------------- CLI (exporters/exporter.py)
+
+
+def _cli():
+    import click
+
+    @click.group()
+    def main():
+        """servesweep's exporter: expose or push a finished run's point summaries."""
+
+    @main.command("serve")
+    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.option("--host", default="127.0.0.1", show_default=True)
+    @click.option("--port", default=9464, show_default=True, type=int)
+    def serve(run_dir, host, port):
+        """Serve /metrics with the run's point summaries until interrupted."""
+        run_id, _ = finished_points(run_dir)
+        m = ClientMetrics(run_id)
+        n = m.load_run(Path(run_dir))
+        bound = m.serve(host, port)
+        click.echo(f"run {run_id}: {n} point(s) on http://{host}:{bound}/metrics (Ctrl-C stops)")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            m.stop()
+
+    @main.command("push")
+    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.option("--gateway", required=True, help="Pushgateway URL, e.g. http://127.0.0.1:9091")
+    @click.option("--job", default="servesweep", show_default=True)
+    def push(run_dir, gateway, job):
+        """Push the run's point summaries to a Pushgateway (grouped by job and run_id)."""
+        run_id, _ = finished_points(run_dir)
+        m = ClientMetrics(run_id)
+        n = m.load_run(run_dir)
+        m.push(gateway, job)
+        click.echo(f"pushed run {run_id}: {n} point(s) to {gateway} (job {job})")
+
+    return main
+
+
+def main() -> None:
+    _cli()()
+
+
+if __name__ == "__main__":
+    main()
+
+
+# ---------------------------------------------------------------- finished run folders
+
+
+def _unix(v) -> float | None:
+    """A wall-clock time from a summary/manifest value: unix seconds (or ms/ns), or an ISO-8601 string."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        f = float(v)
+        if math.isnan(f) or f <= 0:
+            return None
+        while f > 1e11:  # ms or ns
+            f /= 1e3
+        return f
+    if isinstance(v, str):
+        try:
+            d = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if d.tzinfo is None:
+            from datetime import UTC
+
+            d = d.replace(tzinfo=UTC)
+        return d.timestamp()
+    return None
+
+
+_START_KEYS = (
+    "start_unix",
+    "started_unix",
+    "started",
+    "start_time",
+    "started_at",
+    "start",
+    "wall_start",
+    "t_start",
+)
+_END_KEYS = (
+    "end_unix",
+    "finished_unix",
+    "finished",
+    "end_time",
+    "finished_at",
+    "ended_at",
+    "end",
+    "wall_end",
+    "t_end",
+)
+
+
+def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
+    for k in keys:
+        t = _unix(d.get(k))
+        if t is not None:
+            return t
+    for sub in ("window", "times", "timing", "measurement"):
+        if isinstance(d.get(sub), Mapping):
+            t = _first_time(d[sub], keys)
+            if t is not None:
+                return t
+    return None
+
+
+def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
+    pts = manifest.get("points")
+    out: dict[str, Mapping] = {}
+    if isinstance(pts, Mapping):
+        for k, v in pts.items():
+            if isinstance(v, Mapping):
+                out[str(k)] = v
+    elif isinstance(pts, list):
+        for v in pts:
+            if isinstance(v, Mapping) and (v.get("point_id") or v.get("id")):
+                out[str(v.get("point_id") or v.get("id"))] = v
+    return out
+
+
+def _point_axes(summary: Mapping, mpoint: Mapping | None, manifest: Mapping) -> dict[str, str]:
+    """Lowest to highest precedence: the server configuration's flags and labels (manifest), the manifest's point
+    entry, the LoadPoint's labels, then the LoadPoint's own fields (what was measured). Top-level summary keys are
+    results, never axes."""
+    mp = mpoint or {}
+    cfg: Mapping = {}
+    cid = mp.get("config_id")
+    if cid is not None and isinstance(manifest.get("configs"), Mapping):
+        cfg = manifest["configs"].get(cid) or {}
+    point = summary.get("point") if isinstance(summary.get("point"), Mapping) else {}
+    return normalize_axes(
+        cfg.get("flags") if isinstance(cfg.get("flags"), Mapping) else None,
+        mp,
+        {"config": cid} if cid is not None else None,
+        point,
+        extras={**(cfg.get("labels") or {}), **(point.get("labels") or {})},
+    )
+
+
+def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
+    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's finished points.
+
+    A finished point is a sub-folder with summary.json (what run_point writes). Axes come from the manifest's entry
+    for the point and the summary's `point` (LoadPoint, its `labels` included); times from `started_unix` +
+    `wall_s` (or start/end keys of the manifest), else the summary file's modification time.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ValueError(f"run folder {run_dir} does not exist")
+    manifest: Mapping = {}
+    mpath = run_dir / "manifest.json"
+    if mpath.exists():
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{mpath}: not valid JSON ({e})") from None
+    run_id = str(manifest.get("run_id") or run_dir.name)
+    mpoints = _manifest_points(manifest)
+    out = []
+    for sp in sorted(run_dir.glob("*/summary.json")):
+        try:
+            summary = json.loads(sp.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{sp}: not valid JSON ({e})") from None
+        if not isinstance(summary, Mapping):
+            raise ValueError(f"{sp}: expected a JSON object")
+        point_id = str(summary.get("point_id") or sp.parent.name)
+        mp = mpoints.get(point_id)
+        axes = _point_axes(summary, mp, manifest)
+        start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
+        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
+        if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
+            end = start + float(summary["wall_s"])  # run_point writes started_unix + wall_s
+        if end is None:
+            end = sp.stat().st_mtime
+        if start is None:
+            dur = summary.get("window_s") or 0
+            start = end - float(dur) if isinstance(dur, int | float) else end
+        out.append(
+            {"point_id": point_id, "axes": axes, "summary": summary, "start": min(start, end), "end": end}
+        )
+    return run_id, out

@@ -1,0 +1,411 @@
+"""Prometheus side of a run: scrape configuration, file-based service discovery, and backfill of finished runs.
+
+- `write_prometheus_config(path, sd_dir=...)` writes a `prometheus.yml` that scrapes every exporter and SGLang server
+  listed in `sd_dir` (file_sd, re-read by Prometheus without a restart) and, optionally, a Pushgateway.
+- `write_targets(sd_dir, run_id, exporters=[...], servers=[...])` writes the target files of one run, each target
+  labelled with `run_id` (and `config`, the server configuration, for servers). The orchestrator or Ansible calls it
+  whenever the set of servers changes; files are replaced atomically so Prometheus never reads half a file.
+- `backfill(run_dir, out_dir)` turns a finished run folder's summaries into OpenMetrics text with the run's own
+  timestamps and imports it with `promtool tsdb create-blocks-from openmetrics`, so a run done while no Prometheus
+  was watching appears in the History dashboard. Point Prometheus's data dir at `out_dir` (or move the blocks there);
+  keep `--storage.tsdb.retention.time` longer than the history you want, or old blocks are deleted on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import click
+from ruamel.yaml import YAML
+
+from servesweep.observe.exporter import (
+    AXES,
+    PREFIX,
+    SUMMARY_LATENCIES,
+    SUMMARY_SCALARS,
+    finished_points,
+    summary_values,
+)
+from servesweep.results.store import write_atomic
+
+EXPORTER_JOB = "servesweep"
+SGLANG_JOB = "sglang"
+PUSHGATEWAY_JOB = "pushgateway"
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_TARGET = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+
+
+def prometheus_config(
+    *,
+    sd_dir: str | Path,
+    scrape_interval: str = "5s",
+    pushgateway: str | None = None,
+    extra_scrape_configs: Iterable[Mapping] = (),
+) -> dict:
+    """The configuration as a dict (see write_prometheus_config)."""
+    sd = str(sd_dir).rstrip("/")
+    jobs: list[dict] = [
+        {
+            "job_name": EXPORTER_JOB,
+            "file_sd_configs": [{"files": [f"{sd}/{EXPORTER_JOB}-*.json"], "refresh_interval": "30s"}],
+        },
+        {
+            "job_name": SGLANG_JOB,
+            "file_sd_configs": [{"files": [f"{sd}/{SGLANG_JOB}-*.json"], "refresh_interval": "30s"}],
+        },
+    ]
+    if pushgateway:
+        if not _TARGET.match(pushgateway):
+            raise ValueError(f"pushgateway must be host:port (no scheme), got {pushgateway!r}")
+        # honor_labels: the pushed run_id/job must win over the Pushgateway's own target labels.
+        jobs.append(
+            {
+                "job_name": PUSHGATEWAY_JOB,
+                "honor_labels": True,
+                "static_configs": [{"targets": [pushgateway]}],
+            }
+        )
+    jobs.extend(dict(j) for j in extra_scrape_configs)
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": jobs,
+    }
+
+
+def write_prometheus_config(path: str | Path, **kw) -> Path:
+    """Write prometheus.yml. kw: sd_dir (required), scrape_interval, pushgateway (host:port), extra_scrape_configs."""
+    import io
+
+    buf = io.StringIO()
+    y = YAML()
+    y.default_flow_style = False
+    y.dump(prometheus_config(**kw), buf)
+    return write_atomic(
+        Path(path), "# Written by servesweep.observe.promconfig; targets live in file_sd files.\n" + buf.getvalue()
+    )
+
+
+def _check_target(t: str, where: str) -> str:
+    if not isinstance(t, str) or not _TARGET.match(t):
+        raise ValueError(f"{where}: target must be host:port (no scheme, no path), got {t!r}")
+    return t
+
+
+def _check_labels(labels: Mapping, where: str) -> dict[str, str]:
+    out = {}
+    for k, v in labels.items():
+        if not isinstance(k, str) or not _LABEL_NAME.match(k) or k.startswith("__"):
+            raise ValueError(f"{where}: label name {k!r} is not a valid Prometheus label name")
+        out[k] = str(v)
+    return out
+
+
+def write_targets(
+    sd_dir: str | Path,
+    run_id: str,
+    *,
+    exporters: Iterable[str] = (),
+    servers: Iterable[str | Mapping] = (),
+    labels: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """Write `<sd_dir>/servesweep-<run_id>.json` and `<sd_dir>/sglang-<run_id>.json`.
+
+    exporters: "host:port" of each ClientMetrics endpoint. servers: "host:port" or {"target": "host:port",
+    "config": "<server configuration id>", "metrics_path": "/metrics", ...more labels}. Every target gets
+    `run_id` (and `labels`).
+    An empty list writes an empty file, which removes that run's targets of that kind.
+    """
+    if not run_id or not re.match(r"^[A-Za-z0-9._=-]+$", run_id):
+        raise ValueError(f"write_targets: run_id {run_id!r} must be letters, digits, '.', '_', '=', '-'")
+    common = {"run_id": run_id, **_check_labels(labels or {}, "write_targets labels")}
+    ex = [_check_target(t, f"write_targets exporters[{i}]") for i, t in enumerate(exporters)]
+    groups_ex = [{"targets": ex, "labels": common}] if ex else []
+    groups_sv: list[dict] = []
+    for i, s in enumerate(servers):
+        where = f"write_targets servers[{i}]"
+        if isinstance(s, str):
+            groups_sv.append({"targets": [_check_target(s, where)], "labels": dict(common)})
+        elif isinstance(s, Mapping):
+            if "target" not in s:
+                raise ValueError(f"{where}: a server given as a mapping needs a 'target': 'host:port' key")
+            extra = _check_labels({k: v for k, v in s.items() if k not in ("target", "metrics_path")}, where)
+            path = s.get("metrics_path") or "/metrics"
+            if not str(path).startswith("/"):
+                raise ValueError(f"{where}: metrics_path {path!r} must start with '/'")
+            if path != "/metrics":  # file_sd's way to scrape another path (Prometheus' reserved label)
+                extra["__metrics_path__"] = str(path)
+            groups_sv.append({"targets": [_check_target(s["target"], where)], "labels": {**common, **extra}})
+        else:
+            raise ValueError(f"{where}: expected 'host:port' or a mapping, got {type(s).__name__}")
+    sd = Path(sd_dir)
+    return [
+        write_atomic(sd / f"{EXPORTER_JOB}-{run_id}.json", json.dumps(groups_ex, indent=2) + "\n"),
+        write_atomic(sd / f"{SGLANG_JOB}-{run_id}.json", json.dumps(groups_sv, indent=2) + "\n"),
+    ]
+
+
+# ---------------------------------------------------------------- backfill
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(d: Mapping[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{_esc(str(v))}"' for k, v in d.items()) + "}"
+
+
+def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
+    """OpenMetrics text of a finished run's point summaries, stamped with the run's own times.
+
+    Each finished point gives the same series the live exporter keeps after `point_finished`:
+    `servesweep_point_info` and the `servesweep_point_*` summary gauges, sampled every `step_s` from the point's
+    start to its end, so range queries and `last_over_time` both find them.
+    """
+    try:
+        run_id, points = finished_points(run_dir)
+    except ValueError as e:
+        raise ValueError(f"backfill: {e}") from None
+    if not points:
+        raise ValueError(f"backfill: {run_dir} holds no finished point (no */summary.json)")
+
+    # family name -> (help, {series labels tuple -> [(t, v)]})
+    fams: dict[str, tuple[str, dict[tuple, list[tuple[float, float]]]]] = {}
+
+    def add(name: str, help_: str, labels: dict[str, str], times: list[float], v: float) -> None:
+        fams.setdefault(name, (help_, {}))[1].setdefault(tuple(labels.items()), []).extend(
+            (t, v) for t in times
+        )
+
+    for pt in points:
+        point_id, axes, start, end = pt["point_id"], pt["axes"], pt["start"], pt["end"]
+        times = [start + i * step_s for i in range(int((end - start) // step_s) + 1)]
+        if times[-1] < end:
+            times.append(end)
+        base = {
+            "run_id": run_id,
+            "point_id": point_id,
+            "model": axes.get("model", ""),
+            "config": axes.get("config", ""),
+        }
+        extra = {k: v for k, v in sorted(axes.items()) if k not in AXES}
+        info = {"run_id": run_id, "point_id": point_id, **{a: axes.get(a, "") for a in AXES}, **extra}
+        add(
+            PREFIX + "point_info",
+            "One series per matrix point with its axes as labels (value 1).",
+            info,
+            times,
+            1.0,
+        )
+        add(PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", base, times, start)
+        add(PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", base, times, end)
+        values, fails = summary_values(pt["summary"])
+        for key, v in values.items():
+            if "/" in key:
+                name, stat = key.split("/")
+                add(PREFIX + f"point_{name}_seconds", f"Point summary: {SUMMARY_LATENCIES[name]}.",
+                    {**base, "stat": stat}, times, v)  # fmt: skip
+            else:
+                add(PREFIX + f"point_{key}", f"Point summary: {SUMMARY_SCALARS[key][1]}", base, times, v)
+        for err, v in fails.items():
+            add(PREFIX + "point_failures", "Point summary: failed requests by error class.",
+                {**base, "error_class": err}, times, v)  # fmt: skip
+    lines: list[str] = []
+    for name, (help_, series) in fams.items():
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} gauge")
+        for lbl, samples in series.items():
+            ls = _labels(dict(lbl))
+            last = None
+            for t, v in sorted(samples):
+                if t == last:  # one sample per timestamp per series
+                    continue
+                last = t
+                lines.append(f"{name}{ls} {v!r} {t:.3f}")
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def backfill(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    promtool: str = "promtool",
+    max_block_duration: str | None = None,
+) -> list[Path]:
+    """Import a finished run folder into Prometheus TSDB blocks under out_dir; returns the new block folders."""
+    exe = shutil.which(promtool)
+    if exe is None:
+        raise FileNotFoundError(
+            f"backfill needs {promtool!r} on PATH (Debian package 'prometheus'); it was not found"
+        )
+    text = run_openmetrics(run_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in out.iterdir()}
+    with tempfile.TemporaryDirectory(prefix="servesweep-backfill-") as tmp:
+        om = Path(tmp) / "run.om"
+        om.write_text(text)
+        cmd = [exe, "tsdb", "create-blocks-from", "openmetrics"]
+        if max_block_duration:
+            cmd.append(f"--max-block-duration={max_block_duration}")
+        cmd += [str(om), str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(
+                f"promtool failed ({r.returncode}) importing {run_dir}: {r.stderr.strip()[-2000:]}"
+            )
+    return sorted(p for p in out.iterdir() if p.name not in before and p.is_dir())
+
+
+# ---------------------------------------------------------------- local Prometheus and Pushgateway
+
+
+class LocalService:
+    """A Prometheus or Pushgateway process started here (Debian packages), in its own process group."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path) -> None:
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def stop(self, timeout: float = 10.0) -> None:
+        import signal
+
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> LocalService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _launch(cmd: list[str], url: str, log_path: Path, timeout: float) -> LocalService:
+    import urllib.request
+
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise FileNotFoundError(f"{cmd[0]!r} is not on PATH (Debian package {cmd[0]!r})")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    svc = LocalService(proc, url, log_path)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return svc
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            svc.stop()
+            raise RuntimeError(
+                f"{cmd[0]} not ready at {url} after {timeout}s: {log_path.read_text()[-2000:]}"
+            )
+        time.sleep(0.1)
+
+
+def start_prometheus(
+    config: str | Path,
+    data_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 9090,
+    retention: str = "3650d",
+    timeout: float = 60.0,
+) -> LocalService:
+    """Start Prometheus on `config` and `data_dir` (blocks backfilled there load at start) and wait until ready.
+    The long default retention keeps backfilled history: Prometheus deletes blocks older than it."""
+    data_dir = Path(data_dir)
+    cmd = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+           f"--web.listen-address={host}:{port}", f"--storage.tsdb.retention.time={retention}", "--log.level=warn"]  # fmt: skip
+    return _launch(cmd, f"http://{host}:{port}", data_dir.parent / f"{data_dir.name}-prometheus.log", timeout)
+
+
+def start_pushgateway(
+    state_dir: str | Path, *, host: str = "127.0.0.1", port: int = 9091, timeout: float = 30.0
+) -> LocalService:
+    """Start the Pushgateway (state persisted under state_dir) and wait until ready."""
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    cmd = ["prometheus-pushgateway", f"--web.listen-address={host}:{port}", f"--persistence.file={state / 'pushgateway.data'}"]  # fmt: skip
+    return _launch(cmd, f"http://{host}:{port}", state / "pushgateway.log", timeout)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+@click.group(name="prom")
+def command():
+    """Prometheus helpers: scrape config, file_sd targets, backfill of finished runs."""
+
+
+@command.command("config")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="prometheus.yml to write")
+@click.option(
+    "--sd-dir", required=True, help="folder of file_sd target files (absolute, or relative to --out)"
+)
+@click.option("--scrape-interval", default="5s", show_default=True)
+@click.option("--pushgateway", default=None, help="host:port of a Pushgateway to scrape (honor_labels)")
+def _config(out, sd_dir, scrape_interval, pushgateway):
+    """Write a prometheus.yml that scrapes servesweep exporters and SGLang servers found in --sd-dir."""
+    p = write_prometheus_config(out, sd_dir=sd_dir, scrape_interval=scrape_interval, pushgateway=pushgateway)
+    click.echo(f"wrote {p}")
+
+
+@command.command("targets")
+@click.option("--sd-dir", required=True, type=click.Path(file_okay=False))
+@click.option("--run-id", required=True)
+@click.option(
+    "--exporter", "exporters", multiple=True, help="host:port of a servesweep exporter (repeatable)"
+)
+@click.option(
+    "--server", "servers", multiple=True, help="host:port[=config] of an SGLang server (repeatable)"
+)
+def _targets(sd_dir, run_id, exporters, servers):
+    """Write the file_sd target files of one run."""
+    sv: list[str | dict] = []
+    for s in servers:
+        t, _, cfg = s.partition("=")
+        sv.append({"target": t, "config": cfg} if cfg else t)
+    for p in write_targets(sd_dir, run_id, exporters=exporters, servers=sv):
+        click.echo(f"wrote {p}")
+
+
+@command.command("backfill")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out", "out", required=True, type=click.Path(file_okay=False), help="Prometheus data dir (or staging)"
+)
+@click.option("--openmetrics", "om_only", is_flag=True, help="only print the OpenMetrics text")
+def _backfill(run_dir, out, om_only):
+    """Import a finished run folder's summaries into Prometheus blocks (promtool)."""
+    if om_only:
+        click.echo(run_openmetrics(run_dir), nl=False)
+        return
+    t0 = time.monotonic()
+    blocks = backfill(run_dir, out)
+    click.echo(f"imported {run_dir} into {len(blocks)} block(s) under {out} in {time.monotonic() - t0:.1f}s")
+
+
+if __name__ == "__main__":
+    command()

@@ -1,0 +1,792 @@
+"""Run folders, per-point samples, and `servesweep compare runs/A runs/B [...]`.
+
+Reading: `load_run()` understands the folders of `servesweep run` (manifest with configurations and a status per
+point), of `servesweep load` (manifest with a list of points) and a bare point folder (records.parquet +
+summary.json). Every number here is recomputed from `records.parquet` with the definitions of docs/metrics.md; the
+point estimates equal `summary.summarize()`'s.
+
+Comparing: for each pair of matching points (same configuration and load axes), each metric's change with a
+bootstrap confidence interval. Requests are resampled with replacement, independently in both runs (seeded numpy,
+1,000 resamples by default); pooled values (ITL gaps) follow the request they belong to. Throughput is resampled
+through Little's law (mean concurrency × Σ tokens / Σ request time), which equals Σ tokens / window on the
+observed sample. The verdict is direction-aware: "better"/"worse" when the interval excludes zero and the change is
+at least `min_effect`, else "within noise".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from servesweep.results import metrics
+from servesweep.results.store import write_atomic
+
+BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
+
+# ---------------------------------------------------------------- run folders
+
+
+class RunError(ValueError):
+    """A run folder that cannot be read; the message names the path and what is wrong."""
+
+
+@dataclass
+class PointInfo:
+    point_id: str
+    config_id: str
+    workload: str
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+    status: str  # done, infeasible, failed, server_failed, pending, running
+    reason: str | None = None
+    dir: Path | None = None
+    summary: dict | None = None
+    est_s: float | None = None  # the planner's estimate
+    actual_s: float | None = None  # measured wall time of the point
+    warnings: list[str] = field(default_factory=list)
+    records_file: Path | None = None  # a records file not named dir/records.parquet (a bare Locust --records)
+    _sample: PointSample | None = field(default=None, repr=False)
+
+    @property
+    def axes(self) -> tuple[str, int, int, int]:
+        return (self.workload, self.prompt_tokens, self.output_tokens, self.concurrency)
+
+    @property
+    def records_path(self) -> Path | None:
+        if self.records_file is not None:
+            return self.records_file
+        return None if self.dir is None else self.dir / "records.parquet"
+
+    def sample(self) -> PointSample:
+        """The point's records as arrays (read once)."""
+        if self._sample is None:
+            if self.records_path is None or not self.records_path.is_file():
+                raise RunError(f"point {self.point_id}: no records.parquet (status {self.status})")
+            from servesweep.results.records import read_parquet
+
+            try:
+                table = read_parquet(self.records_path)
+            except (OSError, ValueError) as e:
+                raise RunError(f"point {self.point_id}: {e}") from None
+            self._sample = PointSample.from_table(table)
+        return self._sample
+
+
+@dataclass
+class Run:
+    path: Path
+    run_id: str
+    kind: str  # "run" (servesweep run), "load" (servesweep load), "point" (a point folder), "records" (one file)
+    manifest: dict
+    points: list[PointInfo]
+
+    @property
+    def configs(self) -> dict[str, dict]:
+        return self.manifest.get("configs") or {}
+
+    @property
+    def dry_run(self) -> bool:
+        m = self.manifest
+        return bool(
+            m.get("dry_run")
+            or str(m.get("mode", "")).replace("-", "_") == "dry_run"
+            or str(m.get("status", "")).replace("-", "_") == "dry_run"
+        )
+
+    def done_points(self) -> list[PointInfo]:
+        return [p for p in self.points if p.status == "done" and p.dir is not None]
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{path}: no {what}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: {what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RunError(f"{path}: {what} is not a JSON object")
+    return data
+
+
+def _secs_between(a: str | None, b: str | None) -> float | None:
+    from datetime import datetime
+
+    if not a or not b:
+        return None
+    try:
+        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+    except ValueError:
+        return None
+
+
+def _info_from_summary(pid: str, d: Path, summary: dict, config_id: str = "") -> PointInfo:
+    pt = summary.get("point") or {}
+    labels = pt.get("labels") or {}
+    return PointInfo(
+        point_id=pid,
+        config_id=config_id or labels.get("config_id", ""),
+        workload=pt.get("endpoint", "chat"),
+        prompt_tokens=int(pt.get("prompt_tokens", 0)),
+        output_tokens=int(pt.get("output_tokens", 0)),
+        concurrency=int(pt.get("concurrency", 0)),
+        status="done",
+        dir=d,
+        summary=summary,
+        actual_s=summary.get("wall_s"),
+    )
+
+
+def _records_file(path: Path) -> Run:
+    """A records file by itself, e.g. what `locust -f locustfiles/llm.py --headless --records r.parquet` wrote."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path}: not a Parquet records file ({e})") from None
+    try:
+        pt = json.loads(meta.get(b"servesweep.point", b"{}"))
+    except ValueError:
+        pt = {}
+    pid = meta.get(b"servesweep.point_id", b"").decode() or path.stem
+    info = _info_from_summary(pid, path.parent, {"point": pt})
+    info.records_file = path
+    return Run(path, path.stem, "records", {}, [info])
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run folder (servesweep run or load), a point folder or a records.parquet file; `runs/<id>:<config>`
+    keeps one server configuration of a run (to compare configurations of one run). Raises RunError naming what is
+    wrong."""
+    path = Path(path)
+    if not path.exists() and ":" in path.name:
+        folder, _, cfg = str(path).rpartition(":")
+        run = load_run(folder)
+        pts = [p for p in run.points if p.config_id == cfg]
+        if not pts:
+            have = sorted({p.config_id for p in run.points if p.config_id})
+            raise RunError(f"{folder}: no configuration {cfg!r}; it has {', '.join(have) or 'none'}")
+        run.points = pts
+        run.run_id = f"{run.run_id}:{cfg}"
+        return run
+    if not path.exists():
+        raise RunError(f"{path}: no such run folder")
+    if path.is_file() and path.suffix == ".parquet":
+        return _records_file(path)
+    if not path.is_dir():
+        raise RunError(f"{path}: not a folder (give runs/<run_id>) nor a records .parquet file")
+    mpath = path / "manifest.json"
+    if not mpath.is_file():
+        if (path / "summary.json").is_file():
+            s = _read_json(path / "summary.json", "summary")
+            info = _info_from_summary(s.get("point_id") or path.name, path, s)
+            return Run(path, path.name, "point", {}, [info])
+        raise RunError(f"{path}: no manifest.json; not a servesweep run folder")
+    m = _read_json(mpath, "manifest")
+    raw = m.get("points")
+    points: list[PointInfo] = []
+    if isinstance(raw, dict):  # servesweep run
+        for pid, p in raw.items():
+            d = path / p["dir"] if p.get("dir") else None
+            summary = None
+            if p.get("status") == "done":
+                if d is None or not (d / "summary.json").is_file():
+                    raise RunError(f"{path}: point {pid} is done but its folder has no summary.json")
+                summary = _read_json(d / "summary.json", "summary")
+            actual = _secs_between(p.get("started"), p.get("finished"))
+            if actual is None and summary is not None:
+                actual = summary.get("wall_s")
+            points.append(
+                PointInfo(
+                    point_id=pid,
+                    config_id=p.get("config_id", ""),
+                    workload=p.get("workload", "chat"),
+                    prompt_tokens=int(p.get("prompt_tokens", 0)),
+                    output_tokens=int(p.get("output_tokens", 0)),
+                    concurrency=int(p.get("concurrency", 0)),
+                    status=p.get("status", "pending"),
+                    reason=p.get("reason"),
+                    dir=d,
+                    summary=summary,
+                    est_s=p.get("est_s"),
+                    actual_s=actual,
+                    warnings=list(p.get("warnings") or []),
+                )
+            )
+        kind = "run"
+    elif isinstance(raw, list):  # servesweep load: only finished points are listed; pick up the others too
+        seen = set()
+        for p in raw:
+            d = path / p.get("dir", p["point_id"])
+            s = _read_json(d / "summary.json", "summary")
+            points.append(_info_from_summary(p["point_id"], d, s))
+            seen.add(d.name)
+        for d in sorted(x for x in path.iterdir() if x.is_dir() and x.name not in seen):
+            if (d / "summary.json").is_file():
+                s = _read_json(d / "summary.json", "summary")
+                points.append(_info_from_summary(s.get("point_id") or d.name, d, s))
+        kind = "load"
+    else:
+        raise RunError(f"{mpath}: has no 'points'; not a servesweep manifest")
+    return Run(path, m.get("run_id") or path.name, kind, m, points)
+
+
+# ---------------------------------------------------------------- one point's records as arrays
+
+
+@dataclass
+class PointSample:
+    """Per measured request (warmup excluded) arrays; NaN where a value does not apply (e.g. TTFT of a failure)."""
+
+    ok: np.ndarray
+    tokens: np.ndarray  # completion tokens of ok requests, 0 for failures
+    busy_s: np.ndarray  # end - scheduled: the time the request held its user (Little's law)
+    window_s: float
+    per_request: dict[str, np.ndarray]  # ttft, e2e, tpot, ... in ms (decode_tokens_per_s in tok/s)
+    pooled: dict[str, tuple[np.ndarray, np.ndarray]]  # itl, itl_per_token: (values, owning request index)
+    max_itl: np.ndarray  # largest gap per request (ms), for per-request ITL SLOs
+    cached: np.ndarray  # cached tokens where reported, NaN elsewhere
+    prompt: np.ndarray  # prompt tokens from usage of ok requests, NaN elsewhere
+
+    _sorted: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return int(self.ok.size)
+
+    def sorted_values(self, key: str, cap: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A per-request or pooled metric's values ascending, with the index of the request each belongs to
+        (sorted once: a bootstrap resample only changes the requests' weights). With `cap`, at most about that
+        many: every k-th of the sorted values, which keeps every quantile (for bootstrap resamples of millions of
+        ITL gaps; observed values always use all of them)."""
+        if cap is not None:
+            vals, owner = self.sorted_values(key)
+            step = -(-vals.size // cap)
+            return (vals, owner) if step <= 1 else (vals[::step], owner[::step])
+        if key not in self._sorted:
+            if key in self.pooled:
+                vals, owner = self.pooled[key]
+            else:
+                vals = self.per_request[key]
+                owner = np.flatnonzero(~np.isnan(vals))
+                vals = vals[owner]
+            order = np.argsort(vals, kind="stable")
+            self._sorted[key] = (vals[order], owner[order])
+        return self._sorted[key]
+
+    @classmethod
+    def from_table(cls, table) -> PointSample:
+        import pyarrow as pa
+
+        if table.num_rows:
+            warm = table.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
+            table = table.filter(pa.array(~warm))
+        n = table.num_rows
+
+        def col(name: str) -> np.ndarray:
+            return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+
+        ok = np.array([e is None for e in table.column("error_class").to_pylist()], dtype=bool)
+        sched, end = col("scheduled_ns"), col("end_ns")
+        completion = col("completion_tokens")
+        rm = metrics.request_metrics(table, ok)
+        window = max((np.nanmax(end) - np.nanmin(sched)) / 1e9, 1e-9) if n else math.nan
+        return cls(
+            ok=ok,
+            tokens=np.where(ok & ~np.isnan(completion), completion, 0.0),
+            busy_s=(end - sched) / 1e9,
+            window_s=float(window),
+            per_request={
+                "ttft": rm.ttft_ms,
+                "ttft_from_scheduled": rm.ttft_from_scheduled_ms,
+                "e2e": rm.e2e_ms,
+                "e2e_from_scheduled": rm.e2e_from_scheduled_ms,
+                "tpot": rm.tpot_ms,
+                "decode_tokens_per_s": rm.decode_tokens_per_s,
+                "schedule_lag": rm.schedule_lag_ms,  # all measured requests (client overhead)
+            },
+            pooled={
+                "itl": (rm.itl_ms, rm.itl_owner),
+                "itl_per_token": (rm.itl_per_token_ms, rm.itl_per_token_owner),
+            },
+            max_itl=rm.max_itl_ms,
+            cached=np.where(ok, col("cached_tokens"), np.nan),
+            prompt=np.where(ok, col("prompt_tokens"), np.nan),
+        )
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """np.percentile(linear) of the array in which values[i] appears weights[i] times (values sorted ascending)."""
+    cw = np.cumsum(weights)
+    total = cw[-1] if cw.size else 0
+    if total <= 0:
+        return math.nan
+    h = q / 100.0 * (total - 1)
+    lo = math.floor(h)
+    i = int(np.searchsorted(cw, lo, side="right"))
+    j = int(np.searchsorted(cw, lo + 1, side="right")) if h > lo else i
+    return float(values[i] + (h - lo) * (values[j] - values[i]))
+
+
+# ---------------------------------------------------------------- metrics
+
+LATENCY_BASES = {  # name -> (per-request key or pooled key, unit, higher is better)
+    "ttft": ("ttft", "ms", False),
+    "ttft_from_scheduled": ("ttft_from_scheduled", "ms", False),
+    "itl": ("itl", "ms", False),
+    "itl_per_token": ("itl_per_token", "ms", False),
+    "tpot": ("tpot", "ms", False),
+    "e2e": ("e2e", "ms", False),
+    "e2e_from_scheduled": ("e2e_from_scheduled", "ms", False),
+    "schedule_lag": ("schedule_lag", "ms", False),
+    "decode_tokens_per_s": ("decode_tokens_per_s", "tok/s", True),
+}
+SCALARS = {  # name -> (unit, higher is better, relative change?)
+    "output_tokens_per_s": ("tok/s", True, True),
+    "request_rate": ("req/s", True, True),
+    "error_rate": (
+        "ratio",
+        False,
+        False,
+    ),  # compared in percentage points: from 0 a relative change is undefined
+    "cache_hit_ratio": ("ratio", True, False),
+}
+ALIASES = {
+    "output_tok_s": "output_tokens_per_s",
+    "output_tps": "output_tokens_per_s",
+    "tok_s": "output_tokens_per_s",
+    "req_s": "request_rate",
+    "decode_tok_s": "decode_tokens_per_s",
+    "per_request_tok_s": "decode_tokens_per_s",
+}
+STATS = ("p50", "p90", "p99", "mean", "min", "max")
+# What compare shows by default: the columns of the tables people make.
+DEFAULT_METRICS = (
+    "output_tokens_per_s",
+    "request_rate",
+    "decode_tokens_per_s_mean",
+    "ttft_p50",
+    "ttft_p99",
+    "itl_p50",
+    "itl_p99",
+    "tpot_p50",
+    "e2e_p50",
+    "error_rate",
+)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # canonical, e.g. ttft_p99, output_tokens_per_s
+    base: str
+    stat: str | None  # p50..., mean, min, max; None for scalars
+    unit: str
+    higher_is_better: bool
+    relative: bool  # change as % of the baseline (else an absolute difference)
+
+    def value(self, s: PointSample, w: np.ndarray | None = None, cap: int | None = None) -> float:
+        """The metric on the sample, each request counted w[i] times (None: once, the observed value); `cap`
+        thins pooled values for bootstrap resamples (see PointSample.sorted_values)."""
+        if w is None:
+            w = np.ones(s.n)
+        if self.stat is None:
+            return _scalar(self.base, s, w)
+        vals, owner = s.sorted_values(LATENCY_BASES[self.base][0], cap)
+        vw = w[owner]
+        if vals.size == 0 or vw.sum() <= 0:
+            return math.nan
+        if self.stat == "mean":
+            return float(np.dot(vals, vw) / vw.sum())
+        present = np.flatnonzero(vw > 0)
+        if self.stat == "min":
+            return float(vals[present[0]])
+        if self.stat == "max":
+            return float(vals[present[-1]])
+        return weighted_percentile(vals, vw, float(self.stat[1:]))
+
+
+def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
+    n = w.sum()
+    if n <= 0:
+        return math.nan
+    # Little's law keeps the observed window's mean concurrency: on the observed sample this is exactly Σ/window.
+    busy = float(np.dot(w, s.busy_s))
+    conc = float(s.busy_s.sum() / s.window_s) if s.window_s > 0 else math.nan
+    if base == "output_tokens_per_s":
+        return conc * float(np.dot(w, s.tokens)) / busy if busy > 0 else math.nan
+    if base == "request_rate":
+        return conc * float(np.dot(w, s.ok)) / busy if busy > 0 else math.nan
+    if base == "error_rate":
+        return float(np.dot(w, ~s.ok)) / float(n)
+    if base == "cache_hit_ratio":
+        has = ~np.isnan(s.cached) & ~np.isnan(s.prompt)
+        den = float(np.dot(w[has], s.prompt[has]))
+        return float(np.dot(w[has], s.cached[has])) / den if has.any() and den > 0 else math.nan
+    raise KeyError(base)
+
+
+def metric(name: str) -> Metric:
+    """'ttft_p99' / 'output_tok_s' / 'error_rate' ... to a Metric; ValueError naming the name when unknown."""
+    raw = name.strip()
+    n = ALIASES.get(raw, raw)
+    if n in SCALARS:
+        unit, hib, rel = SCALARS[n]
+        return Metric(n, n, None, unit, hib, rel)
+    base, _, stat = n.rpartition("_")
+    base = ALIASES.get(base, base)
+    if base in LATENCY_BASES and (stat in STATS or _is_pct(stat)):
+        _, unit, hib = LATENCY_BASES[base]
+        return Metric(f"{base}_{stat}", base, stat, unit, hib, True)
+    if n in LATENCY_BASES:
+        raise ValueError(f"metric {name!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
+    known = sorted([*SCALARS, *ALIASES, *(f"{b}_pNN|mean|min|max" for b in LATENCY_BASES)])
+    raise ValueError(f"unknown metric {name!r}; known: {', '.join(known)}")
+
+
+def _is_pct(stat: str) -> bool:
+    if not stat.startswith("p"):
+        return False
+    try:
+        return 0 <= float(stat[1:]) <= 100
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- bootstrap comparison
+
+
+@dataclass
+class Change:
+    metric: Metric
+    a: float
+    b: float
+    delta: float  # relative (fraction) or absolute, by metric.relative
+    ci: tuple[float, float]
+    verdict: str  # better, worse, within noise, n/a
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric.name,
+            "unit": self.metric.unit,
+            "higher_is_better": self.metric.higher_is_better,
+            "change_kind": "relative" if self.metric.relative else "absolute",
+            "a": _clean(self.a),
+            "b": _clean(self.b),
+            "change": _clean(self.delta),
+            "ci_low": _clean(self.ci[0]),
+            "ci_high": _clean(self.ci[1]),
+            "verdict": self.verdict,
+        }
+
+
+def _clean(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else float(x)
+
+
+def _diff(m: Metric, a: np.ndarray | float, b: np.ndarray | float):
+    if m.relative:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (np.asarray(b) - np.asarray(a)) / np.asarray(a)
+    return np.asarray(b) - np.asarray(a)
+
+
+def bootstrap_changes(
+    sa: PointSample,
+    sb: PointSample,
+    metrics: list[Metric],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    min_effect: float = 0.02,
+) -> list[Change]:
+    """Each metric's change from A to B with a percentile bootstrap interval (requests resampled in each run)."""
+    rng = np.random.default_rng(seed)
+    wa = rng.multinomial(sa.n, np.full(sa.n, 1.0 / sa.n), size=resamples) if sa.n else None
+    wb = rng.multinomial(sb.n, np.full(sb.n, 1.0 / sb.n), size=resamples) if sb.n else None
+    lo_q, hi_q = (1 - confidence) / 2 * 100, (1 + confidence) / 2 * 100
+    out = []
+    for m in metrics:
+        a, b = m.value(sa), m.value(sb)
+        delta = float(_diff(m, a, b))
+        if wa is None or wb is None or not (math.isfinite(a) and math.isfinite(b)):
+            out.append(Change(m, a, b, delta, (math.nan, math.nan), "n/a"))
+            continue
+        ra = np.array([m.value(sa, w, BOOTSTRAP_CAP) for w in wa])
+        rb = np.array([m.value(sb, w, BOOTSTRAP_CAP) for w in wb])
+        d = _diff(m, ra, rb)
+        d = d[np.isfinite(d)]
+        if d.size < resamples // 2 or not math.isfinite(delta):
+            out.append(Change(m, a, b, delta, (math.nan, math.nan), "n/a"))
+            continue
+        lo, hi = (float(x) for x in np.percentile(d, [lo_q, hi_q]))
+        out.append(Change(m, a, b, delta, (lo, hi), verdict(m, delta, lo, hi, min_effect)))
+    return out
+
+
+def verdict(m: Metric, delta: float, lo: float, hi: float, min_effect: float) -> str:
+    if lo <= 0 <= hi or abs(delta) < min_effect:
+        return "within noise"
+    up = lo > 0
+    return "better" if up == m.higher_is_better else "worse"
+
+
+@dataclass
+class PointComparison:
+    key: tuple
+    a: PointInfo
+    b: PointInfo
+    changes: list[Change]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "point_a": self.a.point_id,
+            "point_b": self.b.point_id,
+            "config_a": self.a.config_id,
+            "config_b": self.b.config_id,
+            "workload": self.a.workload,
+            "prompt_tokens": self.a.prompt_tokens,
+            "output_tokens": self.a.output_tokens,
+            "concurrency": self.a.concurrency,
+            "changes": [c.as_dict() for c in self.changes],
+        }
+
+
+@dataclass
+class RunComparison:
+    a: Run
+    b: Run
+    points: list[PointComparison]
+    only_a: list[str]
+    only_b: list[str]
+    settings: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": str(self.a.path),
+            "run": str(self.b.path),
+            "settings": self.settings,
+            "points": [p.as_dict() for p in self.points],
+            "only_in_baseline": self.only_a,
+            "only_in_run": self.only_b,
+        }
+
+
+def _match_key(run: Run, p: PointInfo) -> tuple:
+    # Two runs of one configuration each (e.g. last month's and today's) match on the load axes alone.
+    cfgs = {q.config_id for q in run.points}
+    return ((p.config_id if len(cfgs) > 1 else ""), *p.axes)
+
+
+def compare_runs(
+    a: Run,
+    b: Run,
+    metrics: list[Metric] | None = None,
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    min_effect: float = 0.02,
+) -> RunComparison:
+    metrics = metrics or [metric(n) for n in DEFAULT_METRICS]
+    ka = {_match_key(a, p): p for p in a.done_points()}
+    kb = {_match_key(b, p): p for p in b.done_points()}
+    pts = []
+    for i, (k, pa) in enumerate(ka.items()):
+        pb = kb.get(k)
+        if pb is None:
+            continue
+        ch = bootstrap_changes(
+            pa.sample(),
+            pb.sample(),
+            metrics,
+            resamples=resamples,
+            seed=seed + i,
+            confidence=confidence,
+            min_effect=min_effect,
+        )
+        pts.append(PointComparison(k, pa, pb, ch))
+    return RunComparison(
+        a,
+        b,
+        pts,
+        only_a=[p.point_id for k, p in ka.items() if k not in kb],
+        only_b=[p.point_id for k, p in kb.items() if k not in ka],
+        settings={
+            "resamples": resamples,
+            "seed": seed,
+            "confidence": confidence,
+            "min_effect": min_effect,
+            "metrics": [m.name for m in metrics],
+        },
+    )
+
+
+# ---------------------------------------------------------------- output
+
+
+def fmt_value(x: float | None, unit: str) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if unit == "ms":
+        return f"{x / 1000:.3g} s" if x >= 10_000 else f"{x:.4g} ms"
+    if unit == "ratio":
+        return f"{x * 100:.3g}%"
+    return f"{x:.4g} {unit}"
+
+
+def fmt_change(c: Change) -> str:
+    if not math.isfinite(c.delta):
+        return "-"
+    return f"{c.delta * 100:+.1f}%" if c.metric.relative else f"{c.delta * 100:+.2f} pp"
+
+
+def fmt_ci(c: Change) -> str:
+    lo, hi = c.ci
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    if c.metric.relative:
+        return f"[{lo * 100:+.1f}%, {hi * 100:+.1f}%]"
+    return f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp"
+
+
+def point_label(p: PointInfo) -> str:
+    cfg = f"{p.config_id} " if p.config_id else ""
+    return f"{cfg}{p.workload} p{p.prompt_tokens} o{p.output_tokens} c{p.concurrency}"
+
+
+def rich_table(rc: RunComparison):
+    from rich.table import Table
+
+    t = Table(title=f"{rc.b.run_id} vs baseline {rc.a.run_id}")
+    for col in ("point", "metric", "baseline", "run", "change", "CI", "verdict"):
+        t.add_column(col, justify="left" if col in ("point", "metric", "verdict") else "right")
+    colors = {"better": "green", "worse": "red", "within noise": "dim", "n/a": "yellow"}
+    for pc in rc.points:
+        for i, c in enumerate(pc.changes):
+            t.add_row(
+                point_label(pc.a) if i == 0 else "",
+                c.metric.name,
+                fmt_value(c.a, c.metric.unit),
+                fmt_value(c.b, c.metric.unit),
+                fmt_change(c),
+                fmt_ci(c),
+                f"[{colors[c.verdict]}]{c.verdict}[/]",
+            )
+        t.add_section()
+    return t
+
+
+def compare_html_section(rcs: list[RunComparison]) -> str:
+    """The comparison as an HTML fragment (used by `compare --html` and by the report)."""
+    from servesweep.results.templates import render
+
+    return render(
+        "compare_section.html.j2",
+        comparisons=rcs,
+        fmt_value=fmt_value,
+        fmt_change=fmt_change,
+        fmt_ci=fmt_ci,
+        point_label=point_label,
+    )
+
+
+def write_compare_html(rcs: list[RunComparison], out: Path) -> Path:
+    from servesweep.results.templates import render
+
+    html = render("page.html.j2", title="servesweep compare", banner=None, body=compare_html_section(rcs))
+    write_atomic(Path(out), html, mode=0o666)  # a report is for reading (mkstemp makes files private)
+    return Path(out)
+
+
+def _few(ids: list[str], n: int = 6) -> str:
+    if not ids:
+        return "none"
+    return ", ".join(ids[:n]) + (f" (+{len(ids) - n} more)" if len(ids) > n else "")
+
+
+def parse_fraction(text: str, what: str) -> float:
+    """'10%' -> 0.10, '0.1' -> 0.1; click.BadParameter naming the option otherwise."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a fraction like 10% or 0.1", param_hint=what) from None
+    if not (0 <= v < 10):
+        raise click.BadParameter(f"{text!r} is out of range", param_hint=what)
+    return v
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--metric", "metric_names", multiple=True, help="metric to compare (repeatable); default: the table's"
+)
+@click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
+@click.option(
+    "--min-effect",
+    default="2%",
+    show_default=True,
+    help="a change smaller than this is within noise even when its interval excludes zero",
+)
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out):
+    """Compare runs point by point: RUNS[0] is the baseline, each later run is compared with it.
+
+    Points match on configuration and load axes (workload, prompt and output tokens, concurrency). Each metric's
+    change comes with a bootstrap confidence interval from the raw records and a verdict: better, worse or within
+    noise (lower latency and higher tok/s are better)."""
+    from rich.console import Console
+
+    if len(runs) < 2:
+        raise click.UsageError("give at least two run folders: BASELINE RUN [RUN ...]")
+    try:
+        metrics = [metric(n) for n in metric_names] or None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--metric") from None
+    eff = parse_fraction(min_effect, "--min-effect")
+    try:
+        loaded = [load_run(r) for r in runs]
+        rcs = [
+            compare_runs(
+                loaded[0], b, metrics, resamples=resamples, seed=seed, confidence=confidence, min_effect=eff
+            )
+            for b in loaded[1:]
+        ]
+    except RunError as e:
+        click.echo(f"servesweep compare: {e}", err=True)
+        sys.exit(2)
+    for rc in rcs:
+        if not rc.points:
+            click.echo(
+                f"servesweep compare: no matching points between {rc.a.path} and {rc.b.path} "
+                f"(baseline has {_few(rc.only_a)}; run has {_few(rc.only_b)})",
+                err=True,
+            )
+            sys.exit(2)
+    if html_out is not None:
+        write_compare_html(rcs, html_out)
+    if as_json:
+        click.echo(json.dumps([rc.as_dict() for rc in rcs], indent=2))
+    else:
+        out = Console()
+        for rc in rcs:
+            out.print(rich_table(rc))
+            if rc.only_a or rc.only_b:
+                out.print(
+                    f"unmatched: baseline only {', '.join(rc.only_a) or '-'}; run only {', '.join(rc.only_b) or '-'}"
+                )
+        if html_out is not None:
+            out.print(f"html: {html_out}")

@@ -1,0 +1,439 @@
+"""CI gates: `servesweep gate runs/<id> --slo 'ttft_p99<=2s' --baseline runs/X --max-regression 10%`.
+
+SLO expressions are `METRIC OP VALUE[UNIT]`: METRIC is a scalar (output_tokens_per_s alias output_tok_s,
+request_rate, error_rate, cache_hit_ratio, goodput_ratio, goodput_per_s) or a per-request/pooled metric with a
+statistic (ttft_p99, itl_p50, tpot_mean, e2e_p90, decode_tokens_per_s_p50, ...; names of docs/metrics.md); OP is
+<=, >=, < or >; UNIT is ms or s for latencies (default ms), % for ratios (else a fraction), tok/s or req/s
+optionally for rates. A latency without a statistic (`ttft<=2s`) is a per-request SLO: it defines which requests
+are good for goodput_ratio / goodput_per_s, as in docs/metrics.md. Every value is computed from records.parquet.
+
+Regression limits use compare's verdicts: a metric breaches when compare calls it "worse" (its bootstrap interval
+excludes zero) and its change is beyond the limit (relative; error rate in percentage points).
+
+Exit codes: 0 pass, 1 breach, 2 could not run (bad expression, missing or unreadable run folder, nothing to check).
+`evaluate_records(records, slos)` gives the same verdict for one set of records (the Locust side at the end of a
+headless run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from servesweep.results import metrics
+from servesweep.results.compare import (
+    Metric,
+    PointSample,
+    Run,
+    RunError,
+    _few,
+    compare_runs,
+    fmt_value,
+    load_run,
+    metric,
+    parse_fraction,
+)
+
+PASS, BREACH, ERROR = 0, 1, 2
+PER_REQUEST = metrics.PER_REQUEST_SLO_METRICS  # latencies that can be judged per request (goodput)
+GOODPUT = {"goodput_ratio": "ratio", "goodput_per_s": "req/s"}
+_EXPR = re.compile(
+    r"^\s*(?P<name>[A-Za-z][A-Za-z0-9_.]*)\s*(?P<op><=|>=|<|>)\s*"
+    r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%|tok/s|req/s|/s)?\s*$"
+)
+# Regression limits apply to central values by default: with CI-sized runs a p99 rests on a handful of requests,
+# and one scheduling hiccup of the machine moves it. Tails are gated with SLOs or --regression-metric ttft_p99.
+REGRESSION_METRICS = (
+    "output_tokens_per_s",
+    "decode_tokens_per_s_mean",
+    "ttft_p50",
+    "itl_p50",
+    "tpot_p50",
+    "e2e_p50",
+    "error_rate",
+)
+_OPS = metrics.SLO_OPS
+
+
+class GateError(ValueError):
+    """The gate cannot run (exit 2); the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class SLO:
+    text: str
+    name: str  # canonical metric name, or the per-request latency (ttft, ...), or goodput_ratio/goodput_per_s
+    op: str
+    value: float  # in the metric's unit: ms for latencies, a fraction for ratios
+    metric: Metric | None  # None for per-request SLOs and goodput
+    per_request: bool = False
+
+    def holds(self, x: float) -> bool:
+        return bool(_OPS[self.op](x, self.value)) if x is not None and math.isfinite(x) else False
+
+    def limit_text(self) -> str:
+        return self.text.split(self.op, 1)[1].strip()
+
+
+def parse_slo(text: str) -> SLO:
+    """One expression to an SLO; GateError naming the expression and what is wrong."""
+    m = _EXPR.match(text)
+    if not m:
+        raise GateError(
+            f"SLO {text!r}: expected METRIC OP VALUE[UNIT], e.g. ttft_p99<=2s, error_rate<=1%, "
+            "output_tok_s>=1200, itl_p50<=30ms (OP: <=, >=, <, >)"
+        )
+    name, op, num, unit = m["name"], m["op"], float(m["num"]), m["unit"]
+    if name in PER_REQUEST:
+        if unit not in (None, "ms", "s"):
+            raise GateError(f"SLO {text!r}: {name} is a latency; give ms or s, not {unit}")
+        return SLO(text.strip(), name, op, num * 1000 if unit == "s" else num, None, per_request=True)
+    if name in GOODPUT:
+        return SLO(text.strip(), name, op, _ratio_or_rate(text, GOODPUT[name], num, unit), None)
+    try:
+        met = metric(name)
+    except ValueError as e:
+        raise GateError(f"SLO {text!r}: {e}") from None
+    if met.unit == "ms":
+        if unit not in (None, "ms", "s"):
+            raise GateError(f"SLO {text!r}: {met.name} is a latency; give ms or s, not {unit}")
+        value = num * 1000 if unit == "s" else num
+    else:
+        value = _ratio_or_rate(text, met.unit, num, unit)
+    return SLO(text.strip(), met.name, op, value, met)
+
+
+def _ratio_or_rate(text: str, kind: str, num: float, unit: str | None) -> float:
+    if kind == "ratio":
+        if unit == "%":
+            return num / 100
+        if unit is not None:
+            raise GateError(f"SLO {text!r}: a ratio takes % or a fraction, not {unit}")
+        if not 0 <= num <= 1:
+            raise GateError(f"SLO {text!r}: {num:g} is not a fraction; write {num:g}% or {num / 100:g}")
+        return num
+    allowed = {"tok/s": (None, "tok/s"), "req/s": (None, "req/s", "/s")}.get(kind, (None,))
+    if unit not in allowed:
+        raise GateError(f"SLO {text!r}: a rate in {kind} takes no unit {unit!r}")
+    return num
+
+
+def parse_slos(spec: str | list[str] | tuple[str, ...] | None) -> list[SLO]:
+    """'a,b' or ['a', 'b,c'] to SLOs; goodput without a per-request SLO is an error."""
+    if not spec:
+        return []
+    items = [spec] if isinstance(spec, str) else list(spec)
+    out = [parse_slo(part) for item in items for part in str(item).split(",") if part.strip()]
+    if any(s.name in GOODPUT for s in out) and not any(s.per_request for s in out):
+        raise GateError(
+            "goodput_ratio / goodput_per_s need per-request SLOs that say which requests are good, "
+            "e.g. --slo 'ttft<=2s' --slo 'tpot<=50ms' --slo 'goodput_ratio>=90%'"
+        )
+    return out
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass
+class CheckResult:
+    point: str
+    check: str
+    kind: str  # slo, regression, status
+    passed: bool | None  # None: skipped (an infeasible point, a point the baseline lacks)
+    value: str = ""
+    message: str = ""
+
+
+@dataclass
+class Verdict:
+    results: list[CheckResult]
+    subject: str
+    error: str | None = None
+    context: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def breaches(self) -> list[CheckResult]:
+        return [r for r in self.results if r.passed is False]
+
+    @property
+    def checked(self) -> list[CheckResult]:
+        return [r for r in self.results if r.passed is not None]
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.breaches
+
+    @property
+    def exit_code(self) -> int:
+        return ERROR if self.error is not None else (BREACH if self.breaches else PASS)
+
+    @property
+    def line(self) -> str:
+        """The one-line verdict."""
+        if self.error is not None:
+            return f"ERROR {self.subject}: {self.error}"
+        n = len(self.checked)
+        skipped = len(self.results) - n
+        tail = f", {skipped} skipped" if skipped else ""
+        if not self.breaches:
+            return f"PASS {self.subject}: {n} checks passed{tail}"
+        shown = "; ".join(f"{r.point} {r.message}" for r in self.breaches[:3])
+        more = f"; +{len(self.breaches) - 3} more" if len(self.breaches) > 3 else ""
+        return f"BREACH {self.subject}: {len(self.breaches)} of {n} checks failed{tail} — {shown}{more}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": {PASS: "pass", BREACH: "breach", ERROR: "error"}[self.exit_code],
+            "exit_code": self.exit_code,
+            "line": self.line,
+            "subject": self.subject,
+            "error": self.error,
+            **self.context,
+            "checks": [r.__dict__ for r in self.results],
+        }
+
+    def write_junit(self, path: str | Path) -> Path:
+        """JUnit XML: one testcase per point × check (classname = point, name = check)."""
+        path = Path(path)
+        suite = ET.Element(
+            "testsuite",
+            name=f"servesweep gate {self.subject}",
+            tests=str(len(self.results) + (1 if self.error else 0)),
+            failures=str(len(self.breaches)),
+            errors="1" if self.error else "0",
+            skipped=str(len(self.results) - len(self.checked)),
+            timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
+        )
+        props = ET.SubElement(suite, "properties")
+        for k, v in self.context.items():
+            ET.SubElement(
+                props, "property", name=str(k), value=json.dumps(v) if not isinstance(v, str) else v
+            )
+        if self.error:
+            tc = ET.SubElement(suite, "testcase", classname=self.subject, name="gate", time="0")
+            ET.SubElement(tc, "error", message=self.error, type="could not run").text = self.error
+        for r in self.results:
+            tc = ET.SubElement(suite, "testcase", classname=r.point, name=r.check, time="0")
+            if r.passed is False:
+                ET.SubElement(tc, "failure", message=r.message, type=r.kind).text = r.message
+            elif r.passed is None:
+                ET.SubElement(tc, "skipped", message=r.message)
+            elif r.value:
+                ET.SubElement(tc, "system-out").text = r.message
+        root = ET.Element("testsuites", name="servesweep gate")
+        root.append(suite)
+        for k in ("tests", "failures", "errors", "skipped"):
+            root.set(k, suite.get(k))
+        ET.indent(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+        return path
+
+
+def _goodput(s: PointSample, per_request: list[SLO]) -> tuple[float, float]:
+    """(ratio of measured requests that are good, good per second of the window), docs/metrics.md."""
+    values = {
+        "ttft": s.per_request["ttft"],
+        "e2e": s.per_request["e2e"],
+        "tpot": s.per_request["tpot"],
+        "itl": s.max_itl,
+    }
+    good = metrics.good_requests(values, s.ok, [(slo.name, slo.op, slo.value) for slo in per_request])
+    if s.n == 0:
+        return math.nan, math.nan
+    return float(good.sum()) / s.n, float(good.sum()) / s.window_s
+
+
+def slo_value(s: PointSample, slo: SLO, per_request: list[SLO]) -> float:
+    if slo.name in GOODPUT:
+        ratio, per_s = _goodput(s, per_request)
+        return ratio if slo.name == "goodput_ratio" else per_s
+    return slo.metric.value(s)
+
+
+def _show(slo: SLO, x: float) -> str:
+    if slo.metric is not None:
+        return fmt_value(x, slo.metric.unit)
+    return fmt_value(x, GOODPUT[slo.name])
+
+
+def check_sample(point: str, s: PointSample, slos: list[SLO]) -> list[CheckResult]:
+    per_request = [x for x in slos if x.per_request]
+    out = []
+    for slo in slos:
+        if slo.per_request:
+            continue  # shapes goodput; not a pass/fail by itself (docs/metrics.md)
+        x = slo_value(s, slo, per_request)
+        ok = slo.holds(x)
+        shown = _show(slo, x)
+        msg = f"{slo.name} = {shown} ({'within' if ok else 'breaks'} {slo.op} {slo.limit_text()})"
+        if not math.isfinite(x):
+            msg = f"{slo.name} has no value (no successful request to measure it on)"
+        out.append(CheckResult(point, slo.text, "slo", ok, shown, msg))
+    return out
+
+
+def evaluate_records(records, slos, *, name: str = "records") -> Verdict:
+    """The gate for one set of per-request records: a pyarrow Table, a records.parquet path, or a list of rows.
+    `slos`: 'ttft_p99<=2s,error_rate<=1%' or a list of expressions. Raises GateError on a bad expression."""
+    import pyarrow as pa
+
+    from servesweep.results.records import read_parquet, to_table
+
+    parsed = parse_slos(slos)
+    if not any(not s.per_request for s in parsed):
+        raise GateError(f"nothing to check in {slos!r}: give at least one aggregate SLO (e.g. ttft_p99<=2s)")
+    if isinstance(records, str | Path):
+        table = read_parquet(Path(records))
+    elif isinstance(records, pa.Table):
+        table = records
+    else:
+        table = to_table(records)
+    s = PointSample.from_table(table)
+    return Verdict(check_sample(name, s, parsed), name, context={"slos": [x.text for x in parsed]})
+
+
+def experiment_slos(run: Run) -> list[str]:
+    """The SLOs the run was made with: the experiment's `slo:` list, else those `servesweep load --slo` recorded."""
+    exp = list((run.manifest.get("experiment") or {}).get("slo") or [])
+    if exp:
+        return exp
+    seen: dict[str, None] = {}
+    for p in run.points:
+        for s in (p.summary or {}).get("slos") or []:
+            seen.setdefault(s["slo"])
+    return list(seen)
+
+
+def evaluate_run(
+    run: Run,
+    slos: list[SLO],
+    *,
+    baseline: Run | None = None,
+    max_regression: float = 0.10,
+    regression_metrics: list[Metric] | None = None,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> Verdict:
+    results: list[CheckResult] = []
+    for p in run.points:
+        if p.status == "infeasible":
+            results.append(CheckResult(p.point_id, "measured", "status", None, "", f"infeasible: {p.reason}"))
+            continue
+        if p.status != "done":
+            why = f"point {p.status}" + (f": {p.reason}" if p.reason else "")
+            results.append(CheckResult(p.point_id, "measured", "status", False, p.status, why[:500]))
+            continue
+        try:
+            results += check_sample(p.point_id, p.sample(), slos)
+        except RunError as e:
+            raise GateError(str(e)) from None
+    ctx: dict[str, Any] = {"run": str(run.path), "slos": [s.text for s in slos]}
+    if baseline is not None:
+        mets = regression_metrics or [metric(n) for n in REGRESSION_METRICS]
+        rc = compare_runs(baseline, run, mets, resamples=resamples, seed=seed)
+        if not rc.points:
+            raise GateError(
+                f"no point of {run.path} matches one of the baseline {baseline.path} "
+                f"(baseline: {_few(rc.only_a)}; run: {_few(rc.only_b)})"
+            )
+        lim = max_regression * 100
+        for pc in rc.points:
+            for c in pc.changes:
+                m = c.metric
+                worse_by = c.delta if not m.higher_is_better else -c.delta
+                kind = "%" if m.relative else " pp"
+                check = f"{m.name} regression <= {lim:g}{kind} vs {baseline.run_id}"
+                shown = f"{c.delta * 100:+.1f}{kind}" if math.isfinite(c.delta) else "-"
+                breach = c.verdict == "worse" and worse_by > max_regression
+                msg = (
+                    f"{m.name} {shown} vs baseline ({fmt_value(c.a, m.unit)} → {fmt_value(c.b, m.unit)}, "
+                    f"interval [{c.ci[0] * 100:+.1f}, {c.ci[1] * 100:+.1f}]{kind}: {c.verdict}; limit {lim:g}{kind})"
+                )
+                results.append(CheckResult(pc.b.point_id, check, "regression", not breach, shown, msg))
+        for pid in rc.only_a:
+            results.append(
+                CheckResult(pid, "in baseline", "regression", None, "", "the run has no matching point")
+            )
+        ctx.update(baseline=str(baseline.path), max_regression=max_regression)
+    return Verdict(results, run.run_id, context=ctx)
+
+
+# ---------------------------------------------------------------- command
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--slo", "slo_texts", multiple=True, help="e.g. 'ttft_p99<=2s' (repeatable; commas also split)")
+@click.option("--baseline", type=click.Path(path_type=Path), default=None, help="run folder to compare with")
+@click.option("--max-regression", default="10%", show_default=True, help="allowed change for the worse")
+@click.option(
+    "--regression-metric", "reg_metrics", multiple=True, help="metrics the limit applies to (repeatable)"
+)
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--json", "as_json", is_flag=True, help="print every check as JSON")
+@click.option("--details", is_flag=True, help="print every check before the verdict line")
+@click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def command(
+    run_dir, slo_texts, baseline, max_regression, reg_metrics, junit_path, as_json, details, resamples, seed
+):
+    """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
+    and a baseline run.
+
+    Exit 0 pass, 1 breach, 2 could not run. Prints a one-line verdict; --junit writes one testcase per
+    point × check."""
+    subject = str(run_dir)
+    try:
+        try:
+            limit = parse_fraction(max_regression, "--max-regression")
+        except click.BadParameter as e:
+            raise GateError(e.format_message()) from None
+        run = load_run(run_dir)
+        subject = run.run_id
+        slos = parse_slos(list(slo_texts) or experiment_slos(run))
+        try:
+            mets = [metric(n) for n in reg_metrics] or None
+        except ValueError as e:
+            raise GateError(f"--regression-metric: {e}") from None
+        base = load_run(baseline) if baseline is not None else None
+        if not any(not s.per_request for s in slos) and base is None:
+            if slos:
+                raise GateError(
+                    "nothing to check: per-request SLOs ("
+                    + ", ".join(s.text for s in slos)
+                    + ") only say which "
+                    "requests are good; add goodput_ratio>=90% or an aggregate SLO like ttft_p99<=2s"
+                )
+            raise GateError("nothing to check: give --slo (the run's experiment has no slo) or --baseline")
+        verdict = evaluate_run(
+            run,
+            slos,
+            baseline=base,
+            max_regression=limit,
+            regression_metrics=mets,
+            resamples=resamples,
+            seed=seed,
+        )
+    except (GateError, RunError) as e:
+        verdict = Verdict([], subject, error=str(e))
+    if junit_path is not None:
+        verdict.write_junit(junit_path)
+    if as_json:
+        click.echo(json.dumps(verdict.as_dict(), indent=2))
+    elif details:
+        for r in verdict.results:
+            state = {True: "ok  ", False: "FAIL", None: "skip"}[r.passed]
+            click.echo(f"{state} {r.point}  {r.check}: {r.message}")
+    click.echo(verdict.line, err=as_json)
+    sys.exit(verdict.exit_code)

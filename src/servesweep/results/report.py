@@ -1,0 +1,597 @@
+"""`servesweep report runs/<id>`: a self-contained HTML report and a Markdown summary of a run folder.
+
+Per server configuration: the tables people make today (by concurrency, and by prompt length), the plots they would
+rather look at, the resolved server configuration, the planner's estimates against the measured times, the points
+that were infeasible or failed with their reasons, and load-generator saturation flags. Every value is recomputed
+from records.parquet (`servesweep.results.compare.PointSample`, the definitions of docs/metrics.md); summary.json is used
+only for what the records cannot give (the SLO checks the run was made with, saturation flags it carries).
+The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens offline and can be attached to CI.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from servesweep.results.compare import (
+    PointInfo,
+    Run,
+    RunComparison,
+    RunError,
+    compare_runs,
+    load_run,
+    metric,
+)
+from servesweep.results.store import write_atomic
+
+HTML_NAME = "report.html"
+MD_NAME = "report.md"
+LAG_FLAG_MS = (
+    10.0  # a closed loop sends right after the previous response; more lag means the client fell behind
+)
+PROMPT_DEV_FLAG_PCT = 1.0
+KINDS = {"run": "servesweep run", "load": "servesweep load", "point": "one point", "records": "records file"}
+
+# (key, header, metric name, unit for display, decimals)
+COLUMNS = (
+    ("output_tokens_per_s", "output tok/s", "output_tokens_per_s", "", 1),
+    ("decode_tokens_per_s", "per-request tok/s", "decode_tokens_per_s_mean", "", 1),
+    ("ttft_p50", "TTFT p50 ms", "ttft_p50", "", 1),
+    ("ttft_p99", "TTFT p99 ms", "ttft_p99", "", 1),
+    ("itl_p50", "ITL p50 ms", "itl_p50", "", 2),
+    ("itl_p99", "ITL p99 ms", "itl_p99", "", 2),
+    ("tpot_p50", "TPOT p50 ms", "tpot_p50", "", 2),
+    ("e2e_p50", "E2E p50 ms", "e2e_p50", "", 1),
+    ("error_rate", "error rate %", "error_rate", "%", 2),
+)
+RESOLVED_KEYS = (
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "ep_size",
+    "context_length",
+    "mem_fraction_static",
+    "max_running_requests",
+    "max_total_num_tokens",
+    "max_total_tokens",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "page_size",
+    "kv_cache_dtype",
+    "attention_backend",
+    "schedule_policy",
+    "disable_radix_cache",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "mamba_radix_cache_strategy",
+    "served_model_name",
+)
+
+
+@dataclass
+class PointRow:
+    info: PointInfo
+    values: dict[str, float]
+    ok: int
+    failed: int
+    failures: dict[str, int]
+    slos: list[dict]
+    flags: list[str]
+    itl: list[float]
+
+
+@dataclass
+class ConfigSection:
+    config_id: str
+    title: str
+    config: dict
+    points: list[PointInfo]
+    rows: list[PointRow] = field(default_factory=list)
+    plots: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, caption, svg)
+
+    @property
+    def not_done(self) -> list[PointInfo]:
+        return [p for p in self.points if p.status != "done"]
+
+
+def point_row(p: PointInfo) -> PointRow:
+    """One done point's table row, recomputed from its records."""
+    s = p.sample()
+    values = {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS}
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(p.records_path, columns=["warmup", "error_class"])
+    classes = [
+        e
+        for e, w in zip(t.column("error_class").to_pylist(), t.column("warmup").to_pylist(), strict=True)
+        if e is not None and not w
+    ]
+    failures = dict(sorted(Counter(classes).items()))
+    summary = p.summary or {}
+    return PointRow(
+        info=p,
+        values=values,
+        ok=int(s.ok.sum()),
+        failed=int((~s.ok).sum()),
+        failures=failures,
+        slos=list(summary.get("slos") or []),
+        flags=saturation_flags(p, s, summary),
+        itl=s.pooled["itl"][0].tolist(),
+    )
+
+
+def saturation_flags(p: PointInfo, s, summary: dict) -> list[str]:
+    """Signs that the load generator, not the server, limited the point; or that the workload was not as asked."""
+    flags: list[str] = []
+    sat = summary.get("saturation") or (summary.get("load_generator") or {}).get("flags")
+    if isinstance(sat, dict):
+        flags += [f"{k}: {v}" for k, v in sat.items() if v]
+    elif isinstance(sat, list):
+        flags += [str(x) for x in sat]
+    elif sat:
+        flags.append(str(sat))
+    lag = metric("schedule_lag_p99").value(s)
+    if math.isfinite(lag) and lag > LAG_FLAG_MS:
+        flags.append(f"schedule lag p99 {lag:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind")
+    log = p.dir / "locust.log" if p.dir else None
+    if log is not None and log.is_file():
+        text = log.read_text(errors="replace")
+        if re.search(r"CPU usage above \d+%", text):
+            flags.append("Locust warned: load generator CPU above 90%")
+    dev = (summary.get("prompt_tokens") or {}).get("mean_deviation_pct")
+    if dev is not None and abs(dev) > PROMPT_DEV_FLAG_PCT:
+        flags.append(f"prompt tokens {dev:+.1f}% off target")
+    return flags
+
+
+def _sections(run: Run) -> list[ConfigSection]:
+    configs = run.configs
+    order = list(configs) + [p.config_id for p in run.points if p.config_id not in configs]
+    by_cfg: dict[str, list[PointInfo]] = defaultdict(list)
+    for p in run.points:
+        by_cfg[p.config_id].append(p)
+    out = []
+    for cid in dict.fromkeys(order):
+        if cid not in by_cfg and cid not in configs:
+            continue
+        c = configs.get(cid) or {}
+        if cid:
+            flags = " ".join(
+                f"{k}={v}" for k, v in {**(c.get("flags") or {}), **(c.get("env") or {})}.items()
+            )
+            title = f"{cid}" + (f" — {flags}" if flags else "")
+        else:
+            title = f"server {run.manifest.get('base_url', '')}".strip()
+        pts = sorted(
+            by_cfg.get(cid, []), key=lambda p: (p.workload, p.prompt_tokens, p.output_tokens, p.concurrency)
+        )
+        out.append(ConfigSection(cid, title, c, pts))
+    return out
+
+
+def _group_label(p: PointInfo, with_workload: bool, with_output: bool) -> str:
+    parts = [f"prompt {p.prompt_tokens}"]
+    if with_output:
+        parts.append(f"out {p.output_tokens}")
+    if with_workload:
+        parts.insert(0, p.workload)
+    return ", ".join(parts)
+
+
+def _add_plots(run: Run, sec: ConfigSection) -> None:
+    from servesweep.results import plots
+
+    rows = sec.rows
+    if not rows:
+        return
+    wl = len({r.info.workload for r in rows}) > 1
+    outs = len({r.info.output_tokens for r in rows}) > 1
+    name = sec.config_id or "server"
+    thr: dict[str, list] = defaultdict(list)
+    lt: dict[str, list] = defaultdict(list)
+    for r in rows:
+        g = _group_label(r.info, wl, outs)
+        thr[g].append((r.info.concurrency, r.values["output_tokens_per_s"]))
+        lt[g].append((r.values["output_tokens_per_s"], r.values["decode_tokens_per_s"], r.info.concurrency))
+    sec.plots.append(
+        (
+            "throughput",
+            f"{name}: aggregate output tokens/s by concurrency",
+            plots.throughput_vs_concurrency(thr, f"{name}: throughput vs concurrency"),
+        )
+    )
+    tt: dict[str, list] = defaultdict(list)
+    for r in rows:
+        g = (
+            f"c{r.info.concurrency}"
+            + (f" {r.info.workload}" if wl else "")
+            + (f" o{r.info.output_tokens}" if outs else "")
+        )
+        tt[g].append((r.info.prompt_tokens, r.values["ttft_p50"], r.values["ttft_p99"]))
+    sec.plots.append(
+        (
+            "ttft",
+            f"{name}: TTFT p50 (solid) and p99 (dashed) by prompt length",
+            plots.ttft_vs_prompt(tt, f"{name}: TTFT vs prompt length"),
+        )
+    )
+    sec.plots.append(
+        (
+            "tradeoff",
+            f"{name}: per-request decode speed against aggregate throughput (cN: concurrency)",
+            plots.latency_throughput(lt, f"{name}: latency–throughput trade-off"),
+        )
+    )
+    dist = {f"{_group_label(r.info, wl, outs)}, c{r.info.concurrency}": r.itl for r in rows if r.itl}
+    if dist:
+        sec.plots.append(
+            (
+                "itl",
+                f"{name}: distribution of inter-token gaps (every gap of every successful request)",
+                plots.itl_distribution(dist, f"{name}: ITL distribution"),
+            )
+        )
+
+
+@dataclass
+class Report:
+    run: Run
+    sections: list[ConfigSection]
+    overview_plots: list[tuple[str, str, str]]
+    comparisons: list[RunComparison]
+    html: str = ""
+    markdown: str = ""
+
+
+def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
+    from servesweep.results import plots
+
+    sections = _sections(run)
+    for sec in sections:
+        sec.rows = [point_row(p) for p in sec.points if p.status == "done"]
+        _add_plots(run, sec)
+    overview = []
+    if len([s for s in sections if s.rows]) > 1:
+        series: dict[str, list] = defaultdict(list)
+        for sec in sections:
+            for r in sec.rows:
+                series[f"{sec.config_id} p{r.info.prompt_tokens} o{r.info.output_tokens}"].append(
+                    (r.info.concurrency, r.values["output_tokens_per_s"])
+                )
+        overview.append(
+            (
+                "throughput-all",
+                "aggregate output tokens/s by concurrency, every configuration",
+                plots.throughput_vs_concurrency(series, "throughput vs concurrency per configuration"),
+            )
+        )
+    est = [
+        (p.point_id, p.est_s, p.actual_s)
+        for p in run.points
+        if p.status == "done" and p.est_s is not None and p.actual_s is not None
+    ]
+    if est:
+        overview.append(
+            (
+                "estimate",
+                "the planner's time estimate against the measured time per point",
+                plots.estimate_vs_actual(est, "planner estimate vs actual time"),
+            )
+        )
+    comps = [compare_runs(b, run) for b in baselines or []]
+    rep = Report(run, sections, overview, comps)
+    rep.html = render_html(rep)
+    rep.markdown = render_markdown(rep)
+    return rep
+
+
+# ---------------------------------------------------------------- formatting shared by HTML and Markdown
+
+
+def fmt(x, decimals: int = 1, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x * 100:.{decimals}f}" if pct else f"{x:,.{decimals}f}"
+
+
+def fmt_s(x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.1f} s" if x < 120 else f"{x / 60:.1f} min"
+
+
+def _failures_text(r: PointRow) -> str:
+    return ", ".join(f"{k}={v}" for k, v in r.failures.items()) or "0"
+
+
+def _slo_text(r: PointRow) -> str:
+    if not r.slos:
+        return "-"
+    bad = [s["slo"] for s in r.slos if not s.get("pass")]
+    return "pass" if not bad else "breach: " + ", ".join(bad)
+
+
+def _run_facts(run: Run) -> list[tuple[str, str]]:
+    m = run.manifest
+    exp = m.get("experiment") or {}
+    plan = m.get("plan") or {}
+    facts = [
+        ("run", run.run_id),
+        ("kind", KINDS[run.kind]),
+    ]
+    if m.get("status"):
+        facts.append(("status", str(m["status"])))
+    if exp.get("name"):
+        facts.append(("experiment", exp["name"]))
+    model = (exp.get("model") or {}).get("path") or plan.get("model")
+    if model:
+        facts.append(("model", model))
+    if plan.get("gpu"):
+        facts.append(("GPU profile", str(plan["gpu"]) + (" (emulator)" if plan.get("emulator") else "")))
+    if exp.get("sglang_version"):
+        facts.append(("SGLang version", exp["sglang_version"]))
+    if m.get("base_url"):
+        facts.append(("server", m["base_url"]))
+    for k in ("created", "updated"):
+        if m.get(k):
+            facts.append((k, m[k]))
+    if m.get("git_rev"):
+        facts.append(("servesweep revision", m["git_rev"]))
+    counts: dict[str, int] = defaultdict(int)
+    for p in run.points:
+        counts[p.status] += 1
+    facts.append(("points", ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))))
+    if plan.get("total_s") is not None:
+        facts.append(("planner estimate", fmt_s(plan["total_s"])))
+    actual = _elapsed(m)
+    if actual is not None:
+        facts.append(("actual wall time", fmt_s(actual)))
+    return facts
+
+
+def _elapsed(m: dict) -> float | None:
+    from servesweep.results.compare import _secs_between
+
+    return _secs_between(m.get("created"), m.get("updated"))
+
+
+def _resolved(cfg: dict) -> tuple[list[tuple[str, str, str]], dict]:
+    """(key, asked, resolved) rows for the flags that matter, and the raw server record."""
+    server = cfg.get("server") or {}
+    info = server.get("server_info") or {}
+    asked = cfg.get("flags") or {}
+    rows = []
+    for k in dict.fromkeys([*asked, *RESOLVED_KEYS]):
+        if k in asked or info.get(k) is not None:
+            rows.append((k, "-" if k not in asked else str(asked[k]), "-" if k not in info else str(info[k])))
+    return rows, server
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def render_html(rep: Report) -> str:
+    from servesweep.results.compare import compare_html_section
+    from servesweep.results.templates import render
+
+    run = rep.run
+    body = render(
+        "report_body.html.j2",
+        run=run,
+        facts=_run_facts(run),
+        sections=rep.sections,
+        overview=rep.overview_plots,
+        columns=COLUMNS,
+        fmt=fmt,
+        fmt_s=fmt_s,
+        failures_text=_failures_text,
+        slo_text=_slo_text,
+        resolved=_resolved,
+        pivot=_pivot,
+        events=(run.manifest.get("events") or [])[-50:],
+        comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
+    )
+    banner = (
+        "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
+        "they do not describe a real server"
+        if run.dry_run
+        else None
+    )
+    return render("page.html.j2", title=f"servesweep report {run.run_id}", banner=banner, body=body)
+
+
+def _pivot(sec: ConfigSection) -> tuple[list[tuple], list[int], dict]:
+    """By prompt length: rows (workload, output, concurrency), columns prompt lengths, cells (tok/s, TTFT p50)."""
+    prompts = sorted({r.info.prompt_tokens for r in sec.rows})
+    cells = {}
+    keys = []
+    for r in sec.rows:
+        k = (r.info.workload, r.info.output_tokens, r.info.concurrency)
+        if k not in keys:
+            keys.append(k)
+        cells[(k, r.info.prompt_tokens)] = r
+    return sorted(keys), prompts, cells
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    def esc(x: str) -> str:
+        return str(x).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(rep: Report) -> str:
+    run = rep.run
+    out = [f"# servesweep report: {run.run_id}", ""]
+    if run.dry_run:
+        out += [
+            "> **DRY RUN** — the emulator on this machine with shrunk points; no real server was measured.",
+            "",
+        ]
+    out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
+    out.append("")
+    for sec in rep.sections:
+        out += [f"## {sec.title}", ""]
+        if sec.rows:
+            header = [
+                "workload",
+                "prompt",
+                "output",
+                "concurrency",
+                *[c[1] for c in COLUMNS],
+                "ok",
+                "failures",
+                "SLO",
+                "flags",
+            ]
+            rows = []
+            for r in sec.rows:
+                rows.append(
+                    [
+                        r.info.workload,
+                        str(r.info.prompt_tokens),
+                        str(r.info.output_tokens),
+                        str(r.info.concurrency),
+                        *[fmt(r.values[k], d, pct=(u == "%")) for k, _, _, u, d in COLUMNS],
+                        str(r.ok),
+                        _failures_text(r),
+                        _slo_text(r),
+                        "; ".join(r.flags) or "-",
+                    ]
+                )
+            out += [_md_table(header, rows), ""]
+            keys, prompts, cells = _pivot(sec)
+            if len(prompts) > 1:
+                out += ["By prompt length (output tok/s / TTFT p50 ms):", ""]
+                prow = []
+                for k in keys:
+                    prow.append(
+                        [k[0], str(k[1]), str(k[2])]
+                        + [
+                            (
+                                f"{fmt(cells[(k, pl)].values['output_tokens_per_s'])} / "
+                                f"{fmt(cells[(k, pl)].values['ttft_p50'])}"
+                            )
+                            if (k, pl) in cells
+                            else "-"
+                            for pl in prompts
+                        ]
+                    )
+                out += [
+                    _md_table(
+                        ["workload", "output", "concurrency", *[f"prompt {pl}" for pl in prompts]], prow
+                    ),
+                    "",
+                ]
+        nd = sec.not_done
+        if nd:
+            out += ["Points not measured:", ""]
+            out += [
+                _md_table(
+                    ["point", "status", "reason"], [[p.point_id, p.status, p.reason or "-"] for p in nd]
+                ),
+                "",
+            ]
+    est = [p for p in run.points if p.est_s is not None and p.status == "done"]
+    if est:
+        out += ["## Planner estimate vs actual", ""]
+        out += [
+            _md_table(
+                ["point", "estimate", "actual"],
+                [[p.point_id, fmt_s(p.est_s), fmt_s(p.actual_s)] for p in est],
+            ),
+            "",
+        ]
+    for rc in rep.comparisons:
+        from servesweep.results.compare import fmt_change, fmt_ci, fmt_value, point_label
+
+        out += [f"## Comparison with baseline {rc.a.run_id}", ""]
+        rows = [
+            [
+                point_label(pc.a),
+                c.metric.name,
+                fmt_value(c.a, c.metric.unit),
+                fmt_value(c.b, c.metric.unit),
+                fmt_change(c),
+                fmt_ci(c),
+                c.verdict,
+            ]
+            for pc in rc.points
+            for c in pc.changes
+        ]
+        out += [_md_table(["point", "metric", "baseline", "run", "change", "interval", "verdict"], rows), ""]
+    out += ["", f"Full report with plots: {HTML_NAME}", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- command
+
+
+def write_report(
+    run_dir: str | Path,
+    baselines: list[str | Path] | None = None,
+    html_path: Path | None = None,
+    md_path: Path | None = None,
+) -> tuple[Path, Path]:
+    run = load_run(run_dir)
+    rep = build_report(run, [load_run(b) for b in baselines or []])
+    # next to a bare records file (r.parquet -> r.report.html), else inside the run folder
+    here = (
+        (lambda name: run.path.with_suffix("." + name))
+        if run.kind == "records"
+        else (lambda name: run.path / name)
+    )
+    html_path = Path(html_path) if html_path else here(HTML_NAME)
+    md_path = Path(md_path) if md_path else here(MD_NAME)
+    write_atomic(html_path, rep.html, mode=0o666)  # reports are for reading (mkstemp makes files private)
+    write_atomic(md_path, rep.markdown, mode=0o666)
+    return html_path, md_path
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--baseline",
+    "baselines",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="add a comparison with this run (repeatable)",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"where to write the HTML (default RUN_DIR/{HTML_NAME})",
+)
+@click.option(
+    "--md",
+    "md_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"where to write the Markdown (default RUN_DIR/{MD_NAME})",
+)
+def command(run_dir, baselines, html_path, md_path):
+    """Write the HTML report (self-contained, opens offline) and the Markdown summary of a run folder."""
+    try:
+        h, m = write_report(run_dir, list(baselines), html_path, md_path)
+    except RunError as e:
+        click.echo(f"servesweep report: {e}", err=True)
+        sys.exit(2)
+    click.echo(f"html: {h}")
+    click.echo(f"markdown: {m}")

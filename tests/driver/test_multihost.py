@@ -1,0 +1,321 @@
+"""Distributed load across hosts: master, two workers and the emulator each in its own network namespace with its
+own address (real TCP between them); the workers installed and started over SSH by the locust_worker role (Debian's
+sshd inside the namespaces), the master a headless Locust master waiting for both.
+
+Checked as a user would: every request the emulator served has a record, the records come from both workers (named
+by their own host names), each worker's counters match what the master received; a worker killed mid-point is
+named, with its exit status and the requests it lost, and the point is degraded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import netns
+import pytest
+
+from servesweep.config.point import LoadPoint
+from servesweep.driver.ansible import local_inventory, run_playbook
+from servesweep.driver.load import LOCUSTFILE, run_point
+from servesweep.driver.workers import (
+    RemoteWorkersError,
+    account,
+    build_package,
+    master_command,
+    start_remote_workers,
+)
+from servesweep.results.records import read_parquet
+from servesweep.results.summary import summarize
+from servesweep.sim.launch import read_ground_truth, start_sim
+
+MODEL = "Qwen/Qwen3.6-27B"
+SIM_PORT = 30000  # inside the emulator's own namespace: no other test can hold it
+MASTER_PORT = 5557
+
+
+class Lab:
+    def __init__(self, net: netns.Net, tmp: Path, sim, wheel: Path):
+        self.net, self.tmp, self.sim, self.wheel = net, tmp, sim, wheel
+        self.base_url = f"http://{net['sim'].addr}:{SIM_PORT}"
+        self.quiet_since: float | None = None  # when the emulator last had nothing in flight
+        vars_ = net.inventory_vars(via="master")
+        self.inventory = (
+            "[loadgen]\n"
+            f"w1 ansible_host={net['w1'].addr} locust_worker_dir={tmp}/hosts/w1\n"
+            f"w2 ansible_host={net['w2'].addr} locust_worker_dir={tmp}/hosts/w2\n"
+            f"[loadgen:vars]\n{vars_}"
+        )
+        # The hosts share this machine's disk, so the role installs servesweep from the wheel into a fresh
+        # environment per host and takes the dependencies from the test's environment (no index, no network).
+        self.extravars = {
+            "locust_worker_python": sys._base_executable,
+            "locust_worker_pip_from_base": True,
+            "locust_worker_site_dirs": [p for p in sys.path if p.endswith("site-packages")],
+            "locust_worker_start_timeout": 60,
+            "locust_worker_stop_timeout": 10,
+        }
+
+    def gt_ids(self) -> set[str]:
+        """Every request the emulator has served so far (after the last point's were flushed)."""
+        if self.quiet_since is None or time.monotonic() - self.quiet_since < 1.5:
+            time.sleep(1.5)  # the emulator flushes its ground truth at least once a second
+        self.quiet_since = time.monotonic()
+        return {d["id"] for d in read_ground_truth(self.sim.ground_truth_path)}
+
+    def point(self, name: str, **kw) -> tuple[LoadPoint, Path, Path]:
+        p = LoadPoint(
+            base_url=self.base_url,
+            model=MODEL,
+            probe=False,  # only the point's own requests reach the emulator
+            concurrency=4,
+            prompt_tokens=300,
+            point_id=name,
+            **kw,
+        )
+        run_dir = self.tmp / name
+        work = run_dir / ".work"
+        work.mkdir(parents=True)
+        (work / "point.json").write_text(p.model_dump_json())
+        return p, run_dir, work
+
+    def run_master(self, point: LoadPoint, work: Path, during=None) -> str:
+        """The master in its namespace until the point ends (bounded); `during(proc)` runs while it does."""
+        cmd = master_command(
+            point,
+            work,
+            expect_workers=2,
+            bind_host=self.net["master"].addr,
+            bind_port=MASTER_PORT,
+            max_wait_s=60,
+        )
+        # The master runs the same servesweep as the workers (the wheel the role installed on w1), as every
+        # machine of a lab would, not this checkout (which may change while the test runs).
+        host_dir = self.tmp / "hosts" / "w1"
+        swap = {sys.executable: str(host_dir / "venv" / "bin" / "python"), str(LOCUSTFILE): ""}
+        swap[str(LOCUSTFILE)] = (host_dir / "locustfile.txt").read_text().strip()
+        cmd = [swap.get(c, c) for c in cmd]
+        log = work.parent / "master.log"
+        proc = self.net.popen("master", cmd, log)
+        try:
+            if during is not None:
+                during(proc)
+            proc.wait(timeout=90)
+            self.quiet_since = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        return log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("multihost")
+    wheel = build_package(tmp / "dist")
+    with netns.hosts(["master", "w1", "w2", "sim"], ssh=["w1", "w2"]) as net:
+        sim = start_sim(
+            ["--model-path", MODEL, "--sim-calibration", "speedup=2"],
+            host=net["sim"].addr,
+            port=SIM_PORT,
+            ground_truth=tmp / "gt.jsonl",
+            prefix=net["sim"].prefix(),
+            wait_ready=False,
+        )
+        try:
+            net.wait_http("master", f"http://{net['sim'].addr}:{SIM_PORT}/health", timeout=60)
+            yield Lab(net, tmp, sim, wheel)
+        finally:
+            sim.stop()
+
+
+def test_point_runs_across_hosts_with_complete_records_from_both_workers(lab):
+    point, run_dir, work = lab.point("mh-ok", output_tokens=24, duration_s=3.0)
+    before = lab.gt_ids()
+    t0 = time.monotonic()
+    args = (lab.inventory, "loadgen", lab.net["master"].addr, MASTER_PORT, 1, work / "point.json", run_dir)
+    workers = start_remote_workers(*args, package=lab.wheel, extravars=lab.extravars)
+    try:
+        assert {(w.host, w.hostname) for w in workers.started} == {("w1", "w1"), ("w2", "w2")}
+        assert all(w.exit_code is None and w.pid for w in workers.started), workers.started
+        started_s = time.monotonic() - t0
+        again = start_remote_workers(*args, package=lab.wheel, extravars=lab.extravars)
+        assert again.changed_hosts == [], "starting the same point twice changes nothing"
+        assert {w.pid for w in again.started} == {w.pid for w in workers.started}, (
+            "and keeps the same workers"
+        )
+        master_log = lab.run_master(point, work)
+    finally:
+        states = workers.stop()
+    served = lab.gt_ids() - before
+
+    table = read_parquet(work / "records.parquet")
+    recs = table.to_pylist()
+    assert recs, f"no records; master log:\n{master_log[-3000:]}"
+    assert {r["request_id"] for r in recs} == served, (
+        "every request the emulator served has exactly one record"
+    )
+    by_worker = {w.identity: w for w in states}
+    assert {r["worker"] for r in recs} == set(by_worker), "records from both workers, and only from them"
+    assert sorted(w.split(":")[0] for w in by_worker) == ["w1", "w2"]
+    assert all(w.exit_code == 0 and not w.stopped_by_role for w in states), (
+        "workers ended by themselves when the master quit"
+    )
+    assert all(w.log is None for w in states), "logs come back only from workers that did not end cleanly"
+
+    acc = account(states, table, master_log)
+    assert not acc["degraded"] and acc["lost_requests"] == 0, acc
+    for row in acc["workers"]:
+        assert row["issued"] == row["records"] > 0, row  # each worker's own count = what reached the master
+    s = summarize(table)
+    assert s["requests"]["ok"] == len(recs) == len(served)
+    assert s["failures"] == {}
+    print(f"\nstart over SSH (install + 2 workers) {started_s:.1f} s; {len(recs)} requests")
+
+
+def test_killed_worker_is_named_with_the_requests_it_lost(lab):
+    point, run_dir, work = lab.point("mh-kill", output_tokens=64, duration_s=8.0)
+    before = lab.gt_ids()
+    workers = start_remote_workers(
+        lab.inventory,
+        "loadgen",
+        lab.net["master"].addr,
+        MASTER_PORT,
+        1,
+        work / "point.json",
+        run_dir,
+        package=lab.wheel,
+        extravars=lab.extravars,
+    )
+    victim = next(w for w in workers.started if w.host == "w2")
+    status = Path(f"{lab.tmp}/hosts/w2/{victim.index}.status.json")
+
+    def kill_mid_point(proc: subprocess.Popen) -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and proc.poll() is None:
+            if status.is_file() and '"issued": 0,' not in status.read_text():
+                break
+            time.sleep(0.1)
+        time.sleep(1.5)  # streams in flight and records not shipped yet
+        os.kill(victim.pid, signal.SIGKILL)
+
+    try:
+        master_log = lab.run_master(point, work, during=kill_mid_point)
+    finally:
+        states = workers.stop()
+    served = lab.gt_ids() - before
+    table = read_parquet(work / "records.parquet")
+    got = set(table.column("request_id").to_pylist())
+    true_lost = served - got
+    assert got <= served and true_lost, "the killed worker's requests in flight never reached the master"
+
+    acc = account(states, table, master_log)
+    rows = {r["host"]: r for r in acc["workers"]}
+    assert acc["degraded"]
+    assert rows["w2"]["exit_code"] == 128 + signal.SIGKILL and not rows["w2"]["ended_cleanly"]
+    assert rows["w2"]["heartbeat_missing"], "the master noticed the missing heartbeats"
+    # its last counters (written every 0.25 s) say at least this many never arrived; the emulator saw them all
+    assert 1 <= rows["w2"]["lost"] <= len(true_lost), (rows["w2"], len(true_lost))
+    assert acc["lost_requests"] == rows["w2"]["lost"]
+    assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0 and rows["w1"]["records"] > 0
+    assert (
+        len(acc["problems"]) == 1
+        and "on w2" in acc["problems"][0]
+        and "exited with 137" in acc["problems"][0]
+    )
+    print(f"\n{acc['problems'][0]}; the emulator's ground truth: {len(true_lost)} lost")
+
+
+def test_run_point_with_worker_hosts_splits_budget_and_rate(lab):
+    """The same through run_point(worker_hosts=...): it starts the workers over SSH, runs the master in its
+    namespace, stops the workers and writes the accounting into summary.json; a request budget and a Poisson rate
+    are split between the two hosts."""
+    point = LoadPoint(
+        base_url=lab.base_url,
+        model=MODEL,
+        probe=False,
+        concurrency=4,
+        prompt_tokens=300,
+        output_tokens=8,
+        requests=41,
+        arrival="poisson",
+        rate_rps=20.0,
+        point_id="mh-run-point",
+        api_key_env="MH_TEST_KEY",
+    )
+    key = "sk-multihost-" + uuid.uuid4().hex  # the emulator here takes any key; it must reach the hosts only
+    os.environ["MH_TEST_KEY"] = key
+    before = lab.gt_ids()
+    s = run_point(
+        point,
+        lab.tmp / "mh-run-point",
+        command_prefix=lab.net["master"].prefix(),
+        worker_hosts={
+            "inventory": lab.inventory,
+            "group": "loadgen",
+            "per_host": 1,
+            "master_host": lab.net["master"].addr,
+            "master_port": MASTER_PORT,
+            "extravars": lab.extravars,
+            "package": lab.wheel,
+        },
+    )
+    served = lab.gt_ids() - before
+    recs = read_parquet(lab.tmp / "mh-run-point" / "records.parquet").to_pylist()
+    assert {r["request_id"] for r in recs} == served and len(recs) == 41
+    assert s["requests"]["ok"] == 41 and not s["degraded"] and s["problems"] == [], s["problems"]
+    rows = s["workers"]["workers"]
+    assert sorted((r["host"], r["records"]) for r in rows) in (
+        [("w1", 20), ("w2", 21)],
+        [("w1", 21), ("w2", 20)],
+    ), rows
+    assert all(r["exit_code"] == 0 and r["issued"] == r["records"] for r in rows)
+    assert s["arrivals"]["processes"] == 2 and s["point"]["arrival"] == "poisson"
+    hosts = sorted(w["worker"].split(":")[0] for w in s["client_headroom"]["workers"])
+    assert hosts == ["w1", "w2"], "each remote worker reported its CPU and event-loop lag"
+    assert (lab.tmp / "mh-run-point" / "summary.json").is_file()
+    # the key went to each host in a 0600 file, and into no file of the run (ansible-runner's artifacts hold its
+    # whole environment: the key's variable was hidden from it)
+    for h in ("w1", "w2"):
+        secret = lab.tmp / "hosts" / h / "secret.env"
+        assert key in secret.read_text() and secret.stat().st_mode & 0o777 == 0o600
+    leaks = [f for f in (lab.tmp / "mh-run-point").rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
+    assert leaks == [], leaks
+    del os.environ["MH_TEST_KEY"]
+
+
+def test_a_worker_that_cannot_start_fails_the_start_with_its_log(lab, tmp_path):
+    point, run_dir, work = lab.point("mh-bad", output_tokens=8, duration_s=1.0)
+    args = (lab.inventory, "loadgen", lab.net["master"].addr, MASTER_PORT, 1, work / "point.json", run_dir)
+    with pytest.raises(RemoteWorkersError) as e:
+        start_remote_workers(
+            *args,
+            package=lab.wheel,
+            extravars={**lab.extravars, "locust_worker_extra_args": ["--no-such-flag"]},
+        )
+    msg = str(e.value)
+    assert "exited with code 2 while starting" in msg and "--no-such-flag" in msg, msg
+    assert f"logs: {run_dir}/workers/w" in msg
+    for host in ("w1", "w2"):  # the rescue brought every log back and left nothing running
+        assert "unrecognized arguments: --no-such-flag" in (run_dir / "workers" / host / "1.log").read_text()
+    with pytest.raises(ValueError, match="workers_per_host must be >= 1, got 0"):
+        start_remote_workers(*args[:4], 0, *args[5:], package=lab.wheel)
+    with pytest.raises(FileNotFoundError, match="package .*nope.whl does not exist"):
+        start_remote_workers(*args, package=tmp_path / "nope.whl")
+
+
+def test_stop_where_nothing_was_started_changes_nothing(tmp_path):
+    inv = local_inventory("loadgen") + f"[loadgen:vars]\nlocust_worker_dir={tmp_path}/never\n"
+    r = run_playbook(
+        "locust_workers.yml",
+        inventory=inv,
+        extravars={"locust_worker_state": "stopped", "locust_worker_results_dir": str(tmp_path / "res")},
+        artifact_dir=tmp_path / "a",
+        ident="stop",
+    )
+    assert r.ok, r.error()
+    assert not any((r.stats or {}).get("changed", {}).values())
