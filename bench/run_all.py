@@ -280,7 +280,7 @@ def pool_build_time(tok: Path, n: int, tokens: int, pin: bool) -> dict:
     """servesweep's prompt pool for n x tokens, built in a fresh process on the client core with an empty cache
     (cold), then again (warm: its on-disk cache of the pool)."""
     code = (
-        "import time,sys; from servesweep.config.point import LoadPoint; from servesweep.driver.load import build_bodies;"
+        "import time,sys; from servesweep.config.point import LoadPoint; from servesweep.workload.build import build_bodies;"
         f"p=LoadPoint(base_url='http://127.0.0.1:9',model='m',probe=False,continuous_usage=False,template_overhead=0,"
         f"concurrency={n},prompt_tokens={tokens},output_tokens=8,requests={n},pool_size={n},tokenizer={str(tok)!r});"
         "t=time.perf_counter(); b,_=build_bodies(p); print(time.perf_counter()-t, len(b))"

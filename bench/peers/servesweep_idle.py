@@ -3,9 +3,9 @@
 import sys
 from pathlib import Path
 
-import servesweep.driver.load as _load
+import servesweep.driver.point as _point
 
-_load.LOCUSTFILE = Path(__file__).with_name("idle_parse_locustfile.py")
+_point.LOCUSTFILE = Path(__file__).with_name("idle_parse_locustfile.py")
 
 if __name__ == "__main__":
     from servesweep.cli import main

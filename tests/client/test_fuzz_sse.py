@@ -1,4 +1,4 @@
-"""Property tests of the load core's post-stream SSE parser (records.parse_stream, is_token_line): any bytes a server
+"""Property tests of the load core's post-stream SSE parser (client/sse.py: parse_stream, is_token_line): any bytes a server
 (or a proxy, or a broken network) sends give a record with an error class or a clean token timeline, never an
 exception that would kill a Locust user's task."""
 
@@ -9,7 +9,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesweep.results.records import ERROR_CLASSES, is_token_line, parse_stream, to_table
+from servesweep.client.sse import is_token_line, parse_stream
+from servesweep.results.records import ERROR_CLASSES, to_table
 
 json_leaf = st.one_of(
     st.none(),

@@ -26,7 +26,9 @@ MODEL = "Qwen/Qwen3.6-27B"
 PARENT = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
-from servesweep.driver.load import build_bodies, locust_command, resolve_point
+from servesweep.workload.build import build_bodies
+from servesweep.driver.point import locust_command
+from servesweep.target.probes import resolve_point
 from servesweep.config.point import LoadPoint
 
 base_url, work, workers = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])

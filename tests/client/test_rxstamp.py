@@ -22,7 +22,7 @@ import numpy as np
 
 from servesweep.client.rxstamp import RxClock, stamp_socket
 from servesweep.config.point import LoadPoint
-from servesweep.driver.load import run_point
+from servesweep.driver.point import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 
@@ -258,7 +258,7 @@ def test_requests_leave_when_their_send_stamp_says(tmp_path):
 def test_parse_stream_pauses_between_slices_and_parses_alike():
     """The Locust user parses a finished stream in slices (pause=gevent.sleep between them) so that other streams
     get read; the record is the same as with one pass."""
-    from servesweep.results.records import PARSE_SLICE, parse_stream
+    from servesweep.client.sse import PARSE_SLICE, parse_stream
 
     lines = [b'data: {"choices":[{"index":0,"delta":{"content":"t%d"}}]}\n' % i for i in range(50)]
     lines += [

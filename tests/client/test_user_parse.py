@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servesweep.results.records import classify_status, parse_stream
+from servesweep.client.sse import classify_status, parse_stream
 
 ROLE = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
 REASON = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
@@ -138,7 +138,7 @@ def test_lines_cut_after_the_stream_carry_the_stamp_of_the_read_that_completed_t
     """The reader keeps (body length, stamp) per socket read and cuts lines after the stream: a line split across
     two reads gets the second read's stamp, lines that were whole in one read get that read's, and a half line at
     the end (a cut stream) is not a line."""
-    from servesweep.results.records import cut_lines
+    from servesweep.client.sse import cut_lines
 
     body = bytearray(CONTENT + BLANK + CONTENT[:40])  # read 1: a whole event and the start of the next
     reached, stamps = [0, len(body)], [5, 10]

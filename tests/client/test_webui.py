@@ -27,9 +27,9 @@ from playwright.sync_api import Page, expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.client.live import Sketch
-from servesweep.driver.load import results_table
 from servesweep.results.records import read_parquet
 from servesweep.results.summary import summarize
+from servesweep.results.table import results_table
 from servesweep.sim.launch import free_port, start_sim
 
 LOAD_COLUMNS = [c.header for c in results_table([]).columns]  # `servesweep load`'s table

@@ -88,7 +88,7 @@ def test_rate_sweep_with_workers_and_a_key_file(tmp_path):
     # the table shows the asked and the achieved rate and the schedule lag of each point
     from rich.console import Console
 
-    from servesweep.driver.load import results_table
+    from servesweep.results.table import results_table
 
     con = Console(width=200, record=True)
     con.print(results_table(got["points"]))

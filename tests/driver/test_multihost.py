@@ -21,7 +21,7 @@ import pytest
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import local_inventory, run_playbook
-from servesweep.driver.load import LOCUSTFILE, run_point
+from servesweep.driver.point import LOCUSTFILE, run_point
 from servesweep.driver.workers import (
     RemoteWorkersError,
     account,

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.load import run_point
+from servesweep.driver.point import run_point
 from servesweep.observe.dashboards import build_all, expressions, metric_names
 from servesweep.observe.exporter import ClientMetrics
 from servesweep.observe.promconfig import (

@@ -20,6 +20,7 @@ from pathlib import Path
 import locust.stats
 from locust import events
 
+from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import LoadPoint
 from servesweep.results.records import write_parquet
@@ -32,13 +33,8 @@ log = logging.getLogger("servesweep")
 # happens where the value is logged, so every process that loads this file must patch it.
 locust.stats.bucket_response_time = lambda rt: int(round(rt))
 
-_RECORDS_KEY = "servesweep_records"
-_CLIENT_KEY = "servesweep_client"  # a process's counters and headroom, with every report (clients.json)
 _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
-_END_MSG = "servesweep_end"  # master -> workers: the duration is over; finish the streams, ship every record
-_DRAINED_MSG = "servesweep_drained"  # worker -> master: done, every record shipped
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
-_ABORT_MSG = "servesweep_abort"  # master -> workers: the load must stop now (the master's parent is gone)
 
 # Exit codes of a headless Locust process, beyond Locust's own (0; 1 with --exit-code-on-error on any failure; 2 an
 # unhandled error) and the SLO gate's (1 breach, 2 could not run). The table: docs/reports.md, "Exit codes".
@@ -215,7 +211,8 @@ def _point_from_options(opts, host: str | None) -> LoadPoint | None:
 
 def build_context(point: LoadPoint) -> LoadContext:
     """Resolve what the point left open (model, template overhead, continuous usage) and pre-encode the bodies."""
-    from servesweep.driver.load import api_key_for, resolve_point
+    from servesweep.config.secrets import api_key_for
+    from servesweep.target.probes import resolve_point
     from servesweep.workload.build import build_workload
 
     point = resolve_point(point)
@@ -329,41 +326,42 @@ def _init(environment, **_kw) -> None:
 
     port = getattr(opts, "metrics_port", 0)
     if port and "servesweep.client.webui" not in sys.modules and not isinstance(runner, WorkerRunner):
-        from servesweep.observe.exporter import ClientMetrics, install_locust
+        from servesweep.client.exporter import install_locust
+        from servesweep.observe.exporter import ClientMetrics
 
         metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))
         install_locust(environment, metrics, serve=("127.0.0.1", port))
         environment.servesweep_metrics = metrics
 
     if isinstance(runner, WorkerRunner):
-        runner.register_message(_END_MSG, _on_end, concurrent=True)
-        runner.register_message(_ABORT_MSG, _on_abort, concurrent=True)
+        runner.register_message(END_MSG, _on_end, concurrent=True)
+        runner.register_message(ABORT_MSG, _on_abort, concurrent=True)
 
         @events.report_to_master.add_listener
         def _ship(client_id, data, **_k) -> None:
             ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
             if ctx is not None and len(ctx.buffer):
-                data[_RECORDS_KEY] = ctx.buffer.take()
+                data[RECORDS_REPORT_KEY] = ctx.buffer.take()
             if isinstance(ctx, LoadContext):
-                data[_CLIENT_KEY] = _client_status(
-                    ctx, shipped=len(data.get(_RECORDS_KEY, {}).get("request_id", ()))
+                data[CLIENT_REPORT_KEY] = _client_status(
+                    ctx, shipped=len(data.get(RECORDS_REPORT_KEY, {}).get("request_id", ()))
                 )
 
     if isinstance(runner, MasterRunner):
 
         @events.worker_report.add_listener
         def _collect(client_id, data, **_k) -> None:
-            cols = data.get(_RECORDS_KEY)
+            cols = data.get(RECORDS_REPORT_KEY)
             if cols:
                 environment.servesweep.buffer.extend_columns(cols)
-            st = data.get(_CLIENT_KEY)
+            st = data.get(CLIENT_REPORT_KEY)
             if st:
                 environment.servesweep.clients.update(client_id, st)
 
         def _drained(environment, msg, **_k) -> None:
             environment.servesweep.drained.add(msg.node_id)
 
-        runner.register_message(_DRAINED_MSG, _drained)
+        runner.register_message(DRAINED_MSG, _drained)
 
         import gevent
 
@@ -481,7 +479,7 @@ def _abandon(environment, why: str) -> None:
     try:
         if isinstance(runner, MasterRunner):
             # Workers drop their streams and ship what finished; quit() below waits 0.5 s for those last reports.
-            runner.send_message(_ABORT_MSG)
+            runner.send_message(ABORT_MSG)
         elif isinstance(runner, WorkerRunner):
             runner.stop()
             runner._send_stats()  # the records, if a master is still there to take them
@@ -643,7 +641,7 @@ def _on_end(environment, msg, **_k) -> None:
         while ctx.in_flight and time.monotonic() < deadline:
             gevent.sleep(0.05)
     runner._send_stats()  # the records, before the message below (one ordered channel)
-    runner.send_message(_DRAINED_MSG, {"in_flight": getattr(ctx, "in_flight", 0)})
+    runner.send_message(DRAINED_MSG, {"in_flight": getattr(ctx, "in_flight", 0)})
 
 
 def _stop_timeout(environment, point: LoadPoint) -> float:
@@ -658,7 +656,7 @@ def _end_distributed(environment) -> None:
     import gevent
 
     runner, st = environment.runner, environment.servesweep
-    runner.send_message(_END_MSG)
+    runner.send_message(END_MSG)
     deadline = time.monotonic() + _stop_timeout(environment, st.point) + 10.0
     while time.monotonic() < deadline:
         alive = {c.id for c in runner.clients.all if c.state != "missing"}

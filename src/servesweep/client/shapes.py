@@ -29,8 +29,8 @@ SHAPES = ("manual", "step-ramp")
 
 
 def step_columns() -> list[str]:
-    """'step', the columns of `servesweep load`'s table (servesweep.driver.load.results_table), the step's time."""
-    from servesweep.driver.load import results_table
+    """'step', the columns of `servesweep load`'s table (servesweep.results.table.results_table), the step's time."""
+    from servesweep.results.table import results_table
 
     return ["step", *(c.header for c in results_table([]).columns), "start_utc", "duration_s"]
 
@@ -309,7 +309,7 @@ class StepSummarizer:
 
 def step_rows(summaries: list[dict]) -> list[list[str]]:
     """Each step as a row under step_columns(): the load table's cells as `servesweep load` prints them."""
-    from servesweep.driver.load import results_table
+    from servesweep.results.table import results_table
 
     table = results_table(summaries)
     cells = [[str(c) for c in col.cells] for col in table.columns]

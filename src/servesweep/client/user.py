@@ -22,11 +22,9 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
+from servesweep.client.messages import RECORD_CONTEXT_KEY
 from servesweep.client.rxstamp import RxClock, idle_socket_alive, stamp_socket
-from servesweep.config.point import LoadPoint
-from servesweep.results.records import (
-    RECORD_CONTEXT_KEY,
-    RecordBuffer,
+from servesweep.client.sse import (
     classify_status,
     cut_lines,
     error_message,
@@ -34,6 +32,8 @@ from servesweep.results.records import (
     parse_stream,
     short,
 )
+from servesweep.config.point import LoadPoint
+from servesweep.results.records import RecordBuffer
 from servesweep.workload.arrivals import Arrivals
 
 
@@ -270,7 +270,7 @@ class LLMUser(FastHttpUser):
 
     def _session(self, ctx: LoadContext, scheduled: int, warm: bool) -> None:
         """One agent session: turns of the growing conversation, each a measured request (one of the budget)."""
-        from servesweep.results.records import stream_text
+        from servesweep.client.sse import stream_text
         from servesweep.workload.build import AgentSession
 
         spec = ctx.agent
@@ -394,7 +394,7 @@ class LLMUser(FastHttpUser):
             err = rec.get("error_class")
             msg = rec.get("error_message")
             try:
-                parse_stream(lines, times, rec, pause=gevent.sleep)  # yields between slices (records.py)
+                parse_stream(lines, times, rec, pause=gevent.sleep)  # yields between slices (client/sse.py)
             except Exception as e:  # noqa: BLE001 - parse_stream never raises by design; if it does, keep the record
                 rec["error_class"], rec["error_message"] = (
                     "client_error",

@@ -32,13 +32,12 @@ from locust import events
 import servesweep.client.locustfile as _locustfile  # first: its listeners (records shipping) run before ours
 from servesweep.client import shapes
 from servesweep.client.live import LATENCIES, Headroom, LiveStats
+from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
+from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
 from servesweep.client.shapes import show_in_form, ui_argument
 
 log = logging.getLogger("servesweep")
 
-LIVE_KEY = "servesweep_live"  # report_to_master payload: {"stats": LiveStats.payload(), "headroom": {...}}
-RECORD_CONTEXT_KEY = "servesweep_record"  # same as servesweep.observe.exporter.RECORD_CONTEXT_KEY
-RECORDS_REPORT_KEY = "servesweep_records"  # what the locustfile ships (RecordBuffer.take() columns)
 STEPS_CSV_PATH = "/servesweep/steps.csv"
 LIVE_JSON_PATH = "/servesweep/live.json"
 STEPS_REFRESH_S = 5.0  # the steps tab re-summarizes the records at most this often
@@ -490,7 +489,8 @@ def _install_web_ui(environment, state: LiveState) -> None:
 
 def _install_exporter(environment, opts) -> None:
     try:
-        from servesweep.observe.exporter import ClientMetrics, install_locust
+        from servesweep.client.exporter import install_locust
+        from servesweep.observe.exporter import ClientMetrics
     except ImportError:  # the observability part is optional for the UI
         return
     metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))

@@ -7,6 +7,11 @@ nothing of the key's content.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servesweep.config.point import LoadPoint
+
 import os
 import stat
 from pathlib import Path
@@ -130,3 +135,16 @@ def resolve_api_key(
     except SecretError as e:
         raise SecretError(f"{prefix}{given[0]}: {e}") from None
     return None
+
+
+def api_key_for(point: LoadPoint) -> str | None:
+    """The API key from the environment variable the point names (never from the point itself)."""
+    name = point.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ValueError(f"api_key_env: the environment variable {name} is not set or empty")
+    return key
+
+

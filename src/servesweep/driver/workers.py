@@ -256,7 +256,7 @@ def master_command(
     file, records) with `--master --expect-workers N` instead of local `--processes`. Locust's -t ends a duration
     point (whole seconds); the workers finish their streams within --stop-timeout and ship their last records. A
     request budget is split between the workers, and the master ends when the last one has done its share."""
-    from servesweep.driver.load import locust_command, run_time_args
+    from servesweep.driver.point import locust_command, run_time_args
 
     cmd = locust_command(point, work, workers=0)
     i = cmd.index(

@@ -729,7 +729,7 @@ class Runner:
 
     def _run_point(self, cid: str, pid: str) -> bool:
         from servesweep.config.point import LoadPoint
-        from servesweep.driver.load import run_point  # no Locust import: it runs Locust as a subprocess
+        from servesweep.driver.point import run_point  # no Locust import: it runs Locust as a subprocess
 
         p = self.m.points[pid]
         ld = self.exp.load

@@ -225,3 +225,10 @@ class AgentSession:
         self.messages.append({"role": "assistant", "content": answer})
         self.messages.append({"role": "user", "content": f"Tool result:\n{tool}"})
         return True
+
+
+def build_bodies(point: LoadPoint) -> tuple[list[tuple[bytes, bytes]], int]:
+    """Pre-encoded request bodies of the point's workload: per prompt (head, tail) around the nonce, and the nonce
+    length in digits (0 when cache busting is off)."""
+    w = build_workload(point)
+    return w.bodies, w.nonce_digits

@@ -1,0 +1,481 @@
+"""One load point as a real headless Locust subprocess (`run_point`): the Locust command, its process group, local
+and remote workers, and the point's folder (records.parquet, summary.json, locust.log, written atomically).
+
+This module never imports Locust or gevent: the orchestrator calls `run_point` from a process that must stay
+unpatched. Locust runs `servesweep/client/locustfile.py` in a child process; the records it writes, not its exit
+status, decide what happened.
+"""
+
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from servesweep.config.point import LoadPoint
+from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens
+from servesweep.workload.build import build_bodies
+
+LOCUSTFILE = Path(__file__).resolve().parents[1] / "client" / "locustfile.py"
+
+
+# ---------------------------------------------------------------- one point
+
+
+class PointFailed(RuntimeError):
+    """The Locust process produced no records (it crashed or could not start)."""
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP reached `servesweep load` (a BaseException, like KeyboardInterrupt: nothing on the
+    way up mistakes it for a failed probe). `signum` gives the exit status 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# after SIGTERM, Locust writes the records of what finished at once (its quitting hook), then waits for the streams
+# in flight up to its stop timeout: this long, then the group is SIGKILLed (the load must stop within seconds)
+STOP_GRACE_S = float(os.environ.get("SERVESWEEP_STOP_GRACE_S", "5"))
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
+    """SIGTERM the process group Locust leads (start_new_session), SIGKILL it after grace_s."""
+    grace_s = STOP_GRACE_S if grace_s is None else grace_s
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # forked workers may outlive their master: the whole group
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def keep_partial(work: Path, out_dir: Path, point_id: str, reason: str) -> dict:
+    """An interrupted point: the records Locust wrote (what finished before the stop) go next to its log as
+    `records.partial.parquet`, described by `interrupted.json`; `.work/` is removed. Returns that description."""
+    from servesweep.results.store import write_json_atomic
+
+    info: dict = {"point_id": point_id, "reason": reason, "records": None, "rows": None}
+    rec = work / "records.parquet"
+    if rec.is_file():
+        dest = out_dir / "records.partial.parquet"
+        os.replace(rec, dest)
+        info["records"] = dest.name
+        try:
+            from servesweep.results.records import read_parquet
+
+            info["rows"] = read_parquet(dest).num_rows
+        except Exception as e:  # a torn file: kept, and said so
+            info["unreadable"] = f"{type(e).__name__}: {e}"
+    write_json_atomic(out_dir / "interrupted.json", info)
+    shutil.rmtree(work, ignore_errors=True)
+    return info
+
+
+def failure_check(summary: dict, max_failure_rate: float | None) -> dict:
+    """Whether a point's failures are above the threshold: none succeeded, or (with max_failure_rate) the failed
+    share of measured requests is above it. {"pass", "message", "top_error", "max_failure_rate"}."""
+    req = summary.get("requests") or {}
+    measured, ok, failed = req.get("measured", 0), req.get("ok", 0), req.get("failed", 0)
+    fails = summary.get("failures") or {}
+    top = max(fails.items(), key=lambda kv: kv[1]) if fails else None
+    top_txt = f"; top error class {top[0]} ({top[1]} of {measured})" if top else ""
+    msg = None
+    if ok == 0:
+        msg = f"point {summary.get('point_id')}: 0 of {measured} measured requests succeeded{top_txt}"
+    elif max_failure_rate is not None and measured and failed / measured > max_failure_rate:
+        msg = (
+            f"point {summary.get('point_id')}: {failed} of {measured} requests failed "
+            f"({failed / measured:.1%} > max failure rate {max_failure_rate:.1%}){top_txt}"
+        )
+    return {
+        "pass": msg is None,
+        "message": msg,
+        "top_error": top[0] if top else None,
+        "max_failure_rate": max_failure_rate,
+    }
+
+
+def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--host",
+        point.base_url,
+        "-u",
+        str(point.concurrency),
+        "-r",
+        str(max(point.concurrency, 1000)),  # all users within ~0.1 s: a closed loop at full concurrency
+        "--stop-timeout",
+        str(math.ceil(point.effective_stop_timeout())),  # Locust takes whole seconds
+        "--exit-code-on-error",
+        "0",  # failures are data (classified in the records), not a crashed point
+        "--only-summary",
+        "--html",
+        str(work / "locust-report.html"),
+        "--point-json",
+        str(work / "point.json"),
+        "--records",
+        str(work / "records.parquet"),
+        "--progress-file",
+        str(work / "progress.json"),
+    ]
+    # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
+    if workers:
+        # The master ends a duration point (whole seconds: Locust's -t); workers finish their streams within
+        # --stop-timeout and ship their records with their last report. A request budget is split between the
+        # workers; each quits when its share is done, and the master with the last one.
+        cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
+        # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
+        # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
+        from servesweep.sim.launch import free_port
+
+        port = str(free_port())
+        cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--master-port", port]
+    return cmd
+
+
+def run_time_args(point: LoadPoint) -> list[str]:
+    """Locust's -t for a master: only a backstop. The locustfile ends a duration point itself when its time is up
+    (the workers finish their streams and ship every record, then the master quits); -t, which would quit the
+    master before those records arrive, comes a stop timeout and a margin later. None for a budget only."""
+    if point.duration_s is None:
+        return []
+    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s + point.effective_stop_timeout() + 30)}s"]
+
+
+def run_point(
+    point: LoadPoint,
+    out_dir: Path,
+    *,
+    workers: int = 0,
+    progress: Callable[[dict], None] | None = None,
+    slos: str | None = None,
+    command_prefix: list[str] | None = None,
+    metrics_port: int | None = None,
+    worker_hosts: dict | None = None,
+    owned=None,
+    max_failure_rate: float | None = None,
+    probes: ProbeLog | None = None,
+) -> dict:
+    """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
+    out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
+    {"point_id", "elapsed_s", "completed", "issued", "failed"}. `metrics_port`: the Locust process serves its live
+    client metrics (servesweep.observe.exporter) on this port of 127.0.0.1 while the point runs.
+
+    `workers=N`: N local worker processes (Locust --processes) share the users, the request budget and the
+    arrival rate. `worker_hosts`: workers on the hosts of an Ansible inventory group instead, started over SSH by
+    the locust_worker role ({"inventory": PATH_OR_TEXT, "group": "loadgen", "per_host": N, "master_host": ADDR,
+    "master_port": 5557, "extravars": {...}, "package": WHEEL}); the master binds master_host. Either way a worker
+    that dies mid-point is named in summary.json with the requests it lost, and the point is marked degraded.
+
+    `owned` (manifest.OwnedProcesses): the Locust process group is recorded there (pid and start time) while it
+    runs, so a resumed run can stop exactly it. An exception while Locust runs (Interrupted: a signal) stops the
+    group (SIGTERM, SIGKILL after STOP_GRACE_S) and keeps the records Locust wrote as records.partial.parquet with
+    interrupted.json (keep_partial) before it goes on up. `max_failure_rate`: summary["failure_check"] says
+    whether the point's failures are above it (0 successes always are). `probes`: probe requests sent for this
+    point before (counted into summary["probe_requests"] with this point's own).
+    """
+    from servesweep.results.records import read_parquet
+    from servesweep.results.store import write_json_atomic
+    from servesweep.results.summary import client_headroom, parse_slos, summarize
+
+    if workers and worker_hosts:
+        raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")
+    remote = _check_worker_hosts(worker_hosts) if worker_hosts else None
+    if workers and point.requests is not None and point.requests < workers:
+        raise ValueError(
+            f"requests={point.requests} < workers={workers}: every worker process needs a share of the budget"
+        )
+    parsed_slos = parse_slos(slos)  # fail on a bad SLO before any load
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    probes = probes if probes is not None else ProbeLog()
+    point = resolve_point(point, probes)
+    # build (and cache on disk) the pool here, so the child's start is quick and errors show early
+    build_bodies(point)
+    work = out_dir / ".work"
+    work.mkdir(exist_ok=True)
+    status_dir = work / "status"
+    shutil.rmtree(status_dir, ignore_errors=True)
+    status_dir.mkdir()
+    for stale in ("records.parquet", "progress.json", "clients.json"):
+        (work / stale).unlink(missing_ok=True)
+    (work / "point.json").write_text(point.model_dump_json(indent=2))
+    handle = None
+    if remote is not None:
+        from servesweep.driver.workers import master_command, start_remote_workers
+
+        extravars = dict(remote["extravars"])
+        if point.api_key_env and "locust_worker_api_key_env" not in extravars:
+            extravars["locust_worker_api_key_env"] = point.api_key_env
+        handle = start_remote_workers(
+            remote["inventory"],
+            remote["group"],
+            remote["master_host"],
+            remote["master_port"],
+            remote["per_host"],
+            work / "point.json",
+            out_dir / "remote",
+            package=remote["package"],
+            extravars=extravars,
+        )
+        base = master_command(
+            point,
+            work,
+            expect_workers=handle.expected,
+            bind_host=remote["master_host"],
+            bind_port=remote["master_port"],
+        )
+    else:
+        base = locust_command(point, work, workers=workers)
+    cmd = [*(command_prefix or []), *base]  # e.g. taskset -c 1
+    if metrics_port:
+        cmd += ["--metrics-port", str(metrics_port)]
+    log_path = out_dir / "locust.log"
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if workers:
+        env["SERVESWEEP_STATUS_DIR"] = str(status_dir)  # each worker process: its counters, 4 times a second
+    try:
+        cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
+        started = time.monotonic()
+        with open(log_path, "wb") as log:
+            ref = proc = None
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+                if owned is not None:
+                    from servesweep.results.manifest import process_ref
+
+                    ref = process_ref(proc.pid, "locust", group=True, point=point.id)
+                    owned.add([ref])
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    if progress is not None:
+                        progress(_read_progress(work, point, time.monotonic() - started))
+                if workers:
+                    _wait_workers_gone(proc, status_dir)
+            except BaseException as e:
+                if proc is not None:
+                    _kill_group(proc)
+                    keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
+                raise
+            finally:
+                if owned is not None and ref is not None:
+                    owned.remove([ref])
+    finally:
+        states = None
+        if handle is not None:
+            states = handle.stop()
+    rc = proc.returncode
+    rec_path = work / "records.parquet"
+    if not rec_path.is_file():
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise PointFailed(
+            f"point {point.id}: Locust exited with {rc} and wrote no records; locust.log ends:\n{tail}"
+        )
+    table = read_parquet(rec_path)
+    got = read_json(work / "clients.json") or {}
+    clients = got.get("clients", [])
+    exits = {int(k): v for k, v in got.get("worker_exits", {}).items()}
+    summary = {
+        "point_id": point.id,
+        "point": point.model_dump(mode="json"),
+        "locust_exit_code": rc,
+        "started_unix": t0,
+        "wall_s": time.time() - t0,
+        **summarize(table, slos=parsed_slos),
+    }
+    summary["client_headroom"] = client_headroom(clients, table, summary.get("itl_zero_gap_share"))
+    summary["client_saturated"] = summary["client_headroom"]["client_saturated"]
+    summary["degraded"], summary["problems"] = False, []
+    summary["notes"] = list(probes.notes)
+    summary["probe_requests"] = probes.as_dict()
+    summary["failure_check"] = failure_check(summary, max_failure_rate)
+    if workers or states is not None:
+        from servesweep.driver.workers import account
+
+        log_text = log_path.read_text(errors="replace")
+        missing = {c.get("worker") for c in clients if c.get("missing")}
+        if states is None:
+            states = _local_worker_states(status_dir, exits)
+        acc = account(states, table, log_text, missing=missing)
+        summary["workers"] = acc
+        summary["degraded"] = acc["degraded"]
+        summary["problems"] = list(acc["problems"])
+        expected = handle.expected if handle is not None else workers
+        if len(states) < expected:
+            summary["degraded"] = True
+            summary["problems"].append(f"{len(states)} of {expected} worker processes reported")
+    cached = None  # the server's cached tokens during the point
+    if cached_before is not None and (after := server_cached_tokens(point)) is not None:
+        cached = after - cached_before
+    if point.workload == "shared_prefix":
+        summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
+    elif cached_before is not None:
+        summary["server_cached_tokens"] = cached
+    os.replace(rec_path, out_dir / "records.parquet")
+    for name in ("locust-report.html",):
+        if (work / name).is_file():
+            os.replace(work / name, out_dir / name)
+    write_json_atomic(out_dir / "summary.json", summary)
+    if progress is not None:
+        progress(_read_progress(work, point, time.monotonic() - started))
+    shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+def shared_prefix_check(point: LoadPoint, summary: dict, server_cached: float | None) -> dict:
+    """The shared-prefix target next to what was measured: every measured request but each group's first can be
+    served the group's prefix (an upper bound: warmup requests raise it, evictions lower it). `server_cached`: the
+    server's cached tokens during the point (None: not exposed)."""
+    n = summary["requests"]["ok"]
+    g = min(point.num_groups, n)
+    target = (n - g) / n * point.shared_prefix_tokens / point.prompt_tokens if n else None
+    return {
+        "target_hit_ratio": target,
+        "measured_hit_ratio": summary["cache_hit_ratio"],
+        "server_cached_tokens": server_cached,
+    }
+
+
+def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
+    d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0}
+    statuses = [read_json(f) for f in sorted((work / "status").glob("*.json"))]
+    if any(statuses):  # worker processes: the sum of their own counters
+        for k in ("completed", "issued", "failed"):
+            d[k] = sum(int(st.get(k, 0)) for st in statuses if st)
+        return d
+    got = read_json(work / "progress.json")
+    if isinstance(got, dict):
+        d.update(got)
+    return d
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _check_worker_hosts(wh: dict) -> dict:
+    """worker_hosts with its defaults; a clear error naming the key that is wrong."""
+    known = {"inventory", "group", "per_host", "master_host", "master_port", "extravars", "package"}
+    bad = sorted(set(wh) - known)
+    if bad:
+        raise ValueError(f"worker_hosts: unknown keys {bad}; known: {sorted(known)}")
+    for k in ("inventory", "master_host"):
+        if not wh.get(k) or not isinstance(wh[k], str | Path):
+            raise ValueError(f"worker_hosts.{k}: required (a string)")
+    per_host = wh.get("per_host", 1)
+    if not isinstance(per_host, int) or per_host < 1:
+        raise ValueError(f"worker_hosts.per_host must be an integer >= 1, got {per_host!r}")
+    port = wh.get("master_port", 5557)
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"worker_hosts.master_port must be a TCP port, got {port!r}")
+    extravars = wh.get("extravars") or {}
+    if not isinstance(extravars, dict):
+        raise ValueError("worker_hosts.extravars must be a mapping of role variables")
+    inv = str(wh["inventory"])
+    if "\n" not in inv and not Path(inv).is_file():
+        raise ValueError(f"worker_hosts.inventory: {inv} is neither a file nor inventory text")
+    return {
+        "inventory": inv,
+        "group": str(wh.get("group") or "loadgen"),
+        "per_host": per_host,
+        "master_host": str(wh["master_host"]),
+        "master_port": port,
+        "extravars": extravars,
+        "package": Path(wh["package"]) if wh.get("package") else None,
+    }
+
+
+def _wait_workers_gone(proc: subprocess.Popen, status_dir: Path, timeout_s: float = 20.0) -> None:
+    """Locust's master can exit before its forked workers have (its exit hook does not wait for a worker that is
+    still running), and a worker writes that it quit at its very end: wait for them, bounded, then kill what is
+    left of the process group (such a worker shows as one that did not quit)."""
+    pids = []
+    for f in status_dir.glob("*.json"):
+        try:
+            pids.append(int(f.stem))
+        except ValueError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while pids and time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
+                    alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        pids = alive
+        if pids:
+            time.sleep(0.1)
+    if pids:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _local_worker_states(status_dir: Path, exits: dict[int, int]):
+    """The local worker processes as remote_workers.WorkerState, from their status files and exit statuses."""
+    import socket
+
+    from servesweep.driver.workers import WorkerState
+
+    host = socket.gethostname()
+    out = []
+    statuses = [st for st in (read_json(f) for f in status_dir.glob("*.json")) if st]
+    for i, st in enumerate(sorted(statuses, key=lambda st: st["pid"])):
+        pid = int(st["pid"])
+        code = exits.get(pid, 0 if st.get("quit") else None)
+        note = None
+        if code is None:
+            note = "stopped without quitting or an exit status"
+        elif code > 128:
+            note = f"was killed by signal {code - 128}"
+        out.append(
+            WorkerState(
+                host="local",
+                hostname=host,
+                index=i,
+                pid=pid,
+                exit_code=code,
+                stopped_by_role=False,
+                status=st,
+                log=None,
+                note=note,
+            )
+        )
+    return out
+
+

@@ -1,0 +1,79 @@
+"""The console table of a sweep's points: `servesweep load`'s result table and the notes under it (also drawn by
+the web UI's step ramp at the end of a run)."""
+
+from __future__ import annotations
+
+
+def _fmt(v, spec=".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _p(summary: dict, metric: str, q: str) -> float | None:
+    st = summary.get(metric)
+    return None if st is None else st[q]
+
+
+def results_table(summaries: list[dict], title: str = "servesweep load"):
+    from rich.table import Table
+
+    t = Table(title=title)
+    open_loop = any(s["point"].get("arrival", "closed") != "closed" for s in summaries)
+    if open_loop:
+        for col in ("arrival", "rate /s", "got /s", "lag p50 ms", "lag p99 ms"):
+            t.add_column(col, justify="right")
+    for col in (
+        "conc",
+        "out tok/s",
+        "req tok/s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+        "ok",
+        "failures",
+        "prompt Δ%",
+    ):
+        t.add_column(col, justify="right")
+    for s in summaries:
+        fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
+        dec = s.get("decode_tokens_per_s")
+        lead = []
+        if open_loop:
+            pt, arr = s["point"], s.get("arrivals") or {}
+            lead = [
+                pt.get("arrival", "closed"),
+                _fmt(pt.get("rate_rps"), "g"),
+                _fmt(arr.get("rate_rps"), ".2f"),
+                _fmt(_p(s, "schedule_lag_ms", "p50"), ".2f"),
+                _fmt(_p(s, "schedule_lag_ms", "p99"), ".2f"),
+            ]
+        t.add_row(
+            *lead,
+            str(s["point"]["concurrency"]),
+            _fmt(s["output_tokens_per_s"]),
+            _fmt(dec["mean"] if dec else None),
+            _fmt(_p(s, "ttft_ms", "p50")),
+            _fmt(_p(s, "ttft_ms", "p99")),
+            _fmt(_p(s, "itl_ms", "p50"), ".2f"),
+            _fmt(_p(s, "itl_ms", "p99"), ".2f"),
+            str(s["requests"]["ok"]),
+            fails,
+            _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
+        )
+    return t
+
+
+def table_notes(summaries: list[dict]) -> list[str]:
+    """Lines printed under the table: degraded points and a saturated load generator."""
+    out = []
+    for s in summaries:
+        for n in s.get("notes") or ():
+            out.append(f"[yellow]point {s['point_id']}: {n}[/]")
+        for p in s.get("problems") or ():
+            out.append(f"[red]point {s['point_id']} degraded: {p}[/]")
+        if s.get("client_saturated"):
+            why = "; ".join(s["client_headroom"]["reasons"])
+            out.append(f"[yellow]point {s['point_id']}: the load generator saturated ({why})[/]")
+    return out
+
+
