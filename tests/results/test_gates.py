@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from test_compare import all_runs, servesweep
 
-from servesweep.results.gates import GateError, evaluate_records, parse_slo, parse_slos
+from servesweep.config.slo import SLOError, parse_slo, parse_slos
+from servesweep.results.gates import GateError, evaluate_records
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +219,9 @@ def test_slo_grammar():
     assert parse_slo("request_rate>=2req/s").value == 2
     assert parse_slo("decode_tokens_per_s_p50>=20tok/s").metric.higher_is_better
     assert [x.text for x in parse_slos("ttft_p99<=2s, error_rate<=1%")] == ["ttft_p99<=2s", "error_rate<=1%"]
-    with pytest.raises(GateError, match="'ttft_p99=>2s'"):
+    with pytest.raises(SLOError, match="'ttft_p99=>2s'"):
         parse_slo("ttft_p99=>2s")
-    with pytest.raises(GateError, match="a rate in tok/s takes no unit 'ms'"):
+    with pytest.raises(SLOError, match="a rate in tok/s takes no unit 'ms'"):
         parse_slo("output_tok_s>=3ms")
 
 

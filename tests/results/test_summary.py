@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from servesweep.config.slo import parse_slos
 from servesweep.results.records import read_parquet, to_table, write_parquet
-from servesweep.results.summary import check_slos, parse_slos, summarize
+from servesweep.results.summary import check_slos, summarize
 
 MS = 1_000_000
 

@@ -927,7 +927,8 @@ def _quitting(environment, **_kw) -> None:
 def _slo_gate(environment, opts) -> None:
     if not opts.slo:
         return
-    from servesweep.results.gates import GateError, evaluate_records, parse_slos
+    from servesweep.config.slo import parse_slos
+    from servesweep.results.gates import GateError, evaluate_records
 
     ctx = environment.servesweep
     try:

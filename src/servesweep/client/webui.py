@@ -171,7 +171,7 @@ class LiveState:
                 log.exception("servesweep: live stats update failed")
 
     def set_slos(self, text: str) -> None:
-        from servesweep.results.summary import parse_slos
+        from servesweep.config.slo import parse_slos
 
         self.slos = parse_slos(text or "")
 
@@ -399,7 +399,7 @@ def _form_options(form, opts):
 def _install_web_ui(environment, state: LiveState) -> None:
     from flask import Response, jsonify, request
 
-    from servesweep.results.summary import parse_slos
+    from servesweep.config.slo import parse_slos
 
     web_ui = environment.web_ui
     web_ui.template_args["extended_tabs"] = [

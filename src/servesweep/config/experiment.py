@@ -505,7 +505,7 @@ class Experiment(_Strict):
     @field_validator("slo", mode="before")
     @classmethod
     def _slo(cls, v):
-        from servesweep.results.summary import parse_slos  # the load core owns the SLO grammar
+        from servesweep.config.slo import parse_slos
 
         v = [v] if isinstance(v, str) else v
         if isinstance(v, list):

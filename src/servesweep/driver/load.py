@@ -310,7 +310,7 @@ def _load(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from servesweep.results.store import new_run, write_manifest
-    from servesweep.results.summary import parse_slos
+    from servesweep.config.slo import parse_slos
 
     err = Console(stderr=True)
     levels = parse_concurrency(concurrency_text)

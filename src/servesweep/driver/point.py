@@ -194,7 +194,8 @@ def run_point(
     """
     from servesweep.results.records import read_parquet
     from servesweep.results.store import write_json_atomic
-    from servesweep.results.summary import client_headroom, parse_slos, summarize
+    from servesweep.config.slo import parse_slos
+    from servesweep.results.summary import client_headroom, summarize
 
     if workers and worker_hosts:
         raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
+from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
 from servesweep.results import metrics
 from servesweep.results.store import write_atomic
 
@@ -339,36 +340,6 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
 
 # ---------------------------------------------------------------- metrics
 
-LATENCY_BASES = {  # name -> (per-request key or pooled key, unit, higher is better)
-    "ttft": ("ttft", "ms", False),
-    "ttft_from_scheduled": ("ttft_from_scheduled", "ms", False),
-    "itl": ("itl", "ms", False),
-    "itl_per_token": ("itl_per_token", "ms", False),
-    "tpot": ("tpot", "ms", False),
-    "e2e": ("e2e", "ms", False),
-    "e2e_from_scheduled": ("e2e_from_scheduled", "ms", False),
-    "schedule_lag": ("schedule_lag", "ms", False),
-    "decode_tokens_per_s": ("decode_tokens_per_s", "tok/s", True),
-}
-SCALARS = {  # name -> (unit, higher is better, relative change?)
-    "output_tokens_per_s": ("tok/s", True, True),
-    "request_rate": ("req/s", True, True),
-    "error_rate": (
-        "ratio",
-        False,
-        False,
-    ),  # compared in percentage points: from 0 a relative change is undefined
-    "cache_hit_ratio": ("ratio", True, False),
-}
-ALIASES = {
-    "output_tok_s": "output_tokens_per_s",
-    "output_tps": "output_tokens_per_s",
-    "tok_s": "output_tokens_per_s",
-    "req_s": "request_rate",
-    "decode_tok_s": "decode_tokens_per_s",
-    "per_request_tok_s": "decode_tokens_per_s",
-}
-STATS = ("p50", "p90", "p99", "mean", "min", "max")
 # What compare shows by default: the columns of the tables people make.
 DEFAULT_METRICS = (
     "output_tokens_per_s",
@@ -385,13 +356,8 @@ DEFAULT_METRICS = (
 
 
 @dataclass(frozen=True)
-class Metric:
-    name: str  # canonical, e.g. ttft_p99, output_tokens_per_s
-    base: str
-    stat: str | None  # p50..., mean, min, max; None for scalars
-    unit: str
-    higher_is_better: bool
-    relative: bool  # change as % of the baseline (else an absolute difference)
+class Metric(MetricName):
+    """A metric of config/slo.py's vocabulary, measured on a PointSample."""
 
     def value(self, s: PointSample, w: np.ndarray | None = None, cap: int | None = None) -> float:
         """The metric on the sample, each request counted w[i] times (None: once, the observed value); `cap`
@@ -400,7 +366,7 @@ class Metric:
             w = np.ones(s.n)
         if self.stat is None:
             return _scalar(self.base, s, w)
-        vals, owner = s.sorted_values(LATENCY_BASES[self.base][0], cap)
+        vals, owner = s.sorted_values(self.base, cap)
         vw = w[owner]
         if vals.size == 0 or vw.sum() <= 0:
             return math.nan
@@ -435,30 +401,12 @@ def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
 
 
 def metric(name: str) -> Metric:
-    """'ttft_p99' / 'output_tok_s' / 'error_rate' ... to a Metric; ValueError naming the name when unknown."""
-    raw = name.strip()
-    n = ALIASES.get(raw, raw)
-    if n in SCALARS:
-        unit, hib, rel = SCALARS[n]
-        return Metric(n, n, None, unit, hib, rel)
-    base, _, stat = n.rpartition("_")
-    base = ALIASES.get(base, base)
-    if base in LATENCY_BASES and (stat in STATS or _is_pct(stat)):
-        _, unit, hib = LATENCY_BASES[base]
-        return Metric(f"{base}_{stat}", base, stat, unit, hib, True)
-    if n in LATENCY_BASES:
-        raise ValueError(f"metric {name!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
-    known = sorted([*SCALARS, *ALIASES, *(f"{b}_pNN|mean|min|max" for b in LATENCY_BASES)])
-    raise ValueError(f"unknown metric {name!r}; known: {', '.join(known)}")
-
-
-def _is_pct(stat: str) -> bool:
-    if not stat.startswith("p"):
-        return False
-    try:
-        return 0 <= float(stat[1:]) <= 100
-    except ValueError:
-        return False
+    """'ttft_p99' / 'ttft_p95' / 'output_tok_s' / 'error_rate' ... to a Metric; ValueError naming the name when
+    unknown, or when it is goodput (which needs per-request SLOs: `servesweep gate`)."""
+    m = metric_name(name, any_percentile=True)
+    if m.base in GOODPUT:
+        raise SLOError(f"metric {name!r} counts the requests that meet per-request SLOs; check it with --slo")
+    return Metric(**asdict(m))
 
 
 # ---------------------------------------------------------------- bootstrap comparison

@@ -1,11 +1,7 @@
 """CI gates: `servesweep gate runs/<id> --slo 'ttft_p99<=2s' --baseline runs/X --max-regression 10%`.
 
-SLO expressions are `METRIC OP VALUE[UNIT]`: METRIC is a scalar (output_tokens_per_s alias output_tok_s,
-request_rate, error_rate, cache_hit_ratio, goodput_ratio, goodput_per_s) or a per-request/pooled metric with a
-statistic (ttft_p99, itl_p50, tpot_mean, e2e_p90, decode_tokens_per_s_p50, ...; names of docs/metrics.md); OP is
-<=, >=, < or >; UNIT is ms or s for latencies (default ms), % for ratios (else a fraction), tok/s or req/s
-optionally for rates. A latency without a statistic (`ttft<=2s`) is a per-request SLO: it defines which requests
-are good for goodput_ratio / goodput_per_s, as in docs/metrics.md. Every value is computed from records.parquet.
+SLO expressions are those of servesweep.config.slo (`ttft_p99<=2s`, `error_rate<=1%`, per-request `ttft<=2s`
+for goodput_ratio / goodput_per_s). Every value is computed from records.parquet.
 
 Regression limits use compare's verdicts: a metric breaches when compare calls it "worse" (its bootstrap interval
 excludes zero) and its change is beyond the limit (relative; error rate in percentage points).
@@ -19,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -29,6 +24,7 @@ from typing import Any
 
 import click
 
+from servesweep.config.slo import SLO, SLOError, parse_slos
 from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
@@ -44,12 +40,6 @@ from servesweep.results.compare import (
 )
 
 PASS, BREACH, ERROR = 0, 1, 2
-PER_REQUEST = metrics.PER_REQUEST_SLO_METRICS  # latencies that can be judged per request (goodput)
-GOODPUT = {"goodput_ratio": "ratio", "goodput_per_s": "req/s"}
-_EXPR = re.compile(
-    r"^\s*(?P<name>[A-Za-z][A-Za-z0-9_.]*)\s*(?P<op><=|>=|<|>)\s*"
-    r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%|tok/s|req/s|/s)?\s*$"
-)
 # Regression limits apply to central values by default: with CI-sized runs a p99 rests on a handful of requests,
 # and one scheduling hiccup of the machine moves it. Tails are gated with SLOs or --regression-metric ttft_p99.
 REGRESSION_METRICS = (
@@ -61,84 +51,10 @@ REGRESSION_METRICS = (
     "e2e_p50",
     "error_rate",
 )
-_OPS = metrics.SLO_OPS
 
 
 class GateError(ValueError):
     """The gate cannot run (exit 2); the message names what is wrong."""
-
-
-@dataclass(frozen=True)
-class SLO:
-    text: str
-    name: str  # canonical metric name, or the per-request latency (ttft, ...), or goodput_ratio/goodput_per_s
-    op: str
-    value: float  # in the metric's unit: ms for latencies, a fraction for ratios
-    metric: Metric | None  # None for per-request SLOs and goodput
-    per_request: bool = False
-
-    def holds(self, x: float) -> bool:
-        return bool(_OPS[self.op](x, self.value)) if x is not None and math.isfinite(x) else False
-
-    def limit_text(self) -> str:
-        return self.text.split(self.op, 1)[1].strip()
-
-
-def parse_slo(text: str) -> SLO:
-    """One expression to an SLO; GateError naming the expression and what is wrong."""
-    m = _EXPR.match(text)
-    if not m:
-        raise GateError(
-            f"SLO {text!r}: expected METRIC OP VALUE[UNIT], e.g. ttft_p99<=2s, error_rate<=1%, "
-            "output_tok_s>=1200, itl_p50<=30ms (OP: <=, >=, <, >)"
-        )
-    name, op, num, unit = m["name"], m["op"], float(m["num"]), m["unit"]
-    if name in PER_REQUEST:
-        if unit not in (None, "ms", "s"):
-            raise GateError(f"SLO {text!r}: {name} is a latency; give ms or s, not {unit}")
-        return SLO(text.strip(), name, op, num * 1000 if unit == "s" else num, None, per_request=True)
-    if name in GOODPUT:
-        return SLO(text.strip(), name, op, _ratio_or_rate(text, GOODPUT[name], num, unit), None)
-    try:
-        met = metric(name)
-    except ValueError as e:
-        raise GateError(f"SLO {text!r}: {e}") from None
-    if met.unit == "ms":
-        if unit not in (None, "ms", "s"):
-            raise GateError(f"SLO {text!r}: {met.name} is a latency; give ms or s, not {unit}")
-        value = num * 1000 if unit == "s" else num
-    else:
-        value = _ratio_or_rate(text, met.unit, num, unit)
-    return SLO(text.strip(), met.name, op, value, met)
-
-
-def _ratio_or_rate(text: str, kind: str, num: float, unit: str | None) -> float:
-    if kind == "ratio":
-        if unit == "%":
-            return num / 100
-        if unit is not None:
-            raise GateError(f"SLO {text!r}: a ratio takes % or a fraction, not {unit}")
-        if not 0 <= num <= 1:
-            raise GateError(f"SLO {text!r}: {num:g} is not a fraction; write {num:g}% or {num / 100:g}")
-        return num
-    allowed = {"tok/s": (None, "tok/s"), "req/s": (None, "req/s", "/s")}.get(kind, (None,))
-    if unit not in allowed:
-        raise GateError(f"SLO {text!r}: a rate in {kind} takes no unit {unit!r}")
-    return num
-
-
-def parse_slos(spec: str | list[str] | tuple[str, ...] | None) -> list[SLO]:
-    """'a,b' or ['a', 'b,c'] to SLOs; goodput without a per-request SLO is an error."""
-    if not spec:
-        return []
-    items = [spec] if isinstance(spec, str) else list(spec)
-    out = [parse_slo(part) for item in items for part in str(item).split(",") if part.strip()]
-    if any(s.name in GOODPUT for s in out) and not any(s.per_request for s in out):
-        raise GateError(
-            "goodput_ratio / goodput_per_s need per-request SLOs that say which requests are good, "
-            "e.g. --slo 'ttft<=2s' --slo 'tpot<=50ms' --slo 'goodput_ratio>=90%'"
-        )
-    return out
 
 
 # ---------------------------------------------------------------- evaluation
@@ -255,16 +171,10 @@ def _goodput(s: PointSample, per_request: list[SLO]) -> tuple[float, float]:
 
 
 def slo_value(s: PointSample, slo: SLO, per_request: list[SLO]) -> float:
-    if slo.name in GOODPUT:
+    if slo.goodput:
         ratio, per_s = _goodput(s, per_request)
         return ratio if slo.name == "goodput_ratio" else per_s
-    return slo.metric.value(s)
-
-
-def _show(slo: SLO, x: float) -> str:
-    if slo.metric is not None:
-        return fmt_value(x, slo.metric.unit)
-    return fmt_value(x, GOODPUT[slo.name])
+    return metric(slo.name).value(s)
 
 
 def check_sample(point: str, s: PointSample, slos: list[SLO]) -> list[CheckResult]:
@@ -275,7 +185,7 @@ def check_sample(point: str, s: PointSample, slos: list[SLO]) -> list[CheckResul
             continue  # shapes goodput; not a pass/fail by itself (docs/metrics.md)
         x = slo_value(s, slo, per_request)
         ok = slo.holds(x)
-        shown = _show(slo, x)
+        shown = fmt_value(x, slo.metric.unit)
         msg = f"{slo.name} = {shown} ({'within' if ok else 'breaks'} {slo.op} {slo.limit_text()})"
         if not math.isfinite(x):
             msg = f"{slo.name} has no value (no successful request to measure it on)"
@@ -290,7 +200,10 @@ def evaluate_records(records, slos, *, name: str = "records") -> Verdict:
 
     from servesweep.results.records import read_parquet, to_table
 
-    parsed = parse_slos(slos)
+    try:
+        parsed = parse_slos(slos)
+    except SLOError as e:
+        raise GateError(str(e)) from None
     if not any(not s.per_request for s in parsed):
         raise GateError(f"nothing to check in {slos!r}: give at least one aggregate SLO (e.g. ttft_p99<=2s)")
     if isinstance(records, str | Path):
@@ -425,7 +338,7 @@ def command(
             resamples=resamples,
             seed=seed,
         )
-    except (GateError, RunError) as e:
+    except (GateError, RunError, SLOError) as e:
         verdict = Verdict([], subject, error=str(e))
     if junit_path is not None:
         verdict.write_junit(junit_path)

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servesweep.config.slo import OPS, PER_REQUEST
+
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 
-# The per-request latencies a per-request SLO (goodput) can judge, and the comparison each SLO operator means.
-PER_REQUEST_SLO_METRICS = ("ttft", "tpot", "e2e", "itl")
-SLO_OPS = {"<=": np.less_equal, ">=": np.greater_equal, "<": np.less, ">": np.greater}
+# The per-request latencies a per-request SLO (goodput) can judge (config/slo.py); client/live.py reads this name.
+PER_REQUEST_SLO_METRICS = PER_REQUEST
 
 
 # ---------------------------------------------------------------- one request
@@ -194,19 +195,19 @@ def good_requests(
     values: Mapping[str, np.ndarray], ok: np.ndarray, slos: Iterable[tuple[str, str, float]]
 ) -> np.ndarray:
     """Which requests are *good* (docs/metrics.md, SLOs and goodput): successful and meeting every per-request
-    SLO, given as (metric in PER_REQUEST_SLO_METRICS, operator, limit in ms); a NaN value never meets one.
+    SLO, given as (metric in PER_REQUEST, operator, limit in ms); a NaN value never meets one.
     `values`: RequestMetrics.per_request_slo_values() or the same keys for one request."""
     good = np.asarray(ok, dtype=bool).copy()
     for metric, op, limit in slos:
         v = np.asarray(values[metric], dtype=np.float64)
         with np.errstate(invalid="ignore"):
-            good &= ~np.isnan(v) & SLO_OPS[op](np.nan_to_num(v, nan=np.inf), limit)
+            good &= ~np.isnan(v) & OPS[op](np.nan_to_num(v, nan=np.inf), limit)
     return good
 
 
 def meets_slos(values: Mapping[str, float], slos: Iterable[tuple[str, str, float]]) -> bool:
     """One successful request's `good_requests`: whether its values meet every per-request SLO."""
-    return all(not math.isnan(values[m]) and bool(SLO_OPS[op](values[m], limit)) for m, op, limit in slos)
+    return all(not math.isnan(values[m]) and bool(OPS[op](values[m], limit)) for m, op, limit in slos)
 
 
 def goodput(good: np.ndarray, measured: int, window_s: float) -> tuple[int, float, float]:

@@ -7,13 +7,12 @@ histogram buckets. No Locust import.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from servesweep.config.slo import SLO, parse_slos
 from servesweep.results import metrics
 from servesweep.results.records import ERROR_CLASSES
 
@@ -39,72 +38,23 @@ def stats(values) -> dict | None:
 
 # ---------------------------------------------------------------- SLOs
 
-_SLO_RE = re.compile(
-    r"^\s*(?P<metric>ttft|itl|tpot|e2e|error_rate|output_tps|request_rate|goodput_ratio)"
-    r"(?:_(?P<stat>p50|p90|p99|mean|max))?\s*(?P<op><=|>=|<|>)\s*(?P<value>[0-9.]+(?:e-?[0-9]+)?)\s*(?P<unit>ms|s|%)?\s*$"
-)
-_LATENCY = {"ttft": "ttft_ms", "itl": "itl_ms", "tpot": "tpot_ms", "e2e": "e2e_ms"}
-
-
-@dataclass(frozen=True)
-class SLO:
-    text: str
-    metric: str
-    stat: str | None  # None for a latency metric: a per-request SLO (goodput); else an aggregate threshold
-    op: str
-    value: float  # in ms for latencies, a fraction for rates given in %
-
-    def holds(self, x: float) -> bool:
-        return {"<=": x <= self.value, ">=": x >= self.value, "<": x < self.value, ">": x > self.value}[
-            self.op
-        ]
-
-
-def parse_slos(spec: str | list[str] | None) -> list[SLO]:
-    """'ttft_p99<=2s,itl_p99<=50ms,error_rate<=1%' or 'ttft<=2s,tpot<=40ms' (per request: goodput)."""
-    if not spec:
-        return []
-    items = spec if isinstance(spec, list) else [s for s in spec.split(",") if s.strip()]
-    out = []
-    for item in items:
-        m = _SLO_RE.match(item)
-        if not m:
-            raise ValueError(
-                f"SLO {item!r}: expected METRIC[_p50|_p90|_p99|_mean|_max] (<=|>=) VALUE[ms|s|%], "
-                "METRIC one of ttft, itl, tpot, e2e, error_rate, output_tps, request_rate, goodput_ratio"
-            )
-        metric, stat, unit = m["metric"], m["stat"], m["unit"]
-        value = float(m["value"])
-        if metric in _LATENCY:
-            if unit == "%":
-                raise ValueError(f"SLO {item!r}: a latency takes ms or s, not %")
-            value = value * 1000.0 if unit == "s" else value  # default unit: ms
-        elif unit == "%":
-            value /= 100.0
-        elif unit in ("ms", "s"):
-            raise ValueError(f"SLO {item!r}: {metric} is not a latency; give a number or a %")
-        if stat is not None and metric not in _LATENCY:
-            raise ValueError(f"SLO {item!r}: a percentile suffix only applies to ttft, itl, tpot, e2e")
-        out.append(SLO(item.strip(), metric, stat, m["op"], value))
-    return out
-
 
 def check_slos(summary: dict) -> dict:
     """The verdict of the SLOs a summary was made with: each one's measured value and whether it held."""
-    results = []
-    for s in summary.get("slos", []):
-        results.append(s)
-    return {"pass": all(r["pass"] for r in results), "checks": results}
+    checks = list(summary.get("slos", []))
+    return {"pass": all(c["pass"] for c in checks), "checks": checks}
 
 
 def _slo_value(slo: SLO, summary: dict) -> float | None:
-    if slo.metric in _LATENCY:
-        st = summary.get(_LATENCY[slo.metric])
-        return None if st is None else st[slo.stat]
-    if slo.metric == "goodput_ratio":
+    """The summary's figure an aggregate SLO judges: a latency statistic, goodput, or a scalar of the same name."""
+    m = slo.metric
+    if m.stat is not None:
+        st = summary.get(m.base + ("_ms" if m.unit == "ms" else ""))
+        return None if st is None else st[m.stat]
+    if slo.goodput:
         g = summary.get("goodput")
-        return None if g is None else g["ratio"]
-    return summary.get({"output_tps": "output_tokens_per_s"}.get(slo.metric, slo.metric))
+        return None if g is None else g["ratio" if m.base == "goodput_ratio" else "per_s"]
+    return summary.get(m.base)
 
 
 # ---------------------------------------------------------------- arrivals and client headroom
@@ -374,12 +324,12 @@ def _tokens(ok: pa.Table) -> dict:
 
 def _goodput(slos: list[SLO], rm: metrics.RequestMetrics, n_meas: int, window_s: float) -> dict | None:
     """Goodput under the per-request SLOs (those without a STAT); None without any."""
-    per_request = [s for s in slos if s.stat is None and s.metric in _LATENCY]
+    per_request = [s for s in slos if s.per_request]
     if not per_request or not n_meas:
         return None
     ok = np.ones(rm.ttft_ms.size, dtype=bool)
     good = metrics.good_requests(
-        rm.per_request_slo_values(), ok, [(s.metric, s.op, s.value) for s in per_request]
+        rm.per_request_slo_values(), ok, [(s.name, s.op, s.value) for s in per_request]
     )
     n_good, ratio, per_s = metrics.goodput(good, n_meas, window_s)
     return {"slos": [s.text for s in per_request], "requests": n_good, "ratio": ratio, "per_s": per_s}
@@ -389,7 +339,7 @@ def _slo_checks(slos: list[SLO], summary: dict) -> list[dict]:
     """Each aggregate SLO's measured value and whether it held. Per-request SLOs shape goodput instead."""
     out = []
     for s in slos:
-        if s.stat is None and s.metric in _LATENCY:
+        if s.per_request:
             continue
         v = _slo_value(s, summary)
         out.append({"slo": s.text, "value": v, "pass": v is not None and s.holds(v)})

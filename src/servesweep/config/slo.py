@@ -1,0 +1,217 @@
+"""The SLO grammar: `servesweep load --slo`, the Locust form's `slo`, an experiment's `slo:` list and
+`servesweep gate --slo` all read SLOs with `parse_slos`.
+
+An expression is `METRIC OP VALUE[UNIT]`, several separated by commas:
+
+- METRIC names a figure of docs/metrics.md: a latency-like metric with a statistic (`ttft_p99`, `itl_p50`,
+  `tpot_mean`, `decode_tokens_per_s_p50`; LATENCIES × STATS), a scalar of the point (`output_tokens_per_s`,
+  `request_rate`, `error_rate`, `cache_hit_ratio`; SCALARS) or goodput (`goodput_ratio`, `goodput_per_s`;
+  GOODPUT). ALIASES holds the other spellings (`output_tok_s`, `output_tps`, ...).
+- A latency of PER_REQUEST without a statistic (`ttft<=2s`, `itl<=100ms` for the request's largest gap) is a
+  per-request SLO: it says which requests are *good* for goodput and is no check by itself.
+- OP is `<=`, `>=`, `<` or `>`.
+- UNIT: `ms` or `s` for latencies (default ms); `%` or a fraction for ratios; `tok/s`, `req/s` (or `/s`) optionally
+  for rates. An SLO's `value` is in its metric's unit: ms for latencies, a fraction for ratios.
+
+A new metric is one row of LATENCIES or SCALARS (its unit and which direction is better); each place that measures
+SLOs (results/summary.py, results/gates.py through results/compare.py, the web UI) then gives its value.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+
+
+class SLOError(ValueError):
+    """An SLO expression that cannot be read; the message quotes the expression and says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a metric's values are: the unit (ms, tok/s, req/s, ratio), which direction is better, and whether a
+    change is relative (% of the baseline) or absolute (a ratio from 0 has no relative change: percentage points)."""
+
+    unit: str
+    higher_is_better: bool
+    relative: bool = True
+
+
+# Per-request metrics, summarised with a statistic.
+LATENCIES: dict[str, Kind] = {
+    "ttft": Kind("ms", False),
+    "ttft_from_scheduled": Kind("ms", False),
+    "itl": Kind("ms", False),
+    "itl_per_token": Kind("ms", False),
+    "tpot": Kind("ms", False),
+    "e2e": Kind("ms", False),
+    "e2e_from_scheduled": Kind("ms", False),
+    "schedule_lag": Kind("ms", False),
+    "decode_tokens_per_s": Kind("tok/s", True),
+}
+# One value per point.
+SCALARS: dict[str, Kind] = {
+    "output_tokens_per_s": Kind("tok/s", True),
+    "request_rate": Kind("req/s", True),
+    "error_rate": Kind("ratio", False, relative=False),
+    "cache_hit_ratio": Kind("ratio", True, relative=False),
+}
+# One value per point, counting the requests that meet every per-request SLO.
+GOODPUT: dict[str, Kind] = {
+    "goodput_ratio": Kind("ratio", True, relative=False),
+    "goodput_per_s": Kind("req/s", True),
+}
+ALIASES = {
+    "output_tok_s": "output_tokens_per_s",
+    "output_tps": "output_tokens_per_s",
+    "tok_s": "output_tokens_per_s",
+    "req_s": "request_rate",
+    "decode_tok_s": "decode_tokens_per_s",
+    "per_request_tok_s": "decode_tokens_per_s",
+}
+STATS = ("p50", "p90", "p99", "mean", "min", "max")
+# The latencies one request can be judged on (goodput), in ms; itl is the request's largest gap.
+PER_REQUEST = ("ttft", "tpot", "e2e", "itl")
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}  # scalars and numpy arrays
+
+_EXPR = re.compile(
+    r"^\s*(?P<name>[A-Za-z][A-Za-z0-9_.]*)\s*(?P<op><=|>=|<|>)\s*"
+    r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%|tok/s|req/s|/s)?\s*$"
+)
+_RATE_UNITS = {"tok/s": (None, "tok/s"), "req/s": (None, "req/s", "/s")}
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """A metric as named: canonical `name` (ttft_p99, output_tokens_per_s, or a bare latency `ttft` of a
+    per-request SLO), its `base` (ttft, output_tokens_per_s), `stat` (p99, mean, ...; None for one value per point
+    and for a per-request latency) and its Kind's fields."""
+
+    name: str
+    base: str
+    stat: str | None
+    unit: str
+    higher_is_better: bool
+    relative: bool
+
+
+def _named(name: str, base: str, stat: str | None, kind: Kind) -> MetricName:
+    return MetricName(name, base, stat, kind.unit, kind.higher_is_better, kind.relative)
+
+
+def metric_name(text: str, *, any_percentile: bool = False) -> MetricName:
+    """'ttft_p99' / 'output_tok_s' / 'error_rate' ... to a MetricName; SLOError naming it when unknown. Statistics
+    are STATS; `any_percentile` also takes p0..p100 (p95, p99.9: `servesweep compare --metric`)."""
+    raw = text.strip()
+    n = ALIASES.get(raw, raw)
+    for table in (SCALARS, GOODPUT):
+        if n in table:
+            return _named(n, n, None, table[n])
+    base, _, stat = n.rpartition("_")
+    base = ALIASES.get(base, base)
+    if base in LATENCIES:
+        if stat in STATS or (any_percentile and _is_percentile(stat)):
+            return _named(f"{base}_{stat}", base, stat, LATENCIES[base])
+        if stat.startswith("p"):
+            also = " nor p0..p100" if any_percentile else ""
+            raise SLOError(f"unknown metric {text!r}: {stat} is not one of {', '.join(STATS)}{also}")
+    if n in LATENCIES:
+        raise SLOError(f"metric {text!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
+    known = sorted([*SCALARS, *GOODPUT, *ALIASES, *(f"{b}_p50|p90|p99|mean|min|max" for b in LATENCIES)])
+    raise SLOError(f"unknown metric {text!r}; known: {', '.join(known)}")
+
+
+def _is_percentile(stat: str) -> bool:
+    if not stat.startswith("p"):
+        return False
+    try:
+        return 0 <= float(stat[1:]) <= 100
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class SLO:
+    text: str
+    metric: MetricName
+    op: str
+    value: float  # in the metric's unit: ms for latencies, a fraction for ratios
+
+    @property
+    def name(self) -> str:
+        return self.metric.name
+
+    @property
+    def stat(self) -> str | None:
+        return self.metric.stat
+
+    @property
+    def per_request(self) -> bool:
+        """A per-request latency SLO (`ttft<=2s`): it decides which requests are good; no check by itself."""
+        return self.metric.stat is None and self.metric.base in PER_REQUEST
+
+    @property
+    def goodput(self) -> bool:
+        return self.metric.base in GOODPUT
+
+    def holds(self, x: float | None) -> bool:
+        return x is not None and math.isfinite(x) and bool(OPS[self.op](x, self.value))
+
+    def limit_text(self) -> str:
+        return self.text.split(self.op, 1)[1].strip()
+
+
+def parse_slo(text: str) -> SLO:
+    """One expression to an SLO; SLOError naming the expression and what is wrong."""
+    m = _EXPR.match(text)
+    if not m:
+        raise SLOError(
+            f"SLO {text!r}: expected METRIC OP VALUE[UNIT], e.g. ttft_p99<=2s, error_rate<=1%, "
+            "output_tok_s>=1200, itl_p50<=30ms (OP: <=, >=, <, >)"
+        )
+    name, op, num, unit = m["name"], m["op"], float(m["num"]), m["unit"]
+    if name in PER_REQUEST:
+        met = _named(name, name, None, LATENCIES[name])
+    else:
+        try:
+            met = metric_name(name)
+        except SLOError as e:
+            raise SLOError(f"SLO {text!r}: {e}") from None
+    return SLO(text.strip(), met, op, _in_unit(text, met, num, unit))
+
+
+def _in_unit(text: str, met: MetricName, num: float, unit: str | None) -> float:
+    """The limit in the metric's unit; SLOError for a unit the metric does not take."""
+    if met.unit == "ms":
+        if unit not in (None, "ms", "s"):
+            raise SLOError(f"SLO {text!r}: {met.name} is a latency; give ms or s, not {unit}")
+        return num * 1000 if unit == "s" else num
+    if met.unit == "ratio":
+        if unit == "%":
+            return num / 100
+        if unit in ("ms", "s"):
+            raise SLOError(f"SLO {text!r}: {met.name} is not a latency; give % or a fraction")
+        if unit is not None:
+            raise SLOError(f"SLO {text!r}: a ratio takes % or a fraction, not {unit}")
+        if not 0 <= num <= 1:
+            raise SLOError(f"SLO {text!r}: {num:g} is not a fraction; write {num:g}% or {num / 100:g}")
+        return num
+    if unit not in _RATE_UNITS.get(met.unit, (None,)):
+        raise SLOError(f"SLO {text!r}: a rate in {met.unit} takes no unit {unit!r}")
+    return num
+
+
+def parse_slos(spec: str | list[str] | tuple[str, ...] | None) -> list[SLO]:
+    """'a,b' or ['a', 'b,c'] to SLOs; goodput without a per-request SLO is an error."""
+    if not spec:
+        return []
+    items = [spec] if isinstance(spec, str) else list(spec)
+    out = [parse_slo(part) for item in items for part in str(item).split(",") if part.strip()]
+    if any(s.goodput for s in out) and not any(s.per_request for s in out):
+        raise SLOError(
+            "goodput_ratio / goodput_per_s need per-request SLOs that say which requests are good, "
+            "e.g. --slo 'ttft<=2s' --slo 'tpot<=50ms' --slo 'goodput_ratio>=90%'"
+        )
+    return out
