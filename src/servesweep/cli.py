@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("servesweep.results.report", "command", "Write the HTML and Markdown report of a run folder."),
     "compare": ("servesweep.results.compare", "command", "Compare runs point by point, with confidence intervals."),
     "prom": ("servesweep.observe.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
+    "observe": ("servesweep.observe.stack", "command", "A standing Prometheus (+ Grafana) that sees every run: up, down, status."),
     "gate": ("servesweep.results.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
 }
 
