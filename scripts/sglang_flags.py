@@ -17,7 +17,7 @@ CPU machine with nothing installed; other packages' optional imports fail as usu
 frontend language and transformers patches) is not run, only `sglang.srt.server_args` and what it imports. The
 stubbed names are listed in each table (`stubbed_modules`); no `SGLANG_*` variable is set.
 
-`--check` rebuilds a parser from each JSON table alone (`parser_from_table`) and compares it with SGLang's real
+`--check` rebuilds a parser from each JSON table alone (`servesweep.sglang.flags.parser_from_table`) and compares it with SGLang's real
 parser: the defaults of a bare parse, every option string with a valid value, one at a time (the namespaces' dests
 and values must be equal), and prefix matching (`allow_abbrev`): every proper prefix of every long option must
 resolve to the same dest, or fail as ambiguous, in both. It also compares the defaults with the literal defaults
@@ -43,7 +43,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "src" / "servesweep" / "sglang" / "flags"
-TABLE_FORMAT = 1
+TABLE_FORMAT = 2  # servesweep.sglang.flags reads this format
 
 # Small packages SGLang's server_args imports whose behaviour matters to the parser, installed for real: msgspec
 # (0.5.20+'s ServerArgs is a msgspec Struct whose field defaults are the flags' defaults), orjson (the JSON-list
@@ -322,7 +322,7 @@ _STD_ACTION_ATTRS = {
 }
 
 _TYPE_KINDS = {int: "int", float: "float", str: "str", json.loads: "json"}
-# SGLang's own argparse types, by function name -> the kind the table names (parser_from_table implements each)
+# SGLang's own argparse types, by function name -> the kind the table names (servesweep.sglang.flags implements each)
 _SGLANG_TYPE_KINDS = {
     "human_readable_int": "human_int",  # 128k -> 128000, 1M -> 1000000, 32Ki -> 32768 (suffixes case-sensitive)
     "json_list_type": "json",  # orjson.loads
@@ -358,20 +358,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, dict) and all(isinstance(k, str) for k in v):
         return {"dict": {k: _jsonable(x) for k, x in v.items()}}
     return {"repr": repr(v)}  # enums, sets, objects
-
-
-def _value_from_json(v: Any) -> Any:
-    """Inverse of _jsonable where it can be inverted; a {"repr": ...} stays the repr string."""
-    if isinstance(v, list):
-        return [_value_from_json(x) for x in v]
-    if isinstance(v, dict):
-        if "tuple" in v:
-            return tuple(_value_from_json(x) for x in v["tuple"])
-        if "dict" in v:
-            return {k: _value_from_json(x) for k, x in v["dict"].items()}
-        if "repr" in v:
-            return v["repr"]
-    return v
 
 
 def _first_line(text: Any) -> str | None:
@@ -452,168 +438,6 @@ def table_from_parser(parser: argparse.ArgumentParser, version: str, stubbed: li
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# A parser rebuilt from a table alone
-
-
-class _TableAction(argparse.Action):
-    """Replays one of SGLang's own actions from its table row (no warnings printed)."""
-
-    def __init__(self, option_strings, dest, row=None, **kwargs):  # type: ignore[no-untyped-def]
-        self.row = row or {}
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-        kind = self.row["action"]
-        extra = self.row.get("extra") or {}
-        if kind == "store_true":
-            setattr(namespace, self.dest, True)
-        elif kind == "store_const":
-            setattr(namespace, self.dest, _value_from_json(extra.get("const_value", self.row.get("const"))))
-        elif kind == "store":
-            setattr(namespace, self.dest, values)
-        elif kind == "deprecated":
-            if extra.get("error_message") is not None:
-                parser.error(extra["error_message"])
-        elif kind == "lora_paths":
-            out: list[Any] = []
-            for p in values or []:
-                p = p.strip()
-                out.append(json.loads(p) if p.startswith("{") and p.endswith("}") else p)
-            setattr(namespace, self.dest, out)
-        else:
-            raise NotImplementedError(f"table action {kind!r} for {option_string}")
-
-
-def human_readable_int(value: str) -> int:
-    """SGLang's `human_readable_int` (srt/utils/common.py, the same in 0.5.11 and 0.5.23): SI suffixes k, M, G, T
-    (decimals allowed: 25.6k -> 25600) and IEC suffixes Ki, Mi, Gi, Ti, case-sensitive; 1M is 1000000."""
-    import re
-    from decimal import Decimal
-
-    value = value.strip()
-    si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
-    if m:
-        number, suffix = m.groups()
-        if suffix in iec:
-            if "." in number:
-                raise argparse.ArgumentTypeError(
-                    f"Decimals are not allowed with IEC suffixes like '{suffix}'."
-                )
-            return int(number) * iec[suffix]
-        return int(Decimal(number) * si[suffix])
-    try:
-        return int(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"Invalid integer value: '{value}'.") from e
-
-
-def _nullable_str(val: str) -> str | None:
-    return None if not val or val == "None" else val
-
-
-def _cuda_graph_backend(raw: str) -> str:
-    if raw == "tc_piecewise":
-        raise argparse.ArgumentTypeError("tc_piecewise was removed; select breakable, full, or disabled")
-    return raw
-
-
-def _cuda_graph_config(row: dict[str, Any]) -> Any:
-    allowed = row["type_params"]["allowed_keys_per_phase"]
-
-    def parse(raw: str) -> dict[str, dict[str, Any]]:
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {e}") from e
-        if not isinstance(parsed, dict):
-            raise argparse.ArgumentTypeError("--cuda-graph-config must be a JSON object")
-        out: dict[str, dict[str, Any]] = {}
-        for phase, settings in parsed.items():
-            phase = str(phase)
-            if phase not in allowed or not isinstance(settings, dict):
-                raise argparse.ArgumentTypeError(f"--cuda-graph-config: bad phase {phase!r} or settings")
-            if "backend" in settings:
-                _cuda_graph_backend(settings["backend"])
-            bad = [k for k in settings if k not in allowed[phase]]
-            if bad:
-                raise argparse.ArgumentTypeError(f"--cuda-graph-config['{phase}']: unknown key '{bad[0]}'")
-            out[phase] = dict(settings)
-        return out
-
-    return parse
-
-
-def type_callable(row: dict[str, Any]) -> Any:
-    """The callable for a table row's `type` kind (argparse's `type=`)."""
-    kind = row["type"]
-    simple = {
-        None: None,
-        "int": int,
-        "float": float,
-        "str": str,
-        "json": json.loads,
-        "human_int": human_readable_int,
-        "nullable_str": _nullable_str,
-        "cuda_graph_backend": _cuda_graph_backend,
-    }
-    if kind in simple:
-        return simple[kind]
-    if kind == "cuda_graph_config":
-        return _cuda_graph_config(row)
-    raise KeyError(f"no callable for type {kind!r} ({row.get('type_callable')}) of {row['option_strings']}")
-
-
-def parser_from_table(table: dict[str, Any]) -> argparse.ArgumentParser:
-    """An argparse parser with the same option strings, dests, types, nargs, choices, defaults and prefix matching."""
-    p = table["parser"]
-    parser = argparse.ArgumentParser(
-        prog=p["prog"],
-        allow_abbrev=p["allow_abbrev"],
-        prefix_chars=p["prefix_chars"],
-        add_help=bool(p["help_option_strings"]),
-    )
-    for row in table["options"]:
-        kw: dict[str, Any] = {"dest": row["dest"], "required": row["required"]}
-        default = row["default"]
-        kw["default"] = argparse.SUPPRESS if default == "==SUPPRESS==" else _value_from_json(default)
-        if row["help"]:
-            kw["help"] = row["help"].replace("%", "%%")
-        kind = row["action"]
-        choices = None if row["choices"] is None else [_value_from_json(c) for c in row["choices"]]
-        if "action_class" in row:  # SGLang's own action: replay it
-            kw.update(action=_TableAction, row=row, nargs=row["nargs"], choices=choices)
-            if row["type"] is not None:
-                kw["type"] = type_callable(row)
-            if row["nargs"] == 0:
-                kw.pop("choices")
-            parser.add_argument(*row["option_strings"], **kw)
-            continue
-        if kind in ("store_true", "store_false"):
-            parser.add_argument(*row["option_strings"], action=kind, **kw)
-        elif kind in ("store_const", "append_const"):
-            parser.add_argument(
-                *row["option_strings"], action=kind, const=_value_from_json(row["const"]), **kw
-            )
-        elif kind == "count":
-            parser.add_argument(*row["option_strings"], action=kind, **kw)
-        elif kind == "boolean_optional":
-            long = [s for s in row["option_strings"] if not s.startswith("--no-")]
-            parser.add_argument(*long, action=argparse.BooleanOptionalAction, **kw)
-        elif kind in ("store", "append", "extend"):
-            kw.update(nargs=row["nargs"], choices=choices, type=type_callable(row))
-            if row["const"] is not None:
-                kw["const"] = _value_from_json(row["const"])
-            if row["metavar"] is not None:
-                kw["metavar"] = _value_from_json(row["metavar"])
-            parser.add_argument(*row["option_strings"], action=kind, **kw)
-        else:
-            raise NotImplementedError(f"action {kind!r} ({row['option_strings']})")
-    return parser
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # --check: the table's parser against SGLang's own
 
 
@@ -644,38 +468,19 @@ def _diff(a: tuple[str, Any], b: tuple[str, Any]) -> tuple[Any, Any]:
     return a, b
 
 
-def sample_value(row: dict[str, Any]) -> list[str]:
-    """A valid value for a row, as argv words after the option string."""
-    if row["nargs"] == 0:
-        return []
-    if row["choices"]:
-        vals = [str(_value_from_json(row["choices"][0]))]
-    else:
-        vals = [
-            {
-                "int": "2",
-                "human_int": "8k",
-                "float": "0.5",
-                "json": '{"a": 1}',
-                "nullable_str": "x",
-                "cuda_graph_backend": "full",
-                "cuda_graph_config": '{"decode": {"max_bs": 8}}',
-            }.get(row["type"] or "str", "x")
-        ]
-        if row["action"] == "lora_paths":
-            vals = ["name=/tmp/adapter", '{"lora_name": "b", "lora_path": "/tmp/b"}']
-    if row["nargs"] in ("+", "*"):
-        vals = (
-            vals * 2
-            if not row["choices"] or len(row["choices"]) < 2
-            else [str(c) for c in row["choices"][:2]]
-        )
-    return vals
+def _package_flags() -> Any:
+    """servesweep.sglang.flags, the table reader the check tests (standard library only, so the child imports it)."""
+    sys.path.append(str(REPO / "src"))
+    from servesweep.sglang import flags
+
+    return flags
 
 
 def check_table(sg: argparse.ArgumentParser, table: dict[str, Any]) -> dict[str, Any]:
     """Every option string with a valid value, the bare defaults and every prefix, parsed by both parsers."""
-    tp = parser_from_table(table)
+    flags = _package_flags()
+    sample_value = flags.sample_words
+    tp = flags.parser_from_table(table)
     base: list[str] = []
     for row in table["options"]:
         if row["required"]:
@@ -858,10 +663,37 @@ def install(version: str, cache: Path) -> str:
     return str(target)
 
 
+def field_of_dest(target: str) -> dict[str, str]:
+    """The dests `ServerArgs.from_cli_args` copies to another field before it builds ServerArgs (`args.tp_size =
+    args.tensor_parallel_size` up to 0.5.12), read from SGLang's source (AST): {dest: field}."""
+    import ast
+
+    tree = ast.parse(Path(target, "sglang", "srt", "server_args.py").read_text(encoding="utf-8"))
+    out: dict[str, str] = {}
+    for cls in tree.body:
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "ServerArgs"):
+            continue
+        for fn in cls.body:
+            if not (isinstance(fn, ast.FunctionDef) and fn.name == "from_cli_args"):
+                continue
+            for st in ast.walk(fn):
+                if (
+                    isinstance(st, ast.Assign)
+                    and len(st.targets) == 1
+                    and isinstance(st.targets[0], ast.Attribute)
+                    and isinstance(st.value, ast.Attribute)
+                    and isinstance(st.value.value, ast.Name)
+                    and st.value.value.id == fn.args.args[1].arg
+                ):
+                    out[st.value.attr] = st.targets[0].attr
+    return out
+
+
 def child(args: argparse.Namespace) -> int:
     """Runs under `python -I -S` with only the target folder added: SGLang, its light deps and stubs."""
     parser, stubbed = _load_sglang_parser(args.target)
     table = table_from_parser(parser, args.version, stubbed)
+    table["field_of_dest"] = field_of_dest(args.target)
     table["light_deps"] = {k: v for k, v in _installed_versions(args.target).items() if k != "sglang"}
     if args.out:
         write_table(table, Path(args.out))

@@ -1,17 +1,67 @@
-"""SGLang launch flags as an experiment file writes them (dest names): their types, the names SGLang renamed, the
-ones servesweep sets itself, and the check and coercion of a server's `flags:` mapping."""
+"""SGLang's launch flags, one table per SGLang version, read from SGLang's own argparse parser (`flags/sglang-<v>.json`,
+written by scripts/sglang_flags.py; `flags/README.md` describes the format). Everything servesweep knows of SGLang's
+flags comes from these tables:
+
+- `parser(version)`: SGLang's parser itself (option strings, types, choices, defaults, prefix matching and its
+  ambiguity errors), which the emulator extends with its own `--sim-*` options;
+- `defaults(version)`: every flag's default by ServerArgs field, the name `/server_info` shows;
+- `render_argv(flags, version)`: the argv words that set a mapping of flags, under that version's option strings;
+- `normalise_flags`: the check and coercion of an experiment's flags. An experiment names a flag by its field
+  (dashes, aliases, unique prefixes and the names of other versions are accepted) and stores it under the name the
+  newest table gives it, so one experiment reads the same for every version; the value is typed from the table of
+  the experiment's `sglang_version`.
+"""
 
 from __future__ import annotations
 
+import argparse
 import difflib
+import json
 import re
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cache
+from importlib import resources
 from typing import Any
 
-_HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|K|Ki|M|Mi)?\s*$")
+TABLE_FORMAT = 2
+_PACKAGE_DATA = "servesweep.sglang"
+
+
+class FlagError(ValueError):
+    """A flag or value SGLang's parser would reject; the message is the parser's own where it has one."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# SGLang's own argparse types, as each table names them (`type`)
+
+
+def human_readable_int(value: str) -> int:
+    """SGLang's `human_readable_int` (srt/utils/common.py, the same from 0.5.10 to 0.5.23): SI suffixes k, M, G, T
+    (decimals allowed: 25.6k -> 25600) and IEC suffixes Ki, Mi, Gi, Ti, case-sensitive; 1M is 1,000,000, 32K is
+    an error."""
+    value = value.strip()
+    si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in iec:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'."
+                )
+            return int(number) * iec[suffix]
+        return int(Decimal(number) * si[suffix])
+    try:
+        return int(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"Invalid integer value: '{value}'.") from e
 
 
 def human_int(v: Any) -> int:
-    """128k -> 128000, 32Ki -> 32768, 1M -> 1000000 (as SGLang's human_readable_int); ints pass through."""
+    """An integer as an experiment file writes it: an int, or a string SGLang's human_readable_int reads (128k,
+    32Ki, 1M = 1,000,000)."""
     if isinstance(v, bool):
         raise ValueError(f"expected an integer, got {v!r}")
     if isinstance(v, int):
@@ -19,94 +69,546 @@ def human_int(v: Any) -> int:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, str):
-        m = _HUMAN_INT.match(v)
-        if m:
-            mult = {None: 1, "k": 1000, "K": 1000, "Ki": 1024, "M": 1_000_000, "Mi": 1 << 20}[m.group(2)]
-            n = float(m.group(1)) * mult
-            if n.is_integer():
-                return int(n)
+        try:
+            return human_readable_int(v)
+        except argparse.ArgumentTypeError:
+            pass
     raise ValueError(f"expected an integer (e.g. 4096, 128k, 32Ki), got {v!r}")
 
 
-def did_you_mean(name: str, options) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def _nullable_str(val: str) -> str | None:
+    return None if not val or val == "None" else val
 
 
-# --------------------------------------------------------------------------------------------------------------
-# SGLang flags we know the type of (dest names, reference sglang.md §1). Other flags are accepted as they are
-# (forked builds add their own), unless they are one typo away from a known one.
-INT, FLOAT, STR, BOOL, HINT = "int", "float", "str", "bool", "hint"  # HINT: integer that accepts 128k / 32Ki
-SGLANG_FLAGS: dict[str, str] = {
-    "tp_size": INT,
-    "dp_size": INT,
-    "pp_size": INT,
-    "attn_dp_size": INT,
-    "ep_size": INT,
-    "context_length": HINT,
-    "mem_fraction_static": FLOAT,
-    "max_running_requests": INT,
-    "max_queued_requests": INT,
-    "max_total_tokens": HINT,
-    "chunked_prefill_size": HINT,
-    "max_prefill_tokens": HINT,
-    "page_size": INT,
-    "kv_cache_dtype": STR,
-    "attention_backend": STR,
-    "prefill_attention_backend": STR,
-    "decode_attention_backend": STR,
-    "linear_attn_backend": STR,
-    "speculative_algorithm": STR,
-    "speculative_num_steps": INT,
-    "speculative_eagle_topk": INT,
-    "speculative_num_draft_tokens": INT,
-    "speculative_draft_model_path": STR,
-    "speculative_dflash_block_size": INT,
-    "mamba_radix_cache_strategy": STR,
-    "mamba_full_memory_ratio": FLOAT,
-    "max_mamba_cache_size": INT,
-    "mamba_ssm_dtype": STR,
-    "mamba_track_interval": INT,
-    "mamba_backend": STR,
-    "disable_radix_cache": BOOL,
-    "radix_eviction_policy": STR,
-    "enable_metrics": BOOL,
-    "enable_cache_report": BOOL,
-    "served_model_name": STR,
-    "tokenizer_path": STR,
-    "reasoning_parser": STR,
-    "tool_call_parser": STR,
-    "stream_interval": INT,
-    "stream_response_default_include_usage": BOOL,
-    "allow_auto_truncate": BOOL,
-    "watchdog_timeout": FLOAT,
-    "skip_server_warmup": BOOL,
-    "schedule_policy": STR,
-    "disable_overlap_schedule": BOOL,
-    "enable_mixed_chunk": BOOL,
-    "trust_remote_code": BOOL,
-    "cuda_graph_max_bs_decode": INT,
-    "cuda_graph_max_bs_prefill": INT,
-    "disable_cuda_graph": BOOL,
-    "disable_decode_cuda_graph": BOOL,
-    "json_model_override_args": STR,
-    "quantization": STR,
-    "dtype": STR,
-    "load_format": STR,
-    "random_seed": INT,
-    "log_level": STR,
+def _cuda_graph_backend(raw: str) -> str:
+    if raw == "tc_piecewise":
+        raise argparse.ArgumentTypeError("tc_piecewise was removed; select breakable, full, or disabled")
+    return raw
+
+
+def _cuda_graph_config(row: dict[str, Any]) -> Any:
+    """SGLang's parse_cuda_graph_config_arg: a JSON object {phase: {key: value}} with the keys allowed per phase."""
+    allowed = row["type_params"]["allowed_keys_per_phase"]
+
+    def parse(raw: str) -> dict[str, dict[str, Any]]:
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"--cuda-graph-config must be JSON: {e}") from e
+        if not isinstance(parsed, dict):
+            raise argparse.ArgumentTypeError("--cuda-graph-config must be a JSON object")
+        out: dict[str, dict[str, Any]] = {}
+        for phase, settings in parsed.items():
+            phase = str(phase)
+            if phase not in allowed or not isinstance(settings, dict):
+                raise argparse.ArgumentTypeError(f"--cuda-graph-config: bad phase {phase!r} or settings")
+            if "backend" in settings:
+                _cuda_graph_backend(settings["backend"])
+            bad = [k for k in settings if k not in allowed[phase]]
+            if bad:
+                raise argparse.ArgumentTypeError(f"--cuda-graph-config['{phase}']: unknown key '{bad[0]}'")
+            out[phase] = dict(settings)
+        return out
+
+    return parse
+
+
+def type_callable(row: dict[str, Any]) -> Any:
+    """The callable for a table row's `type` kind (argparse's `type=`)."""
+    kind = row["type"]
+    simple = {
+        None: None,
+        "int": int,
+        "float": float,
+        "str": str,
+        "json": json.loads,
+        "human_int": human_readable_int,
+        "nullable_str": _nullable_str,
+        "cuda_graph_backend": _cuda_graph_backend,
+    }
+    if kind in simple:
+        return simple[kind]
+    if kind == "cuda_graph_config":
+        return _cuda_graph_config(row)
+    raise KeyError(f"no callable for type {kind!r} ({row.get('type_callable')}) of {row['option_strings']}")
+
+
+def value_from_json(v: Any) -> Any:
+    """A table value: {"tuple": [...]}, {"dict": {...}} as Python's; a {"repr": ...} stays the repr string."""
+    if isinstance(v, list):
+        return [value_from_json(x) for x in v]
+    if isinstance(v, dict):
+        if "tuple" in v:
+            return tuple(value_from_json(x) for x in v["tuple"])
+        if "dict" in v:
+            return {k: value_from_json(x) for k, x in v["dict"].items()}
+        if "repr" in v:
+            return v["repr"]
+    return v
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The tables
+
+
+def version_key(v: str) -> tuple[int, ...]:
+    """'0.5.15.post1' -> (0, 5, 15, 1), for ordering versions; ValueError for anything else."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:\.?post(\d+))?", str(v).strip())
+    if not m:
+        raise ValueError(f"expected a version like 0.5.23 or 0.5.15.post1, got {v!r}")
+    return tuple(int(g or 0) for g in m.groups())
+
+
+@cache
+def table_versions() -> tuple[str, ...]:
+    """The SGLang versions a table ships for, oldest first."""
+    names = [p.name for p in (resources.files(_PACKAGE_DATA) / "flags").iterdir()]
+    found = [
+        n[len("sglang-") : -len(".json")] for n in names if n.startswith("sglang-") and n.endswith(".json")
+    ]
+    return tuple(sorted(found, key=version_key))
+
+
+@cache
+def load_table(version: str) -> dict[str, Any]:
+    """The raw table of `version`; FlagError naming the versions there are when none ships for it."""
+    if version not in table_versions():
+        raise FlagError(
+            f"no flag table for SGLang {version} (tables: {', '.join(table_versions())}; "
+            f"scripts/sglang_flags.py {version} writes one)"
+        )
+    text = (resources.files(_PACKAGE_DATA) / "flags" / f"sglang-{version}.json").read_text(encoding="utf-8")
+    raw = json.loads(text)
+    if raw.get("format") != TABLE_FORMAT:
+        raise FlagError(f"sglang-{version}.json has format {raw.get('format')}, expected {TABLE_FORMAT}")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One ServerArgs field of one version and the options that set it; `rows[0]` is the one rendered (an
+    option of SGLang's own, not a deprecated alias)."""
+
+    field: str
+    version: str
+    rows: tuple[dict[str, Any], ...]
+
+    @property
+    def row(self) -> dict[str, Any]:
+        return self.rows[0]
+
+    @property
+    def option(self) -> str:
+        """The option string rendered: the one spelled like the field where there is one (--tp-size, not 0.5.11's
+        first, --tensor-parallel-size), else SGLang's first (fp8_gemm_runner_backend: --fp8-gemm-backend)."""
+        spelled = "--" + self.field.replace("_", "-")
+        opts = self.row["option_strings"]
+        return spelled if spelled in opts else opts[0]
+
+    @property
+    def kind(self) -> str:
+        """switch (a bare option), bool (--x / --no-x), list (several values), or value."""
+        r = self.row
+        if r["action"] == "boolean_optional":
+            return "bool"
+        if r["nargs"] == 0:
+            return "switch"
+        if r["nargs"] in ("+", "*") or isinstance(r["nargs"], int) or r["action"] in ("append", "lora_paths"):
+            return "list"
+        return "value"
+
+    @property
+    def default(self) -> Any:
+        return value_from_json(self.row["default"])
+
+
+def _long_name(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+class FlagTable:
+    """The flags of one SGLang version by ServerArgs field, and every option string that sets one."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.version: str = raw["sglang_version"]
+        # ServerArgs.from_cli_args copies a few dests to other fields (<= 0.5.12: tensor_parallel_size -> tp_size)
+        self.field_of_dest: dict[str, str] = dict(raw["field_of_dest"])
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for row in raw["options"]:
+            rows.setdefault(self.field_of_dest.get(row["dest"], row["dest"]), []).append(row)
+        self.fields: dict[str, Flag] = {
+            f: Flag(f, self.version, tuple(sorted(rs, key=lambda r: "action_class" in r)))
+            for f, rs in rows.items()
+        }
+        self.by_option: dict[str, Flag] = {
+            o: flag for flag in self.fields.values() for r in flag.rows for o in r["option_strings"]
+        }
+
+    def lookup(self, name: str) -> Flag | None:
+        """The flag a name means in this version: a field, an option string's name, or None."""
+        name = name.replace("-", "_")
+        if name in self.fields:
+            return self.fields[name]
+        flag = self.by_option.get("--" + name.replace("_", "-"))
+        return None if flag is None or flag.kind == "bool" and name.startswith("no_") else flag
+
+    def resolve_prefix(self, name: str) -> Flag | None:
+        """A unique prefix of an option string, as SGLang's parser reads it (allow_abbrev); FlagError with the
+        parser's own message when ambiguous."""
+        if not self.raw["parser"]["allow_abbrev"]:
+            return None
+        prefix = "--" + name.replace("_", "-")
+        hits = sorted({o for o in self.by_option if o.startswith(prefix)})
+        if len(hits) > 1:
+            raise FlagError(f"ambiguous option: {prefix} could match {', '.join(hits)}")
+        return self.by_option[hits[0]] if hits else None
+
+
+@cache
+def table(version: str) -> FlagTable:
+    return FlagTable(load_table(version))
+
+
+def defaults(version: str) -> dict[str, Any]:
+    """Every flag's default in `version`, by ServerArgs field (a field argparse leaves unset is left out)."""
+    return {
+        f: flag.default for f, flag in table(version).fields.items() if flag.row["default"] != "==SUPPRESS=="
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Names across versions
+
+
+@cache
+def _rename_classes() -> dict[str, frozenset[str]]:
+    """Names that mean one flag across the tables: a row's field and its option strings' names, joined through
+    the option strings versions share (0.5.15 keeps --mamba-scheduler-strategy as an alias of the field
+    mamba_radix_cache_strategy, so the 0.5.12 field of that name is the same flag)."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for v in table_versions():
+        t = table(v)
+        for flag in t.fields.values():
+            for row in flag.rows:
+                for o in row["option_strings"]:
+                    if not (flag.kind == "bool" and o.startswith("--no-")):
+                        parent[find(_long_name(o))] = find(flag.field)
+    classes: dict[str, set[str]] = {}
+    for x in list(parent):
+        classes.setdefault(find(x), set()).add(x)
+    return {x: frozenset(c) for c in classes.values() for x in c}
+
+
+def flag_in(name: str, version: str) -> Flag | None:
+    """The flag `name` sets in SGLang `version`: its field or option string there, else the one field of that
+    version that another version's name for it maps to, else a unique prefix (FlagError when ambiguous)."""
+    t = table(version)
+    name = name.replace("-", "_")
+    flag = t.lookup(name)
+    if flag is not None:
+        return flag
+    same = {f for f in _rename_classes().get(name, ()) if f in t.fields}
+    if len(same) == 1:
+        return t.fields[same.pop()]
+    return t.resolve_prefix(name)
+
+
+def canonical_name(field: str) -> str:
+    """The name the newest table that has this flag gives it: what an experiment stores."""
+    names = _rename_classes().get(field, frozenset({field}))
+    for v in reversed(table_versions()):
+        hits = sorted(n for n in names if n in table(v).fields)
+        if hits:
+            return field if field in hits else hits[0]
+    return field
+
+
+def versions_with(name: str) -> list[str]:
+    """The versions whose tables know `name` (under any of its names)."""
+    names = _rename_classes().get(name.replace("-", "_"), frozenset())
+    return [v for v in table_versions() if any(n in table(v).fields for n in names)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Parsers
+
+
+class _TableAction(argparse.Action):
+    """Replays one of SGLang's own action classes from its table row, without their deprecation warnings."""
+
+    def __init__(self, option_strings, dest, row=None, **kwargs):  # type: ignore[no-untyped-def]
+        self.row = row or {}
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        kind = self.row["action"]
+        extra = self.row.get("extra") or {}
+        if kind == "store_true":
+            setattr(namespace, self.dest, True)
+        elif kind == "store_const":
+            setattr(namespace, self.dest, value_from_json(extra.get("const_value", self.row.get("const"))))
+        elif kind == "store":
+            setattr(namespace, self.dest, values)
+        elif kind == "deprecated":
+            if extra.get("error_message") is not None:
+                parser.error(extra["error_message"])
+        elif kind == "lora_paths":
+            out: list[Any] = []
+            for p in values or []:
+                p = p.strip()
+                out.append(json.loads(p) if p.startswith("{") and p.endswith("}") else p)
+            setattr(namespace, self.dest, out)
+        else:
+            raise NotImplementedError(f"table action {kind!r} for {option_string}")
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser whose errors raise FlagError (argparse's message) instead of printing usage and exiting."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise FlagError(message)
+
+
+def add_table_options(parser: argparse.ArgumentParser, raw: dict[str, Any]) -> None:
+    """Every option of a table, with its dest, type, nargs, choices, default and action."""
+    for row in raw["options"]:
+        kw: dict[str, Any] = {"dest": row["dest"], "required": row["required"]}
+        default = row["default"]
+        kw["default"] = argparse.SUPPRESS if default == "==SUPPRESS==" else value_from_json(default)
+        if row["help"]:
+            kw["help"] = row["help"].replace("%", "%%")
+        kind = row["action"]
+        choices = None if row["choices"] is None else [value_from_json(c) for c in row["choices"]]
+        if "action_class" in row:  # SGLang's own action: replay it
+            kw.update(action=_TableAction, row=row, nargs=row["nargs"], choices=choices)
+            if row["type"] is not None:
+                kw["type"] = type_callable(row)
+            if row["nargs"] == 0:
+                kw.pop("choices")
+            parser.add_argument(*row["option_strings"], **kw)
+        elif kind in ("store_true", "store_false", "count"):
+            parser.add_argument(*row["option_strings"], action=kind, **kw)
+        elif kind in ("store_const", "append_const"):
+            parser.add_argument(
+                *row["option_strings"], action=kind, const=value_from_json(row["const"]), **kw
+            )
+        elif kind == "boolean_optional":
+            long = [s for s in row["option_strings"] if not s.startswith("--no-")]
+            parser.add_argument(*long, action=argparse.BooleanOptionalAction, **kw)
+        elif kind in ("store", "append", "extend"):
+            kw.update(nargs=row["nargs"], choices=choices, type=type_callable(row))
+            if row["const"] is not None:
+                kw["const"] = value_from_json(row["const"])
+            if row["metavar"] is not None:
+                kw["metavar"] = value_from_json(row["metavar"])
+            parser.add_argument(*row["option_strings"], action=kind, **kw)
+        else:
+            raise NotImplementedError(f"action {kind!r} ({row['option_strings']})")
+
+
+def parser_from_table(
+    raw: dict[str, Any], prog: str | None = None, *, raise_errors: bool = False, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """An argparse parser with a table's option strings, dests, types, nargs, choices, defaults and prefix
+    matching; `raise_errors`: errors raise FlagError instead of exiting."""
+    p = raw["parser"]
+    cls = _RaisingParser if raise_errors else argparse.ArgumentParser
+    parser = cls(
+        prog=prog or p["prog"],
+        allow_abbrev=p["allow_abbrev"],
+        prefix_chars=p["prefix_chars"],
+        add_help=bool(p["help_option_strings"]),
+        **kwargs,
+    )
+    add_table_options(parser, raw)
+    return parser
+
+
+def parser(version: str, prog: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
+    """SGLang `version`'s launch-server parser (a new one per call: callers add their own options to it)."""
+    return parser_from_table(load_table(version), prog, **kwargs)
+
+
+@cache
+def _checking_parser(version: str) -> tuple[argparse.ArgumentParser, tuple[str, ...]]:
+    """A raising parser of `version`, and argv words that give its required options (--model-path) a value."""
+    required = [
+        w for r in load_table(version)["options"] if r["required"] for w in (r["option_strings"][0], "x")
+    ]
+    return parser(version, raise_errors=True), tuple(required)
+
+
+def to_fields(ns: argparse.Namespace, version: str) -> argparse.Namespace:
+    """A parsed namespace with SGLang's dests renamed to ServerArgs fields, as ServerArgs.from_cli_args does."""
+    for dest, field in table(version).field_of_dest.items():
+        if hasattr(ns, dest):
+            setattr(ns, field, getattr(ns, dest))
+            delattr(ns, dest)
+    return ns
+
+
+def sample_words(row: dict[str, Any]) -> list[str]:
+    """A valid value for a table row, as the argv words after its option string (the table checks and tests)."""
+    if row["nargs"] == 0:
+        return []
+    if row["choices"]:
+        vals = [str(value_from_json(row["choices"][0]))]
+    else:
+        vals = [
+            {
+                "int": "2",
+                "human_int": "8k",
+                "float": "0.5",
+                "json": '{"a": 1}',
+                "nullable_str": "x",
+                "cuda_graph_backend": "full",
+                "cuda_graph_config": '{"decode": {"max_bs": 8}}',
+            }.get(row["type"] or "str", "x")
+        ]
+        if row["action"] == "lora_paths":
+            vals = ["name=/tmp/adapter", '{"lora_name": "b", "lora_path": "/tmp/b"}']
+    if row["nargs"] in ("+", "*"):
+        vals = (
+            vals * 2
+            if not row["choices"] or len(row["choices"]) < 2
+            else [str(c) for c in row["choices"][:2]]
+        )
+    return vals
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Values: an experiment's value <-> argv words
+
+
+def _word(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, dict | list) else str(v)
+
+
+def flag_words(flag: Flag, value: Any) -> list[str]:
+    """The argv words that set `flag` to `value` (None, and false for a bare switch, leave it out)."""
+    if value is None:
+        return []
+    kind, opt = flag.kind, flag.option
+    if kind == "switch":
+        return [opt] if value is True else []
+    if kind == "bool":
+        return [opt] if value else ["--no-" + opt[2:]]
+    if flag.row["nargs"] == "?" and value is True:
+        return [opt]
+    if kind == "list":
+        items = value if isinstance(value, list) else [value]
+        if flag.row["action"] == "append":
+            return [w for x in items for w in (opt, _word(x))]
+        return [opt, *map(_word, items)]
+    return [opt, _word(value)]
+
+
+_EXPECT = {
+    "int": ("an integer", "integers"),
+    "human_int": ("an integer", "integers"),
+    "float": ("a number", "numbers"),
+    "bool": ("true or false", "booleans"),
+    "json": ("JSON (a mapping, a list or a JSON string)", "JSON values"),
+    "cuda_graph_config": ("a mapping {phase: {key: value}}", "mappings"),
+    "list": ("a list of values", "lists of values"),
 }
-# Aliases and renamed flags -> the current dest name (sglang.md §0-1). The role renders version-specific names.
-FLAG_ALIASES = {
-    "tp": "tp_size",
-    "tensor_parallel_size": "tp_size",
-    "dp": "dp_size",
-    "data_parallel_size": "dp_size",
-    "mamba_scheduler_strategy": "mamba_radix_cache_strategy",
-    "cuda_graph_max_bs": "cuda_graph_max_bs_decode",
-    "speculative_algo": "speculative_algorithm",
-    "speculative_draft_model": "speculative_draft_model_path",
-}
+
+
+def expected(flag: Flag | None, plural: bool = False) -> str:
+    """How a problem message names what a flag takes."""
+    if flag is None:
+        return "values" if plural else "a value"
+    key = "bool" if flag.kind in ("switch", "bool") else "list" if flag.kind == "list" else flag.row["type"]
+    words = _EXPECT.get(key, ("a string", "strings"))
+    return words[1] if plural else words[0]
+
+
+def coerce(flag: Flag, value: Any) -> Any:
+    """An experiment's value for `flag`, typed (128k -> 128000, 3 -> 3.0 for a float); ValueError when the type
+    is wrong, FlagError with SGLang's parser's message when the parser rejects it (a choice, a bad JSON ...)."""
+    if value is None:
+        return None
+    kind, typ = flag.kind, flag.row["type"]
+    if kind in ("switch", "bool") or (flag.row["nargs"] == "?" and isinstance(value, bool)):
+        if not isinstance(value, bool):
+            raise ValueError(value)
+        if kind == "switch" and value and flag.row["action"] == "deprecated":
+            _check_words(flag, flag_words(flag, value))
+        return value
+    if kind == "list":
+        items = value if isinstance(value, list) else [value]
+        out = [_scalar(typ, x, json_ok=flag.row["action"] == "lora_paths") for x in items]
+        _check_words(flag, flag_words(flag, out))
+        return out
+    out = _scalar(typ, value, json_ok=typ in ("json", "cuda_graph_config"))
+    _check_words(flag, flag_words(flag, out))
+    return out
+
+
+def _scalar(typ: str | None, v: Any, json_ok: bool) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(v)
+    if isinstance(v, dict | list):
+        if json_ok:
+            return v
+        raise ValueError(v)
+    if typ == "int":
+        if not isinstance(v, int):
+            raise ValueError(v)
+        return v
+    if typ == "human_int":
+        return human_int(v)
+    if typ == "float":
+        if not isinstance(v, int | float):
+            raise ValueError(v)
+        return float(v)
+    if isinstance(v, str | int | float):
+        return v if json_ok and not isinstance(v, str) else str(v)
+    raise ValueError(v)
+
+
+def _check_words(flag: Flag, words: list[str]) -> None:
+    """Parse `words` with the flag's version's own parser: the value must be what SGLang accepts."""
+    if words:
+        p, required = _checking_parser(flag.version)
+        p.parse_args([*required, *words] if words[0] not in required else words)
+
+
+def render_argv(flags: dict[str, Any], version: str | None) -> list[str]:
+    """The argv words for `flags` (experiment names) under SGLang `version`'s option strings, in name order. A
+    name the version does not know (a forked build's flag), and every flag of a generic server (`version` None),
+    renders as `--name value` (true bare, false/null left out, a list several values, a mapping JSON)."""
+    out: list[str] = []
+    for name in sorted(flags):
+        value = flags[name]
+        flag = None if version is None else flag_in(name, version)
+        if flag is not None:
+            out += flag_words(flag, value)
+            continue
+        opt = "--" + name.replace("_", "-")
+        if value is True:
+            out.append(opt)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            out += [opt, *map(_word, value)]
+        else:
+            out += [opt, _word(value)]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# An experiment's flags
+
+
 # Set by servesweep itself from other parts of the experiment; an experiment must not set them as flags.
 RESERVED_FLAGS = {
     "model_path": "model.path",
@@ -116,114 +618,116 @@ RESERVED_FLAGS = {
 }
 
 
+def did_you_mean(name: str, options) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _experiment_flag(raw_key: str, version: str) -> tuple[str, Flag | None, str | None]:
+    """(the name to store, the flag of `version` or None for a forked build's flag, a problem or None)."""
+    key = raw_key.replace("-", "_")
+    try:
+        flag = flag_in(key, version)
+    except FlagError as e:
+        return key, None, f"{e} (SGLang {version})"
+    if flag is not None:
+        name = canonical_name(flag.field)
+        if name in RESERVED_FLAGS:
+            return name, None, f"set by servesweep from {RESERVED_FLAGS[name]}; do not give it as a flag"
+        return name, flag, None
+    if key in RESERVED_FLAGS:
+        return key, None, f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag"
+    elsewhere = versions_with(key)
+    if elsewhere:
+        span = elsewhere[0] if len(elsewhere) == 1 else f"{elsewhere[0]} to {elsewhere[-1]}"
+        return key, None, f"SGLang {version} has no flag '{raw_key}' (SGLang {span} has)"
+    hint = did_you_mean(key, table(version).fields)
+    if hint:
+        return key, None, f"unknown SGLang flag '{raw_key}'{hint}"
+    return key, None, None  # a forked build's own flag: passed through untyped
+
+
+def _value_problem(flag: Flag | None, v: Any, plural: bool) -> tuple[Any, str | None]:
+    """(the typed value, or a problem)."""
+    if flag is None:
+        ok = v is None or isinstance(v, str | int | float | bool | list | dict)
+        return v, None if ok else f"expected {expected(None, plural)}, got {v!r}"
+    try:
+        return coerce(flag, v), None
+    except FlagError as e:
+        return v, f"{e} (SGLang {flag.version}: {flag.option})"
+    except (ValueError, TypeError):
+        return v, f"expected {'a list of ' if plural else ''}{expected(flag, plural)}, got {v!r}"
+
+
+def _fix_flags(d: Any, loc: tuple, is_axis: bool, version: str | None, problems: list) -> Any:
+    if not isinstance(d, dict):
+        return d
+    out: dict[str, Any] = {}
+    for raw_key, val in d.items():
+        kloc = loc + (raw_key,)
+        if version is None:  # a generic server's flags are its own: no SGLang names or types
+            key, flag, problem = raw_key.replace("-", "_"), None, None
+            if key in RESERVED_FLAGS:
+                problem = f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag"
+        else:
+            key, flag, problem = _experiment_flag(str(raw_key), version)
+        if problem is None and key in out:
+            problem = f"'{raw_key}' is the same flag as '{key}', given twice"
+        if problem is not None:
+            problems.append((kloc, problem))
+            continue
+        if not is_axis:
+            out[key], problem = _value_problem(flag, val, False)
+        elif not isinstance(val, list):
+            problem = f"expected a list of {expected(flag, True)}, got {val!r}"
+        elif not val:
+            problem = "an axis needs at least one value"
+        else:
+            vals = [_value_problem(flag, v, True) for v in val]
+            problem = next((p for _, p in vals if p), None)
+            out[key] = [v for v, _ in vals]
+        if problem is not None:
+            out.pop(key, None)
+            problems.append((kloc, problem))
+    return out
+
+
 def normalise_flags(plain: dict, problems: list) -> dict:
-    """Map flag aliases to dest names and check flag values by type, wherever flags appear."""
+    """An experiment's flags (server.base, server.axes, bundles' flags) under the names the newest table gives
+    them, typed by the table of its `sglang_version`; problems as (location, message)."""
     server = plain.get("server")
     if not isinstance(server, dict):
         return plain
     launcher = plain.get("launcher")
-    # a generic server's flags are its own: no SGLang renames, types or did-you-mean against SGLang's names
     generic = isinstance(launcher, dict) and launcher.get("command") is not None
-
-    def fix_flags(d: Any, loc: tuple, is_axis: bool) -> Any:
-        if not isinstance(d, dict):
-            return d
-        out = {}
-        for raw_key, val in d.items():
-            key = raw_key.replace("-", "_")
-            if not generic:
-                key = FLAG_ALIASES.get(key, key)
-            kloc = loc + (raw_key,)
-            if key in RESERVED_FLAGS:
-                problems.append(
-                    (kloc, f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag")
-                )
-                continue
-            if key in out:
-                problems.append((kloc, f"'{raw_key}' is the same flag as '{key}', given twice"))
-                continue
-            if key not in SGLANG_FLAGS and not generic:
-                hint = did_you_mean(key, SGLANG_FLAGS)
-                if hint:
-                    problems.append((kloc, f"unknown SGLang flag '{raw_key}'{hint}"))
-                    continue
-            typ = None if generic else SGLANG_FLAGS.get(key)
-            if is_axis:
-                if not isinstance(val, list):
-                    problems.append((kloc, f"expected a list of {_plural(typ)}, got {val!r}"))
-                    continue
-                vals = []
-                for v in val:
-                    ok, cv = _coerce(v, typ)
-                    if not ok:
-                        problems.append((kloc, f"expected a list of {_plural(typ)}, got {v!r}"))
-                        break
-                    vals.append(cv)
-                else:
-                    if not vals:
-                        problems.append((kloc, "an axis needs at least one value"))
-                    out[key] = vals
-            else:
-                ok, cv = _coerce(val, typ)
-                if not ok:
-                    problems.append((kloc, f"expected {_singular(typ)}, got {val!r}"))
-                    continue
-                out[key] = cv
-        return out
-
+    version = None if generic else plain.get("sglang_version")
+    if not generic:
+        try:
+            version_key(str(version))
+        except ValueError:
+            return plain  # the schema reports a missing or malformed sglang_version
+        version = str(version)
+        try:
+            table(version)
+        except FlagError as e:
+            problems.append((("sglang_version",), str(e)))
+            return plain
     server = dict(server)
     if "base" in server:
-        server["base"] = fix_flags(server["base"], ("server", "base"), False)
+        server["base"] = _fix_flags(server["base"], ("server", "base"), False, version, problems)
     if "axes" in server:
-        server["axes"] = fix_flags(server["axes"], ("server", "axes"), True)
+        server["axes"] = _fix_flags(server["axes"], ("server", "axes"), True, version, problems)
     if isinstance(server.get("bundles"), list):
         bundles = []
         for i, b in enumerate(server["bundles"]):
             if isinstance(b, dict) and "flags" in b:
-                b = dict(b)
-                b["flags"] = fix_flags(b["flags"], ("server", "bundles", i, "flags"), False)
+                b = {
+                    **b,
+                    "flags": _fix_flags(
+                        b["flags"], ("server", "bundles", i, "flags"), False, version, problems
+                    ),
+                }
             bundles.append(b)
         server["bundles"] = bundles
     return {**plain, "server": server}
-
-
-def _plural(typ: str | None) -> str:
-    return {INT: "integers", HINT: "integers", FLOAT: "numbers", STR: "strings", BOOL: "booleans"}.get(
-        typ, "values"
-    )
-
-
-def _singular(typ: str | None) -> str:
-    return {
-        INT: "an integer",
-        HINT: "an integer",
-        FLOAT: "a number",
-        STR: "a string",
-        BOOL: "true or false",
-    }.get(typ, "a value")
-
-
-def _coerce(v: Any, typ: str | None) -> tuple[bool, Any]:
-    if typ is None:
-        ok = v is None or isinstance(v, str | int | float | bool | list | dict)
-        return ok, v
-    if v is None:
-        return True, None  # None = leave the flag unset (SGLang's default)
-    try:
-        if typ == INT:
-            if isinstance(v, bool) or not isinstance(v, int):
-                return False, v
-            return True, v
-        if typ == HINT:
-            return True, human_int(v)
-        if typ == FLOAT:
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                return False, v
-            return True, float(v)
-        if typ == BOOL:
-            return isinstance(v, bool), v
-        if typ == STR:
-            return isinstance(v, str | int | float) and not isinstance(v, bool), str(v)
-    except ValueError:
-        return False, v
-    return False, v
