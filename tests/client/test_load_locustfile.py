@@ -29,7 +29,7 @@ def sim(tmp_path_factory):
 
 def locust(sim, tmp_path, *extra):
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", sim.base_url, "--headless"]
-    cmd += ["-u", "2", "-r", "2", "--max-requests", "4", "--prompt-tokens", "500", "--output-tokens", "8"]
+    cmd += ["-u", "2", "-r", "2", "--requests", "4", "--prompt-tokens", "500", "--output-tokens", "8"]
     cmd += [
         "--records",
         str(tmp_path / "r.parquet"),

@@ -22,7 +22,7 @@ from locust import events
 
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
-from servesweep.config.point import LoadPoint
+from servesweep.config.point import Knob, LoadPoint, knob_values, knobs
 from servesweep.results.records import write_parquet
 
 __all__ = ["LLMUser"]
@@ -65,84 +65,66 @@ _NO_STOP_TIMEOUT = _NoStopTimeout(0.0)
 
 @events.init_command_line_parser.add_listener
 def _args(parser) -> None:
-    # Locust's own add_argument: include_in_web_ui puts an option in the start form (an argparse group's would not).
-    def opt(*a, ui=True, **kw):
-        parser.add_argument(*a, include_in_web_ui=ui, **kw)
-
     # The web UI starts load against a GPU server: bind it to loopback unless told otherwise (--web-host).
     # No -s given: a headless run picks the point's stop timeout itself (_init), instead of dropping every stream
     # still running at -t.
     parser.set_defaults(web_host="127.0.0.1", stop_timeout=_NO_STOP_TIMEOUT)
+    # The start form lists its parameters in the order they are added: the ramp (with the web UI) and the load
+    # shape first, then each group of the knobs' table (config.point.GROUPS).
+    if "servesweep.client.webui" in sys.modules:
+        from servesweep.client.shapes import add_ramp_arguments
 
-    opt("--point-json", default=None, ui=False, help="a LoadPoint JSON file (overrides the options below)")
-    opt("--model", default="", help="model name; empty: the first of GET /v1/models")
+        add_ramp_arguments(parser)
+    for k in knobs("form"):
+        add_knob_argument(parser, k)
+    _run_arguments(parser)
+
+
+def add_knob_argument(parser, k: Knob) -> None:
+    """One knob of the table as a Locust option shown in the start form, its group and CLI name in the help. Unset
+    optional values are empty text (the form keeps an option's type, and None has none); Knob.value reads them."""
+    kw: dict = {
+        "default": k.option_default("form"),
+        "help": f"[{k.group}] {k.help} ({k.cli})".replace("%", "%%"),
+    }
+    if k.kind == "flag":
+        kw["action"] = "store_true"
+    elif k.kind == "switch":
+        kw["choices"] = ["", "on", "off"]
+    elif k.kind == "choice":
+        kw["choices"] = list(k.choices)
+    elif not k.optional and k.kind != "text":
+        kw["type"] = int if k.kind == "int" else float
+    parser.add_argument(k.cli, include_in_web_ui=True, **kw)
+
+
+def _run_arguments(parser) -> None:
+    """The options of a Locust run that are not one point's knobs (servesweep passes most; --slo is in the form)."""
+
+    def opt(*a, ui=False, **kw):
+        parser.add_argument(*a, include_in_web_ui=ui, **kw)
+
+    opt("--point-json", default=None, help="a LoadPoint JSON file (overrides the point's options)")
     opt(
-        "--endpoint",
-        default="chat",
-        choices=["chat", "completions", "generate"],
-        help="/v1/chat/completions, /v1/completions or SGLang's native /generate",
+        "--slo",
+        default="",
+        ui=True,
+        help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 1",
     )
-    opt("--prompt-tokens", type=int, default=2000, help="prompt length as the server counts it")
-    opt("--output-tokens", type=int, default=128, help="output length (max_tokens; fixed with ignore_eos)")
-    opt("--no-ignore-eos", action="store_true", default=False, help="leave ignore_eos out (servers that 422)")
-    opt("--no-cache-bust", action="store_true", default=False, help="send repeated prompt prefixes")
-    opt("--seed", type=int, default=0, help="prompt pool seed")
-    opt("--tokenizer", default="", help="tokenizer for sizing prompts; empty: the built-in Qwen3.6")
-    opt("--max-requests", type=int, default=0, help="stop after this many measured requests (0: no)")
-    opt(
-        "--arrival",
-        default="closed",
-        choices=["closed", "constant", "poisson"],
-        help="closed loop, or open-loop arrivals at --rate (users: the cap of streams in flight)",
-    )
-    opt("--rate", type=float, default=0.0, help="open loop: requests per second over all workers")
-    opt("--warmup", type=float, default=0.0, help="seconds from the start whose requests are warmup")
-    opt("--api-key-env", default="", help="NAME of the env var with the API key (never the key)")
-    opt("--first-token-timeout", type=float, default=900.0, help="seconds to the first token")
-    opt("--stall-timeout", type=float, default=120.0, help="longest gap between chunks, seconds")
-    opt("--total-timeout", type=float, default=3600.0, help="longest request, seconds")
-    opt("--records", default="", ui=False, help="write per-request records (Parquet) here at the end")
-    opt("--progress-file", default="", ui=False, help="rewrite {issued, completed, failed} here every second")
+    opt("--records", default="", help="write per-request records (Parquet) here at the end")
+    opt("--progress-file", default="", help="rewrite {issued, completed, failed} here every second")
     opt(
         "--split-workers",
         type=int,
         default=0,
-        ui=False,
         help="worker processes the point's request budget and arrival rate are split over (0: one)",
-    )
-    opt(
-        "--slo", default="", help="SLOs checked at the end, e.g. 'ttft_p99<=2s,itl_p99<=50ms'; breach: exit 1"
     )
     opt(
         "--max-failure-rate",
         type=_failure_rate,
         default=None,
-        ui=False,
         help="headless: exit 3 when more than this share of the measured requests failed (0.05 or 5%%); "
         "given, it replaces Locust's exit-code-on-error rule. Always: exit 3 when no request succeeded",
-    )
-    # Workloads (docs/workloads.md)
-    opt(
-        "--workload",
-        default="synthetic",
-        choices=["synthetic", "shared_prefix", "dataset", "agent"],
-        help="what the requests are made of",
-    )
-    opt(
-        "--output-dist", default="", help="output lengths drawn per prompt, e.g. lognormal:mean=512,sigma=0.5"
-    )
-    opt("--shared-prefix-tokens", type=int, default=0, help="shared_prefix/agent: tokens a group shares")
-    opt("--num-groups", type=int, default=1, help="shared_prefix: number of groups")
-    opt("--dataset", default="", help="dataset: a ShareGPT JSON or JSONL file")
-    opt("--thinking", default="", choices=["", "on", "off"], help="reasoning models: enable_thinking on/off")
-    opt("--session-turns", type=int, default=4, help="agent: turns per session")
-    opt("--tool-result-tokens", type=int, default=500, help="agent: tool-result tokens appended per turn")
-    opt("--think-time", type=float, default=0.0, help="agent: seconds between an answer and the next turn")
-    opt(
-        "--context-cap",
-        type=int,
-        default=100_000,
-        help="agent: a session ends before its context passes this",
     )
     # The web UI module registers --metrics-port (and installs the exporter) itself.
     if "servesweep.client.webui" not in sys.modules:
@@ -150,9 +132,20 @@ def _args(parser) -> None:
             "--metrics-port",
             type=int,
             default=0,
-            ui=False,
             help="serve the client Prometheus metrics on this port of 127.0.0.1 (0: none)",
         )
+
+
+# The Locust options that are not knobs of the table (tests/config/test_point_options.py holds the form to it).
+RUN_OPTIONS = (
+    "point_json",
+    "slo",
+    "records",
+    "progress_file",
+    "split_workers",
+    "max_failure_rate",
+    "metrics_port",
+)
 
 
 def _failure_rate(text: str) -> float:
@@ -172,40 +165,17 @@ def _point_from_options(opts, host: str | None) -> LoadPoint | None:
         if getattr(opts, "worker", False):
             return None
         raise SystemExit("servesweep: give the server with --host http://HOST:PORT")
-    workload = opts.workload
+    fields = knob_values(vars(opts), "form")
+    if fields["workload"] not in ("shared_prefix", "agent"):
+        fields["shared_prefix_tokens"] = 0  # a value left in the form from another workload
+    w, p, o, ep = fields["workload"], fields["prompt_tokens"], fields["output_tokens"], fields["endpoint"]
     return LoadPoint(
         base_url=host,
-        model=opts.model or None,
-        endpoint=opts.endpoint,
         concurrency=max(1, int(getattr(opts, "num_users", None) or 1)),
-        prompt_tokens=opts.prompt_tokens,
-        output_tokens=opts.output_tokens,
-        requests=opts.max_requests or None,
-        arrival=opts.arrival,
-        rate_rps=opts.rate or None,
-        duration_s=_FOREVER
-        if not opts.max_requests
-        else None,  # by hand: Locust's -t or the UI decide the end
-        warmup_s=opts.warmup,
-        tokenizer=opts.tokenizer or None,
-        cache_bust=not opts.no_cache_bust,
-        seed=opts.seed,
-        api_key_env=opts.api_key_env or None,
-        first_token_s=opts.first_token_timeout,
-        stall_s=opts.stall_timeout,
-        total_s=opts.total_timeout,
-        ignore_eos=not opts.no_ignore_eos,
-        workload=workload,
-        output_dist=opts.output_dist or None,
-        shared_prefix_tokens=opts.shared_prefix_tokens if workload in ("shared_prefix", "agent") else 0,
-        num_groups=opts.num_groups,
-        dataset=opts.dataset or None,
-        thinking={"on": True, "off": False}.get(opts.thinking),
-        session_turns=opts.session_turns,
-        tool_result_tokens=opts.tool_result_tokens,
-        think_time_s=opts.think_time,
-        context_cap_tokens=opts.context_cap,
-        point_id=f"locust-{workload}-p{opts.prompt_tokens}-o{opts.output_tokens}-{opts.endpoint}",
+        # by hand, Locust's -t or the UI decide the end of a point without a request budget
+        duration_s=_FOREVER if fields["requests"] is None else None,
+        point_id=f"locust-{w}-p{p}-o{o}-{ep}",
+        **fields,
     )
 
 
@@ -292,22 +262,7 @@ def _init(environment, **_kw) -> None:
         log.error("servesweep: cannot start the point: %s", e)
         raise SystemExit(f"servesweep: {e}") from None
     if ctx is not None:
-        LLMUser.host = ctx.point.base_url
-        LLMUser.connection_timeout = ctx.point.connect_s
-        LLMUser.network_timeout = ctx.point.first_token_s
-        if getattr(opts, "csv_prefix", None):
-            ctx.quit_delay_s = 1.2  # Locust rewrites its CSV once a second and not at exit
-        environment.servesweep = ctx
-        # Everything built so far (Locust, the tokenizer, the bodies) lives for the whole run: keep it out of the
-        # collector's generations so a full collection during the run does not walk it (a pause is a late stamp).
-        gc.freeze()
-        log.info(
-            "servesweep: point %s, model %s, %d prompt bodies, nonce %d digits",
-            ctx.point.id,
-            ctx.point.model,
-            len(ctx.bodies),
-            ctx.nonce_digits,
-        )
+        _use_context(environment, ctx)
     elif isinstance(runner, MasterRunner):
         from servesweep.results.records import RecordBuffer
 
@@ -332,40 +287,70 @@ def _init(environment, **_kw) -> None:
         metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))
         install_locust(environment, metrics, serve=("127.0.0.1", port))
         environment.servesweep_metrics = metrics
-
     if isinstance(runner, WorkerRunner):
-        runner.register_message(END_MSG, _on_end, concurrent=True)
-        runner.register_message(ABORT_MSG, _on_abort, concurrent=True)
-
-        @events.report_to_master.add_listener
-        def _ship(client_id, data, **_k) -> None:
-            ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
-            if ctx is not None and len(ctx.buffer):
-                data[RECORDS_REPORT_KEY] = ctx.buffer.take()
-            if isinstance(ctx, LoadContext):
-                data[CLIENT_REPORT_KEY] = _client_status(
-                    ctx, shipped=len(data.get(RECORDS_REPORT_KEY, {}).get("request_id", ()))
-                )
-
+        _worker_hooks(environment, runner)
     if isinstance(runner, MasterRunner):
+        _master_hooks(environment, runner)
 
-        @events.worker_report.add_listener
-        def _collect(client_id, data, **_k) -> None:
-            cols = data.get(RECORDS_REPORT_KEY)
-            if cols:
-                environment.servesweep.buffer.extend_columns(cols)
-            st = data.get(CLIENT_REPORT_KEY)
-            if st:
-                environment.servesweep.clients.update(client_id, st)
 
-        def _drained(environment, msg, **_k) -> None:
-            environment.servesweep.drained.add(msg.node_id)
+def _use_context(environment, ctx: LoadContext) -> None:
+    """The users of this process run with `ctx` (its point's host and timeouts)."""
+    opts = environment.parsed_options
+    LLMUser.host = ctx.point.base_url
+    LLMUser.connection_timeout = ctx.point.connect_s
+    LLMUser.network_timeout = ctx.point.first_token_s
+    if getattr(opts, "csv_prefix", None):
+        ctx.quit_delay_s = 1.2  # Locust rewrites its CSV once a second and not at exit
+    environment.servesweep = ctx
+    # Everything built so far (Locust, the tokenizer, the bodies) lives for the whole run: keep it out of the
+    # collector's generations so a full collection during the run does not walk it (a pause is a late stamp).
+    gc.freeze()
+    log.info(
+        "servesweep: point %s, model %s, %d prompt bodies, nonce %d digits",
+        ctx.point.id,
+        ctx.point.model,
+        len(ctx.bodies),
+        ctx.nonce_digits,
+    )
 
-        runner.register_message(DRAINED_MSG, _drained)
 
-        import gevent
+def _worker_hooks(environment, runner) -> None:
+    """A worker: the master's end and abort messages; its records and client status ride on each report."""
+    runner.register_message(END_MSG, _on_end, concurrent=True)
+    runner.register_message(ABORT_MSG, _on_abort, concurrent=True)
 
-        gevent.spawn(_watch_workers, environment)
+    @events.report_to_master.add_listener
+    def _ship(client_id, data, **_k) -> None:
+        ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
+        if ctx is not None and len(ctx.buffer):
+            data[RECORDS_REPORT_KEY] = ctx.buffer.take()
+        if isinstance(ctx, LoadContext):
+            data[CLIENT_REPORT_KEY] = _client_status(
+                ctx, shipped=len(data.get(RECORDS_REPORT_KEY, {}).get("request_id", ()))
+            )
+
+
+def _master_hooks(environment, runner) -> None:
+    """The master: the workers' records and client status from their reports, their drained messages, and the
+    watch that ends a point when no worker is left."""
+
+    @events.worker_report.add_listener
+    def _collect(client_id, data, **_k) -> None:
+        cols = data.get(RECORDS_REPORT_KEY)
+        if cols:
+            environment.servesweep.buffer.extend_columns(cols)
+        st = data.get(CLIENT_REPORT_KEY)
+        if st:
+            environment.servesweep.clients.update(client_id, st)
+
+    def _drained(environment, msg, **_k) -> None:
+        environment.servesweep.drained.add(msg.node_id)
+
+    runner.register_message(DRAINED_MSG, _drained)
+
+    import gevent
+
+    gevent.spawn(_watch_workers, environment)
 
 
 def _settle_stop_timeout(environment, point: LoadPoint | None) -> None:

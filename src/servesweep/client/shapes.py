@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from locust import LoadTestShape, events
+from locust import LoadTestShape
 
 log = logging.getLogger("servesweep")
 
@@ -35,63 +35,37 @@ def step_columns() -> list[str]:
     return ["step", *(c.header for c in results_table([]).columns), "start_utc", "duration_s"]
 
 
-def ui_argument(
-    group, *args, include_in_web_ui=True, is_secret=False, is_required=False, is_multiple=False, **kw
-):
-    """group.add_argument with Locust's web-UI flags (what LocustArgumentParser.add_argument sets)."""
-    action = group.add_argument(*args, **kw)
-    show_in_form(action, include_in_web_ui, is_secret, is_required, is_multiple)
-    return action
+def add_ramp_arguments(parser) -> None:
+    """The step ramp's options, in the load shape group of the start form; the locustfile adds them first, with
+    the web UI (its parameters show in the order they are added)."""
 
+    def opt(*a, ui=True, help: str, **kw):
+        parser.add_argument(*a, include_in_web_ui=ui, help=f"[load shape] {help} ({a[0]})", **kw)
 
-def show_in_form(action, include=True, secret=False, required=False, multiple=False) -> None:
-    action.include_in_web_ui = include
-    action.is_secret = secret
-    action.is_required = required
-    action.is_multiple = multiple
-
-
-@events.init_command_line_parser.add_listener
-def _args(parser) -> None:
-    g = parser.add_argument_group("servesweep shapes", "concurrency steps (servesweep)")
-    ui_argument(
-        g,
+    opt(
         "--load-shape",
         default="manual",
         choices=list(SHAPES),
-        include_in_web_ui=True,
         help="manual: the user count of the form (change it while running); step-ramp: --ramp-steps",
     )
-    ui_argument(
-        g,
+    opt(
         "--ramp-steps",
         default=DEFAULT_STEPS,
-        include_in_web_ui=True,
-        help="step-ramp: user counts, comma-separated, each held --ramp-hold seconds",
+        help="step-ramp: user counts, comma-separated, each held --ramp-hold s",
     )
-    ui_argument(
-        g,
+    opt(
         "--ramp-hold",
         type=float,
         default=60.0,
-        include_in_web_ui=True,
         help="step-ramp: seconds each step is held once all its users run",
     )
-    ui_argument(
-        g,
+    opt(
         "--ramp-spawn-rate",
         type=float,
         default=0.0,
-        include_in_web_ui=True,
         help="step-ramp: users started per second between steps (0: each step's users within a second)",
     )
-    ui_argument(
-        g,
-        "--steps-csv",
-        default="",
-        include_in_web_ui=False,
-        help="write the per-step summary CSV here when the test stops",
-    )
+    opt("--steps-csv", default="", ui=False, help="write the per-step summary CSV here when the test stops")
 
 
 def parse_steps(text: str, where: str = "--ramp-steps") -> list[int]:

@@ -11,8 +11,8 @@ Importing this module (locustfiles/llm.py does) registers it on Locust's `init` 
   in `/stats/requests`; after a stop, reload the page for the final numbers); `/servesweep/steps.csv` (the
   per-step table, linked from "Download Data"); `/servesweep/live.json` (the same numbers as JSON); and
   `/metrics` (servesweep.observe.exporter) so Prometheus/Grafana see the same run.
-- the start form carries the load core's LLM options (model, endpoint, prompt/output tokens, cache busting, SLOs,
-  timeouts) and the ramp's; a run started with other LLM options than the process was built for gets its prompt
+- the start form carries the ramp's options and every knob of a load point (config.point.knobs: load shape,
+  prompt & output, workload, timeouts, advanced, in that order) and --slo; a run started with other LLM options than the process was built for gets its prompt
   bodies built again at test start (on each worker).
 
 Where a finished request's record comes from: the request event's `context[RECORD_CONTEXT_KEY]` when the user puts
@@ -34,7 +34,6 @@ from servesweep.client import shapes
 from servesweep.client.live import LATENCIES, Headroom, LiveStats
 from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
-from servesweep.client.shapes import show_in_form, ui_argument
 
 log = logging.getLogger("servesweep")
 
@@ -60,39 +59,17 @@ CLIENTS_TABLE = [
     {"key": "age", "title": "sampled s ago"},
 ]
 
-# The load core's options (servesweep.client.locustfile) that the start form shows; it registers them on an argument
-# group, whose add_argument is argparse's and so leaves them out of Locust's form.
-FORM_OPTIONS = (
-    "model",
-    "endpoint",
-    "prompt_tokens",
-    "output_tokens",
-    "no_cache_bust",
-    "seed",
-    "warmup",
-    "slo",
-    "first_token_timeout",
-    "stall_timeout",
-    "total_timeout",
-    "api_key_env",
-    "tokenizer",
-)
-
 
 @events.init_command_line_parser.add_listener
 def _args(parser) -> None:
-    g = parser.add_argument_group("servesweep web UI", "live LLM view and metrics (servesweep)")
-    ui_argument(
-        g,
+    # the point's knobs and the ramp are in the start form already (the locustfile adds them, the ramp first)
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=0,
         include_in_web_ui=False,
         help="also serve the client Prometheus metrics on this port of 127.0.0.1 (0: only /metrics of the UI)",
     )
-    for action in parser._actions:  # registered by servesweep.client.locustfile before us (it is imported first)
-        if action.dest in FORM_OPTIONS and not getattr(action, "include_in_web_ui", False):
-            show_in_form(action)
 
 
 class LiveState:
@@ -397,28 +374,13 @@ def _form_options(form, opts):
 
 
 def _install_web_ui(environment, state: LiveState) -> None:
-    from flask import Response, jsonify, request
+    """The LLM tabs, the start form's check of the shape and the LLM options, and servesweep's two routes."""
+    from flask import jsonify, request
 
     from servesweep.config.slo import parse_slos
 
-    web_ui = environment.web_ui
-    web_ui.template_args["extended_tabs"] = [
-        {"title": "LLM", "key": "llm"},
-        {"title": "LLM clients", "key": "llm_clients"},
-        {"title": "LLM steps", "key": "llm_steps"},
-    ]
-    web_ui.template_args["extended_tables"] = [
-        {"key": "llm", "structure": LLM_TABLE},
-        {"key": "llm_clients", "structure": CLIENTS_TABLE},
-        {
-            "key": "llm_steps",
-            "structure": [{"key": f"c{i}", "title": c} for i, c in enumerate(shapes.step_columns())],
-        },
-    ]
-    web_ui.template_args["extended_csv_files"] = [
-        {"href": "." + STEPS_CSV_PATH, "title": "Download LLM per-step summary CSV"},
-    ]
-    app = web_ui.app
+    _add_tabs(environment.web_ui)
+    app = environment.web_ui.app
 
     @app.before_request
     def _swarm_shape():
@@ -457,6 +419,34 @@ def _install_web_ui(environment, state: LiveState) -> None:
                 log.exception("servesweep: live LLM stats failed")
         return response
 
+    _add_routes(environment, state)
+
+
+def _add_tabs(web_ui) -> None:
+    web_ui.template_args["extended_tabs"] = [
+        {"title": "LLM", "key": "llm"},
+        {"title": "LLM clients", "key": "llm_clients"},
+        {"title": "LLM steps", "key": "llm_steps"},
+    ]
+    web_ui.template_args["extended_tables"] = [
+        {"key": "llm", "structure": LLM_TABLE},
+        {"key": "llm_clients", "structure": CLIENTS_TABLE},
+        {
+            "key": "llm_steps",
+            "structure": [{"key": f"c{i}", "title": c} for i, c in enumerate(shapes.step_columns())],
+        },
+    ]
+    web_ui.template_args["extended_csv_files"] = [
+        {"href": "." + STEPS_CSV_PATH, "title": "Download LLM per-step summary CSV"},
+    ]
+
+
+def _add_routes(environment, state: LiveState) -> None:
+    """/servesweep/steps.csv and /servesweep/live.json, under --web-base-path like Locust's own routes."""
+    from flask import Response, jsonify
+
+    web_ui = environment.web_ui
+
     @web_ui.auth_required_if_enabled
     def steps_csv():
         body = shapes.steps_csv(state.step_summaries())
@@ -483,8 +473,8 @@ def _install_web_ui(environment, state: LiveState) -> None:
 
     # Locust's own routes sit under --web-base-path (a Blueprint); ones added to the app do not, so add it here.
     base = (getattr(environment.parsed_options, "web_base_path", "") or "").rstrip("/")
-    app.add_url_rule(base + STEPS_CSV_PATH, "servesweep_steps_csv", steps_csv)
-    app.add_url_rule(base + LIVE_JSON_PATH, "servesweep_live_json", live_json)
+    web_ui.app.add_url_rule(base + STEPS_CSV_PATH, "servesweep_steps_csv", steps_csv)
+    web_ui.app.add_url_rule(base + LIVE_JSON_PATH, "servesweep_live_json", live_json)
 
 
 def _install_exporter(environment, opts) -> None:

@@ -26,6 +26,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
+from servesweep.config.point import check_arrival, parse_seconds
 from servesweep.sglang.flags import (
     did_you_mean,
     human_int,
@@ -41,7 +42,6 @@ SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info",
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
 class ExperimentError(ValueError):
@@ -54,15 +54,7 @@ class ExperimentError(ValueError):
 
 def duration_s(v: Any) -> float:
     """'2h' -> 7200, '90m' -> 5400, '30s' / 30 -> 30."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str):
-        m = _DURATION.match(v)
-        if m:
-            return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+    return parse_seconds(v)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -273,19 +265,20 @@ BUILTIN_WORKLOADS = ("single", "chat")  # single-shot synthetic prompts, no sett
 
 
 class WorkloadSpec(_Strict):
-    """One named workload of `load.workloads` (docs/workloads.md): the LoadPoint workload fields. Unset fields keep
-    LoadPoint's defaults; `workload` may be left out when the name is a kind (agent, shared_prefix, dataset)."""
+    """One named workload of `load.workloads` (docs/workloads.md): LoadPoint's workload knobs, by the same names and
+    defaults (a test holds them so); `workload` may be left out when the name is a kind (agent, shared_prefix,
+    dataset)."""
 
     workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] | None = None
-    shared_prefix_tokens: int | None = Field(None, ge=0)
-    num_groups: int | None = Field(None, ge=1)
+    shared_prefix_tokens: int = Field(0, ge=0)
+    num_groups: int = Field(1, ge=1)
     dataset: str | None = None
     dataset_min_tokens: int | None = Field(None, ge=0)
     dataset_max_tokens: int | None = Field(None, ge=0)
-    session_turns: int | None = Field(None, ge=1)
-    tool_result_tokens: int | None = Field(None, ge=0)
-    think_time_s: float | None = Field(None, ge=0)
-    context_cap_tokens: int | None = Field(None, ge=1)
+    session_turns: int = Field(4, ge=1)
+    tool_result_tokens: int = Field(500, ge=0)
+    think_time_s: float = Field(0.0, ge=0)
+    context_cap_tokens: int = Field(100_000, ge=1)
     output_dist: str | None = None
     thinking: bool | None = None
 
@@ -297,7 +290,7 @@ class WorkloadSpec(_Strict):
     @field_validator("think_time_s", mode="before")
     @classmethod
     def _dur(cls, v):
-        return None if v is None else duration_s(v)
+        return duration_s(v)
 
 
 class WorkerHosts(_Strict):
@@ -311,7 +304,25 @@ class WorkerHosts(_Strict):
     master_port: int = Field(5557, gt=0, le=65535)
 
 
+# load:'s scalars that every point of the matrix takes as they are (LoadPoint fields of the same name and default)
+POINT_SCALARS = (
+    "arrival",
+    "duration_s",
+    "warmup_s",
+    "seed",
+    "cache_bust",
+    "connect_s",
+    "first_token_s",
+    "stall_s",
+    "total_s",
+)
+
+
 class Load(_Strict):
+    """The experiment's load: section. Its keys are LoadPoint's knobs (config/point.py), by the same names and
+    defaults; the axes are lists of the knob's values (`rate` for rate_rps), the workload knobs live in
+    load.workloads, and the rest are run settings (workers, worker_hosts, max_failure_rate). A test holds it so."""
+
     concurrency: list[int] = Field(min_length=1)
     arrival: Literal["closed", "constant", "poisson"] = Field(
         "closed",
@@ -319,8 +330,8 @@ class Load(_Strict):
     )
     rate: list[float] | None = Field(None, min_length=1, description="open loop: requests/s, an axis")
     worker_hosts: WorkerHosts | None = None
-    prompt_tokens: list[int] = Field(min_length=1)
-    output_tokens: list[int] = Field(min_length=1)
+    prompt_tokens: list[int] = Field(default_factory=lambda: [2000], min_length=1)
+    output_tokens: list[int] = Field(default_factory=lambda: [256], min_length=1)
     endpoint: list[Literal["chat", "completions", "generate"]] = Field(
         default_factory=lambda: ["chat"], min_length=1
     )
@@ -340,7 +351,10 @@ class Load(_Strict):
     warmup_s: float = Field(0.0, ge=0)
     seed: int = 0
     cache_bust: bool = True
-    first_token_timeout_s: float = Field(900.0, gt=0)
+    connect_s: float = Field(10.0, gt=0, description="TCP (and TLS) connect timeout")
+    first_token_s: float = Field(900.0, gt=0, description="first-token timeout")
+    stall_s: float = Field(120.0, gt=0, description="longest gap between chunks after the first token")
+    total_s: float = Field(3600.0, gt=0, description="longest whole request")
     workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
     max_failure_rate: float | None = Field(
         None,
@@ -394,7 +408,9 @@ class Load(_Strict):
                 )
         return v
 
-    @field_validator("duration_s", "warmup_s", mode="before")
+    @field_validator(
+        "duration_s", "warmup_s", "connect_s", "first_token_s", "stall_s", "total_s", mode="before"
+    )
     @classmethod
     def _dur(cls, v):
         return None if v is None else duration_s(v)
@@ -416,10 +432,9 @@ class Load(_Strict):
     def _stop(self) -> Load:
         if self.requests is None and self.duration_s is None:
             raise ValueError("give load.requests or load.duration_s (how each point stops)")
-        if self.arrival == "closed" and self.rate is not None:
-            raise ValueError("load.rate needs load.arrival constant or poisson (a closed loop has no rate)")
-        if self.arrival != "closed" and self.rate is None:
-            raise ValueError(f"load.arrival {self.arrival} needs load.rate (requests/s, a list is an axis)")
+        check_arrival(
+            self.arrival, None if self.rate is None else "set", rate_name="load.rate", arrival_name="load.arrival"
+        )
         if self.worker_hosts is not None and self.workers:
             raise ValueError("load.workers (local processes) and load.worker_hosts: give one of them")
         return self
@@ -428,6 +443,10 @@ class Load(_Strict):
     def workload_axis(self) -> bool:
         """True when points differ by named workload: the name then goes into the point ids."""
         return bool(self.workloads) or any(w not in BUILTIN_WORKLOADS for w in self.workload)
+
+    def point_fields(self, name: str) -> dict[str, Any]:
+        """The LoadPoint fields every point of workload `name` shares: load:'s scalars, then the workload's."""
+        return {k: getattr(self, k) for k in POINT_SCALARS} | self.workload_fields(name)
 
     def workload_fields(self, name: str) -> dict[str, Any]:
         """The LoadPoint workload fields of a workload name (the load-wide scalars, then the workload's own)."""
@@ -441,8 +460,9 @@ class Load(_Strict):
             if name in BUILTIN_WORKLOADS:
                 return out
             raise KeyError(name)
-        own = spec.model_dump(exclude_none=True)
-        own.setdefault("workload", name if name in WORKLOAD_KINDS else "synthetic")
+        own = spec.model_dump(exclude_unset=True)
+        if own.get("workload") is None:
+            own["workload"] = name if name in WORKLOAD_KINDS else "synthetic"
         return out | own
 
 

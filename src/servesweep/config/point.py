@@ -1,7 +1,13 @@
-"""What one load point is: the contract between `servesweep load`, the orchestrator and the Locust user.
+"""What one load point is: the contract between `servesweep load`, the orchestrator and the Locust user, and the one
+table of its knobs.
 
 Pure pydantic, no Locust or gevent import, so the orchestrator can build and validate points in a process that
 must never be monkey-patched. Validation errors name the field that is wrong.
+
+The knobs a person sets (`knob(...)` fields) carry their CLI name, help and group here; `servesweep load`'s options
+and the Locust form's parameters are generated from them (`knobs()`), and a test holds the experiment's `load:`
+keys to the same names and defaults. A knob set elsewhere on one front door (the Locust form's user count, the
+experiment's model section) says where in `elsewhere`.
 """
 
 from __future__ import annotations
@@ -9,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Literal
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +30,56 @@ _POINT_ID = re.compile(r"^[A-Za-z0-9._=-]{1,120}$")
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
 # Body keys the load generator owns: a point that overrode them would no longer measure what it says it does.
 _OWNED_BODY_KEYS = {"model", "messages", "prompt", "stream", "max_tokens", "max_completion_tokens"}
+_SECONDS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+# The knobs' groups, in the order the Locust form and `servesweep load --help` show them.
+GROUPS = ("load shape", "prompt & output", "workload", "timeouts", "advanced")
+# The front doors that set a point: `servesweep load` (cli), the Locust start form (form), the experiment's load:
+SURFACES = ("cli", "form", "yaml")
+
+
+def parse_seconds(v: Any) -> float:
+    """A duration in seconds: a number, or text like 500ms, 90s, 2m, 1.5h, 1d (no unit: seconds)."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+    if isinstance(v, int | float):
+        return float(v)
+    m = _SECONDS.match(v) if isinstance(v, str) else None
+    if not m:
+        raise ValueError(f"expected a duration (e.g. 30s, 90m, 2h), got {v!r}")
+    return float(m[1]) * _UNIT_S[m[2]]
+
+
+def check_arrival(arrival: str, rate: Any, *, rate_name: str, arrival_name: str) -> None:
+    """The rate/arrival rule of every front door: a closed loop has no rate, an open loop needs one. The names are
+    the front door's own spelling (rate_rps / load.rate / --rate), so the message names what to change."""
+    if arrival == "closed" and rate is not None:
+        shown = f"={rate:g}" if isinstance(rate, int | float) else ""
+        raise ValueError(
+            f"{rate_name}{shown}: a rate needs {arrival_name} 'constant' or 'poisson' (closed loop has none)"
+        )
+    if arrival != "closed" and rate is None:
+        raise ValueError(f"{rate_name}: {arrival_name} {arrival!r} needs a rate in requests per second")
+
+
+def knob(
+    default: Any = ...,
+    *,
+    cli: str,
+    group: str,
+    help: str,
+    elsewhere: dict[str, str] | None = None,
+    **kw: Any,
+) -> Any:
+    """A LoadPoint field a person sets: its CLI name (`--no-x` for a flag whose default is on), group and help.
+    `elsewhere`: {surface: where that front door sets it instead} (e.g. the form's user count is Locust's -u)."""
+    if group not in GROUPS:
+        raise ValueError(f"knob group {group!r} is not one of {GROUPS}")
+    extra: dict[str, Any] = {"cli": cli, "group": group}
+    if elsewhere:
+        extra["elsewhere"] = elsewhere
+    return Field(default, description=help, json_schema_extra=extra, **kw)
 
 
 class LoadPoint(BaseModel):
@@ -30,39 +89,179 @@ class LoadPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     base_url: str = Field(description="server root, e.g. http://127.0.0.1:30000 (no /v1)")
-    model: str | None = Field(
-        None, description="model name sent in each body; None: the first of GET /v1/models"
-    )
-    endpoint: Literal["chat", "completions", "generate"] = Field(
-        "chat", description="/v1/chat/completions, /v1/completions, or SGLang's native /generate"
-    )
-    concurrency: int = Field(
+    # -- load shape --
+    concurrency: int = knob(
+        cli="--concurrency",
+        group="load shape",
+        help="number of Locust users: the closed loop's streams, or open loop's cap of streams in flight",
+        elsewhere={"form": "Locust's Number of users (-u)"},
         ge=1,
         le=100_000,
-        description="number of Locust users: the closed loop's streams, or open loop's cap of streams in flight",
     )
-    arrival: Literal["closed", "constant", "poisson"] = Field(
+    arrival: Literal["closed", "constant", "poisson"] = knob(
         "closed",
-        description="closed: each user sends again as soon as its stream ends; constant/poisson: requests are "
-        "scheduled at rate_rps (open loop), at most `concurrency` in flight (a due request waits for a free one)",
+        cli="--arrival",
+        group="load shape",
+        help="closed: each user sends again as soon as its stream ends; constant/poisson: requests are scheduled "
+        "at --rate (open loop), at most --concurrency in flight (a due request waits for a free one)",
     )
-    rate_rps: float | None = Field(None, gt=0, description="open loop: requests per second over all workers")
-    prompt_tokens: int = Field(ge=1, description="target prompt length as the server counts it")
-    output_tokens: int = Field(ge=1, description="fixed output length (max_tokens with ignore_eos)")
-    requests: int | None = Field(None, ge=1, description="measured requests to complete, then stop")
-    duration_s: float | None = Field(None, gt=0, description="measured time; running streams still finish")
-    warmup_s: float = Field(0.0, ge=0, description="requests scheduled before start+warmup_s are warmup")
-    tokenizer: str | None = None
-    cache_bust: bool = True
-    seed: int = 0
+    rate_rps: float | None = knob(
+        None, cli="--rate", group="load shape", help="open loop: requests per second over all workers", gt=0
+    )
+    requests: int | None = knob(
+        None, cli="--requests", group="load shape", help="measured requests to complete, then stop", ge=1
+    )
+    duration_s: float | None = knob(
+        None,
+        cli="--duration",
+        group="load shape",
+        help="measured time (e.g. 60s); streams still running finish",
+        elsewhere={"form": "Locust's Run time (-t)"},
+        gt=0,
+    )
+    warmup_s: float = knob(
+        0.0, cli="--warmup", group="load shape", help="requests scheduled in this first time are warmup", ge=0
+    )
+    # -- prompt & output --
+    model: str | None = knob(
+        None,
+        cli="--model",
+        group="prompt & output",
+        help="model name sent in each body; unset: the first of GET /v1/models",
+        elsewhere={"yaml": "model.served_model_name (model.path for a generic server)"},
+    )
+    endpoint: Literal["chat", "completions", "generate"] = knob(
+        "chat",
+        cli="--endpoint",
+        group="prompt & output",
+        help="/v1/chat/completions, /v1/completions, or SGLang's native /generate",
+    )
+    prompt_tokens: int = knob(
+        2000,
+        cli="--prompt-tokens",
+        group="prompt & output",
+        help="prompt length as the server counts it",
+        ge=1,
+    )
+    output_tokens: int = knob(
+        256,
+        cli="--output-tokens",
+        group="prompt & output",
+        help="output length (max_tokens; fixed with ignore_eos)",
+        ge=1,
+    )
+    output_dist: str | None = knob(
+        None,
+        cli="--output-dist",
+        group="prompt & output",
+        help="output lengths drawn per prompt, e.g. lognormal:mean=512,sigma=0.5; unset: fixed",
+    )
+    ignore_eos: bool = knob(
+        True,
+        cli="--no-ignore-eos",
+        group="prompt & output",
+        help="leave ignore_eos out of the body (servers that reject it)",
+    )
+    thinking: bool | None = knob(
+        None,
+        cli="--thinking",
+        group="prompt & output",
+        help="reasoning models: chat_template_kwargs.enable_thinking on/off; unset: the server's default",
+    )
+    tokenizer: str | None = knob(
+        None,
+        cli="--tokenizer",
+        group="prompt & output",
+        help="tokenizer for sizing prompts: tokenizer.json, model dir, or qwen3.6 (default)",
+        elsewhere={"yaml": "model.tokenizer"},
+    )
+    cache_bust: bool = knob(
+        True,
+        cli="--no-cache-bust",
+        group="prompt & output",
+        help="let requests share prefixes (no per-request nonce)",
+    )
+    seed: int = knob(0, cli="--seed", group="prompt & output", help="prompt pool seed")
+    # -- workloads (docs/workloads.md) --
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = knob(
+        "synthetic",
+        cli="--workload",
+        group="workload",
+        help="what the requests are made of (docs/workloads.md)",
+        elsewhere={"yaml": "load.workloads.<name>.workload (load.workload lists the names)"},
+    )
+    shared_prefix_tokens: int = knob(
+        0,
+        cli="--shared-prefix-tokens",
+        group="workload",
+        help="shared_prefix: tokens each group shares",
+        ge=0,
+    )
+    num_groups: int = knob(
+        1, cli="--num-groups", group="workload", help="shared_prefix: number of groups", ge=1
+    )
+    dataset: str | None = knob(
+        None, cli="--dataset", group="workload", help="dataset: a ShareGPT JSON or JSONL file"
+    )
+    dataset_min_tokens: int | None = knob(
+        None, cli="--dataset-min-tokens", group="workload", help="dataset: shortest prompt kept", ge=0
+    )
+    dataset_max_tokens: int | None = knob(
+        None, cli="--dataset-max-tokens", group="workload", help="dataset: longest prompt kept", ge=0
+    )
+    session_turns: int = knob(
+        4, cli="--session-turns", group="workload", help="agent: turns per session", ge=1
+    )
+    tool_result_tokens: int = knob(
+        500,
+        cli="--tool-result-tokens",
+        group="workload",
+        help="agent: tokens of the tool result after each answer",
+        ge=0,
+    )
+    think_time_s: float = knob(
+        0.0,
+        cli="--think-time",
+        group="workload",
+        help="agent: pause between a turn's answer and the next turn",
+        ge=0,
+    )
+    context_cap_tokens: int = knob(
+        100_000,
+        cli="--context-cap",
+        group="workload",
+        help="agent: a session ends before its context passes this",
+        ge=1,
+    )
+    # -- timeouts (each counts from the start of its own wait: docs/metrics.md) --
+    connect_s: float = knob(
+        10.0, cli="--connect-timeout", group="timeouts", help="TCP (and TLS) connect", gt=0
+    )
+    first_token_s: float = knob(
+        900.0,
+        cli="--first-token-timeout",
+        group="timeouts",
+        help="wait for the first token (a 100k prefill under load is legitimate)",
+        gt=0,
+    )
+    stall_s: float = knob(
+        120.0,
+        cli="--stall-timeout",
+        group="timeouts",
+        help="longest gap allowed between chunks after the first token",
+        gt=0,
+    )
+    total_s: float = knob(3600.0, cli="--total-timeout", group="timeouts", help="longest whole request", gt=0)
+    # -- advanced --
+    api_key_env: str | None = knob(
+        None,
+        cli="--api-key-env",
+        group="advanced",
+        help="NAME of the environment variable holding the API key (never the key itself)",
+        elsewhere={"yaml": "launcher.api_key_env"},
+    )
+    # -- set by the front doors, not by a person --
     pool_size: int | None = Field(None, ge=1, description="distinct prompts in the pool; None: derived")
-    api_key_env: str | None = Field(None, description="NAME of the environment variable holding the API key")
-    connect_s: float = Field(10.0, gt=0)
-    first_token_s: float = Field(900.0, gt=0, description="a 100k prefill under load is legitimate")
-    stall_s: float = Field(
-        120.0, gt=0, description="longest gap allowed between chunks after the first token"
-    )
-    total_s: float = Field(3600.0, gt=0, description="longest whole request")
     stop_timeout_s: float | None = Field(
         None, ge=0, description="None: long enough for a running stream to end"
     )
@@ -72,32 +271,6 @@ class LoadPoint(BaseModel):
         True,
         description="ask the server what is left open (model, template overhead, per-chunk usage); False: model "
         "must be given, the template overhead is the local chat template's, per-chunk usage off unless set",
-    )
-    ignore_eos: bool = Field(
-        True, description="send ignore_eos (False: leave it out, for servers that reject it)"
-    )
-    # -- workloads (docs/workloads.md) --
-    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = "synthetic"
-    output_dist: str | None = Field(
-        None, description="output lengths drawn per prompt, e.g. 'lognormal:mean=512,sigma=0.5'; None: fixed"
-    )
-    shared_prefix_tokens: int = Field(0, ge=0, description="shared_prefix: tokens each group shares")
-    num_groups: int = Field(1, ge=1, description="shared_prefix: number of groups")
-    dataset: str | None = Field(None, description="dataset: a ShareGPT JSON or JSONL file")
-    dataset_min_tokens: int | None = Field(None, ge=0)
-    dataset_max_tokens: int | None = Field(None, ge=0)
-    thinking: bool | None = Field(
-        None, description="reasoning models: chat_template_kwargs.enable_thinking; None: the server's default"
-    )
-    session_turns: int = Field(4, ge=1, description="agent: turns per session")
-    tool_result_tokens: int = Field(
-        500, ge=0, description="agent: tokens of the tool result after each answer"
-    )
-    think_time_s: float = Field(
-        0.0, ge=0, description="agent: pause between a turn's answer and the next turn"
-    )
-    context_cap_tokens: int = Field(
-        100_000, ge=1, description="agent: a session ends before its context passes this"
     )
     extra_body: dict = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
@@ -157,12 +330,7 @@ class LoadPoint(BaseModel):
     def _stop_rule(self) -> LoadPoint:
         if self.requests is None and self.duration_s is None:
             raise ValueError("requests or duration_s: give at least one (how the point stops)")
-        if self.arrival == "closed" and self.rate_rps is not None:
-            raise ValueError(
-                f"rate_rps={self.rate_rps:g}: a rate needs arrival 'constant' or 'poisson' (closed loop has none)"
-            )
-        if self.arrival != "closed" and self.rate_rps is None:
-            raise ValueError(f"rate_rps: arrival {self.arrival!r} needs a rate in requests per second")
+        check_arrival(self.arrival, self.rate_rps, rate_name="rate_rps", arrival_name="arrival")
         if not self.probe and self.model is None:
             raise ValueError("model: required when probe is False (nothing asks the server for it)")
         if self.workload == "shared_prefix" and not 0 < self.shared_prefix_tokens < self.prompt_tokens:
@@ -225,3 +393,115 @@ class LoadPoint(BaseModel):
         if self.stop_timeout_s is not None:
             return self.stop_timeout_s
         return min(self.total_s, self.first_token_s + self.stall_s * 4 + 60.0)
+
+
+# ---------------------------------------------------------------- the knobs' table
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob of the table: a LoadPoint field a person sets, as the front doors spell it.
+
+    kind: flag (a bool; `--no-x` switches off one that is on by default), switch (on/off, unset: the server's
+    default), choice, int, float, seconds (text like 90s on the CLI, seconds in the form), text."""
+
+    name: str
+    cli: str
+    group: str
+    help: str
+    default: Any  # the point's default; ... where the point requires a value
+    kind: str
+    choices: tuple[str, ...] = ()
+    optional: bool = False  # None (unset) is a value
+    elsewhere: tuple[tuple[str, str], ...] = ()  # (surface, where that front door sets it instead)
+
+    @property
+    def dest(self) -> str:
+        """The attribute an argparse or click option of this knob fills: the CLI name as an identifier."""
+        return self.cli[2:].replace("-", "_")
+
+    def on(self, surface: str) -> bool:
+        return surface not in dict(self.elsewhere)
+
+    def option_default(self, surface: str) -> Any:
+        """The default this knob's option shows on `surface` ('cli' or 'form'); value() of it is the point's."""
+        if self.kind == "flag":
+            return False
+        if self.default is None or self.default is ...:
+            return "" if surface == "form" else None
+        if self.kind == "seconds" and surface == "cli":
+            return f"{self.default:g}s"
+        return self.default
+
+    def value(self, raw: Any) -> Any:
+        """What an option holds (text from a command line or a form, or a typed default) as the field's value."""
+        if self.kind == "flag":
+            on = raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1", "yes", "on")
+            return not on if self.cli.startswith("--no-") else on
+        if raw is None or raw == "":
+            if self.optional or self.kind == "switch":
+                return None
+            raise ValueError(f"{self.cli}: give a value")
+        try:
+            if self.kind == "switch":
+                return raw if isinstance(raw, bool) else {"on": True, "off": False}[str(raw)]
+            if self.kind == "seconds":
+                return parse_seconds(raw)
+            if self.kind == "int":
+                return int(raw)
+            if self.kind == "float":
+                return float(raw)
+        except (KeyError, ValueError):
+            raise ValueError(f"{self.cli}: {raw!r} is not {_KIND_WORDS[self.kind]}") from None
+        return raw
+
+
+_KIND_WORDS = {
+    "switch": "on or off",
+    "seconds": "a duration like 90s",
+    "int": "an integer",
+    "float": "a number",
+}
+
+
+def _kind(name: str, annotation: Any) -> tuple[str, tuple[str, ...], bool]:
+    """(kind, choices, optional) of a field's type."""
+    args = typing.get_args(annotation)
+    optional = type(None) in args and isinstance(annotation, types.UnionType)
+    base = next((a for a in args if a is not type(None)), annotation) if optional else annotation
+    if typing.get_origin(base) is Literal:
+        return "choice", tuple(typing.get_args(base)), optional
+    if base is bool:
+        return ("switch" if optional else "flag"), (), optional
+    if base is float:
+        return ("seconds" if name.endswith("_s") else "float"), (), optional
+    return {int: "int", str: "text"}[base], (), optional
+
+
+def knobs(surface: str | None = None) -> list[Knob]:
+    """The knobs of the table, in group order (GROUPS), then field order; `surface`: only those it sets itself."""
+    out = []
+    for name, f in LoadPoint.model_fields.items():
+        extra = f.json_schema_extra
+        if not isinstance(extra, dict) or "cli" not in extra:
+            continue
+        kind, choices, optional = _kind(name, f.annotation)
+        k = Knob(
+            name=name,
+            cli=str(extra["cli"]),
+            group=str(extra["group"]),
+            help=f.description or "",
+            default=... if f.is_required() else f.default,
+            kind=kind,
+            choices=choices,
+            optional=optional,
+            elsewhere=tuple(dict(extra.get("elsewhere") or {}).items()),
+        )
+        if surface is None or k.on(surface):
+            out.append(k)
+    return sorted(out, key=lambda k: GROUPS.index(k.group))
+
+
+def knob_values(options: dict[str, Any], surface: str) -> dict[str, Any]:
+    """LoadPoint fields from a front door's options ({dest: raw value}) for every knob that door sets itself."""
+    return {k.name: k.value(options[k.dest]) for k in knobs(surface) if k.dest in options}

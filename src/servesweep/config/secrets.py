@@ -3,6 +3,10 @@
 The key itself never goes into an experiment file, a command line or an artifact; only the NAME of a variable or
 the PATH of a file does. Every failure here is a SecretError that names the experiment key and the file, and says
 nothing of the key's content.
+
+How the key travels: a front door (`servesweep load`, `servesweep run`) reads it once from its source and holds it
+in this process (`hold_key`, never in os.environ); its points name KEY_ENV, and `child_env` gives a Locust child
+that one variable in the environment it is started with.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from pathlib import Path
 
 # The standard variable ansible-vault and ansible-playbook read a vault password file from.
 VAULT_PASSWORD_ENV = "ANSIBLE_VAULT_PASSWORD_FILE"
+# The one name the API key travels under to a Locust process (its environment) and that the points of a front door
+# name as their api_key_env.
+KEY_ENV = "SERVESWEEP_API_KEY"
+# The key a front door read, held in this process only (not in os.environ: every child would inherit it).
+_held: dict[str, str] = {}
 
 
 class SecretError(ValueError):
@@ -137,14 +146,43 @@ def resolve_api_key(
     return None
 
 
+def hold_key(key: str | None) -> str | None:
+    """Hold the key a front door read under KEY_ENV, in this process only; returns the name its points give as
+    api_key_env (None without a key)."""
+    if not key:
+        _held.pop(KEY_ENV, None)
+        return None
+    _held[KEY_ENV] = key
+    return KEY_ENV
+
+
+def drop_key() -> None:
+    _held.pop(KEY_ENV, None)
+
+
+def env_key(name: str) -> str | None:
+    """The key under a variable NAME: the one this process holds, else its environment's (None: unset or empty)."""
+    return _held.get(name) or os.environ.get(name) or None
+
+
 def api_key_for(point: LoadPoint) -> str | None:
-    """The API key from the environment variable the point names (never from the point itself)."""
+    """The API key of the variable the point names (never from the point itself)."""
     name = point.api_key_env
     if name is None:
         return None
-    key = os.environ.get(name)
+    key = env_key(name)
     if not key:
         raise ValueError(f"api_key_env: the environment variable {name} is not set or empty")
     return key
 
 
+def child_env(point: LoadPoint, base: dict[str, str] | None = None) -> tuple[LoadPoint, dict[str, str]]:
+    """The point a Locust child gets and the environment to start it with: the point's key under KEY_ENV, the one
+    name (and the point says so); no key: KEY_ENV is left out, so an inherited one cannot leak into the run."""
+    env = dict(os.environ if base is None else base)
+    env.pop(KEY_ENV, None)
+    key = api_key_for(point)
+    if key is None:
+        return point, env
+    env[KEY_ENV] = key
+    return point.model_copy(update={"api_key_env": KEY_ENV}), env

@@ -6,7 +6,6 @@ unpatched. Locust runs `servesweep/client/locustfile.py` in a child process; the
 status, decide what happened.
 """
 
-
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servesweep.config.point import LoadPoint
+from servesweep.config.secrets import child_env
 from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens
 from servesweep.workload.build import build_bodies
 
@@ -192,10 +192,8 @@ def run_point(
     whether the point's failures are above it (0 successes always are). `probes`: probe requests sent for this
     point before (counted into summary["probe_requests"] with this point's own).
     """
-    from servesweep.results.records import read_parquet
-    from servesweep.results.store import write_json_atomic
     from servesweep.config.slo import parse_slos
-    from servesweep.results.summary import client_headroom, summarize
+    from servesweep.results.store import write_json_atomic
 
     if workers and worker_hosts:
         raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")
@@ -212,32 +210,13 @@ def run_point(
     point = resolve_point(point, probes)
     # build (and cache on disk) the pool here, so the child's start is quick and errors show early
     build_bodies(point)
-    work = out_dir / ".work"
-    work.mkdir(exist_ok=True)
-    status_dir = work / "status"
-    shutil.rmtree(status_dir, ignore_errors=True)
-    status_dir.mkdir()
-    for stale in ("records.parquet", "progress.json", "clients.json"):
-        (work / stale).unlink(missing_ok=True)
-    (work / "point.json").write_text(point.model_dump_json(indent=2))
-    handle = None
-    if remote is not None:
-        from servesweep.driver.workers import master_command, start_remote_workers
+    # the key goes to the child in its environment, under one name; the point it reads says which
+    point, env = child_env(point)
+    work = _fresh_work(out_dir, point)
+    handle = _start_remote(point, work, out_dir, remote) if remote is not None else None
+    if handle is not None:
+        from servesweep.driver.workers import master_command
 
-        extravars = dict(remote["extravars"])
-        if point.api_key_env and "locust_worker_api_key_env" not in extravars:
-            extravars["locust_worker_api_key_env"] = point.api_key_env
-        handle = start_remote_workers(
-            remote["inventory"],
-            remote["group"],
-            remote["master_host"],
-            remote["master_port"],
-            remote["per_host"],
-            work / "point.json",
-            out_dir / "remote",
-            package=remote["package"],
-            extravars=extravars,
-        )
         base = master_command(
             point,
             work,
@@ -250,50 +229,136 @@ def run_point(
     cmd = [*(command_prefix or []), *base]  # e.g. taskset -c 1
     if metrics_port:
         cmd += ["--metrics-port", str(metrics_port)]
-    log_path = out_dir / "locust.log"
-    env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if workers:
-        env["SERVESWEEP_STATUS_DIR"] = str(status_dir)  # each worker process: its counters, 4 times a second
+        env["SERVESWEEP_STATUS_DIR"] = str(work / "status")  # each worker process: its counters, 4 x a second
     try:
         cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
         started = time.monotonic()
-        with open(log_path, "wb") as log:
-            ref = proc = None
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                )
-                if owned is not None:
-                    from servesweep.results.manifest import process_ref
-
-                    ref = process_ref(proc.pid, "locust", group=True, point=point.id)
-                    owned.add([ref])
-                while proc.poll() is None:
-                    time.sleep(0.5)
-                    if progress is not None:
-                        progress(_read_progress(work, point, time.monotonic() - started))
-                if workers:
-                    _wait_workers_gone(proc, status_dir)
-            except BaseException as e:
-                if proc is not None:
-                    _kill_group(proc)
-                    keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
-                raise
-            finally:
-                if owned is not None and ref is not None:
-                    owned.remove([ref])
+        rc = _run_locust(cmd, env, out_dir, work, point, workers=workers, progress=progress, owned=owned)
     finally:
-        states = None
-        if handle is not None:
-            states = handle.stop()
-    rc = proc.returncode
+        states = handle.stop() if handle is not None else None
+    summary = _point_summary(
+        point, out_dir, work, rc, t0, parsed_slos, probes, max_failure_rate, workers, handle, states
+    )
+    cached = None  # the server's cached tokens during the point
+    if cached_before is not None and (after := server_cached_tokens(point)) is not None:
+        cached = after - cached_before
+    if point.workload == "shared_prefix":
+        summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
+    elif cached_before is not None:
+        summary["server_cached_tokens"] = cached
+    os.replace(work / "records.parquet", out_dir / "records.parquet")
+    for name in ("locust-report.html",):
+        if (work / name).is_file():
+            os.replace(work / name, out_dir / name)
+    write_json_atomic(out_dir / "summary.json", summary)
+    if progress is not None:
+        progress(_read_progress(work, point, time.monotonic() - started))
+    shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+def _fresh_work(out_dir: Path, point: LoadPoint) -> Path:
+    """The point's `.work/` folder, without what an earlier attempt left, holding point.json: the one thing of the
+    point that crosses into the Locust processes."""
+    work = out_dir / ".work"
+    work.mkdir(exist_ok=True)
+    status_dir = work / "status"
+    shutil.rmtree(status_dir, ignore_errors=True)
+    status_dir.mkdir()
+    for stale in ("records.parquet", "progress.json", "clients.json"):
+        (work / stale).unlink(missing_ok=True)
+    (work / "point.json").write_text(point.model_dump_json(indent=2))
+    return work
+
+
+def _start_remote(point: LoadPoint, work: Path, out_dir: Path, remote: dict):
+    """Start the worker hosts' Locust workers (the locust_worker role); returns their handle."""
+    from servesweep.driver.workers import start_remote_workers
+
+    extravars = dict(remote["extravars"])
+    if point.api_key_env and "locust_worker_api_key_env" not in extravars:
+        extravars["locust_worker_api_key_env"] = point.api_key_env
+    return start_remote_workers(
+        remote["inventory"],
+        remote["group"],
+        remote["master_host"],
+        remote["master_port"],
+        remote["per_host"],
+        work / "point.json",
+        out_dir / "remote",
+        package=remote["package"],
+        extravars=extravars,
+    )
+
+
+def _run_locust(
+    cmd: list[str],
+    env: dict[str, str],
+    out_dir: Path,
+    work: Path,
+    point: LoadPoint,
+    *,
+    workers: int,
+    progress: Callable[[dict], None] | None,
+    owned,
+) -> int:
+    """Run the Locust command in its own process group, its output in locust.log; returns its exit status. An
+    exception meanwhile (a signal) stops the group and keeps what Locust wrote (keep_partial) before it goes up."""
+    started = time.monotonic()
+    with open(out_dir / "locust.log", "wb") as log:
+        ref = proc = None
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+            if owned is not None:
+                from servesweep.results.manifest import process_ref
+
+                ref = process_ref(proc.pid, "locust", group=True, point=point.id)
+                owned.add([ref])
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if progress is not None:
+                    progress(_read_progress(work, point, time.monotonic() - started))
+            if workers:
+                _wait_workers_gone(proc, work / "status")
+        except BaseException as e:
+            if proc is not None:
+                _kill_group(proc)
+                keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
+            raise
+        finally:
+            if owned is not None and ref is not None:
+                owned.remove([ref])
+    return proc.returncode
+
+
+def _point_summary(
+    point: LoadPoint,
+    out_dir: Path,
+    work: Path,
+    rc: int,
+    t0: float,
+    parsed_slos,
+    probes: ProbeLog,
+    max_failure_rate: float | None,
+    workers: int,
+    handle,
+    states,
+) -> dict:
+    """summary.json of a point from the records Locust wrote (PointFailed: none), with its workers' account."""
+    from servesweep.results.records import read_parquet
+    from servesweep.results.summary import client_headroom, summarize
+
     rec_path = work / "records.parquet"
+    log_path = out_dir / "locust.log"
     if not rec_path.is_file():
         tail = log_path.read_text(errors="replace")[-3000:]
         raise PointFailed(
@@ -323,7 +388,7 @@ def run_point(
         log_text = log_path.read_text(errors="replace")
         missing = {c.get("worker") for c in clients if c.get("missing")}
         if states is None:
-            states = _local_worker_states(status_dir, exits)
+            states = _local_worker_states(work / "status", exits)
         acc = account(states, table, log_text, missing=missing)
         summary["workers"] = acc
         summary["degraded"] = acc["degraded"]
@@ -332,21 +397,6 @@ def run_point(
         if len(states) < expected:
             summary["degraded"] = True
             summary["problems"].append(f"{len(states)} of {expected} worker processes reported")
-    cached = None  # the server's cached tokens during the point
-    if cached_before is not None and (after := server_cached_tokens(point)) is not None:
-        cached = after - cached_before
-    if point.workload == "shared_prefix":
-        summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
-    elif cached_before is not None:
-        summary["server_cached_tokens"] = cached
-    os.replace(rec_path, out_dir / "records.parquet")
-    for name in ("locust-report.html",):
-        if (work / name).is_file():
-            os.replace(work / name, out_dir / name)
-    write_json_atomic(out_dir / "summary.json", summary)
-    if progress is not None:
-        progress(_read_progress(work, point, time.monotonic() - started))
-    shutil.rmtree(work, ignore_errors=True)
     return summary
 
 
@@ -478,5 +528,3 @@ def _local_worker_states(status_dir: Path, exits: dict[int, int]):
             )
         )
     return out
-
-

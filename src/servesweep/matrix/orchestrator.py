@@ -22,17 +22,18 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
-from servesweep.config.experiment import Experiment, ExperimentError, ServerConfig, load_experiment
+from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+from servesweep.config.point import LoadPoint
+from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.results import manifest as mf
+from servesweep.target import http
 
 PLAYBOOK = "sglang_server.yml"
 
@@ -115,11 +116,6 @@ def preflight_results_dir(folder: Path, need_bytes: int) -> None:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
-
-
-# The key read from launcher.api_key_file / api_key_vault reaches the Locust child through its environment under
-# this name (Locust reads a variable NAME, never a key); Ansible's environment never holds it (hide_env).
-RUN_KEY_ENV = "SERVESWEEP_RUN_API_KEY"
 
 
 def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str | None:
@@ -226,6 +222,31 @@ def _endpoint(p: dict) -> str:
     return p.get("endpoint") or p["workload"]
 
 
+def point_of(
+    exp: Experiment, spec: PointSpec, base_url: str, run_id: str, labels: dict[str, str], *, dry_run: bool
+) -> LoadPoint:
+    """The LoadPoint of one point of the matrix, as the manifest stores it: the experiment's load: values, the
+    point's axes, its workload's fields. The API key's variable is the run's own (Runner), set when it runs."""
+    ld = exp.load
+    return LoadPoint(
+        base_url=base_url,
+        # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from the
+        # experiment; SGLang's lists the served name, so it may stay unset there
+        model=exp.model.served_model_name or (exp.model.path if exp.launcher.generic else None),
+        endpoint=spec.endpoint,
+        concurrency=spec.concurrency,
+        rate_rps=spec.rate,
+        prompt_tokens=spec.prompt_tokens,
+        output_tokens=spec.output_tokens,
+        # a dry run sends one request per user: every user, every point, no more
+        requests=spec.concurrency if dry_run else ld.requests,
+        tokenizer=exp.model.tokenizer,
+        point_id=spec.id,
+        **ld.point_fields(spec.workload if ld.workload_axis else "single"),
+        labels={"config_id": spec.config_id, "run_id": run_id, **labels},
+    )
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
@@ -263,9 +284,12 @@ def create_run(
             "server": None,
             "attempts": 0,
         }
+        labels = {k: str(v) for k, v in cp.config.labels.items()}
         for pp in cp.points:
             feasible = pp.feasible and cp.error is None
+            point = point_of(exp, pp.spec, exp.target.url(port), run_dir.name, labels, dry_run=dry_run)
             points[pp.spec.id] = {
+                "point": point.model_dump(mode="json"),
                 "config_id": cp.config.id,
                 "workload": pp.spec.workload,
                 "endpoint": pp.spec.endpoint,
@@ -327,10 +351,9 @@ class Runner:
         self.exporter_at: str | None = None
         # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
         self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
-        self.key_env = self.exp.launcher.api_key_env
-        if self.api_key and not self.key_env:
-            os.environ[RUN_KEY_ENV] = self.api_key  # for the Locust child only; hidden from Ansible
-            self.key_env = RUN_KEY_ENV
+        # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it in
+        # its own environment (driver.point.run_point)
+        self.key_env = hold_key(self.api_key)
 
     # -- signals: SIGINT / SIGTERM / SIGHUP set a flag; outside Ansible they interrupt at once --
 
@@ -427,7 +450,7 @@ class Runner:
         """The API key goes to the role through a 0600 file; its variables are hidden from Ansible's environment."""
         if not self.api_key:
             return {}
-        hide = tuple(n for n in (self.exp.launcher.api_key_env, RUN_KEY_ENV) if n)
+        hide = tuple(n for n in (self.exp.launcher.api_key_env, KEY_ENV) if n)
         return {"secrets": {"sglang_server_api_key": self.api_key}, "hide_env": hide}
 
     def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
@@ -558,13 +581,11 @@ class Runner:
         self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
 
     def close(self) -> None:
-        """Stop serving client metrics (after the run; a test scrapes them in between); drop the run's key from the
-        environment."""
+        """Stop serving client metrics (after the run; a test scrapes them in between); let go of the run's key."""
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
-        if self.key_env == RUN_KEY_ENV:
-            os.environ.pop(RUN_KEY_ENV, None)
+        drop_key()
 
     def _write_targets(self, cid: str) -> None:
         """Prometheus file_sd targets of this configuration: the exporter and the server's /metrics."""
@@ -728,7 +749,7 @@ class Runner:
         return True
 
     def _run_point(self, cid: str, pid: str) -> bool:
-        from servesweep.config.point import LoadPoint
+        """Run one point of configuration `cid` into its folder; False when it failed (the run goes on)."""
         from servesweep.driver.point import run_point  # no Locust import: it runs Locust as a subprocess
 
         p = self.m.points[pid]
@@ -736,43 +757,11 @@ class Runner:
         flushed = None
         if self.exp.flush_cache_between_points and self.exp.launcher.flush_cache_path:
             flushed = _flush_cache(self.base_url() + self.exp.launcher.flush_cache_path, self.api_key)
-        point = LoadPoint(
-            base_url=self.base_url(),
-            # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from
-            # the experiment; SGLang's lists the served name, so it may stay unset there
-            model=self.exp.model.served_model_name
-            or (self.exp.model.path if self.exp.launcher.generic else None),
-            endpoint=_endpoint(p),
-            concurrency=p["concurrency"],
-            arrival=ld.arrival,
-            rate_rps=p.get("rate"),
-            prompt_tokens=p["prompt_tokens"],
-            output_tokens=p["output_tokens"],
-            # a dry run sends one request per user: every user, every point, no more
-            requests=p["concurrency"] if self.m.data.get("dry_run") else ld.requests,
-            duration_s=ld.duration_s,
-            warmup_s=ld.warmup_s,
-            tokenizer=self.exp.model.tokenizer,
-            cache_bust=ld.cache_bust,
-            seed=ld.seed,
-            api_key_env=self.key_env,
-            first_token_s=ld.first_token_timeout_s,
-            point_id=pid,
-            # without named workloads a point's `workload` is its endpoint (the old meaning): single-shot
-            **self.exp.load.workload_fields(p["workload"] if self.exp.load.workload_axis else "single"),
-            labels={"config_id": cid, "run_id": self.m.data["run_id"], **self.m.configs[cid]["labels"]},
-        )
+        # the point as the manifest stores it; the key's variable is the one this process holds the run's key under
+        point = LoadPoint.model_validate({**p["point"], "api_key_env": self.key_env})
         tmp = self.run_dir / f".tmp-{pid}"
         shutil.rmtree(tmp, ignore_errors=True)
-        need = point_bytes(
-            _point_requests(self.exp, p["concurrency"], bool(self.m.data.get("dry_run"))), p["output_tokens"]
-        )
-        free = shutil.disk_usage(self.run_dir).free
-        if free < need + MANIFEST_RESERVE_BYTES:
-            raise DiskTrouble(
-                f"the results folder {self.run_dir} has {_mib(free)} free, point {pid} needs about "
-                f"{_mib(need + MANIFEST_RESERVE_BYTES)}"
-            )
+        self._check_room(pid, p)
         p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
         self.m.save()
         self._metrics_started(pid, point)
@@ -801,33 +790,10 @@ class Runner:
                     max_failure_rate=ld.max_failure_rate,
                 )
         except Interrupted:
-            # the records Locust wrote before it stopped (run_point kept them in tmp): aside, listed on the point
-            if (tmp / "interrupted.json").is_file():
-                aside = self.run_dir / "interrupted" / f"{pid}.{p['attempts']}"
-                aside.parent.mkdir(exist_ok=True)
-                shutil.rmtree(aside, ignore_errors=True)
-                os.replace(tmp, aside)
-                p.update(
-                    records_aside=str(aside.relative_to(self.run_dir)),
-                    reason=f"interrupted by {signal.Signals(self.stop_signal).name}; the records of what "
-                    f"finished: {aside.relative_to(self.run_dir)}/records.partial.parquet",
-                )
-            shutil.rmtree(tmp, ignore_errors=True)
-            self._metrics_finished(pid, tmp, None)
+            self._keep_interrupted(pid, tmp)
             raise
         except Exception as e:  # the point failed; the run goes on
-            if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
-                shutil.rmtree(tmp, ignore_errors=True)
-                # the first line only: a failed Locust's message carries its log tail, tracebacks included
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise DiskTrouble(
-                    f"the results folder filled up during {pid} ({type(e).__name__}: {first})"
-                ) from e
-            msg = f"{type(e).__name__}: {e}"
-            p.update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
-            self.m.save()
-            self._metrics_finished(pid, tmp, None)
-            self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
+            self._point_failed(pid, tmp, e)
             return False
         if not self._healthy():
             # the server died under this point: its records measure a crash, not the configuration. Keep them
@@ -843,6 +809,55 @@ class Runner:
             )
             self.m.save()
             return False
+        self._point_done(pid, tmp, summary, time.monotonic() - t0)
+        return True
+
+    def _check_room(self, pid: str, p: dict) -> None:
+        """DiskTrouble when the results folder has no room for the point's records and the manifest."""
+        dry = bool(self.m.data.get("dry_run"))
+        need = point_bytes(_point_requests(self.exp, p["concurrency"], dry), p["output_tokens"])
+        free = shutil.disk_usage(self.run_dir).free
+        if free < need + MANIFEST_RESERVE_BYTES:
+            raise DiskTrouble(
+                f"the results folder {self.run_dir} has {_mib(free)} free, point {pid} needs about "
+                f"{_mib(need + MANIFEST_RESERVE_BYTES)}"
+            )
+
+    def _keep_interrupted(self, pid: str, tmp: Path) -> None:
+        """A signal stopped the point: the records Locust wrote before it stopped (run_point kept them in tmp) go
+        aside, listed on the point."""
+        p = self.m.points[pid]
+        if (tmp / "interrupted.json").is_file():
+            aside = self.run_dir / "interrupted" / f"{pid}.{p['attempts']}"
+            aside.parent.mkdir(exist_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(tmp, aside)
+            p.update(
+                records_aside=str(aside.relative_to(self.run_dir)),
+                reason=f"interrupted by {signal.Signals(self.stop_signal).name}; the records of what "
+                f"finished: {aside.relative_to(self.run_dir)}/records.partial.parquet",
+            )
+        shutil.rmtree(tmp, ignore_errors=True)
+        self._metrics_finished(pid, tmp, None)
+
+    def _point_failed(self, pid: str, tmp: Path, e: Exception) -> None:
+        """The point failed: recorded, and the run goes on; DiskTrouble when the disk is why."""
+        if _is_disk_error(e) or shutil.disk_usage(self.run_dir).free < MANIFEST_RESERVE_BYTES:
+            shutil.rmtree(tmp, ignore_errors=True)
+            # the first line only: a failed Locust's message carries its log tail, tracebacks included
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise DiskTrouble(
+                f"the results folder filled up during {pid} ({type(e).__name__}: {first})"
+            ) from e
+        msg = f"{type(e).__name__}: {e}"
+        self.m.points[pid].update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
+        self.m.save()
+        self._metrics_finished(pid, tmp, None)
+        self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
+
+    def _point_done(self, pid: str, tmp: Path, summary: dict, took_s: float) -> None:
+        """The point's folder takes its final name and the manifest its headline."""
+        p = self.m.points[pid]
         final = self.run_dir / pid
         if final.exists():  # a folder from an attempt the manifest never recorded as done
             shutil.rmtree(final)
@@ -853,22 +868,16 @@ class Runner:
         r = p["result"]
         self.console.print(
             f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
-            f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({time.monotonic() - t0:.1f} s)"
+            f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({took_s:.1f} s)"
         )
-        return True
 
     def _healthy(self) -> bool:
         """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
-        for attempt in range(3):
-            try:
-                with urllib.request.urlopen(self.base_url() + self.exp.launcher.health_path, timeout=30) as r:
-                    if r.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
-            if attempt < 2:
-                time.sleep(2)
-        return False
+        url = self.base_url() + self.exp.launcher.health_path
+        try:
+            return http.retrying("health", lambda: http.status("GET", url, timeout=30), _HEALTH_RETRY) == 200
+        except http.ServerError:
+            return False
 
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
         """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
@@ -1026,30 +1035,25 @@ def _flags_text(cfg: ServerConfig) -> str:
 
 def _get_json(url: str) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError) as e:
+        return http.get_json(url, timeout=30)
+    except http.ServerError as e:
         return {"error": str(e)}
 
 
-def _flush_cache(url: str, api_key: str | None, *, tries: int = 20) -> bool:
-    """POST the flush path (SGLang: /flush_cache); SGLang answers 400 while requests still run, so retry briefly."""
-    headers = {}
-    if api_key:
-        headers["Authorization"] = "Bearer " + api_key
-    for _ in range(tries):
-        req = urllib.request.Request(url, data=b"", method="POST", headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                if r.status == 200:
-                    return True
-        except urllib.error.HTTPError as e:
-            if e.code != 400:
-                return False
-        except (urllib.error.URLError, OSError):
-            return False
-        time.sleep(0.5)
-    return False
+_HEALTH_RETRY = http.Retry(attempts=3, first_delay_s=1.0)  # 1 + 2 s
+# SGLang's /flush_cache answers 400 while requests still run: up to 20 tries 0.5 s apart
+_FLUSH_RETRY = http.Retry(attempts=20, first_delay_s=0.5, max_delay_s=0.5, also=frozenset({400}))
+
+
+def _flush_cache(url: str, api_key: str | None) -> bool:
+    """POST the flush path (SGLang: /flush_cache), retried while the server is busy; False when it never took."""
+    try:
+        flushed = http.retrying(
+            "flushing the cache", lambda: http.status("POST", url, api_key=api_key), _FLUSH_RETRY
+        )
+        return flushed == 200
+    except http.ServerError:
+        return False
 
 
 @click.command(name="run")
