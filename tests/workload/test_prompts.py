@@ -13,8 +13,9 @@ import pytest
 from support import byte_level_bpe, metaspace_tokenizer
 
 from servesweep.sim.launch import start_sim
+from servesweep.target.probes import probe_template_overhead
 from servesweep.workload.pool import NONCE_SLOT, Nonces, nonce_scheme, nonce_tokens
-from servesweep.workload.prompts import build_pool, probe_template_overhead
+from servesweep.workload.prompts import build_pool
 from servesweep.workload.tokenizer import load_tokenizer, render_chatml
 
 TOK = load_tokenizer()

@@ -297,7 +297,7 @@ class LocalService:
 
 
 def _launch(cmd: list[str], url: str, log_path: Path, timeout: float) -> LocalService:
-    import urllib.request
+    from servesweep.target import http
 
     exe = shutil.which(cmd[0])
     if exe is None:
@@ -306,22 +306,15 @@ def _launch(cmd: list[str], url: str, log_path: Path, timeout: float) -> LocalSe
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     svc = LocalService(proc, url, log_path)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def running() -> None:
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return svc
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            svc.stop()
-            raise RuntimeError(
-                f"{cmd[0]} not ready at {url} after {timeout}s: {log_path.read_text()[-2000:]}"
-            )
-        time.sleep(0.1)
+
+    if http.wait_ready(url + "/-/ready", timeout_s=timeout, poll_s=0.1, check=running):
+        return svc
+    svc.stop()
+    raise RuntimeError(f"{cmd[0]} not ready at {url} after {timeout}s: {log_path.read_text()[-2000:]}")
 
 
 def start_prometheus(

@@ -137,6 +137,7 @@ def start_sim(
     sim = SimProcess(proc, host, port, gt, log_path)
     if not wait_ready:
         return sim
+    # A minimal wait of its own, not servesweep.target.http: the emulator imports nothing of the load generator.
     deadline = time.monotonic() + timeout
     url = sim.base_url + "/health"
     while True:

@@ -1,42 +1,28 @@
 """Probes of the server under test: small requests that fill in what a load point leaves to the server (model name,
 chat-template overhead, per-chunk usage support) and read its counters. Each probe ends the way a normal request
-ends (a stream is read to its end), so the server's own abort counters see none. Blocking stdlib HTTP: runs in the
-parent and, monkey-patched, inside a Locust process started by hand.
+ends (a stream is read to its end), so the server's own abort counters see none. Requests go through
+target/http.py: they run in the parent and, monkey-patched, inside a Locust process started by hand.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
+from typing import TypeVar
 
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import api_key_for
+from servesweep.target import http
 from servesweep.workload.build import request_extra
+from servesweep.workload.prompts import template_probe
+from servesweep.workload.tokenizer import tokenizer_source
+
+T = TypeVar("T")
 
 
-def request(point: LoadPoint, path: str, body: dict | None = None, timeout: float = 30.0):
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-    headers.update(point.headers)
-    key = api_key_for(point)
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(
-        point.base_url + path, data=data, headers=headers, method="POST" if data else "GET"
-    )
-    return urllib.request.urlopen(req, timeout=timeout)
-
-
-_TRANSIENT = re.compile(r"HTTP (429|5\d\d)|cannot reach|timed out|Connection (reset|refused)", re.I)
-PROBE_ATTEMPTS = 4  # 0.5 + 1 + 2 s of back-off: a server that sheds a request now and then still gets probed
-
-
-class _Transient(RuntimeError):
-    """A probe failure worth another try whatever its message says (an in-stream error event)."""
+def _call(point: LoadPoint, timeout: float) -> dict:
+    """What every request to the point's server carries: its API key, its extra headers, a timeout."""
+    return {"api_key": api_key_for(point), "extra_headers": point.headers, "timeout": timeout}
 
 
 class ProbeLog:
@@ -54,36 +40,16 @@ class ProbeLog:
         return {"requests": dict(self.requests), "total": sum(self.requests.values())}
 
 
-def _retrying(what: str, fn: Callable[[], object], log: ProbeLog | None = None, kind: str | None = None):
-    """Run a probe, retrying what looks transient (429, 5xx, a refused or reset connection, a timeout)."""
-    delay = 0.5
-    for attempt in range(1, PROBE_ATTEMPTS + 1):
-        try:
-            if log is not None and kind:
-                log.count(kind)
-            return fn()
-        except (RuntimeError, OSError) as e:
-            transient = isinstance(e, _Transient) or _TRANSIENT.search(str(e))
-            if attempt == PROBE_ATTEMPTS or not transient:
-                raise RuntimeError(f"{what} (attempt {attempt} of {PROBE_ATTEMPTS}): {e}") from None
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+def _retrying(what: str, fn: Callable[[], T], log: ProbeLog | None, kind: str) -> T:
+    """A probe under the one retry policy (target/http.py), each request it sends counted in `log`."""
+    return http.retrying(what, fn, http.PROBE, before_each=None if log is None else lambda: log.count(kind))
 
 
 def list_models(point: LoadPoint, log: ProbeLog | None = None) -> list[str]:
     """The model ids the server lists at GET /v1/models."""
 
     def once() -> dict:
-        try:
-            with request(point, "/v1/models", timeout=point.connect_s + 20) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(
-                f"{point.base_url}/v1/models answered HTTP {e.code}: {e.read()[:200]!r}"
-            ) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise RuntimeError(f"{point.base_url}/v1/models: cannot reach the server ({e})") from None
+        return http.get_json(point.base_url + "/v1/models", **_call(point, point.connect_s + 20))
 
     d = _retrying("listing models", once, log, "models")
     models = d.get("data") or [] if isinstance(d, dict) else []
@@ -133,37 +99,57 @@ def probe_continuous_usage(point: LoadPoint, log: ProbeLog | None = None) -> boo
     def once() -> bool:
         found = False
         try:
-            with request(point, path, body, timeout=point.first_token_s) as r:
-                for raw in r:
-                    line = raw.strip()
-                    if line.startswith(b"data:") and line[5:].strip() == b"[DONE]":
-                        break
-                    if not line.startswith(b"data:"):
-                        continue
-                    try:
-                        ev = json.loads(line[5:])
-                    except ValueError:
-                        continue
-                    if not isinstance(ev, dict):
-                        continue
-                    if "error" in ev:  # an in-stream error (an overloaded server): try again
-                        raise _Transient(f"per-chunk usage probe: in-stream error {ev['error']}")
-                    for ch in ev.get("choices") or ():
-                        d = ch.get("delta") or {}
-                        if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get(
-                            "usage"
-                        ):
-                            found = True  # read on to the end: an early close is an abort to the server
-                r.read()  # whatever follows [DONE] (nothing, on a well-behaved server)
-        except urllib.error.HTTPError as e:
-            if e.code == 429 or e.code >= 500:
-                raise RuntimeError(f"per-chunk usage probe: POST {path} answered HTTP {e.code}") from None
+            for ev in http.stream_events(point.base_url + path, body, **_call(point, point.first_token_s)):
+                for ch in ev.get("choices") or ():
+                    d = ch.get("delta") or {}
+                    if (d.get("content") or d.get("reasoning_content") or ch.get("text")) and ev.get("usage"):
+                        found = True
+        except http.ServerError as e:
+            if e.transient or e.status is None:
+                raise e.prefixed("per-chunk usage probe") from None
             return False  # the option itself was refused
-        except (urllib.error.URLError, OSError) as e:
-            raise RuntimeError(f"per-chunk usage probe: cannot reach {point.base_url} ({e})") from None
         return found
 
     return bool(_retrying("probing per-chunk usage", once, log, "continuous_usage"))
+
+
+def probe_template_overhead(
+    base_url: str,
+    model: str,
+    api_key: str | None = None,
+    endpoint: str = "chat",
+    tokenizer: str | None = None,
+    *,
+    system: bool = False,
+    extra: dict | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> int:
+    """Tokens the server adds around the content: its `usage.prompt_tokens` minus the content's own tokens.
+
+    Sends one small non-streaming request (workload/prompts.py `template_probe`), once: `resolve_point` retries it
+    under the one policy. `extra` is merged into the request (e.g. `chat_template_kwargs`), so the probe sees the
+    template the load will; `headers` go with it. completions: the result counts e.g. a BOS token.
+    """
+    path, body, content_tokens = template_probe(endpoint, model, tokenizer, system=system)
+    body.update(extra or {})
+    base = base_url.rstrip("/")
+    url = (base if base.endswith("/v1") else base + "/v1") + path
+    try:
+        answer = http.post_json(url, body, api_key=api_key, extra_headers=headers, timeout=timeout)
+    except http.ServerError as e:
+        raise e.prefixed("template probe") from None
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    pt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if not isinstance(pt, int):
+        raise RuntimeError(f"template probe: POST {url} answered without usage.prompt_tokens")
+    overhead = pt - content_tokens
+    if overhead < 0:
+        raise RuntimeError(
+            f"template probe: the server counted {pt} prompt tokens for content of {content_tokens} tokens; "
+            f"its tokenizer differs from {tokenizer_source(tokenizer)[0]} (pass the model's tokenizer)"
+        )
+    return overhead
 
 
 def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
@@ -187,8 +173,6 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
         check_model(point, log)
     if point.template_overhead is None and point.endpoint == "chat":
         tpl_extra = {k: v for k, v in request_extra(point).items() if k == "chat_template_kwargs"}
-        from servesweep.workload.prompts import probe_template_overhead
-
         upd["template_overhead"] = int(
             _retrying(
                 "probing the chat template overhead",
@@ -196,6 +180,7 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
                     point.base_url,
                     point.model,
                     api_key=api_key_for(point),
+                    headers=point.headers,
                     endpoint="chat",
                     tokenizer=point.tokenizer,
                     extra={**point.extra_body, **tpl_extra} or None,
@@ -217,11 +202,8 @@ _CACHED_TOTAL = re.compile(r"^sglang:cached_tokens_total(?:\{[^}]*\})? (\S+)$", 
 def server_cached_tokens(point: LoadPoint) -> float | None:
     """SGLang's `sglang:cached_tokens_total` (summed over label sets) from GET /metrics; None when not exposed."""
     try:
-        with request(point, "/metrics", timeout=10) as r:
-            text = r.read().decode("utf-8", "replace")
-    except (OSError, ValueError):
+        text = http.get_text(point.base_url + "/metrics", **_call(point, 10))
+    except http.ServerError:
         return None
     got = [float(m[1]) for m in _CACHED_TOTAL.finditer(text)]
     return sum(got) if got else None
-
-

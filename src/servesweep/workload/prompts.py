@@ -28,8 +28,6 @@ import json
 import os
 import random
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -376,8 +374,8 @@ def build_pool(
     """`n` prompts of exactly `prompt_tokens` tokens as the server counts them (nonce included).
 
     chat: the ChatML rendering of the messages (what the emulator counts), or `template_overhead` plus the content
-    tokens when given (e.g. from `probe_template_overhead` against the real server). completions: the raw text,
-    plus `template_overhead` (e.g. a BOS token) when given. With `shared_prefix_tokens=P`, prompt i belongs to group
+    tokens when given (e.g. from `probe_template_overhead` in target/probes.py, against the real server).
+    completions: the raw text, plus `template_overhead` (e.g. a BOS token) when given. With `shared_prefix_tokens=P`, prompt i belongs to group
     i % num_groups and the prompts of a group share their first P tokens (chat: a system prompt; the nonce follows
     the prefix). Deterministic from `seed`; cached under `cache_dir` (None: no disk cache).
     """
@@ -727,65 +725,22 @@ def _load_cached(path: Path, key: str) -> PromptPool | None:
 # Calibrating against a live server
 
 
-def probe_template_overhead(
-    base_url: str,
-    model: str,
-    api_key: str | None = None,
-    endpoint: str = "chat",
-    tokenizer: str | None = None,
-    *,
-    system: bool = False,
-    extra: dict | None = None,
-    timeout: float = 120.0,
-) -> int:
-    """Tokens the server adds around the content: its `usage.prompt_tokens` minus the content's own tokens.
-
-    Sends one small non-streaming request (`max_tokens: 1`). chat: one user message (with `system`, a system
-    message first, as a shared-prefix pool sends); completions: the raw text (the result counts e.g. a BOS token).
-    `extra` is merged into the request (e.g. `chat_template_kwargs`), so the probe sees the template the load will.
-    """
+def template_probe(
+    endpoint: str, model: str, tokenizer: str | None = None, *, system: bool = False
+) -> tuple[str, dict[str, Any], int]:
+    """The request that measures a server's template overhead (target/probes.py sends it): its path under /v1,
+    its body (`max_tokens: 1`, not streamed) and the content's own tokens by `tokenizer`. chat: one user message
+    (with `system`, a system message first, as a shared-prefix pool sends); completions: the raw text."""
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint={endpoint!r}: expected one of {', '.join(ENDPOINTS)}")
-    tok_name, _ = tokenizer_source(tokenizer)
-    base = base_url.rstrip("/")
-    prefix = base if base.endswith("/v1") else base + "/v1"
     if endpoint == "chat":
         msgs = ([{"role": "system", "content": _PROBE_SYSTEM}] if system else []) + [
             {"role": "user", "content": _PROBE_CONTENT}
         ]
         body: dict[str, Any] = {"model": model, "messages": msgs, "max_tokens": 1, "stream": False}
-        content_tokens = _content_tokens(tokenizer, [m["content"] for m in msgs])
-        url = prefix + "/chat/completions"
-    else:
-        body = {"model": model, "prompt": _PROBE_CONTENT, "max_tokens": 1, "stream": False}
-        content_tokens = _content_tokens(tokenizer, [_PROBE_CONTENT])
-        url = prefix + "/completions"
-    body.update(extra or {})
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            answer = json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        detail = e.read()[:500].decode("utf-8", "replace")
-        raise RuntimeError(f"template probe: POST {url} answered HTTP {e.code}: {detail}") from None
-    except urllib.error.URLError as e:
-        raise RuntimeError(f"template probe: cannot reach {url}: {e.reason}") from None
-    except ValueError as e:
-        raise RuntimeError(f"template probe: POST {url} did not answer JSON: {e}") from None
-    usage = answer.get("usage") if isinstance(answer, dict) else None
-    pt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    if not isinstance(pt, int):
-        raise RuntimeError(f"template probe: POST {url} answered without usage.prompt_tokens")
-    overhead = pt - content_tokens
-    if overhead < 0:
-        raise RuntimeError(
-            f"template probe: the server counted {pt} prompt tokens for content of {content_tokens} tokens; "
-            f"its tokenizer differs from {tok_name} (pass the model's tokenizer)"
-        )
-    return overhead
+        return "/chat/completions", body, _content_tokens(tokenizer, [m["content"] for m in msgs])
+    body = {"model": model, "prompt": _PROBE_CONTENT, "max_tokens": 1, "stream": False}
+    return "/completions", body, _content_tokens(tokenizer, [_PROBE_CONTENT])
 
 
 def _content_tokens(tokenizer: str | None, texts: list[str]) -> int:

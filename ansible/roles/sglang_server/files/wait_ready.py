@@ -2,7 +2,9 @@
 """Wait until a server's health path (/health) answers 200, bounded in time, failing at once if the server exits;
 then read its info documents (SGLang: /model_info, /server_info and /v1/models; a generic server: what it is given).
 
-Run on the server's host by the sglang_server role (stdlib only; one task instead of four keeps a restart quick).
+Run on the server's host by the sglang_server role (one task instead of four keeps a restart quick). Stdlib only, with
+its own wait: nothing of servesweep is installed there, so servesweep.target.http (the parent's one HTTP helper) is
+out of reach.
 Prints one JSON object: how long the liveness path (SGLang's /model_info, answers before warmup) and the health path
 (ready) took, and the documents by name under "info". The API key, if any, comes from the environment
 (SERVESWEEP_API_KEY), never from the command line.
