@@ -1,4 +1,5 @@
-"""`servesweep sim` flags: SGLang's names, aliases, prefix matching, version-specific names, failures like SGLang."""
+"""`servesweep sim` flags: SGLang's parser of the emulated version (its flag table): names, aliases, prefix matching,
+version-specific names, failures like SGLang."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import sys
 
 import pytest
 
-from servesweep.sim.cli import human_readable_int, parse_args
+from servesweep.sglang.flags import human_readable_int
+from servesweep.sim.cli import parse_args
 from servesweep.sim.faults import Fault, FaultPicker, parse_fault, parse_fault_rates
 
 
@@ -20,20 +22,43 @@ def run_sim(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def test_aliases_prefixes_and_human_ints():
     ns = parse_args(
         ["--model", "Qwen/Qwen3.6-27B", "--tp", "4", "--dp", "2", "--speculative-algo", "nextn",
-         "--context-length", "128k", "--max-total-tokens", "32Ki", "--chunked-prefill-size", "4K"]
+         "--context-length", "128k", "--max-total-tokens", "32Ki", "--chunked-prefill-size", "4096"]
     )  # fmt: skip
     assert ns.model_path == "Qwen/Qwen3.6-27B"
     assert (ns.tp_size, ns.dp_size) == (4, 2)
-    assert ns.speculative_algorithm == "NEXTN"
+    assert ns.speculative_algorithm == "nextn"  # SGLang's parser keeps the string; the resolution upper-cases it
     assert ns.context_length == 128_000
     assert ns.max_total_tokens == 32 * 1024
     assert ns.chunked_prefill_size == 4096
     assert ns.host == "127.0.0.1" and ns.port == 30000 and ns.max_prefill_tokens == 16384
     assert ns.stream_interval == 1 and ns.kv_cache_dtype == "auto" and ns.schedule_policy == "fcfs"
     assert ns.mamba_radix_cache_strategy == "auto"
-    assert human_readable_int("1M") == 2**20 and human_readable_int("1m") == 10**6
-    with pytest.raises(Exception, match="decimals"):
-        human_readable_int("1.5K")
+    # SGLang's human_readable_int: SI suffixes are decimal and case-sensitive (1M = 1,000,000; 1m and 32K fail)
+    assert human_readable_int("1M") == 10**6 and human_readable_int("1Mi") == 2**20
+    for bad in ("1m", "32K"):
+        with pytest.raises(Exception, match="Invalid integer"):
+            human_readable_int(bad)
+    with pytest.raises(Exception, match="Decimals"):
+        human_readable_int("1.5Ki")
+
+
+def test_integers_sglang_reads_plainly_reject_suffixes():
+    """--max-running-requests and --chunked-prefill-size are plain int in SGLang: 4K fails there, so here."""
+    for flag in ("--chunked-prefill-size", "--max-running-requests"):
+        r = run_sim("--model-path", "m", flag, "4k")
+        assert r.returncode == 2 and f"argument {flag}: invalid int value: '4k'" in r.stderr
+
+
+def test_0_5_11_keeps_tp_size_under_its_field_name():
+    """0.5.11's parser stores --tp-size as tensor_parallel_size; ServerArgs.from_cli_args copies it to tp_size."""
+    ns = parse_args(["--model-path", "m", "--sim-sglang-version", "0.5.11", "--tp-size", "2", "--dp", "2"])
+    assert (ns.tp_size, ns.dp_size) == (2, 2) and not hasattr(ns, "tensor_parallel_size")
+
+
+def test_flags_not_modeled_are_accepted_and_listed():
+    ns = parse_args(["--model-path", "m", "--disable-custom-all-reduce", "--enable-dp-attention", "--tp", "2"])
+    assert ns.sim_unmodeled_flags == ["disable_custom_all_reduce", "enable_dp_attention"]
+    assert parse_args(["--model-path", "m", "--tp", "2"]).sim_unmodeled_flags == []
 
 
 def test_version_specific_flag_names():
@@ -96,6 +121,8 @@ def test_bad_sim_flags_name_the_problem():
     assert r.returncode == 2 and "'decode_eff' is not KEY=VALUE" in r.stderr
     r = run_sim("--model-path", "m", "--sim-sglang-version", "five")
     assert r.returncode == 2 and "--sim-sglang-version 'five'" in r.stderr
+    r = run_sim("--model-path", "m", "--sim-sglang-version", "0.5.99")
+    assert r.returncode == 2 and "no flag table for this SGLang version" in r.stderr
 
 
 def test_fault_parsing_and_seeded_rates():

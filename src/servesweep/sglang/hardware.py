@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from servesweep.sglang import flags
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -582,39 +584,48 @@ class ResolvedServer:
         return self.arch.is_hybrid
 
 
-_ARG_DEFAULTS: dict[str, Any] = {
-    "model_path": None,
-    "tokenizer_path": None,
-    "served_model_name": None,
-    "tp_size": 1,
-    "dp_size": 1,
-    "pp_size": 1,
-    "context_length": None,
-    "mem_fraction_static": None,
-    "max_running_requests": None,
-    "max_queued_requests": None,
-    "max_total_tokens": None,
-    "chunked_prefill_size": None,
-    "max_prefill_tokens": 16384,
-    "page_size": None,
-    "kv_cache_dtype": "auto",
-    "speculative_algorithm": None,
-    "speculative_num_steps": None,
-    "speculative_eagle_topk": None,
-    "speculative_num_draft_tokens": None,
-    "speculative_draft_model_path": None,
-    "speculative_dflash_block_size": None,
-    "mamba_radix_cache_strategy": "auto",
-    "mamba_full_memory_ratio": 0.9,
-    "max_mamba_cache_size": None,
-    "mamba_ssm_dtype": None,
-    "mamba_track_interval": 256,
-    "disable_radix_cache": False,
-    "disable_overlap_schedule": False,
-    "enable_mixed_chunk": False,
-    "schedule_policy": "fcfs",
-    "cuda_graph_max_bs": None,
-}
+# The server args the resolution below reads (what it models), by ServerArgs field. A version that lacks one (the mamba strategy
+# is mamba_scheduler_strategy before 0.5.15, cuda_graph_max_bs_decode was cuda_graph_max_bs) leaves it None, which
+# the steps resolve as SGLang does.
+RESOLVED_FLAGS = (
+    "model_path",
+    "tp_size",
+    "dp_size",
+    "pp_size",
+    "context_length",
+    "mem_fraction_static",
+    "max_running_requests",
+    "max_queued_requests",
+    "max_total_tokens",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "page_size",
+    "kv_cache_dtype",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_draft_model_path",
+    "speculative_dflash_block_size",
+    "speculative_ngram_max_bfs_breadth",
+    "mamba_radix_cache_strategy",
+    "mamba_scheduler_strategy",
+    "mamba_full_memory_ratio",
+    "max_mamba_cache_size",
+    "mamba_ssm_dtype",
+    "disable_radix_cache",
+    "disable_overlap_schedule",
+    "enable_mixed_chunk",
+    "cuda_graph_max_bs",
+    "cuda_graph_max_bs_decode",
+)
+
+
+def _arg_defaults(version: str) -> dict[str, Any]:
+    """SGLang `version`'s defaults from its flag table, by ServerArgs field, plus RESOLVED_FLAGS it lacks as None."""
+    a: dict[str, Any] = dict.fromkeys(RESOLVED_FLAGS)
+    a.update(flags.defaults(version))
+    return a
 
 
 def _spec_defaults(algo: str, arch: ModelArch) -> tuple[int, int, int]:
@@ -682,17 +693,22 @@ def _start_resolution(
     args: Mapping[str, Any], env: Mapping[str, str] | None, extra_spec_algorithms: Iterable[str] | None
 ) -> _Resolution:
     """Merge `args` over SGLang's defaults and take out the emulator's `sim_*` settings (GPU, version, forks)."""
-    a: dict[str, Any] = dict(_ARG_DEFAULTS)
+    version = str(args.get("sim_sglang_version") or "0.5.23")
+    a = _arg_defaults(version)
     for k, v in args.items():
         if v is not None or k not in a:
             a[k] = v
     # SGLang before 0.5.15 names this flag --mamba-scheduler-strategy; both set the same dest.
-    if args.get("mamba_scheduler_strategy") is not None:
-        a["mamba_radix_cache_strategy"] = args["mamba_scheduler_strategy"]
-    a.pop("mamba_scheduler_strategy", None)
+    old_name = a.pop("mamba_scheduler_strategy", None)
+    if args.get("mamba_scheduler_strategy") is not None or a["mamba_radix_cache_strategy"] is None:
+        a["mamba_radix_cache_strategy"] = old_name
+    # None from 0.5.20 on, resolved to 0.9 (mem_cache/kv_cache_configurator.py); earlier versions default to 0.9
+    a["mamba_full_memory_ratio"] = (
+        0.9 if a["mamba_full_memory_ratio"] is None else a["mamba_full_memory_ratio"]
+    )
     if not a.get("model_path"):
         raise ValueError("--model-path is required")
-    version = str(a.pop("sim_sglang_version", None) or "0.5.23")
+    a.pop("sim_sglang_version", None)
     gpu = get_gpu(a.pop("sim_gpu", None))
     extra = {s.upper() for s in (extra_spec_algorithms or ())}
     more = a.pop("sim_extra_spec_algorithms", None) or ()
@@ -915,7 +931,7 @@ def _allocate_state_slots(r: _Resolution) -> None:
             r.intermediate_gib = slot * slots * D / GiB
     else:
         # mamba : KV = ratio : 1 (mamba_full_memory_ratio, 0.9 by default)
-        ratio = float(a["mamba_full_memory_ratio"] or 0.9)
+        ratio = float(a["mamba_full_memory_ratio"])
         budget = r.rest_gib * ratio / (1 + ratio) * GiB
         if r.spec:
             slots = int(budget // (slot * (1 + D / r.mamba_ratio)))

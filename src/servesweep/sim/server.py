@@ -263,6 +263,8 @@ class SimApp:
             internal_states=[internal] * max(1, r.dp_size),
             version=self.args.sim_sglang_version,
             frontend="python",
+            # not SGLang's: the flags given that the emulator accepts but does not model (sim/cli.py)
+            sim_unmodeled_flags=list(self.args.sim_unmodeled_flags),
         )
         return out
 
@@ -780,6 +782,8 @@ def run_server(args) -> int:
     app.loop = loop
     for line in resolved.log_lines:
         log.info(line)
+    if args.sim_unmodeled_flags:
+        log.info(f"servesweep sim: accepted, not modeled: {', '.join(args.sim_unmodeled_flags)}")
 
     server = loop.run_until_complete(
         loop.create_server(
