@@ -402,6 +402,8 @@ class Runner:
         return str(p)
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
+        from servesweep.sglang.flags import render_argv
+
         exp, L = self.exp, self.exp.launcher
         c = self.m.configs[cfg_id]
         local = exp.target.inventory == "local"
@@ -423,13 +425,15 @@ class Runner:
             "sglang_server_model_path": exp.model.path,
             "sglang_server_served_model_name": exp.model.served_model_name or "",
             "sglang_server_flags": c["flags"],
+            # the flags as argv words under this SGLang version's option strings (a generic server: --name value)
+            "sglang_server_args": render_argv(c["flags"], None if L.generic else exp.sglang_version),
             "sglang_server_env": c["env"],
             "sglang_server_port": self.port,
             "sglang_server_bind": "127.0.0.1" if local else "0.0.0.0",
             "sglang_server_python": python,
             "sglang_server_emulator": L.emulator,
             "sglang_server_sim_gpu": L.gpu or "",
-            "sglang_server_sim_args": L.sim_args,
+            "sglang_server_sim_args": render_argv(L.sim_args, None),
             "sglang_server_extra_spec_algorithms": L.extra_spec_algorithms,
             "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
             "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
