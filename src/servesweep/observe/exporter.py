@@ -19,14 +19,12 @@ label of `servesweep_point_info` only, joined with `on (run_id, point_id) group_
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +34,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from servesweep.results import metrics
+from servesweep.results.runfolder import SUMMARY, PointInfo, iso_unix, load_run
 
 PREFIX = "servesweep_"
 
@@ -379,104 +378,116 @@ def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]
 
 
 def _families(run_id: str, points: list[_Point], users: float, rate: float):
-    run = [run_id]
     g = GaugeMetricFamily(PREFIX + "users_active", "Locust users running now.", labels=["run_id"])
-    g.add_metric(run, users)
+    g.add_metric([run_id], users)
     yield g
     g = GaugeMetricFamily(
         PREFIX + "target_requests_per_second",
         "Target request rate of an open-loop point (0: closed loop).",
         labels=["run_id"],
     )
-    g.add_metric(run, rate)
+    g.add_metric([run_id], rate)
     yield g
-
-    axis_names = list(AXES) + sorted({k for p in points for k in p.info} - set(AXES))
-    info = GaugeMetricFamily(
-        PREFIX + "point_info",
-        "One series per matrix point with its axes as labels (value 1); join on (run_id, point_id).",
-        labels=["run_id", "point_id", *axis_names],
-    )
-    running = GaugeMetricFamily(
-        PREFIX + "point_running", "1 while the point is being measured, 0 after.", labels=list(POINT_LABELS)
-    )
-    start = GaugeMetricFamily(
-        PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", labels=list(POINT_LABELS)
-    )
-    end = GaugeMetricFamily(
-        PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", labels=list(POINT_LABELS)
-    )
-    req = CounterMetricFamily(
-        PREFIX + "requests",
-        "Measured requests by outcome (success|failure) and error class (none for successes).",
-        labels=[*POINT_LABELS, "outcome", "error_class"],
-    )
-    warm = CounterMetricFamily(
-        PREFIX + "warmup_requests",
-        "Requests scheduled during warmup (not measured).",
-        labels=list(POINT_LABELS),
-    )
-    tok = {
-        k: CounterMetricFamily(PREFIX + f"{k}_tokens", f"{k.capitalize()} tokens of measured requests, "
-                               "from the server's usage.", labels=list(POINT_LABELS))
-        for k in ("prompt", "completion", "cached")
-    }  # fmt: skip
-    hists = {
-        k: HistogramMetricFamily(PREFIX + k, h, labels=list(POINT_LABELS)) for k, h in HISTOGRAMS.items()
-    }
-    lat = {
-        k: GaugeMetricFamily(
-            PREFIX + f"point_{k}_seconds",
-            f"Point summary: {h} in seconds (exact, from raw records), by stat p50|p90|p99|mean.",
-            labels=[*POINT_LABELS, "stat"],
-        )
-        for k, h in SUMMARY_LATENCIES.items()
-    }
-    scal = {
-        k: GaugeMetricFamily(PREFIX + f"point_{k}", f"Point summary: {h}", labels=list(POINT_LABELS))
-        for k, (_key, h) in SUMMARY_SCALARS.items()
-    }
-    fails = GaugeMetricFamily(
-        PREFIX + "point_failures",
-        "Point summary: failed requests by error class.",
-        labels=[*POINT_LABELS, "error_class"],
-    )
+    fams = _PointFamilies(list(AXES) + sorted({k for p in points for k in p.info} - set(AXES)))
     for p in points:
+        fams.add(run_id, p)
+    yield from fams.all()
+
+
+class _PointFamilies:
+    """The per-point families of one scrape: the point's info and times, its request and token counters, its
+    histograms, and its summary gauges once it finished."""
+
+    def __init__(self, axis_names: list[str]) -> None:
+        labels = list(POINT_LABELS)
+        self.axis_names = axis_names
+        self.info = GaugeMetricFamily(
+            PREFIX + "point_info",
+            "One series per matrix point with its axes as labels (value 1); join on (run_id, point_id).",
+            labels=["run_id", "point_id", *axis_names],
+        )
+        self.running = GaugeMetricFamily(
+            PREFIX + "point_running", "1 while the point is being measured, 0 after.", labels=labels
+        )
+        self.start = GaugeMetricFamily(
+            PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", labels=labels
+        )
+        self.end = GaugeMetricFamily(
+            PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", labels=labels
+        )
+        self.requests = CounterMetricFamily(
+            PREFIX + "requests",
+            "Measured requests by outcome (success|failure) and error class (none for successes).",
+            labels=[*labels, "outcome", "error_class"],
+        )
+        self.warmup = CounterMetricFamily(
+            PREFIX + "warmup_requests", "Requests scheduled during warmup (not measured).", labels=labels
+        )
+        self.tokens = {
+            k: CounterMetricFamily(PREFIX + f"{k}_tokens", f"{k.capitalize()} tokens of measured requests, "
+                                   "from the server's usage.", labels=labels)
+            for k in ("prompt", "completion", "cached")
+        }  # fmt: skip
+        self.hists = {k: HistogramMetricFamily(PREFIX + k, h, labels=labels) for k, h in HISTOGRAMS.items()}
+        self.latencies = {
+            k: GaugeMetricFamily(
+                PREFIX + f"point_{k}_seconds",
+                f"Point summary: {h} in seconds (exact, from raw records), by stat p50|p90|p99|mean.",
+                labels=[*labels, "stat"],
+            )
+            for k, h in SUMMARY_LATENCIES.items()
+        }
+        self.scalars = {
+            k: GaugeMetricFamily(PREFIX + f"point_{k}", f"Point summary: {h}", labels=labels)
+            for k, (_key, h) in SUMMARY_SCALARS.items()
+        }
+        self.failures = GaugeMetricFamily(
+            PREFIX + "point_failures",
+            "Point summary: failed requests by error class.",
+            labels=[*labels, "error_class"],
+        )
+
+    def add(self, run_id: str, p: _Point) -> None:
         lv = list(p.labels)
-        info.add_metric([run_id, p.labels[1], *(p.info.get(a, "") for a in axis_names)], 1.0)
-        running.add_metric(lv, 0.0 if p.finished else 1.0)
-        start.add_metric(lv, p.started)
+        self.info.add_metric([run_id, p.labels[1], *(p.info.get(a, "") for a in self.axis_names)], 1.0)
+        self.running.add_metric(lv, 0.0 if p.finished else 1.0)
+        self.start.add_metric(lv, p.started)
         if p.finished:
-            end.add_metric(lv, p.finished)
+            self.end.add_metric(lv, p.finished)
         for (outcome, err), n in sorted(p.requests.items()):
-            req.add_metric([*lv, outcome, err], float(n))
-        warm.add_metric(lv, float(p.warmup_requests))
-        tok["prompt"].add_metric(lv, float(p.prompt_tokens))
-        tok["completion"].add_metric(lv, float(p.completion_tokens))
-        tok["cached"].add_metric(lv, float(p.cached_tokens))
-        for k, fam in hists.items():
+            self.requests.add_metric([*lv, outcome, err], float(n))
+        self.warmup.add_metric(lv, float(p.warmup_requests))
+        self.tokens["prompt"].add_metric(lv, float(p.prompt_tokens))
+        self.tokens["completion"].add_metric(lv, float(p.completion_tokens))
+        self.tokens["cached"].add_metric(lv, float(p.cached_tokens))
+        for k, fam in self.hists.items():
             hh = p.hists[k]
             cum = np.cumsum(hh.counts)
             fam.add_metric(lv, list(zip(_LE, (float(c) for c in cum), strict=True)), hh.sum)
         for key, v in p.summary.items():
             if "/" in key:
                 name, stat = key.split("/")
-                lat[name].add_metric([*lv, stat], v)
+                self.latencies[name].add_metric([*lv, stat], v)
             else:
-                scal[key].add_metric(lv, v)
+                self.scalars[key].add_metric(lv, v)
         for err, n in sorted(p.failures_by_class.items()):
-            fails.add_metric([*lv, err], n)
-    yield info
-    yield running
-    yield start
-    yield end
-    yield req
-    yield warm
-    yield from tok.values()
-    yield from hists.values()
-    yield from lat.values()
-    yield from scal.values()
-    yield fails
+            self.failures.add_metric([*lv, err], n)
+
+    def all(self) -> list:
+        """Every family, in exposition order."""
+        return [
+            self.info,
+            self.running,
+            self.start,
+            self.end,
+            self.requests,
+            self.warmup,
+            *self.tokens.values(),
+            *self.hists.values(),
+            *self.latencies.values(),
+            *self.scalars.values(),
+            self.failures,
+        ]
 
 
 # ---------------------------------------------------------------- Locust
@@ -586,139 +597,44 @@ if __name__ == "__main__":
 # ---------------------------------------------------------------- finished run folders
 
 
-def _unix(v) -> float | None:
-    """A wall-clock time from a summary/manifest value: unix seconds (or ms/ns), or an ISO-8601 string."""
-    if v is None or isinstance(v, bool):
-        return None
-    if isinstance(v, int | float):
-        f = float(v)
-        if math.isnan(f) or f <= 0:
-            return None
-        while f > 1e11:  # ms or ns
-            f /= 1e3
-        return f
-    if isinstance(v, str):
-        try:
-            d = datetime.fromisoformat(v.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        if d.tzinfo is None:
-            from datetime import UTC
-
-            d = d.replace(tzinfo=UTC)
-        return d.timestamp()
-    return None
-
-
-_START_KEYS = (
-    "start_unix",
-    "started_unix",
-    "started",
-    "start_time",
-    "started_at",
-    "start",
-    "wall_start",
-    "t_start",
-)
-_END_KEYS = (
-    "end_unix",
-    "finished_unix",
-    "finished",
-    "end_time",
-    "finished_at",
-    "ended_at",
-    "end",
-    "wall_end",
-    "t_end",
-)
-
-
-def _first_time(d: Mapping, keys: Iterable[str]) -> float | None:
-    for k in keys:
-        t = _unix(d.get(k))
-        if t is not None:
-            return t
-    for sub in ("window", "times", "timing", "measurement"):
-        if isinstance(d.get(sub), Mapping):
-            t = _first_time(d[sub], keys)
-            if t is not None:
-                return t
-    return None
-
-
-def _manifest_points(manifest: Mapping) -> dict[str, Mapping]:
-    pts = manifest.get("points")
-    out: dict[str, Mapping] = {}
-    if isinstance(pts, Mapping):
-        for k, v in pts.items():
-            if isinstance(v, Mapping):
-                out[str(k)] = v
-    elif isinstance(pts, list):
-        for v in pts:
-            if isinstance(v, Mapping) and (v.get("point_id") or v.get("id")):
-                out[str(v.get("point_id") or v.get("id"))] = v
-    return out
-
-
-def _point_axes(summary: Mapping, mpoint: Mapping | None, manifest: Mapping) -> dict[str, str]:
+def _point_axes(p: PointInfo, configs: Mapping) -> dict[str, str]:
     """Lowest to highest precedence: the server configuration's flags and labels (manifest), the manifest's point
     entry, the LoadPoint's labels, then the LoadPoint's own fields (what was measured). Top-level summary keys are
     results, never axes."""
-    mp = mpoint or {}
-    cfg: Mapping = {}
-    cid = mp.get("config_id")
-    if cid is not None and isinstance(manifest.get("configs"), Mapping):
-        cfg = manifest["configs"].get(cid) or {}
-    point = summary.get("point") if isinstance(summary.get("point"), Mapping) else {}
+    cid = p.entry.get("config_id")
+    cfg = (configs.get(cid) or {}) if cid is not None else {}
+    point = (p.summary or {}).get("point") or {}
     return normalize_axes(
-        cfg.get("flags") if isinstance(cfg.get("flags"), Mapping) else None,
-        mp,
+        cfg.get("flags"),
+        p.entry,
         {"config": cid} if cid is not None else None,
         point,
         extras={**(cfg.get("labels") or {}), **(point.get("labels") or {})},
     )
 
 
-def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
-    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's finished points.
+def _point_times(p: PointInfo) -> tuple[float, float]:
+    """(start, end) in Unix seconds: the summary's `started_unix` + `wall_s` (what run_point writes), else the
+    manifest entry's ISO `started` / `finished`, else the summary's modification time less the window."""
+    s = p.summary or {}
+    start = s.get("started_unix")
+    end = start + s["wall_s"] if start is not None and s.get("wall_s") is not None else None
+    if start is None:
+        start, end = iso_unix(p.entry.get("started")), iso_unix(p.entry.get("finished"))
+    if end is None:
+        end = (p.dir / SUMMARY).stat().st_mtime
+    if start is None:
+        start = end - float(s.get("window_s") or 0)
+    return min(start, end), end
 
-    A finished point is a sub-folder with summary.json (what run_point writes). Axes come from the manifest's entry
-    for the point and the summary's `point` (LoadPoint, its `labels` included); times from `started_unix` +
-    `wall_s` (or start/end keys of the manifest), else the summary file's modification time.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ValueError(f"run folder {run_dir} does not exist")
-    manifest: Mapping = {}
-    mpath = run_dir / "manifest.json"
-    if mpath.exists():
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{mpath}: not valid JSON ({e})") from None
-    run_id = str(manifest.get("run_id") or run_dir.name)
-    mpoints = _manifest_points(manifest)
+
+def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
+    """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's done points
+    (servesweep.results.runfolder.load_run); ValueError naming what cannot be read."""
+    run = load_run(run_dir)
     out = []
-    for sp in sorted(run_dir.glob("*/summary.json")):
-        try:
-            summary = json.loads(sp.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{sp}: not valid JSON ({e})") from None
-        if not isinstance(summary, Mapping):
-            raise ValueError(f"{sp}: expected a JSON object")
-        point_id = str(summary.get("point_id") or sp.parent.name)
-        mp = mpoints.get(point_id)
-        axes = _point_axes(summary, mp, manifest)
-        start = _first_time(summary, _START_KEYS) or (mp and _first_time(mp, _START_KEYS))
-        end = _first_time(summary, _END_KEYS) or (mp and _first_time(mp, _END_KEYS))
-        if end is None and start is not None and isinstance(summary.get("wall_s"), int | float):
-            end = start + float(summary["wall_s"])  # run_point writes started_unix + wall_s
-        if end is None:
-            end = sp.stat().st_mtime
-        if start is None:
-            dur = summary.get("window_s") or 0
-            start = end - float(dur) if isinstance(dur, int | float) else end
-        out.append(
-            {"point_id": point_id, "axes": axes, "summary": summary, "start": min(start, end), "end": end}
-        )
-    return run_id, out
+    for p in run.done_points():
+        start, end = _point_times(p)
+        axes = _point_axes(p, run.configs)
+        out.append({"point_id": p.point_id, "axes": axes, "summary": p.summary, "start": start, "end": end})
+    return run.run_id, out

@@ -1,9 +1,7 @@
-"""Run folders, per-point samples, and `servesweep compare runs/A runs/B [...]`.
+"""Per-point samples of a run's records, and `servesweep compare runs/A runs/B [...]`.
 
-Reading: `load_run()` understands the folders of `servesweep run` (manifest with configurations and a status per
-point), of `servesweep load` (manifest with a list of points) and a bare point folder (records.parquet +
-summary.json). Every number here is recomputed from `records.parquet` with the definitions of docs/metrics.md; the
-point estimates equal `summary.summarize()`'s.
+Runs are read with servesweep.results.runfolder.load_run. Every number here is recomputed from `records.parquet`
+with the definitions of docs/metrics.md; the point estimates equal `summary.summarize()`'s.
 
 Comparing: for each pair of matching points (same configuration and load axes), each metric's change with a
 bootstrap confidence interval. Requests are resampled with replacement, independently in both runs (seeded numpy,
@@ -27,219 +25,10 @@ import numpy as np
 
 from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
 from servesweep.results import metrics
+from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
 from servesweep.results.store import write_atomic
 
 BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
-
-# ---------------------------------------------------------------- run folders
-
-
-class RunError(ValueError):
-    """A run folder that cannot be read; the message names the path and what is wrong."""
-
-
-@dataclass
-class PointInfo:
-    point_id: str
-    config_id: str
-    workload: str
-    prompt_tokens: int
-    output_tokens: int
-    concurrency: int
-    status: str  # done, infeasible, failed, server_failed, pending, running
-    reason: str | None = None
-    dir: Path | None = None
-    summary: dict | None = None
-    est_s: float | None = None  # the planner's estimate
-    actual_s: float | None = None  # measured wall time of the point
-    warnings: list[str] = field(default_factory=list)
-    records_file: Path | None = None  # a records file not named dir/records.parquet (a bare Locust --records)
-    _sample: PointSample | None = field(default=None, repr=False)
-
-    @property
-    def axes(self) -> tuple[str, int, int, int]:
-        return (self.workload, self.prompt_tokens, self.output_tokens, self.concurrency)
-
-    @property
-    def records_path(self) -> Path | None:
-        if self.records_file is not None:
-            return self.records_file
-        return None if self.dir is None else self.dir / "records.parquet"
-
-    def sample(self) -> PointSample:
-        """The point's records as arrays (read once)."""
-        if self._sample is None:
-            if self.records_path is None or not self.records_path.is_file():
-                raise RunError(f"point {self.point_id}: no records.parquet (status {self.status})")
-            from servesweep.results.records import read_parquet
-
-            try:
-                table = read_parquet(self.records_path)
-            except (OSError, ValueError) as e:
-                raise RunError(f"point {self.point_id}: {e}") from None
-            self._sample = PointSample.from_table(table)
-        return self._sample
-
-
-@dataclass
-class Run:
-    path: Path
-    run_id: str
-    kind: str  # "run" (servesweep run), "load" (servesweep load), "point" (a point folder), "records" (one file)
-    manifest: dict
-    points: list[PointInfo]
-
-    @property
-    def configs(self) -> dict[str, dict]:
-        return self.manifest.get("configs") or {}
-
-    @property
-    def dry_run(self) -> bool:
-        m = self.manifest
-        return bool(
-            m.get("dry_run")
-            or str(m.get("mode", "")).replace("-", "_") == "dry_run"
-            or str(m.get("status", "")).replace("-", "_") == "dry_run"
-        )
-
-    def done_points(self) -> list[PointInfo]:
-        return [p for p in self.points if p.status == "done" and p.dir is not None]
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RunError(f"{path}: no {what}") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunError(f"{path}: {what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise RunError(f"{path}: {what} is not a JSON object")
-    return data
-
-
-def _secs_between(a: str | None, b: str | None) -> float | None:
-    from datetime import datetime
-
-    if not a or not b:
-        return None
-    try:
-        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
-    except ValueError:
-        return None
-
-
-def _info_from_summary(pid: str, d: Path, summary: dict, config_id: str = "") -> PointInfo:
-    pt = summary.get("point") or {}
-    labels = pt.get("labels") or {}
-    return PointInfo(
-        point_id=pid,
-        config_id=config_id or labels.get("config_id", ""),
-        workload=pt.get("endpoint", "chat"),
-        prompt_tokens=int(pt.get("prompt_tokens", 0)),
-        output_tokens=int(pt.get("output_tokens", 0)),
-        concurrency=int(pt.get("concurrency", 0)),
-        status="done",
-        dir=d,
-        summary=summary,
-        actual_s=summary.get("wall_s"),
-    )
-
-
-def _records_file(path: Path) -> Run:
-    """A records file by itself, e.g. what `locust -f locustfiles/llm.py --headless --records r.parquet` wrote."""
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_schema(path).metadata or {}
-    except (OSError, ValueError) as e:
-        raise RunError(f"{path}: not a Parquet records file ({e})") from None
-    try:
-        pt = json.loads(meta.get(b"servesweep.point", b"{}"))
-    except ValueError:
-        pt = {}
-    pid = meta.get(b"servesweep.point_id", b"").decode() or path.stem
-    info = _info_from_summary(pid, path.parent, {"point": pt})
-    info.records_file = path
-    return Run(path, path.stem, "records", {}, [info])
-
-
-def load_run(path: str | Path) -> Run:
-    """Read a run folder (servesweep run or load), a point folder or a records.parquet file; `runs/<id>:<config>`
-    keeps one server configuration of a run (to compare configurations of one run). Raises RunError naming what is
-    wrong."""
-    path = Path(path)
-    if not path.exists() and ":" in path.name:
-        folder, _, cfg = str(path).rpartition(":")
-        run = load_run(folder)
-        pts = [p for p in run.points if p.config_id == cfg]
-        if not pts:
-            have = sorted({p.config_id for p in run.points if p.config_id})
-            raise RunError(f"{folder}: no configuration {cfg!r}; it has {', '.join(have) or 'none'}")
-        run.points = pts
-        run.run_id = f"{run.run_id}:{cfg}"
-        return run
-    if not path.exists():
-        raise RunError(f"{path}: no such run folder")
-    if path.is_file() and path.suffix == ".parquet":
-        return _records_file(path)
-    if not path.is_dir():
-        raise RunError(f"{path}: not a folder (give runs/<run_id>) nor a records .parquet file")
-    mpath = path / "manifest.json"
-    if not mpath.is_file():
-        if (path / "summary.json").is_file():
-            s = _read_json(path / "summary.json", "summary")
-            info = _info_from_summary(s.get("point_id") or path.name, path, s)
-            return Run(path, path.name, "point", {}, [info])
-        raise RunError(f"{path}: no manifest.json; not a servesweep run folder")
-    m = _read_json(mpath, "manifest")
-    raw = m.get("points")
-    points: list[PointInfo] = []
-    if isinstance(raw, dict):  # servesweep run
-        for pid, p in raw.items():
-            d = path / p["dir"] if p.get("dir") else None
-            summary = None
-            if p.get("status") == "done":
-                if d is None or not (d / "summary.json").is_file():
-                    raise RunError(f"{path}: point {pid} is done but its folder has no summary.json")
-                summary = _read_json(d / "summary.json", "summary")
-            actual = _secs_between(p.get("started"), p.get("finished"))
-            if actual is None and summary is not None:
-                actual = summary.get("wall_s")
-            points.append(
-                PointInfo(
-                    point_id=pid,
-                    config_id=p.get("config_id", ""),
-                    workload=p.get("workload", "chat"),
-                    prompt_tokens=int(p.get("prompt_tokens", 0)),
-                    output_tokens=int(p.get("output_tokens", 0)),
-                    concurrency=int(p.get("concurrency", 0)),
-                    status=p.get("status", "pending"),
-                    reason=p.get("reason"),
-                    dir=d,
-                    summary=summary,
-                    est_s=p.get("est_s"),
-                    actual_s=actual,
-                    warnings=list(p.get("warnings") or []),
-                )
-            )
-        kind = "run"
-    elif isinstance(raw, list):  # servesweep load: only finished points are listed; pick up the others too
-        seen = set()
-        for p in raw:
-            d = path / p.get("dir", p["point_id"])
-            s = _read_json(d / "summary.json", "summary")
-            points.append(_info_from_summary(p["point_id"], d, s))
-            seen.add(d.name)
-        for d in sorted(x for x in path.iterdir() if x.is_dir() and x.name not in seen):
-            if (d / "summary.json").is_file():
-                s = _read_json(d / "summary.json", "summary")
-                points.append(_info_from_summary(s.get("point_id") or d.name, d, s))
-        kind = "load"
-    else:
-        raise RunError(f"{mpath}: has no 'points'; not a servesweep manifest")
-    return Run(path, m.get("run_id") or path.name, kind, m, points)
-
 
 # ---------------------------------------------------------------- one point's records as arrays
 
@@ -323,6 +112,21 @@ class PointSample:
             cached=np.where(ok, col("cached_tokens"), np.nan),
             prompt=np.where(ok, col("prompt_tokens"), np.nan),
         )
+
+
+def point_sample(p: PointInfo) -> PointSample:
+    """A point's measured requests as arrays (its records read once per PointInfo)."""
+    if "sample" not in p.cache:
+        if p.records_path is None or not p.records_path.is_file():
+            raise RunError(f"point {p.point_id}: no records.parquet (status {p.status})")
+        from servesweep.results.records import read_parquet
+
+        try:
+            table = read_parquet(p.records_path)
+        except (OSError, ValueError) as e:
+            raise RunError(f"point {p.point_id}: {e}") from None
+        p.cache["sample"] = PointSample.from_table(table)
+    return p.cache["sample"]
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -554,8 +358,8 @@ def compare_runs(
         if pb is None:
             continue
         ch = bootstrap_changes(
-            pa.sample(),
-            pb.sample(),
+            point_sample(pa),
+            point_sample(pb),
             metrics,
             resamples=resamples,
             seed=seed + i,

@@ -29,15 +29,14 @@ from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
     PointSample,
-    Run,
-    RunError,
     _few,
     compare_runs,
     fmt_value,
-    load_run,
     metric,
     parse_fraction,
+    point_sample,
 )
+from servesweep.results.runfolder import Run, RunError, load_run
 
 PASS, BREACH, ERROR = 0, 1, 2
 # Regression limits apply to central values by default: with CI-sized runs a p99 rests on a handful of requests,
@@ -248,7 +247,7 @@ def evaluate_run(
             results.append(CheckResult(p.point_id, "measured", "status", False, p.status, why[:500]))
             continue
         try:
-            results += check_sample(p.point_id, p.sample(), slos)
+            results += check_sample(p.point_id, point_sample(p), slos)
         except RunError as e:
             raise GateError(str(e)) from None
     ctx: dict[str, Any] = {"run": str(run.path), "slos": [s.text for s in slos]}

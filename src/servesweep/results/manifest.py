@@ -1,8 +1,9 @@
-"""The run manifest: `runs/<run_id>/manifest.json`, the one file that says what a run is and how far it got.
+"""The manifest of a `servesweep run` (`runs/<run_id>/manifest.json`, format in servesweep.results.runfolder), the
+one file that says what a run is and how far it got, and `processes.json`, the processes a run started.
 
-It holds the experiment as run, the plan, the resolved server info per configuration, versions, host facts, the git
-revision and a status per point. It is rewritten atomically (temporary file, fsync, rename) after every change,
-so a run killed at any instant leaves either the previous or the next manifest, never a torn one; that is what
+The manifest holds the experiment as run, the plan, the resolved server info per configuration, versions, host
+facts, the git revision and a status per point. It is rewritten with store.write_json_atomic after every change, so
+a run killed at any instant leaves either the previous or the next manifest, never a torn one; that is what
 `servesweep run --resume` trusts.
 """
 
@@ -14,15 +15,16 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from servesweep.results.runfolder import MANIFEST
+from servesweep.results.store import write_atomic, write_json_atomic
+
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 
 # Point statuses. Finished ones are never run again on resume; the others are.
 DONE = "done"
@@ -36,27 +38,6 @@ FINISHED = {DONE, INFEASIBLE}
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class Manifest:
@@ -251,7 +232,7 @@ class OwnedProcesses:
     """`runs/<run_id>/processes.json`: the processes this run started (Locust process groups, Ansible's processes),
     each recorded by pid and start time when it was started, plus the servesweep process that owns them. A resumed
     run stops exactly these (after checking each is still the recorded process) and nothing else: never a process
-    found by its command line. Rewritten atomically (temporary file, rename) on every change."""
+    found by its command line. Rewritten with store.write_atomic on every change."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / PROCESSES
@@ -306,16 +287,7 @@ class OwnedProcesses:
             self.save()
 
     def save(self) -> None:
-        data = {"owner": self.owner, "processes": self.entries}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="." + self.path.name + ".", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, json.dumps({"owner": self.owner, "processes": self.entries}, indent=1))
 
 
 def owned_now(ref: dict[str, Any]) -> list:

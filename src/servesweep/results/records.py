@@ -62,27 +62,16 @@ SCHEMA = pa.schema(
         pa.field("error_class", pa.string()),  # null on success; else one of ERROR_CLASSES
         pa.field("error_message", pa.string()),  # short
         pa.field("mono_to_wall_ns", pa.int64(), nullable=False),  # wall-clock anchor of the worker
-        # Added with the workloads of issue 9; files written before lack them and read as nulls.
         pa.field("first_reasoning_ns", pa.int64()),  # first chunk carrying reasoning_content
         pa.field("first_answer_ns", pa.int64()),  # first chunk carrying content (or text, tool calls)
         pa.field("session_id", pa.string()),  # agent sessions: the session this turn belongs to
         pa.field("turn", pa.int32()),  # agent sessions: 0-based turn within the session
         pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent
-        # Added with kernel receive stamps (rxstamp); older files read as nulls.
         pa.field("rx_clock", pa.string()),  # arrival stamps: 'kernel' (SO_TIMESTAMPNS) or 'user'
         pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
-OPTIONAL_COLUMNS = (
-    "first_reasoning_ns",
-    "first_answer_ns",
-    "session_id",
-    "turn",
-    "workload",
-    "rx_clock",
-    "read_lag_ns",
-)
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:
@@ -120,12 +109,9 @@ def read_parquet(path: Path) -> pa.Table:
     if not path.is_file():
         raise FileNotFoundError(f"records file {path} does not exist")
     t = pq.read_table(path)
-    missing = [n for n in COLUMNS if n not in t.schema.names and n not in OPTIONAL_COLUMNS]
+    missing = [n for n in COLUMNS if n not in t.schema.names]
     if missing:
         raise ValueError(f"records file {path}: missing columns {missing}; not a servesweep records file")
-    for n in OPTIONAL_COLUMNS:  # a file from before these columns existed
-        if n not in t.schema.names:
-            t = t.append_column(SCHEMA.field(n), pa.nulls(t.num_rows, SCHEMA.field(n).type))
     return t
 
 

@@ -4,7 +4,8 @@ Per server configuration: the tables people make today (by concurrency, and by p
 rather look at, the resolved server configuration, the planner's estimates against the measured times, the points
 that were infeasible or failed with their reasons, and load-generator saturation flags. Every value is recomputed
 from records.parquet (`servesweep.results.compare.PointSample`, the definitions of docs/metrics.md); summary.json is used
-only for what the records cannot give (the SLO checks the run was made with, saturation flags it carries).
+only for what the records cannot give (the SLO checks the run was made with, the client headroom's saturation
+reasons).
 The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens offline and can be attached to CI.
 """
 
@@ -20,14 +21,17 @@ from pathlib import Path
 import click
 
 from servesweep.results.compare import (
-    PointInfo,
-    Run,
     RunComparison,
-    RunError,
+    compare_html_section,
     compare_runs,
-    load_run,
+    fmt_change,
+    fmt_ci,
+    fmt_value,
     metric,
+    point_label,
+    point_sample,
 )
+from servesweep.results.runfolder import PointInfo, Run, RunError, load_run, secs_between
 from servesweep.results.store import write_atomic
 
 HTML_NAME = "report.html"
@@ -104,7 +108,7 @@ class ConfigSection:
 
 def point_row(p: PointInfo) -> PointRow:
     """One done point's table row, recomputed from its records."""
-    s = p.sample()
+    s = point_sample(p)
     values = {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS}
     from collections import Counter
 
@@ -132,14 +136,7 @@ def point_row(p: PointInfo) -> PointRow:
 
 def saturation_flags(p: PointInfo, s, summary: dict) -> list[str]:
     """Signs that the load generator, not the server, limited the point; or that the workload was not as asked."""
-    flags: list[str] = []
-    sat = summary.get("saturation") or (summary.get("load_generator") or {}).get("flags")
-    if isinstance(sat, dict):
-        flags += [f"{k}: {v}" for k, v in sat.items() if v]
-    elif isinstance(sat, list):
-        flags += [str(x) for x in sat]
-    elif sat:
-        flags.append(str(sat))
+    flags = list((summary.get("client_headroom") or {}).get("reasons") or [])
     lag = metric("schedule_lag_p99").value(s)
     if math.isfinite(lag) and lag > LAG_FLAG_MS:
         flags.append(f"schedule lag p99 {lag:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind")
@@ -360,9 +357,7 @@ def _run_facts(run: Run) -> list[tuple[str, str]]:
 
 
 def _elapsed(m: dict) -> float | None:
-    from servesweep.results.compare import _secs_between
-
-    return _secs_between(m.get("created"), m.get("updated"))
+    return secs_between(m.get("created"), m.get("updated"))
 
 
 def _resolved(cfg: dict) -> tuple[list[tuple[str, str, str]], dict]:
@@ -381,7 +376,6 @@ def _resolved(cfg: dict) -> tuple[list[tuple[str, str, str]], dict]:
 
 
 def render_html(rep: Report) -> str:
-    from servesweep.results.compare import compare_html_section
     from servesweep.results.templates import render
 
     run = rep.run
@@ -435,6 +429,78 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _md_points(sec: ConfigSection) -> list[str]:
+    header = [
+        "workload",
+        "prompt",
+        "output",
+        "concurrency",
+        *[c[1] for c in COLUMNS],
+        "ok",
+        "failures",
+        "SLO",
+        "flags",
+    ]
+    rows = [
+        [
+            r.info.workload,
+            str(r.info.prompt_tokens),
+            str(r.info.output_tokens),
+            str(r.info.concurrency),
+            *[fmt(r.values[k], d, pct=(u == "%")) for k, _, _, u, d in COLUMNS],
+            str(r.ok),
+            _failures_text(r),
+            _slo_text(r),
+            "; ".join(r.flags) or "-",
+        ]
+        for r in sec.rows
+    ]
+    return [_md_table(header, rows), ""]
+
+
+def _md_by_prompt(sec: ConfigSection) -> list[str]:
+    """Output tok/s and TTFT p50 with prompt lengths as columns; nothing when the section has one prompt length."""
+    keys, prompts, cells = _pivot(sec)
+    if len(prompts) < 2:
+        return []
+
+    def cell(k: tuple, pl: int) -> str:
+        r = cells.get((k, pl))
+        return "-" if r is None else f"{fmt(r.values['output_tokens_per_s'])} / {fmt(r.values['ttft_p50'])}"
+
+    rows = [[k[0], str(k[1]), str(k[2]), *(cell(k, pl) for pl in prompts)] for k in keys]
+    header = ["workload", "output", "concurrency", *[f"prompt {pl}" for pl in prompts]]
+    return ["By prompt length (output tok/s / TTFT p50 ms):", "", _md_table(header, rows), ""]
+
+
+def _md_section(sec: ConfigSection) -> list[str]:
+    out = [f"## {sec.title}", ""]
+    if sec.rows:
+        out += _md_points(sec) + _md_by_prompt(sec)
+    if sec.not_done:
+        rows = [[p.point_id, p.status, p.reason or "-"] for p in sec.not_done]
+        out += ["Points not measured:", "", _md_table(["point", "status", "reason"], rows), ""]
+    return out
+
+
+def _md_comparison(rc: RunComparison) -> list[str]:
+    rows = [
+        [
+            point_label(pc.a),
+            c.metric.name,
+            fmt_value(c.a, c.metric.unit),
+            fmt_value(c.b, c.metric.unit),
+            fmt_change(c),
+            fmt_ci(c),
+            c.verdict,
+        ]
+        for pc in rc.points
+        for c in pc.changes
+    ]
+    header = ["point", "metric", "baseline", "run", "change", "interval", "verdict"]
+    return [f"## Comparison with baseline {rc.a.run_id}", "", _md_table(header, rows), ""]
+
+
 def render_markdown(rep: Report) -> str:
     run = rep.run
     out = [f"# servesweep report: {run.run_id}", ""]
@@ -446,95 +512,13 @@ def render_markdown(rep: Report) -> str:
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
     for sec in rep.sections:
-        out += [f"## {sec.title}", ""]
-        if sec.rows:
-            header = [
-                "workload",
-                "prompt",
-                "output",
-                "concurrency",
-                *[c[1] for c in COLUMNS],
-                "ok",
-                "failures",
-                "SLO",
-                "flags",
-            ]
-            rows = []
-            for r in sec.rows:
-                rows.append(
-                    [
-                        r.info.workload,
-                        str(r.info.prompt_tokens),
-                        str(r.info.output_tokens),
-                        str(r.info.concurrency),
-                        *[fmt(r.values[k], d, pct=(u == "%")) for k, _, _, u, d in COLUMNS],
-                        str(r.ok),
-                        _failures_text(r),
-                        _slo_text(r),
-                        "; ".join(r.flags) or "-",
-                    ]
-                )
-            out += [_md_table(header, rows), ""]
-            keys, prompts, cells = _pivot(sec)
-            if len(prompts) > 1:
-                out += ["By prompt length (output tok/s / TTFT p50 ms):", ""]
-                prow = []
-                for k in keys:
-                    prow.append(
-                        [k[0], str(k[1]), str(k[2])]
-                        + [
-                            (
-                                f"{fmt(cells[(k, pl)].values['output_tokens_per_s'])} / "
-                                f"{fmt(cells[(k, pl)].values['ttft_p50'])}"
-                            )
-                            if (k, pl) in cells
-                            else "-"
-                            for pl in prompts
-                        ]
-                    )
-                out += [
-                    _md_table(
-                        ["workload", "output", "concurrency", *[f"prompt {pl}" for pl in prompts]], prow
-                    ),
-                    "",
-                ]
-        nd = sec.not_done
-        if nd:
-            out += ["Points not measured:", ""]
-            out += [
-                _md_table(
-                    ["point", "status", "reason"], [[p.point_id, p.status, p.reason or "-"] for p in nd]
-                ),
-                "",
-            ]
+        out += _md_section(sec)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]
     if est:
-        out += ["## Planner estimate vs actual", ""]
-        out += [
-            _md_table(
-                ["point", "estimate", "actual"],
-                [[p.point_id, fmt_s(p.est_s), fmt_s(p.actual_s)] for p in est],
-            ),
-            "",
-        ]
+        rows = [[p.point_id, fmt_s(p.est_s), fmt_s(p.actual_s)] for p in est]
+        out += ["## Planner estimate vs actual", "", _md_table(["point", "estimate", "actual"], rows), ""]
     for rc in rep.comparisons:
-        from servesweep.results.compare import fmt_change, fmt_ci, fmt_value, point_label
-
-        out += [f"## Comparison with baseline {rc.a.run_id}", ""]
-        rows = [
-            [
-                point_label(pc.a),
-                c.metric.name,
-                fmt_value(c.a, c.metric.unit),
-                fmt_value(c.b, c.metric.unit),
-                fmt_change(c),
-                fmt_ci(c),
-                c.verdict,
-            ]
-            for pc in rc.points
-            for c in pc.changes
-        ]
-        out += [_md_table(["point", "metric", "baseline", "run", "change", "interval", "verdict"], rows), ""]
+        out += _md_comparison(rc)
     out += ["", f"Full report with plots: {HTML_NAME}", ""]
     return "\n".join(out)
 

@@ -1,6 +1,5 @@
-"""The results folder of `servesweep load`: `runs/<run_id>/<point_id>/{records.parquet,summary.json,locust.log}`
-plus `runs/<run_id>/manifest.json`. Every file is written atomically and durably (`write_atomic`: temp file,
-fsync, rename, folder fsync).
+"""Writing results: `write_atomic`, the one atomic and durable file writer (temp file, fsync, rename, folder fsync),
+and the start of a `servesweep load` run folder (its format: servesweep.results.runfolder).
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MANIFEST = "manifest.json"
+from servesweep.results.runfolder import MANIFEST
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> Path:
@@ -45,7 +44,8 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int | None = None) -> P
 
 
 def write_json_atomic(path: Path, data) -> None:
-    """`data` as indented JSON (Paths and pydantic models included), written with `write_atomic`."""
+    """`data` as indented JSON, written with `write_atomic`: Paths as strings, pydantic models dumped, any other
+    object as its str() (a manifest save must not fail on one odd value)."""
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_default) + "\n")
 
 
@@ -54,7 +54,7 @@ def _default(o):
         return str(o)
     if hasattr(o, "model_dump"):
         return o.model_dump(mode="json")
-    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+    return str(o)
 
 
 def new_run(root: Path, prefix: str = "load") -> tuple[str, Path]:
@@ -67,13 +67,3 @@ def new_run(root: Path, prefix: str = "load") -> tuple[str, Path]:
 
 def write_manifest(run_dir: Path, manifest: dict) -> None:
     write_json_atomic(Path(run_dir) / MANIFEST, manifest)
-
-
-def read_summary(point_dir: Path) -> dict:
-    p = Path(point_dir) / "summary.json"
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{p}: no summary (the point did not finish)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON ({e})") from None

@@ -88,7 +88,7 @@ def _arrivals(m: pa.Table) -> dict | None:
 
 CPU_SATURATED_PCT = 90.0  # a process near one full core cannot take its stamps on time
 LOOP_LAG_SATURATED_MS = 20.0  # p99 of how late a 50 ms sleep wakes up: a stamp can be this late as well
-# With kernel receive stamps a late read no longer makes a stamp late; it merges chunks once the reader falls a
+# With kernel receive stamps a late read does not make a stamp late; it merges chunks once the reader falls a
 # whole chunk gap behind (they then share one stamp: ITL gaps of exactly 0). Flag the client when more than this
 # share of the ITL gaps were merged: past it the ITL percentiles themselves move.
 MERGED_GAPS_SATURATED_SHARE = 0.01
@@ -158,16 +158,14 @@ def client_headroom(
     }
 
 
-def _rx_clocks(t: pa.Table) -> dict[str, int] | None:
-    """How many records' stamps came from the kernel ('kernel') or user space ('user'), if the user recorded it."""
-    if "rx_clock" not in t.column_names:
-        return None
+def _rx_clocks(t: pa.Table) -> dict[str, int]:
+    """How many records' stamps came from the kernel ('kernel') or user space ('user'); 'unknown' where unset."""
     return dict(Counter(v or "unknown" for v in t.column("rx_clock").to_pylist()))
 
 
 def _read_lag_ms(records: pa.Table | None) -> dict | None:
-    """The records' per-request read lag (user-space stamp minus kernel receive stamp), if the user recorded it."""
-    if records is None or "read_lag_ns" not in records.column_names:
+    """The records' per-request read lag (user-space stamp minus kernel receive stamp) where the user recorded it."""
+    if records is None:
         return None
     v = _col(records, "read_lag_ns") / _NS_PER_MS
     return stats(v[~np.isnan(v)])
@@ -181,17 +179,10 @@ def _col(t: pa.Table, name: str) -> np.ndarray:
     return t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
-def _opt(t: pa.Table, name: str) -> np.ndarray:
-    """An optional column (records.OPTIONAL_COLUMNS) as float64, all NaN when the table lacks it."""
-    if name in t.column_names:
-        return _col(t, name)
-    return np.full(t.num_rows, np.nan)
-
-
 def _reasoning(ok: pa.Table, sent: np.ndarray) -> dict:
     """Reasoning models: time to the first reasoning and the first answer chunk, and the reasoning tokens."""
-    fr = _opt(ok, "first_reasoning_ns")
-    fa = _opt(ok, "first_answer_ns")
+    fr = _col(ok, "first_reasoning_ns")
+    fa = _col(ok, "first_answer_ns")
     rt = _col(ok, "reasoning_tokens")
     return {
         "time_to_first_reasoning_ms": stats(((fr - sent) / _NS_PER_MS)[~np.isnan(fr)]),
@@ -202,14 +193,11 @@ def _reasoning(ok: pa.Table, sent: np.ndarray) -> dict:
 
 def _sessions(ok: pa.Table, measured: pa.Table, window_s: float) -> dict | None:
     """Agent sessions: per turn (TTFT, prompt and cached tokens) and per session (turns, time to finish)."""
-    if (
-        "session_id" not in measured.column_names
-        or measured.column("session_id").null_count == measured.num_rows
-    ):
+    if measured.column("session_id").null_count == measured.num_rows:
         return None
     sid_all = measured.column("session_id").to_pylist()
     sid = ok.column("session_id").to_pylist()
-    turn = _opt(ok, "turn")
+    turn = _col(ok, "turn")
     sent, first, end = _col(ok, "sent_ns"), _col(ok, "first_token_ns"), _col(ok, "end_ns")
     prompt, cached = _col(ok, "prompt_tokens"), _col(ok, "cached_tokens")
     per_turn = []

@@ -15,9 +15,7 @@ def _latency(title: str, hist: str, sel: str, desc: str) -> dict:
     return g.timeseries(title, ts, unit="s", desc=desc)
 
 
-def build() -> dict:
-    L = g.Layout()
-    L.row("Client (servesweep exporter): what users saw")
+def _client_latencies(L: g.Layout) -> None:
     L.add(
         _latency("Client TTFT", "servesweep_ttft_seconds", CLIENT, "Send to first token-bearing chunk."), w=8
     )
@@ -31,6 +29,10 @@ def build() -> dict:
         _latency("Client TPOT", "servesweep_tpot_seconds", CLIENT, "(end - first token) / (tokens - 1)."), w=8
     )
     L.add(_latency("Client E2E latency", "servesweep_e2e_seconds", CLIENT, "Send to end of stream."), w=8)
+
+
+def _client_traffic(L: g.Layout) -> None:
+    """Tokens, requests, errors, users and the load generator's own lag."""
     L.add(g.timeseries("Client tokens/s", [
         g.target(rate_sum("servesweep_completion_tokens_total", CLIENT), "output tok/s"),
         g.target(rate_sum("servesweep_prompt_tokens_total", CLIENT), "prompt tok/s"),
@@ -59,7 +61,8 @@ def build() -> dict:
         g.target(quantile(0.5, "sglang:time_to_first_token_seconds", SERVER), "server"),
     ], unit="s", desc="The gap is network, HTTP and client overhead."), w=8)  # fmt: skip
 
-    L.row("Server (SGLang /metrics)")
+
+def _server(L: g.Layout) -> None:
     L.add(g.timeseries("Running and queued requests", [
         g.target(f"sum by (instance) (sglang:num_running_reqs{{{SERVER}}})", "running {{instance}}"),
         g.target(f"sum by (instance) (sglang:num_queue_reqs{{{SERVER}}})", "queued {{instance}}"),
@@ -94,6 +97,14 @@ def build() -> dict:
         w=8,
     )
 
+
+def build() -> dict:
+    L = g.Layout()
+    L.row("Client (servesweep exporter): what users saw")
+    _client_latencies(L)
+    _client_traffic(L)
+    L.row("Server (SGLang /metrics)")
+    _server(L)
     annotations = [{
         "name": "Matrix points", "datasource": g.DS, "enable": True, "hide": False, "iconColor": "orange",
         "expr": 'max by (run_id, point_id) (servesweep_point_running{run_id=~"$run_id"}) > 0',
