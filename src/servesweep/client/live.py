@@ -33,7 +33,6 @@ LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "e2e_ms": "E2E ms",
     "decode_tps": "per-request tok/s",
 }
-_PER_REQUEST = metrics.PER_REQUEST_SLO_METRICS
 RATE_WINDOW_S = 10  # the "now" output rate: this many whole seconds ...
 KEEP_BINS_S = 120  # ... from per-second bins kept this long
 
@@ -157,13 +156,13 @@ def _num(v) -> float | None:
 class LiveStats:
     """The mergeable aggregate of finished requests (see the module docstring for every definition).
 
-    `slos`: summary.SLO objects; the per-request ones (no percentile: 'ttft<=2s') count each successful request
+    `slos`: config.slo.SLO objects; the per-request ones (no percentile: 'ttft<=2s') count each successful request
     that meets all of them (goodput, as servesweep.results.metrics defines it: itl = the request's largest chunk gap).
     """
 
     def __init__(self, slos=()) -> None:
-        self.slos = [x for x in slos if x.stat is None and x.metric in _PER_REQUEST]
-        self._slo_limits = [(x.metric, x.op, x.value) for x in self.slos]
+        self.slos = [x for x in slos if x.per_request]
+        self._slo_limits = [(x.name, x.op, x.value) for x in self.slos]
         self.good = 0
         self.sketches: dict[str, Sketch] = {k: Sketch() for k in LATENCIES}
         self.ok = 0

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesweep.config.slo import OPS, PER_REQUEST
+from servesweep.config.slo import OPS
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 
 # The per-request latencies a per-request SLO (goodput) can judge (config/slo.py); client/live.py reads this name.
-PER_REQUEST_SLO_METRICS = PER_REQUEST
 
 
 # ---------------------------------------------------------------- one request
