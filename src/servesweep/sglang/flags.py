@@ -281,6 +281,16 @@ def defaults(version: str) -> dict[str, Any]:
 # Names across versions
 
 
+def _same_meaning(row: dict[str, Any], flag: Flag) -> bool:
+    """Whether an option takes the same value as its field's own: an alias, not a switch that stores a constant
+    into a field of another type (0.5.15's --disable-piecewise-cuda-graph sets cuda_graph_backend_prefill)."""
+    if row is flag.row:
+        return True
+    if row["action"] in ("store_const", "deprecated"):
+        return False
+    return Flag(flag.field, flag.version, (row,)).kind == flag.kind
+
+
 @cache
 def _rename_classes() -> dict[str, frozenset[str]]:
     """Names that mean one flag across the tables: a row's field and its option strings' names, joined through
@@ -298,6 +308,8 @@ def _rename_classes() -> dict[str, frozenset[str]]:
         t = table(v)
         for flag in t.fields.values():
             for row in flag.rows:
+                if not _same_meaning(row, flag):
+                    continue
                 for o in row["option_strings"]:
                     if not (flag.kind == "bool" and o.startswith("--no-")):
                         parent[find(_long_name(o))] = find(flag.field)
@@ -632,6 +644,8 @@ def _experiment_flag(raw_key: str, version: str) -> tuple[str, Flag | None, str 
         return key, None, f"{e} (SGLang {version})"
     if flag is not None:
         name = canonical_name(flag.field)
+        if name != flag.field and name in table(version).fields:
+            name = flag.field  # the newest name is another flag in this version: keep this version's
         if name in RESERVED_FLAGS:
             return name, None, f"set by servesweep from {RESERVED_FLAGS[name]}; do not give it as a flag"
         return name, flag, None
