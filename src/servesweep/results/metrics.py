@@ -23,7 +23,6 @@ from servesweep.config.slo import OPS
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 
-# The per-request latencies a per-request SLO (goodput) can judge (config/slo.py); client/live.py reads this name.
 
 
 # ---------------------------------------------------------------- one request
