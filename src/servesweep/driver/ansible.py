@@ -96,20 +96,11 @@ def run_playbook(
     see: ansible-runner writes its whole environment into the artifact folder (`command`), and fact gathering
     records it too.
     """
-    for mod in ("gevent", "locust"):
-        if mod in sys.modules:
-            raise RuntimeError(
-                f"ansible-runner must not run in a process that imported {mod}: it hangs after the playbook "
-                "(gevent's monkey-patching); run Locust in a subprocess instead"
-            )
+    _refuse_under_gevent()
     import ansible_runner  # imported here: the rest of servesweep does not need it
 
     adir = ansible_dir()
-    pb = Path(playbook)
-    if not pb.is_absolute():
-        pb = adir / pb
-    if not pb.exists():
-        raise FileNotFoundError(f"playbook {pb} does not exist")
+    pb = _playbook_path(playbook, adir)
     inv_path = Path(inventory).expanduser()
     inv_is_file = "\n" not in inventory and inv_path.exists()
     artifact_dir.mkdir(parents=True, exist_ok=True)
@@ -119,63 +110,24 @@ def run_playbook(
         if not inv_is_file:
             (pd / "inventory").mkdir()
             (pd / "inventory" / "hosts.ini").write_text(inventory)
-        bin_dir = str(Path(sys.executable).parent)
-        envvars = {
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-            "ANSIBLE_ROLES_PATH": str(adir / "roles"),
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_RETRY_FILES_ENABLED": "0",
-            "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "False"),
-            "ANSIBLE_LOCAL_TEMP": str(pd / "tmp"),
-            "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        }
-        extravars = dict(extravars)
-        if secrets:
-            (pd / "secrets").mkdir(mode=0o700)
-            for name, value in secrets.items():
-                f = pd / "secrets" / name
-                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as fh:
-                    fh.write(value)
-                extravars[name] = "{{ lookup('ansible.builtin.file', " + repr(str(f)) + ", rstrip=False) }}"
-        cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
-        failures: list[str] = []
-        artifact: dict[str, Any] = {}
-
-        def handler(ev: dict) -> bool:
-            tracker.sample()
-            data = ev.get("event_data") or {}
-            if ev.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get(
-                "ignore_errors"
-            ):
-                res = data.get("res") or {}
-                msg = res.get("msg") or res.get("stderr") or res.get("stdout") or "failed"
-                failures.append(f"{data.get('host', '?')}: {data.get('task', '?')}: {str(msg).strip()}")
-            if ev.get("event") == "playbook_on_stats":
-                artifact.update(data.get("artifact_data") or {})
-            if on_event is not None:
-                try:
-                    on_event(ev)
-                except Exception:  # a progress display must never break the run
-                    pass
-            return True
-
+        events = _Events(tracker, on_event)
         t0 = time.monotonic()
         kwargs: dict[str, Any] = dict(
             private_data_dir=str(pd),
             project_dir=str(adir),
             playbook=str(pb),
             inventory=str(inv_path) if inv_is_file else str(pd / "inventory" / "hosts.ini"),
-            extravars=dict(extravars),
-            envvars=envvars,
+            extravars={**extravars, **_secret_files(pd, secrets or {})},
+            envvars=_envvars(pd, adir),
             ident=ident,
             artifact_dir=str(artifact_dir),
             quiet=True,
-            event_handler=handler,
+            event_handler=events.handle,
             # polled about once a second (pexpect_timeout): the moment to record the playbook's processes
             cancel_callback=lambda: tracker.sample() or (bool(cancel()) if cancel is not None else False),
             settings={"suppress_env_files": True, "pexpect_timeout": 1},
         )
+        cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)
         if limit:
             kwargs["limit"] = limit
         if cmdline:
@@ -187,24 +139,103 @@ def run_playbook(
             r = ansible_runner.run(**kwargs)
         finally:
             os.environ.update(hidden)
-        result = PlaybookResult(
-            status=r.status,
-            rc=r.rc if r.rc is not None else -1,
-            duration_s=time.monotonic() - t0,
-            failures=failures,
-            artifact_data=artifact,
-            stats=r.stats,
-            artifact_dir=Path(r.config.artifact_dir),
-        )
-        if result.status in ("failed",) and not failures and r.rc != 0:
-            # no failed task event: a syntax error or a missing binary; the playbook's stdout says which
-            tail = _tail(Path(r.config.artifact_dir) / "stdout", 12)
-            if tail:
-                result.failures.append(tail)
-        return result
+        return _result(r, time.monotonic() - t0, events)
     finally:
         tracker.finish()
         shutil.rmtree(pd, ignore_errors=True)
+
+
+def _refuse_under_gevent() -> None:
+    for mod in ("gevent", "locust"):
+        if mod in sys.modules:
+            raise RuntimeError(
+                f"ansible-runner must not run in a process that imported {mod}: it hangs after the playbook "
+                "(gevent's monkey-patching); run Locust in a subprocess instead"
+            )
+
+
+def _playbook_path(playbook: str | Path, adir: Path) -> Path:
+    pb = Path(playbook)
+    if not pb.is_absolute():
+        pb = adir / pb
+    if not pb.exists():
+        raise FileNotFoundError(f"playbook {pb} does not exist")
+    return pb
+
+
+def _envvars(pd: Path, adir: Path) -> dict[str, str]:
+    """ansible-playbook's environment: the venv's bin first on PATH, servesweep's roles, no colour or retry
+    files, temporary files inside the private data dir."""
+    return {
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        "ANSIBLE_ROLES_PATH": str(adir / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        "ANSIBLE_HOST_KEY_CHECKING": os.environ.get("ANSIBLE_HOST_KEY_CHECKING", "False"),
+        "ANSIBLE_LOCAL_TEMP": str(pd / "tmp"),
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+    }
+
+
+def _secret_files(pd: Path, secrets: Mapping[str, str]) -> dict[str, str]:
+    """Each secret in a 0600 file of the private data dir; the extravar holds a lookup of that file, never the
+    value."""
+    if not secrets:
+        return {}
+    (pd / "secrets").mkdir(mode=0o700)
+    out = {}
+    for name, value in secrets.items():
+        f = pd / "secrets" / name
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(value)
+        out[name] = "{{ lookup('ansible.builtin.file', " + repr(str(f)) + ", rstrip=False) }}"
+    return out
+
+
+class _Events:
+    """ansible-runner's event handler: records the playbook's processes, collects failed tasks and the
+    artifact data the playbook hands back, and passes every event on to `on_event`."""
+
+    def __init__(self, tracker: _Tracker, on_event: Callable[[dict], None] | None) -> None:
+        self.tracker = tracker
+        self.on_event = on_event
+        self.failures: list[str] = []
+        self.artifact: dict[str, Any] = {}
+
+    def handle(self, ev: dict) -> bool:
+        self.tracker.sample()
+        data = ev.get("event_data") or {}
+        if ev.get("event") in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            res = data.get("res") or {}
+            msg = res.get("msg") or res.get("stderr") or res.get("stdout") or "failed"
+            self.failures.append(f"{data.get('host', '?')}: {data.get('task', '?')}: {str(msg).strip()}")
+        if ev.get("event") == "playbook_on_stats":
+            self.artifact.update(data.get("artifact_data") or {})
+        if self.on_event is not None:
+            try:
+                self.on_event(ev)
+            except Exception:  # a progress display must never break the run
+                pass
+        return True
+
+
+def _result(r: Any, duration_s: float, events: _Events) -> PlaybookResult:
+    result = PlaybookResult(
+        status=r.status,
+        rc=r.rc if r.rc is not None else -1,
+        duration_s=duration_s,
+        failures=events.failures,
+        artifact_data=events.artifact,
+        stats=r.stats,
+        artifact_dir=Path(r.config.artifact_dir),
+    )
+    if result.status in ("failed",) and not events.failures and r.rc != 0:
+        # no failed task event: a syntax error or a missing binary; the playbook's stdout says which
+        tail = _tail(Path(r.config.artifact_dir) / "stdout", 12)
+        if tail:
+            result.failures.append(tail)
+    return result
 
 
 def _tail(path: Path, n: int) -> str:

@@ -453,7 +453,7 @@ class Engine:
         """Form the next batch (prefill first, else decode), reserve its KV, and return its duration.
 
         With --enable-mixed-chunk (and no speculative decoding, as in SGLang) a prefill step also carries one
-        decode token of every running request, so long prefills no longer stall decodes.
+        decode token of every running request, so long prefills do not stall decodes.
         """
         running_before = bool(self.running)
         batch = self._form_prefill()

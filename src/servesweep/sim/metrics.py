@@ -250,6 +250,15 @@ class SimMetrics:
         return m
 
     def collect(self):
+        """One scrape, in SGLang's order: the scheduler's gauges, its constants (when exposed), the tokenizer's
+        counters and histograms, the HTTP server's counters."""
+        yield from self._scheduler_gauges()
+        if self.constants:
+            yield from self._constant_gauges()
+        yield from self._tokenizer_metrics()
+        yield from self._http_metrics()
+
+    def _scheduler_gauges(self):
         st = self.engine.stats()
         r = self.resolved
         spec = bool(getattr(r, "spec_algorithm", None))
@@ -276,31 +285,35 @@ class SimMetrics:
         yield self._gauge(
             "num_retracted_reqs", getattr(st, "num_retracted_reqs", 0), extra={"pid": str(os.getpid())}
         )
-        if self.constants:
-            mu = getattr(r, "memory_usage", {}) or {}
-            mu = mu if isinstance(mu, dict) else vars(mu)
-            yield self._gauge("max_total_num_tokens", r.max_total_num_tokens)
-            yield self._gauge("context_len", r.context_len)
-            yield self._gauge("page_size", getattr(r, "page_size", None) or 1)
-            yield self._gauge("weight_memory_usage_gb", mu.get("weight", 0) or 0)
-            yield self._gauge("kv_cache_memory_usage_gb", mu.get("kvcache", 0) or 0)
-            graph = mu.get("graph") or {}
-            g = GaugeMetricFamily(
-                "sglang:graph_memory_usage_gb",
-                HELP["graph_memory_usage_gb"],
-                labels=[*self.sched_labels, "phase"],
-            )
-            for phase, val in graph.items() if isinstance(graph, dict) else [("decode", graph)]:
-                g.add_metric([*self.sched_labels.values(), phase], float(val or 0))
-            yield g
-            s = GaugeMetricFamily(
-                "sglang:startup_time_seconds",
-                HELP["startup_time_seconds"],
-                labels=[*self.sched_labels, "phase"],
-            )
-            s.add_metric([*self.sched_labels.values(), "load_weights"], float(self.args.sim_load_time))
-            yield s
-        # tokenizer-side, updated at request finish
+
+    def _constant_gauges(self):
+        r = self.resolved
+        mu = getattr(r, "memory_usage", {}) or {}
+        mu = mu if isinstance(mu, dict) else vars(mu)
+        yield self._gauge("max_total_num_tokens", r.max_total_num_tokens)
+        yield self._gauge("context_len", r.context_len)
+        yield self._gauge("page_size", getattr(r, "page_size", None) or 1)
+        yield self._gauge("weight_memory_usage_gb", mu.get("weight", 0) or 0)
+        yield self._gauge("kv_cache_memory_usage_gb", mu.get("kvcache", 0) or 0)
+        graph = mu.get("graph") or {}
+        g = GaugeMetricFamily(
+            "sglang:graph_memory_usage_gb",
+            HELP["graph_memory_usage_gb"],
+            labels=[*self.sched_labels, "phase"],
+        )
+        for phase, val in graph.items() if isinstance(graph, dict) else [("decode", graph)]:
+            g.add_metric([*self.sched_labels.values(), phase], float(val or 0))
+        yield g
+        s = GaugeMetricFamily(
+            "sglang:startup_time_seconds",
+            HELP["startup_time_seconds"],
+            labels=[*self.sched_labels, "phase"],
+        )
+        s.add_metric([*self.sched_labels.values(), "load_weights"], float(self.args.sim_load_time))
+        yield s
+
+    def _tokenizer_metrics(self):
+        """Tokenizer-side: updated when a request finishes."""
         yield self._counter("prompt_tokens", self.prompt_tokens)
         yield self._counter("generation_tokens", self.generation_tokens)
         yield self._counter("num_requests", self.num_requests)
@@ -321,6 +334,8 @@ class SimMetrics:
         yield self._hist("prompt_tokens_histogram", self.prompt_hist)
         yield self._hist("uncached_prompt_tokens_histogram", self.uncached_hist)
         yield self._hist("generation_tokens_histogram", self.gen_hist)
+
+    def _http_metrics(self):
         hr = CounterMetricFamily("sglang:http_requests", HELP["http_requests"], labels=["endpoint", "method"])
         for (ep, meth), val in self.http_requests.items():
             hr.add_metric([ep, meth], float(val))

@@ -142,7 +142,7 @@ class GenerationStream:
                 else:
                     try:
                         k = os_write(self.fd, data)
-                    except OSError:  # EAGAIN, EPIPE: the transport buffers it or reports the error as before
+                    except OSError:  # EAGAIN, EPIPE: the transport buffers it, or reports the error itself
                         k = 0
                     if k != len(data):
                         tr.write(data[k:] if k else data)
