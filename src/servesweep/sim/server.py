@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -29,13 +30,18 @@ log = logging.getLogger("servesweep.sim")
 # ====================================================================== the application
 
 
+def _version(v: str) -> tuple[int, ...]:
+    """'0.5.15.post1' -> (0, 5, 15, 1), '0.5.23' -> (0, 5, 23, 0), for ordering versions. The parser (sim/cli.py)
+    has checked the form; parsed here so that the server does not import its own command line."""
+    nums = [int(n) for n in re.findall(r"\d+", v)]
+    return tuple((nums + [0, 0, 0, 0])[:4])
+
+
 class SimApp:
     def __init__(self, args, resolved, engine_mod):
-        from .cli import version_tuple
-
         self.args = args
         self.resolved = resolved
-        self.version = version_tuple(args.sim_sglang_version)
+        self.version = _version(args.sim_sglang_version)
         self.legacy = self.version < (0, 5, 10)
         self.engine_mod = engine_mod
         self.engine = engine_mod.Engine(
@@ -741,12 +747,7 @@ class BatchGroup:
 
 def run_server(args) -> int:
     """Resolve the server like SGLang, print its start-up lines, serve until SIGTERM/SIGINT."""
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="[%(asctime)s] %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        stream=sys.stdout,
-    )
+    _configure_logging(args.log_level)
     from servesweep.sglang import hardware
 
     from . import engine as engine_mod
@@ -757,23 +758,8 @@ def run_server(args) -> int:
     except ValueError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
-    try:  # thousands of concurrent streams need as many descriptors: lift the soft limit to the hard one
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-            resource.setrlimit(
-                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
-            )
-    except (ImportError, ValueError, OSError):
-        pass
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+    _lift_descriptor_limit()
+    loop = _new_event_loop()
     try:
         app = SimApp(args, resolved, engine_mod)
     except ValueError as e:  # e.g. an unknown --sim-calibration key or profile
@@ -793,13 +779,56 @@ def run_server(args) -> int:
     port = server.sockets[0].getsockname()[1]
     log.info(f"Uvicorn running on http://{args.host}:{port} (Press CTRL+C to quit)")
     app.engine.start(loop)
+    stop, force = _stop_signals(loop)
+    try:
+        loop.run_until_complete(_serve(app, loop, server, stop, force, args.sim_load_time))
+    finally:
+        if app.gt is not None:
+            app.gt.close()
+    return 0
 
+
+def _configure_logging(level) -> None:
+    logging.basicConfig(
+        level=getattr(logging, str(level).upper(), logging.INFO),
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+    )
+
+
+def _lift_descriptor_limit() -> None:
+    """Thousands of concurrent streams need as many descriptors: lift the soft limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard)
+            )
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    return loop
+
+
+def _stop_signals(loop) -> tuple[asyncio.Future, asyncio.Future]:
+    """Futures set by SIGTERM/SIGINT. The first signal drains (as SGLang: /health 503, running requests finish,
+    new ones are refused); a second one, or SGL_FORCE_SHUTDOWN=1, exits at once."""
     stop = loop.create_future()
     force = loop.create_future()
 
     def _signal(*_):
-        # first signal: drain (as SGLang: /health 503, running requests finish, new ones are refused);
-        # a second one, or SGL_FORCE_SHUTDOWN=1, exits at once
         if not stop.done():
             stop.set_result(True)
         elif not force.done():
@@ -807,46 +836,46 @@ def run_server(args) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signal)
+    return stop, force
 
-    async def startup():
-        t0 = time.monotonic()
-        await loop.run_in_executor(None, app.load)
-        # The tokenizer and word tables live forever: keep the cyclic GC from rescanning them, and collect the
-        # young generation less often (per-chunk work allocates a little; full scans are what cause stalls).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(20_000, 50, 50)
-        rest = args.sim_load_time - (time.monotonic() - t0)
-        if rest > 0:
-            await asyncio.sleep(rest)
-        app.ready = True
-        log.info("The server is fired up and ready to roll!")
 
-    async def flusher():
-        last_steps = 0
-        while True:
-            await asyncio.sleep(1.0)
-            if app.gt is not None:
-                app.gt.flush()
-            last_steps = app.log_decode(last_steps)
+async def _startup(app, loop, load_time: float) -> None:
+    """Load the tokenizer and tables, wait out the rest of --sim-load-time, then answer /health 200."""
+    t0 = time.monotonic()
+    await loop.run_in_executor(None, app.load)
+    # The tokenizer and word tables live forever: keep the cyclic GC from rescanning them, and collect the
+    # young generation less often (per-chunk work allocates a little; full scans are what cause stalls).
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 50)
+    rest = load_time - (time.monotonic() - t0)
+    if rest > 0:
+        await asyncio.sleep(rest)
+    app.ready = True
+    log.info("The server is fired up and ready to roll!")
 
-    async def main():
-        st = loop.create_task(startup())
-        fl = loop.create_task(flusher())
-        await stop
-        app.draining = True
-        st.cancel()
-        if app._active and os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() not in ("1", "true", "yes"):
-            log.info(f"Gracefully exiting... Remaining number of requests {len(app._active)}.")
-            while app._active and not force.done():  # bounded: every request has a token budget
-                await asyncio.wait([force], timeout=0.05)
-        server.close()
-        fl.cancel()
-        await app.engine.stop()
 
-    try:
-        loop.run_until_complete(main())
-    finally:
+async def _flusher(app) -> None:
+    """Once a second: the ground truth to disk, SGLang's decode log line."""
+    last_steps = 0
+    while True:
+        await asyncio.sleep(1.0)
         if app.gt is not None:
-            app.gt.close()
-    return 0
+            app.gt.flush()
+        last_steps = app.log_decode(last_steps)
+
+
+async def _serve(app, loop, server, stop, force, load_time: float) -> None:
+    """Start up, serve until the first stop signal, drain unless forced, then close."""
+    st = loop.create_task(_startup(app, loop, load_time))
+    fl = loop.create_task(_flusher(app))
+    await stop
+    app.draining = True
+    st.cancel()
+    if app._active and os.environ.get("SGL_FORCE_SHUTDOWN", "").lower() not in ("1", "true", "yes"):
+        log.info(f"Gracefully exiting... Remaining number of requests {len(app._active)}.")
+        while app._active and not force.done():  # bounded: every request has a token budget
+            await asyncio.wait([force], timeout=0.05)
+    server.close()
+    fl.cancel()
+    await app.engine.stop()
