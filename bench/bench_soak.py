@@ -151,42 +151,47 @@ class Sampler:
 
 
 def flatness(samples: list[list], const_users: int | None, warm_s: float = 60.0) -> dict:
-    """RSS/fd figures of one process; `flat_*` per the module doc. users: the sample's, else const_users."""
+    """RSS/fd figures of one process; `flat_*` per the module doc, judged over the samples taken while users ran
+    (a sample's users: what it recorded, else const_users). start/end/max are over every sample (before the web
+    UI's start and after its stop too)."""
     if not samples:
         return {"samples": 0}
-    t0, t1 = samples[0][0], samples[-1][0]
-    warm_t = t0 + max(0.10 * (t1 - t0), warm_s)  # start-up (imports, prompt pool, first spawn) is not growth
-    if t1 - t0 < 2 * warm_s:  # too short a life to call flat or not
-        warm_t = t0 + 0.10 * (t1 - t0)
-    warm = next(s for s in samples if s[0] >= warm_t)
+
+    def users(s):
+        return s[3] if s[3] is not None else (const_users or 0)
+
+    run = [s for s in samples if users(s) > 0] or samples
+    t0, t1 = run[0][0], run[-1][0]
+    short = t1 - t0 < 2 * warm_s  # too short a life to call flat or not
+    warm_t = t0 + (0.10 * (t1 - t0) if short else max(0.10 * (t1 - t0), warm_s))  # start-up is not growth
+    warm = next(s for s in run if s[0] >= warm_t)
+    after = [s for s in run if s[0] >= warm_t]
+    mid = t0 + 0.5 * (t1 - t0)
+    first = [s[2] - users(s) for s in after if s[0] < mid] or [warm[2] - users(warm)]
+    second = [s[2] - users(s) for s in after if s[0] >= mid] or [run[-1][2] - users(run[-1])]
+    rss_growth = max(s[1] for s in after) - warm[1]
     rss = [s[1] for s in samples]
     fds = [s[2] for s in samples]
-    after = [s for s in samples if s[0] >= warm_t]
-    mid = t0 + 0.5 * (t1 - t0)
-
-    def excess(s):
-        u = s[3] if s[3] is not None else const_users
-        return s[2] - (u or 0)
-
-    first = [excess(s) for s in after if s[0] < mid] or [excess(warm)]
-    second = [excess(s) for s in after if s[0] >= mid] or [excess(samples[-1])]
-    rss_growth = max(s[1] for s in after) - warm[1]
     return {
         "samples": len(samples),
-        "life_s": round(t1 - t0, 1),
+        "samples_running": len(run),
+        "life_s": round(samples[-1][0] - samples[0][0], 1),
+        "running_s": round(t1 - t0, 1),
         "rss_start_mib": round(rss[0] / MIB, 1),
         "rss_warm_mib": round(warm[1] / MIB, 1),
+        "rss_end_running_mib": round(run[-1][1] / MIB, 1),
         "rss_end_mib": round(rss[-1] / MIB, 1),
         "rss_max_mib": round(max(rss) / MIB, 1),
         "rss_growth_after_warm_mib": round(rss_growth / MIB, 1),
         "fds_start": fds[0],
         "fds_warm": warm[2],
+        "fds_end_running": run[-1][2],
         "fds_end": fds[-1],
         "fds_max": max(fds),
         "fds_minus_users_first_half_max": max(first),
         "fds_minus_users_second_half_max": max(second),
-        "flat_rss": None if t1 - t0 < 2 * warm_s else rss_growth <= max(16 * MIB, 0.10 * warm[1]),
-        "flat_fds": None if t1 - t0 < 2 * warm_s else max(second) <= max(first) + 4,
+        "flat_rss": None if short else rss_growth <= max(16 * MIB, 0.10 * warm[1]),
+        "flat_fds": None if short else max(second) <= max(first) + 4,
     }
 
 
@@ -543,7 +548,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sequential", action="store_true", help="the web UI ramp after the matrix, not beside it"
     )
     ap.add_argument("--out", type=Path, default=None, help="default /tmp/servesweep-soak-<stamp>")
+    ap.add_argument("--recheck", type=Path, default=None, help="a finished run's soak.json: check it again")
     args = ap.parse_args(argv)
+    if args.recheck is not None:
+        return recheck(args.recheck, None)
     out = args.out or Path(f"/tmp/servesweep-soak-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     budget_s = (args.minutes + args.webui_minutes) * 60 + args.point_slack_s + 1800
@@ -581,17 +589,35 @@ def main(argv: list[str] | None = None) -> int:
     sampler.stop()
     wall = time.monotonic() - t0
 
+    doc = analyze(args, out, parts, sampler.series, errors, [n for n, _ in jobs])
+    doc.update(started=started, argv=sys.argv, versions=versions(), wall_s=round(wall, 1))
+    return report(out, doc)
+
+
+def point_records(out: Path, pt: str | None = None) -> list[dict]:
+    paths = sorted((out / "matrix").glob(f"{pt or '*'}/runs/**/records.parquet"))
+    return [r for path in paths for r in read_records(path)]
+
+
+def analyze(args, out: Path, parts: dict, series: dict, errors: dict, jobs: list[str]) -> dict:
+    """Every check, from what the run left on disk (records, ground truth) and the RSS/fd samples."""
     from servesweep.sim.groundtruth import read_ground_truth
 
     checks: dict[str, dict] = {}
     gts: dict[str, list[dict]] = {}
     all_ok = not errors
     for name, part in parts.items():
+        part.pop("_records", None)
         if "gt" not in part:
             all_ok = False
             continue
         gts[name] = read_ground_truth(part["gt"])
-        c = check_part(name, part.pop("_records", []), gts[name], args.output_tokens)
+        if name == "matrix":
+            recs = point_records(out)
+        else:
+            rp = out / "webui" / "records.parquet"
+            recs = read_records(rp) if rp.exists() else []
+        c = check_part(name, recs, gts[name], args.output_tokens)
         m = part.get("emulator_metrics", {})
         c["emulator_metrics_num_requests"] = m.get("num_requests_total")
         c["emulator_metrics_num_aborted"] = m.get("num_aborted_requests_total")
@@ -599,24 +625,19 @@ def main(argv: list[str] | None = None) -> int:
         part["gt"] = str(part["gt"])
     # one row per Locust process: its RSS/fds, and the request figures of what it ran (a matrix point, the ramp)
     rows, procs = [], []
-    for pid, s in sampler.series.items():
+    for pid, s in series.items():
         label = s["label"]
         matrix = label.startswith("matrix")
         f = flatness(s["samples"], int(label.rsplit("c", 1)[1]) if matrix else None, args.warm_s)
-        row = {"pid": pid, "label": label, **f}
-        procs.append({**row, "cmd": s["cmd"], "samples_raw": s["samples"]})
+        row = {"pid": int(pid), "label": label, **f}
+        c = None
         if matrix and "matrix" in gts:
             pt = label.split(" ", 1)[1].replace(" ", "-")
-            recs = [
-                r
-                for path in sorted((out / "matrix" / pt).glob("runs/**/records.parquet"))
-                for r in read_records(path)
-            ]
-            c = check_part(pt, recs, gts["matrix"], args.output_tokens)
+            c = check_part(pt, point_records(out, pt), gts["matrix"], args.output_tokens)
             for p in parts["matrix"].get("points", []):
                 if p["point"] == pt:
                     p["check"] = c
-        else:
+        elif not matrix:
             c = checks.get("webui")
         if c is not None:
             row.update(
@@ -629,11 +650,11 @@ def main(argv: list[str] | None = None) -> int:
         row["rss"] = f"{row.get('rss_start_mib')}/{row.get('rss_end_mib')}/{row.get('rss_max_mib')}"
         row["fds"] = f"{row.get('fds_start')}/{row.get('fds_end')}/{row.get('fds_max')}"
         if row.get("flat_rss") is None:
-            row["flat"] = "short"  # lived < 2 x --warm-s: reported, not judged
+            row["flat"] = "short"  # ran < 2 x --warm-s: reported, not judged
         else:
             row["flat"] = "yes" if row["flat_rss"] and row["flat_fds"] else "NO"
         rows.append(row)
-
+        procs.append({**row, "cmd": s["cmd"], "samples_raw": s["samples"]})
     verdict = {
         "false_failures": sum(c["false_failures"] for c in checks.values()),
         "failed": sum(c["failed"] for c in checks.values()),
@@ -646,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "ok_tokens_exact": all(c["ok_tokens_exact"] for c in checks.values()),
         "flat": bool(rows) and all(r["flat"] in ("yes", "short") for r in rows),
-        "every_part_ran": not errors and set(parts) == {n for n, _ in jobs},
+        "every_part_ran": not errors and set(parts) == set(jobs),
         "sampled_every_locust_process": bool(rows) and all(r.get("samples", 0) >= 1 for r in rows),
     }
     passed = (
@@ -660,23 +681,24 @@ def main(argv: list[str] | None = None) -> int:
         and verdict["every_part_ran"]
     )
     verdict["passed"] = passed
-    doc = {
-        "started": started,
-        "argv": sys.argv,
+    return {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "versions": versions(),
-        "wall_s": round(wall, 1),
+        "jobs": jobs,
         "parts": parts,
         "checks": checks,
         "processes": procs,
+        "rows": rows,
         "errors": errors,
         "verdict": verdict,
     }
+
+
+def report(out: Path, doc: dict) -> int:
     (out / "soak.json").write_text(json.dumps(doc, indent=1, default=str))
     print()
-    print(table(rows))
+    print(table(doc["rows"]))
     print()
-    for name, c in checks.items():
+    for name, c in doc["checks"].items():
         print(
             f"{name}: {c['client_records']} client records, {c['ok']} ok, {c['failed']} failed "
             f"{c['failures_by_class']}, {c['false_failures']} false failures; emulator: "
@@ -685,11 +707,32 @@ def main(argv: list[str] | None = None) -> int:
             f"{c['emulator_completed_not_ok_in_records']} completed but not ok in the records; /metrics "
             f"num_requests_total {c['emulator_metrics_num_requests']}, aborted {c['emulator_metrics_num_aborted']}"
         )
-    for name, e in errors.items():
+    for name, e in doc["errors"].items():
         print(f"{name}: ERROR {e}")
-    print(f"verdict: {json.dumps(verdict)}")
-    print(f"wall {wall / 60:.1f} min; JSON: {out / 'soak.json'}")
-    return 0 if passed else 1
+    print(f"verdict: {json.dumps(doc['verdict'])}")
+    print(f"wall {doc.get('wall_s', 0) / 60:.1f} min; JSON: {out / 'soak.json'}")
+    return 0 if doc["verdict"]["passed"] else 1
+
+
+def recheck(path: Path, warm_s: float | None) -> int:
+    """Run the checks again on a finished run's folder (its soak.json, records and ground truth), e.g. after a
+    change to a check's rule; the previous soak.json is kept as soak.prev.json."""
+    old = json.loads(path.read_text())
+    args = argparse.Namespace(**old["args"])
+    if warm_s is not None:
+        args.warm_s = warm_s
+    out = path.parent
+    series = {
+        p["pid"]: {"label": p["label"], "cmd": p["cmd"], "samples": p["samples_raw"]}
+        for p in old["processes"]
+    }
+    jobs = old.get("jobs") or [n for n in ("matrix", "webui") if n in old["parts"]]
+    doc = analyze(args, out, old["parts"], series, old["errors"], jobs)
+    for k in ("started", "argv", "versions", "wall_s"):
+        doc[k] = old.get(k)
+    doc["rechecked"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    path.with_name("soak.prev.json").write_text(path.read_text())
+    return report(out, doc)
 
 
 if __name__ == "__main__":
