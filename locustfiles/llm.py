@@ -7,11 +7,10 @@
     locust -f locustfiles/llm.py --host http://127.0.0.1:30000 --workload agent --session-turns 8 \
         --tool-result-tokens 2000 --think-time 2 --thinking off
 
-Options (all in the web UI's start form): --model, --endpoint chat|completions|generate, --prompt-tokens,
---output-tokens, --output-dist, --no-ignore-eos, --no-cache-bust, --seed, --tokenizer, --max-requests, --warmup,
---api-key-env, --first-token-timeout, --stall-timeout, --total-timeout, --slo (a breach exits 1), --workload
-synthetic|shared_prefix|dataset|agent, --shared-prefix-tokens, --num-groups, --dataset, --thinking on|off,
---session-turns, --tool-result-tokens, --think-time, --context-cap (docs/workloads.md); --records (at the end).
+Options: the ramp (--load-shape, --ramp-steps, --ramp-hold, --ramp-spawn-rate) and every knob of a load point, the
+same names and defaults as `servesweep load` (`servesweep load --help` lists them by group: load shape, prompt &
+output, workload, timeouts, advanced; durations here in seconds), all in the web UI's start form in that order, with
+--slo (a breach exits 1); --records (at the end). The user count is Locust's -u, the run time its -t.
 Workers (--worker) need no --host: the master sends it.
 
 Headless without -s/--stop-timeout, the streams still running at -t get the point's stop timeout to finish (min(total,
