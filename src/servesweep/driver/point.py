@@ -214,19 +214,7 @@ def run_point(
     point, env = child_env(point)
     work = _fresh_work(out_dir, point)
     handle = _start_remote(point, work, out_dir, remote) if remote is not None else None
-    if handle is not None:
-        from servesweep.driver.workers import master_command
-
-        base = master_command(
-            point,
-            work,
-            expect_workers=handle.expected,
-            bind_host=remote["master_host"],
-            bind_port=remote["master_port"],
-        )
-    else:
-        base = locust_command(point, work, workers=workers)
-    cmd = [*(command_prefix or []), *base]  # e.g. taskset -c 1
+    cmd = [*(command_prefix or []), *_locust_argv(point, work, workers, remote, handle)]  # e.g. taskset -c 1
     if metrics_port:
         cmd += ["--metrics-port", str(metrics_port)]
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -271,6 +259,21 @@ def _fresh_work(out_dir: Path, point: LoadPoint) -> Path:
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
     return work
+
+
+def _locust_argv(point: LoadPoint, work: Path, workers: int, remote: dict | None, handle) -> list[str]:
+    """The Locust command: a master for the worker hosts' workers, else a local run (workers: --processes)."""
+    if handle is None:
+        return locust_command(point, work, workers=workers)
+    from servesweep.driver.workers import master_command
+
+    return master_command(
+        point,
+        work,
+        expect_workers=handle.expected,
+        bind_host=remote["master_host"],
+        bind_port=remote["master_port"],
+    )
 
 
 def _start_remote(point: LoadPoint, work: Path, out_dir: Path, remote: dict):
