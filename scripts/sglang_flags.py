@@ -708,7 +708,10 @@ def child(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "versions", nargs="*", default=["0.5.11", "0.5.23"], help="SGLang versions (default: %(default)s)"
+        "versions",
+        nargs="*",
+        default=["0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.15.post1", "0.5.20", "0.5.23"],
+        help="SGLang versions (default: %(default)s)",
     )
     ap.add_argument("--out-dir", type=Path, default=OUT_DIR, help="where sglang-<version>.json go")
     ap.add_argument("--cache", type=Path, help="install folder to keep and reuse (default: a temporary one)")

@@ -26,7 +26,8 @@ def test_aliases_prefixes_and_human_ints():
     )  # fmt: skip
     assert ns.model_path == "Qwen/Qwen3.6-27B"
     assert (ns.tp_size, ns.dp_size) == (4, 2)
-    assert ns.speculative_algorithm == "nextn"  # SGLang's parser keeps the string; the resolution upper-cases it
+    # SGLang's parser keeps the string as typed; the start-up resolution upper-cases it
+    assert ns.speculative_algorithm == "nextn"
     assert ns.context_length == 128_000
     assert ns.max_total_tokens == 32 * 1024
     assert ns.chunked_prefill_size == 4096
@@ -56,7 +57,9 @@ def test_0_5_11_keeps_tp_size_under_its_field_name():
 
 
 def test_flags_not_modeled_are_accepted_and_listed():
-    ns = parse_args(["--model-path", "m", "--disable-custom-all-reduce", "--enable-dp-attention", "--tp", "2"])
+    ns = parse_args(
+        ["--model-path", "m", "--disable-custom-all-reduce", "--enable-dp-attention", "--tp", "2"]
+    )
     assert ns.sim_unmodeled_flags == ["disable_custom_all_reduce", "enable_dp_attention"]
     assert parse_args(["--model-path", "m", "--tp", "2"]).sim_unmodeled_flags == []
 
