@@ -3,9 +3,9 @@
 import sys
 from pathlib import Path
 
-import servesweep.driver.point as _point
+import servesweep.driver.command as _command
 
-_point.LOCUSTFILE = Path(__file__).with_name("idle_parse_locustfile.py")
+_command.LOCUSTFILE = Path(__file__).with_name("idle_parse_locustfile.py")
 
 if __name__ == "__main__":
     from servesweep.cli import main

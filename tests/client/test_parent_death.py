@@ -1,6 +1,6 @@
 """Issue 18: no Locust process outlives the servesweep process that started it, even when that one is SIGKILLed.
 
-A small parent starts Locust the way `load.run_point` does (`load.locust_command`, its own session, output to a
+A small parent starts Locust the way `driver.point.run_point` does (`driver.command.locust_command`, its own session, output to a
 log file), the load runs, the parent is SIGKILLed: the Locust process (and the workers `--processes` forked) must be
 gone within seconds, and the emulator must see no request after that."""
 
@@ -27,7 +27,7 @@ PARENT = r"""
 import json, os, subprocess, sys, time
 from pathlib import Path
 from servesweep.workload.build import build_bodies
-from servesweep.driver.point import locust_command
+from servesweep.driver.command import locust_command
 from servesweep.target.probes import resolve_point
 from servesweep.config.point import LoadPoint
 

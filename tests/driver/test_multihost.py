@@ -21,12 +21,12 @@ import pytest
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import local_inventory, run_playbook
-from servesweep.driver.point import LOCUSTFILE, run_point
+from servesweep.driver.command import LOCUSTFILE, master_command
+from servesweep.driver.point import run_point
 from servesweep.driver.workers import (
     RemoteWorkersError,
     account,
     build_package,
-    master_command,
     start_remote_workers,
 )
 from servesweep.results.records import read_parquet

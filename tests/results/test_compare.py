@@ -48,7 +48,7 @@ def experiment_yaml(
     output_tokens: int,
     requests: int,
     slo: list[str] = (),
-    first_token_timeout_s: float = 900.0,
+    first_token_s: float = 900.0,
 ) -> Path:
     """An experiment against an existing server (no Ansible: the test starts the emulator itself)."""
     slo_text = "".join(f"\n  - {json.dumps(s)}" for s in slo) if slo else " []"
@@ -73,7 +73,7 @@ def experiment_yaml(
               prompt_tokens: {prompt_tokens}
               output_tokens: {output_tokens}
               requests: {requests}
-              first_token_timeout_s: {first_token_timeout_s}
+              first_token_s: {first_token_s}
             flush_cache_between_points: false
             """
         )

@@ -239,7 +239,7 @@ def test_plain_headless_locust_records_are_gated(tmp_path):
     with start_sim(SIM_BASE, log_path=tmp_path / "sim.log") as sim:
         r = subprocess.run(
             [sys.executable, "-m", "locust", "-f", "locustfiles/llm.py", "--headless", "--host", sim.base_url,
-             "-u", "2", "-r", "2", "-t", "60s", "-s", "10", "--only-summary", "--max-requests", "6",
+             "-u", "2", "-r", "2", "-t", "60s", "-s", "10", "--only-summary", "--requests", "6",
              "--prompt-tokens", "256", "--output-tokens", "16", "--records", rec],
             capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent.parent,
         )  # fmt: skip

@@ -7,23 +7,19 @@ status, decide what happened.
 """
 
 import json
-import math
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import child_env
+from servesweep.driver.command import locust_command, master_command
 from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens
 from servesweep.workload.build import build_bodies
-
-LOCUSTFILE = Path(__file__).resolve().parents[1] / "client" / "locustfile.py"
-
 
 # ---------------------------------------------------------------- one point
 
@@ -108,56 +104,8 @@ def failure_check(summary: dict, max_failure_rate: float | None) -> dict:
     }
 
 
-def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--headless",
-        "--host",
-        point.base_url,
-        "-u",
-        str(point.concurrency),
-        "-r",
-        str(max(point.concurrency, 1000)),  # all users within ~0.1 s: a closed loop at full concurrency
-        "--stop-timeout",
-        str(math.ceil(point.effective_stop_timeout())),  # Locust takes whole seconds
-        "--exit-code-on-error",
-        "0",  # failures are data (classified in the records), not a crashed point
-        "--only-summary",
-        "--html",
-        str(work / "locust-report.html"),
-        "--point-json",
-        str(work / "point.json"),
-        "--records",
-        str(work / "records.parquet"),
-        "--progress-file",
-        str(work / "progress.json"),
-    ]
-    # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
-    if workers:
-        # The master ends a duration point (whole seconds: Locust's -t); workers finish their streams within
-        # --stop-timeout and ship their records with their last report. A request budget is split between the
-        # workers; each quits when its share is done, and the master with the last one.
-        cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
-        # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
-        # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
-        from servesweep.sim.launch import free_port
-
-        port = str(free_port())
-        cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--master-port", port]
-    return cmd
 
 
-def run_time_args(point: LoadPoint) -> list[str]:
-    """Locust's -t for a master: only a backstop. The locustfile ends a duration point itself when its time is up
-    (the workers finish their streams and ship every record, then the master quits); -t, which would quit the
-    master before those records arrive, comes a stop timeout and a margin later. None for a budget only."""
-    if point.duration_s is None:
-        return []
-    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s + point.effective_stop_timeout() + 30)}s"]
 
 
 def run_point(
@@ -265,7 +213,6 @@ def _locust_argv(point: LoadPoint, work: Path, workers: int, remote: dict | None
     """The Locust command: a master for the worker hosts' workers, else a local run (workers: --processes)."""
     if handle is None:
         return locust_command(point, work, workers=workers)
-    from servesweep.driver.workers import master_command
 
     return master_command(
         point,

@@ -8,14 +8,12 @@ what each worker says it issued with the records the master received, so a worke
 with the number of requests it lost.
 
 Never imports Locust or gevent: ansible-runner hangs in a process where gevent patched the standard library
-(see ansible_run.py). The Locust master runs in a subprocess (`master_command`).
+(see driver/ansible.py). The Locust master runs in a subprocess (`driver.command.master_command`).
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import subprocess
 import sys
@@ -25,15 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servesweep.config.secrets import KEY_ENV, env_key
 from servesweep.driver.ansible import run_playbook
 
 PLAYBOOK = "locust_workers.yml"
 _MISSING = re.compile(r"Worker (\S+) failed to send heartbeat, setting state to missing")
 
 
-# Environment variables that hold an API key in servesweep's processes (orchestrator.RUN_KEY_ENV, load's
-# --api-key-file variable): Ansible must never see them (ansible-runner writes its environment into the artifacts).
-_KEY_ENVS = ("SERVESWEEP_RUN_API_KEY", "SERVESWEEP_API_KEY")
+# The variable that carries an API key to servesweep's children (config/secrets.py): Ansible must never see it
+# (ansible-runner writes its environment into the artifacts).
+_KEY_ENVS = (KEY_ENV,)
 
 
 def _hidden_envs(variables: Mapping[str, Any]) -> tuple[str, ...]:
@@ -48,7 +47,7 @@ def _key_args(variables: Mapping[str, Any]) -> dict[str, Any]:
     hide = _hidden_envs(variables)
     if not name:
         return {"hide_env": hide}
-    key = os.environ.get(name)
+    key = env_key(name)
     if not key:
         raise RemoteWorkersError(
             f"locust_worker_api_key_env: the environment variable {name} is not set or empty"
@@ -243,41 +242,6 @@ def _read_states(results: Path) -> list[WorkerState]:
     return out
 
 
-def master_command(
-    point,
-    work: Path,
-    *,
-    expect_workers: int,
-    bind_host: str,
-    bind_port: int,
-    max_wait_s: float = 120,
-) -> list[str]:
-    """The headless Locust master of one point for external workers: run_point's command (same locustfile, point
-    file, records) with `--master --expect-workers N` instead of local `--processes`. Locust's -t ends a duration
-    point (whole seconds); the workers finish their streams within --stop-timeout and ship their last records. A
-    request budget is split between the workers, and the master ends when the last one has done its share."""
-    from servesweep.driver.point import locust_command, run_time_args
-
-    cmd = locust_command(point, work, workers=0)
-    i = cmd.index(
-        "--progress-file"
-    )  # Locust hands the master's custom arguments to every worker: keep it off
-    del cmd[i : i + 2]
-    return [
-        *cmd,
-        "--master",
-        "--master-bind-host",
-        bind_host,
-        "--master-bind-port",
-        str(int(bind_port)),
-        "--expect-workers",
-        str(int(expect_workers)),
-        "--expect-workers-max-wait",
-        str(math.ceil(max_wait_s)),
-        "--split-workers",  # the request budget and the arrival rate are split between the workers
-        str(int(expect_workers)),
-        *run_time_args(point),
-    ]
 
 
 def account(

@@ -420,10 +420,10 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
             msg += ": multi-minute TTFT"
             pp.codes.append(MULTI_MINUTE_PREFILL)
         pp.warnings.append(msg)
-    if prefill * b > ld.first_token_timeout_s:
+    if prefill * b > ld.first_token_s:
         pp.warnings.append(
-            f"the last of {b} concurrent prefills waits ~{prefill * b:.0f} s > load.first_token_timeout_s "
-            f"({ld.first_token_timeout_s:g} s): requests would time out"
+            f"the last of {b} concurrent prefills waits ~{prefill * b:.0f} s > load.first_token_s "
+            f"({ld.first_token_s:g} s): requests would time out"
         )
 
 
