@@ -26,6 +26,7 @@ from servesweep.config.experiment import parse_experiment
 from servesweep.driver.ansible import local_inventory, run_playbook
 from servesweep.matrix.planner import command as plan_command
 from servesweep.sglang import hardware
+from servesweep.sglang.flags import render_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 A6000 = ROOT / "examples" / "qwen36-27b-a6000-tp2.yaml"
@@ -219,6 +220,7 @@ def _role_vars(exp, cfg: dict, tmp: Path) -> dict:
         "sglang_server_version": exp.sglang_version,
         "sglang_server_model_path": exp.model.path,
         "sglang_server_flags": cfg["flags"],
+        "sglang_server_args": render_argv(cfg["flags"], exp.sglang_version),
         "sglang_server_env": cfg["env"],
         "sglang_server_port": 30000,
         "sglang_server_python": "/opt/sglang/bin/python",
