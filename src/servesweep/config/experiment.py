@@ -27,6 +27,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 from servesweep.config.point import check_arrival, parse_seconds
+from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
     human_int,
@@ -114,6 +115,9 @@ class Launcher(_Strict):
         None, description="GPU profile for the planner and the emulator (e.g. H200, RTX-A6000)"
     )
     gpus_per_host: int = Field(8, ge=1)
+    gpus: int | None = Field(
+        None, ge=1, description="GPUs each server takes (a generic server); None: tp_size × dp_size × pp_size"
+    )
     python: str | None = Field(
         None, description="interpreter on the host; None: python3 (emulator: this venv's)"
     )
@@ -501,6 +505,9 @@ class Experiment(_Strict):
     load: Load
     exclude: list[dict[str, Any]] = Field(default_factory=list)
     flush_cache_between_points: bool = True
+    parallel: bool = Field(
+        True, description="false: one server at a time even where configurations would fit side by side"
+    )
     retries: int = Field(
         1,
         ge=0,
@@ -512,6 +519,19 @@ class Experiment(_Strict):
     )
     budget: Budget = Field(default_factory=Budget)
     exporter: Exporter = Field(default_factory=Exporter)
+    search: SearchBlock | None = Field(None, description="capacity at SLO instead of a fixed concurrency list")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _search_load(cls, v):
+        # a search has one load point per combination, at search.lower of its axis (what the planner checks)
+        if isinstance(v, dict) and isinstance(v.get("search"), dict) and isinstance(v.get("load"), dict):
+            s = v["search"]
+            key = "rate" if s.get("axis") == "rate" else "concurrency"
+            if key not in v["load"]:
+                v = dict(v)
+                v["load"] = {**v["load"], key: [s.get("lower", 1)]}
+        return v
 
     @field_validator("name")
     @classmethod
@@ -924,6 +944,7 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
             )
         )
     _check_workloads(exp, problems)
+    _check_search(exp, problems)
     known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
     for b in srv.bundles:
         known |= set(b.flags) | set(b.env)
@@ -990,3 +1011,22 @@ def _combo_excluded(exp: Experiment, workload: str, endpoint: str, prompt_tokens
         set(rule) <= set(values) and all(_rule_matches(v, values[k]) for k, v in rule.items())
         for rule in exp.exclude
     )
+
+
+def _check_search(exp: Experiment, problems: list) -> None:
+    """A search block replaces the axis it searches: concurrency (closed loop) or load.rate (open loop)."""
+    s, ld = exp.search, exp.load
+    if s is None:
+        return
+    if s.axis == "concurrency":
+        if ld.arrival != "closed":
+            problems.append((("search", "axis"), "a concurrency search is a closed loop: set load.arrival: closed"))
+        if ld.concurrency != [int(s.lower)]:
+            problems.append(
+                (("load", "concurrency"), "search.axis concurrency searches it: leave load.concurrency out")
+            )
+    else:
+        if ld.arrival == "closed":
+            problems.append((("load", "arrival"), "a rate search is an open loop: set constant or poisson"))
+        if ld.rate != [s.lower]:
+            problems.append((("load", "rate"), "search.axis rate searches it: leave load.rate out"))

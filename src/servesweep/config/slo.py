@@ -71,7 +71,7 @@ ALIASES = {
     "decode_tok_s": "decode_tokens_per_s",
     "per_request_tok_s": "decode_tokens_per_s",
 }
-STATS = ("p50", "p90", "p99", "mean", "min", "max")
+STATS = ("p50", "p90", "p95", "p99", "mean", "min", "max")
 # The latencies one request can be judged on (goodput), in ms; itl is the request's largest gap.
 PER_REQUEST = ("ttft", "tpot", "e2e", "itl")
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}  # scalars and numpy arrays
@@ -119,7 +119,7 @@ def metric_name(text: str, *, any_percentile: bool = False) -> MetricName:
             raise SLOError(f"unknown metric {text!r}: {stat} is not one of {', '.join(STATS)}{also}")
     if n in LATENCIES:
         raise SLOError(f"metric {text!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
-    known = sorted([*SCALARS, *GOODPUT, *ALIASES, *(f"{b}_p50|p90|p99|mean|min|max" for b in LATENCIES)])
+    known = sorted([*SCALARS, *GOODPUT, *ALIASES, *(f"{b}_{'|'.join(STATS)}" for b in LATENCIES)])
     raise SLOError(f"unknown metric {text!r}; known: {', '.join(known)}")
 
 

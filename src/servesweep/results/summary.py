@@ -20,14 +20,15 @@ _NS_PER_MS = metrics.NS_PER_MS
 
 
 def stats(values) -> dict | None:
-    """p50/p90/p99/mean/min/max/n of raw values; None when there are none."""
+    """p50/p90/p95/p99/mean/min/max/n of raw values; None when there are none."""
     a = np.asarray(values, dtype=np.float64)
     if a.size == 0:
         return None
-    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    p50, p90, p95, p99 = np.percentile(a, [50, 90, 95, 99])
     return {
         "p50": float(p50),
         "p90": float(p90),
+        "p95": float(p95),
         "p99": float(p99),
         "mean": float(a.mean()),
         "min": float(a.min()),
