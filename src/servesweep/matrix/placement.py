@@ -11,7 +11,8 @@ there (later, shorter jobs may fill gaps a longer one cannot use: backfilling). 
 Graham's LPT, within 4/3 − 1/(3m) of the optimum on m GPUs; in general the makespan is at most
 (total GPU-seconds / GPUs + the longest job) when every job fits any host. Within a host the GPU set is chosen
 best-fit: the group with the fewest free GPUs that still holds the server, so whole groups stay free for the big
-ones.
+ones; without a topology, an aligned block of the server's size when one is free (GPUs 4-7 for a TP4), else the
+lowest free ids.
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def validate_host(host: GpuHost) -> str | None:
 
 def pick_gpus(host: GpuHost, free: set[int], need: int) -> tuple[int, ...] | None:
     """The GPU ids of `host` a server of `need` GPUs takes from `free`, respecting the topology; None: none fit."""
+    if not host.groups:
+        # no topology given: an aligned block (GPUs 0-3 or 4-7 for four) when one is free, as the usual
+        # NVLink/PCIe wiring groups them; else the lowest free ids
+        for start in range(0, host.gpus - need + 1, need):
+            block = tuple(range(start, start + need))
+            if all(i in free for i in block):
+                return block
     groups = host.topology()
     if need <= max(len(g) for g in groups):
         fits = [g for g in groups if sum(1 for i in g if i in free) >= need]

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+from servesweep.matrix.timeline import attach_schedule, packed_json, print_packed
 
 # Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
 ANSIBLE_RUN_S = 10.0  # one role run: ~2 s to the first task, ~0.5 s per task, readiness polls
@@ -838,6 +839,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "cut_first": plan.cut_first,
         "warnings": plan.warnings,
         "pitfalls": plan.pitfalls,
+        "packed": packed_json(plan),
     }
 
 
@@ -853,6 +855,7 @@ def print_plan(plan: Plan, console) -> None:
     _print_dropped_points(plan, console)
     _print_point_warnings(plan, console)
     _print_totals(plan, console)
+    print_packed(plan, console)
 
 
 def _print_header(plan: Plan, console) -> None:
@@ -956,7 +959,13 @@ def _print_totals(plan: Plan, console) -> None:
 @click.command(name="plan")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (for machines).")
-def command(file: str, as_json: bool) -> None:
+@click.option(
+    "--max-parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Pack at most N servers at once (default: all that fit).",
+)
+def command(file: str, as_json: bool, max_parallel: int | None) -> None:
     """Expand an experiment file, drop infeasible points with their reason, estimate wall time."""
     from rich.console import Console
 
@@ -966,6 +975,7 @@ def command(file: str, as_json: bool) -> None:
         click.echo(str(e), err=True)
         sys.exit(2)
     plan = make_plan(exp)
+    attach_schedule(plan, file, max_parallel)
     if as_json:
         click.echo(json.dumps(plan_json(plan), indent=2, default=str))
     else:
