@@ -1,0 +1,269 @@
+"""`servesweep run` with a `search:` block: per server configuration and per workload × endpoint × prompt × output
+combination, the capacity search of matrix/search.py, its probes run as points of the matrix.
+
+The run folder (docs/capacity.md): every probe call is a point of the manifest (`<search>-c<load>-n<call>`, its
+folder with records.parquet and summary.json, like any point); `manifest.searches[<search>]` holds the search's
+status and headline; `searches/<search>.json` the whole SearchResult; `capacity.json` every search's rows and the
+frontier; `frontier.svg` the frontier plot.
+
+Resume: the search is deterministic given its probes' records (the bootstrap's generator is seeded and each call's
+records come back in the same order), so a resumed search replays: a probe call whose point is done is read back
+from its folder instead of measured, and the search goes on from where it stopped. Nothing finished runs again.
+
+The runner (matrix/orchestrator.Runner) is passed in: this module uses its manifest, `_run_point`, `event`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from servesweep.matrix.capacity_plan import spec_for
+from servesweep.matrix.search import (
+    ProbeRecord,
+    ProbeResult,
+    SearchResult,
+    frontier_points,
+    gpu_count,
+    pareto_frontier,
+    parse_tier,
+    search,
+)
+from servesweep.results import manifest as mf
+from servesweep.results.store import write_json_atomic
+
+CAPACITY_JSON = "capacity.json"
+
+
+class ProbeFailed(RuntimeError):
+    """A probe's point did not finish (the load generator or the server failed): the search stops there."""
+
+
+def move_points_to_searches(exp, data: dict[str, Any], plan) -> None:
+    """In a new manifest: the planned points (one per combination, at search.lower) become searches with the
+    planner's estimate; the probe points are added as the searches run."""
+    planned = {pp.spec.id: pp.search for cp in plan.configs for pp in cp.points}
+    cut = "-c" if exp.search.axis == "concurrency" else "-r"
+    searches = {}
+    for pid, p in data["points"].items():
+        searches[pid.rsplit(cut, 1)[0]] = {
+            "template": p,
+            "config_id": p["config_id"],
+            "status": mf.PENDING if p["status"] == mf.PENDING else mf.INFEASIBLE,
+            "reason": p["reason"],
+            "planned": planned.get(pid),
+            "result": None,
+        }
+    data["searches"] = searches
+    data["points"] = {}
+
+
+def pending_searches(data: dict[str, Any], cid: str) -> list[str]:
+    return [
+        sid
+        for sid, s in (data.get("searches") or {}).items()
+        if s["config_id"] == cid and s["status"] not in mf.FINISHED
+    ]
+
+
+def unfinished(data: dict[str, Any]) -> bool:
+    return any(s["status"] not in mf.FINISHED for s in (data.get("searches") or {}).values())
+
+
+class _Probe:
+    """probe(load, requests) for search(): each call a point of the manifest, run by the runner, or read back
+    from its folder when a previous attempt finished it (resume)."""
+
+    def __init__(self, runner, cid: str, sid: str):
+        self.runner, self.cid, self.sid = runner, cid, sid
+        self.calls: dict[Any, int] = {}
+
+    def point_id(self, load, call: int) -> str:
+        axis = self.runner.exp.search.axis
+        tag = f"c{int(load)}" if axis == "concurrency" else f"r{load:.4g}"
+        return f"{self.sid}-{tag}-n{call}"
+
+    def __call__(self, load, requests: int) -> ProbeResult:
+        from servesweep.results.records import read_parquet
+
+        call = self.calls[load] = self.calls.get(load, 0) + 1
+        pid = self.point_id(load, call)
+        m = self.runner.m
+        p = m.points.get(pid)
+        if p is None or p["status"] != mf.DONE or p["point"]["requests"] != requests:
+            p = self._new_point(pid, load, requests)
+            t0 = time.monotonic()
+            self.runner._run_point(self.cid, pid)
+            p["probe_wall_s"] = round(time.monotonic() - t0, 3)
+            m.save()
+            if p["status"] != mf.DONE:
+                raise ProbeFailed(f"probe {pid}: {p['status']}: {(p.get('reason') or '')[:500]}")
+        else:
+            self.runner.event(f"  ↺ {pid}: finished before, read back")
+        table = read_parquet(self.runner.run_dir / p["dir"] / "records.parquet")
+        return ProbeResult.from_records(table, wall_s=p.get("probe_wall_s"))
+
+    def _new_point(self, pid: str, load, requests: int) -> dict[str, Any]:
+        s = self.runner.m.data["searches"][self.sid]
+        p = copy.deepcopy(s["template"])
+        axis = self.runner.exp.search.axis
+        point = p["point"]
+        point.update(requests=requests, point_id=pid)
+        if axis == "concurrency":
+            point["concurrency"] = p["concurrency"] = int(load)
+        else:
+            point["rate_rps"] = p["rate"] = float(load)
+        p.update(
+            status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, search=self.sid, load=load
+        )
+        self.runner.m.points[pid] = p
+        return p
+
+
+def run_searches(runner, cid: str, todo: list[str]) -> None:
+    """Every pending search of configuration `cid`, on its running server."""
+    exp = runner.exp
+    block = exp.search
+    tiers = {name: parse_tier(texts) for name, texts in block.tiers.items()}
+    for sid in todo:
+        s = runner.m.data["searches"][sid]
+        start = (s.get("planned") or {}).get("start")
+        s.update(status=mf.RUNNING, started=s.get("started") or mf.now_iso())
+        runner.m.save()
+        runner.console.rule(
+            f"search {sid}: {block.axis} in [{block.lower:g}, {block.upper:g}], start {start}"
+        )
+        try:
+            result = search(_Probe(runner, cid, sid), tiers, spec_for(block, start))
+        except ProbeFailed as e:
+            s.update(status=mf.FAILED, reason=str(e), finished=mf.now_iso())
+            runner.m.save()
+            runner.event(f"[red]✗ search {sid}[/]: {e}")
+            continue
+        doc = search_document(runner, cid, sid, result)
+        write_json_atomic(runner.run_dir / "searches" / f"{sid}.json", doc)
+        s.update(status=mf.DONE, finished=mf.now_iso(), result=doc["headline"], reason=None)
+        runner.m.save()
+        for row in doc["rows"]:
+            runner.event(
+                f"  ✓ {sid} {row['tier']}: capacity {_load(row['capacity'])} (bracket {_load(row['bracket'][0])}"
+                f"–{_load(row['bracket'][1])}, {row['stop']}), {row['probes']} probes"
+            )
+    write_capacity(runner.run_dir, runner.m.data)
+
+
+def _load(x) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def config_gpus(exp, flags: dict[str, Any]) -> int:
+    """GPUs one server of this configuration holds: launcher.gpus when set, else tp × dp × pp."""
+    stated = getattr(exp.launcher, "gpus", None)
+    return gpu_count(
+        int(flags.get("tp_size") or 1), int(flags.get("dp_size") or 1), int(flags.get("pp_size") or 1), stated
+    )
+
+
+def _at(rec: ProbeRecord | None, gpus: int) -> dict[str, Any]:
+    """The figures of the probe at a capacity: totals, per GPU, TTFT/ITL p99, per-user speed."""
+    if rec is None:
+        return {}
+    r = rec.result
+
+    def pct(a, q):
+        a = a[np.isfinite(a)]
+        return float(np.percentile(a, q)) if a.size else None
+
+    tok = r.output_tokens_per_s
+    req = float(np.count_nonzero(r.ok) / r.window_s)
+    return {
+        "output_tokens_per_s": tok,
+        "output_tokens_per_s_per_gpu": tok / gpus,
+        "request_rate": req,
+        "request_rate_per_gpu": req / gpus,
+        "ttft_p99_ms": pct(r.ttft_ms, 99),
+        "itl_p99_ms": pct(r.itl_ms, 99),
+        "decode_tokens_per_s_p50": pct(r.decode_tokens_per_s, 50),
+        "requests": r.n,
+    }
+
+
+def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[str, Any]:
+    """searches/<sid>.json: the SearchResult, the combination, the GPUs, one row per tier and the frontier points."""
+    s = runner.m.data["searches"][sid]
+    t = s["template"]
+    gpus = config_gpus(runner.exp, runner.m.configs[cid]["flags"])
+    by_load = {p.load: p for p in result.probes}
+    rows = []
+    for name, tr in result.tiers.items():
+        rows.append(
+            {
+                "search": sid,
+                "config": cid,
+                "workload": t["workload"],
+                "prompt_tokens": t["prompt_tokens"],
+                "output_tokens": t["output_tokens"],
+                "gpus": gpus,
+                "axis": result.axis,
+                "tier": name,
+                "slos": tr.slos,
+                "capacity": tr.capacity,
+                "bracket": list(tr.bracket),
+                "stop": tr.stop,
+                "binding": tr.binding,
+                "probes": tr.probes_used,
+                "at_capacity": _at(by_load.get(tr.capacity), gpus),
+            }
+        )
+    points = [p.__dict__ for p in frontier_points(cid, gpus, result)]
+    return {
+        "search": sid,
+        "config": cid,
+        "gpus": gpus,
+        "result": result.as_dict(),
+        "rows": rows,
+        "frontier": points,
+        "headline": {
+            "probes": result.probes_used,
+            "calls": result.calls,
+            "grid_points": result.grid_points,
+            "capacity": {r["tier"]: r["capacity"] for r in rows},
+        },
+    }
+
+
+def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """capacity.json (every finished search's rows, the frontier with its Pareto points marked, probes against the
+    grid) and frontier.svg, from searches/*.json."""
+    from servesweep.matrix.search import FrontierPoint
+    from servesweep.results.capacity import write_frontier_svg
+
+    rows, points, probes, grid = [], [], 0, 0
+    for sid, s in (data.get("searches") or {}).items():
+        f = run_dir / "searches" / f"{sid}.json"
+        if s["status"] != mf.DONE or not f.is_file():
+            continue
+        doc = json.loads(f.read_text())
+        rows += doc["rows"]
+        points += [FrontierPoint(**p) for p in doc["frontier"]]
+        probes += doc["headline"]["probes"]
+        grid += doc["headline"]["grid_points"]
+    pareto = {(p.config, p.load) for p in pareto_frontier(points)}
+    cap = {
+        "run_id": data.get("run_id"),
+        "dry_run": bool(data.get("dry_run")),
+        "axis": (data.get("experiment") or {}).get("search", {}).get("axis"),
+        "rows": rows,
+        "frontier": [p.__dict__ | {"pareto": (p.config, p.load) in pareto} for p in points],
+        "probes": probes,
+        "grid_points": grid,
+    }
+    write_json_atomic(run_dir / CAPACITY_JSON, cap)
+    if points:
+        write_frontier_svg(run_dir, cap)
+    return cap
