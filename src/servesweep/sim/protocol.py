@@ -15,6 +15,8 @@ import json
 import uuid
 from http import HTTPStatus
 
+from . import validation
+
 DONE = b"data: [DONE]\n\n"
 
 
@@ -57,9 +59,10 @@ def error_body(message: str, status: int, type_: str | None = None) -> bytes:
     return dumps({"object": "error", "message": message, "type": type_, "param": None, "code": status})
 
 
-def validation_error_body(errors: list) -> bytes:
-    """FastAPI RequestValidationError rewritten to 400 by SGLang (`type` is the status phrase "Bad Request")."""
-    return error_body(str(errors), 400, HTTPStatus.BAD_REQUEST.phrase)
+def validation_error_body(errors: list, path: str | None, version: tuple[int, ...]) -> bytes:
+    """FastAPI RequestValidationError rewritten to 400 by SGLang (`type` is the status phrase "Bad Request");
+    `path` None for the content-type check, which FastAPI reports without the route's location."""
+    return error_body(validation.message(errors, path, version), 400, HTTPStatus.BAD_REQUEST.phrase)
 
 
 def stream_error_event(message: str, status: int) -> bytes:

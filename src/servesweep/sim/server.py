@@ -23,6 +23,7 @@ from . import protocol as P
 from .connection import CHUNKED_END, JSON, METHODS, PROM, SSE, TEXT, Connection, HttpError, Request, head
 from .faults import PRE_STREAM, FaultPicker
 from .stream import GenerationStream
+from .validation import chat_input
 
 log = logging.getLogger("servesweep.sim")
 
@@ -357,13 +358,15 @@ class SimApp:
                         "type": "value_error",
                     }
                 ]
-                raise HttpError(400, P.validation_error_body(errs))
+                raise HttpError(400, P.validation_error_body(errs, None, self.version))
         if not req.body:
             if need_ctype:
                 raise HttpError(
                     400,
                     P.validation_error_body(
-                        [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+                        [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}],
+                        req.path,
+                        self.version,
                     ),
                 )
             return {}
@@ -383,7 +386,9 @@ class SimApp:
                             "input": {},
                             "ctx": {"error": msg},
                         }
-                    ]
+                    ],
+                    req.path,
+                    self.version,
                 ),
             ) from None
         if not isinstance(obj, dict):
@@ -397,7 +402,9 @@ class SimApp:
                             "msg": "Input should be a valid dictionary or object to extract fields from",
                             "input": obj,
                         }
-                    ]
+                    ],
+                    req.path,
+                    self.version,
                 ),
             )
         return obj
@@ -408,11 +415,11 @@ class SimApp:
         if self.tokenizer is None:
             raise HttpError(503, P.error_body("The server is not ready yet (loading).", 503))
 
-    @staticmethod
-    def _field_error(field: str, msg: str, kind: str = "value_error", value=None):
-        return HttpError(
-            400, P.validation_error_body([{"type": kind, "loc": ("body", field), "msg": msg, "input": value}])
-        )
+    def _field_error(self, req, field: str, msg: str, kind: str = "value_error", value=None):
+        err = {"type": kind, "loc": ("body", field), "msg": msg, "input": value}
+        if kind == "value_error":  # pydantic keeps the validator's exception
+            err["ctx"] = {"error": ValueError(msg.removeprefix("Value error, "))}
+        return HttpError(400, P.validation_error_body([err], req.path, self.version))
 
     def h_chat(self, conn, req):
         body = self._json(req)
@@ -420,10 +427,11 @@ class SimApp:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise self._field_error(
+                req,
                 "messages",
-                "Field required" if msgs is None else "Input should be a non-empty list",
+                "Field required" if msgs is None else "Input should be a valid list",
                 "missing" if msgs is None else "list_type",
-                msgs,
+                chat_input(body) if msgs is None else msgs,
             )
         from servesweep.workload.tokenizer import render_chatml
 
@@ -446,7 +454,7 @@ class SimApp:
         self._not_ready()
         prompt = body.get("prompt")
         if prompt is None:
-            raise self._field_error("prompt", "Field required", "missing")
+            raise self._field_error(req, "prompt", "Field required", "missing", body)
         ids = None
         if isinstance(prompt, list):
             if prompt and all(isinstance(x, int) for x in prompt):
@@ -458,11 +466,11 @@ class SimApp:
                     400, P.error_body("The emulator serves one prompt per request (no batches).", 400)
                 )
         elif not isinstance(prompt, str):
-            raise self._field_error("prompt", "Input should be a valid string", "string_type", prompt)
+            raise self._field_error(req, "prompt", "Input should be a valid string", "string_type", prompt)
         max_new = body.get("max_tokens", 16)
         if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
             raise self._field_error(
-                "max_tokens", "Value error, max_tokens must be positive", "value_error", max_new
+                req, "max_tokens", "Value error, max_tokens must be positive", "value_error", max_new
             )
         return self._start(conn, req, body, "completion", prompt, ids, max_new)
 
@@ -528,7 +536,7 @@ class SimApp:
                 return self._reject(conn, req, kind, P.context_too_long(n, ctx), body, len(ids))
         if max_new is not None:
             if not isinstance(max_new, int) or max_new < 0:
-                raise self._field_error("max_tokens", "Input should be a valid integer", "int_type", max_new)
+                raise self._field_error(req, "max_tokens", "Input should be a valid integer", "int_type", max_new)
             if n + max_new > ctx:
                 if self.args.allow_auto_truncate:
                     max_new = max(0, ctx - n)
