@@ -40,7 +40,16 @@ def install(version: str) -> Path:
     stamp = target / ".complete"
     if stamp.exists():
         return target
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target)]
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+    ]
     subprocess.run([*pip, "--no-deps", f"sglang=={version}"], check=True)
     light = [f"openai=={OPENAI_PIN[version]}", "pydantic", "msgspec", "orjson", "fastapi"]
     subprocess.run([*pip, "--upgrade", *light], check=True)
@@ -130,7 +139,10 @@ def _validation_app(protocol, http_server: Path):
 
     tree = ast.parse(http_server.read_text())
     handlers = {"validate_json_request", "validation_exception_handler"}
-    routes = {"openai_v1_completions": "/v1/completions", "openai_v1_chat_completions": "/v1/chat/completions"}
+    routes = {
+        "openai_v1_completions": "/v1/completions",
+        "openai_v1_chat_completions": "/v1/chat/completions",
+    }
     funcs = [n for n in tree.body if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef)]
     keep = [f for f in funcs if f.name in handlers or f.name in routes]
     for f in keep:
