@@ -10,6 +10,8 @@ import re
 
 import orjson
 
+from servesweep.client.answer_texts import add_texts, set_texts
+
 _CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
 _MSG_MAX = 300
 
@@ -211,6 +213,9 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
     prev_completion = 0
     prev_text = 0  # /generate: length of the cumulative text so far
     first_reasoning = first_answer = None
+    content: list[str] = []
+    reasoning: list[str] = []
+    generate_text = None
     for i, (line, t) in enumerate(zip(lines, times, strict=True)):
         if pause is not None and not i % PARSE_SLICE:
             pause()
@@ -232,6 +237,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                 tokens, u, fin = _generate_event(ev, prev_text)
                 if tokens:
                     prev_text = len(ev["text"])
+                    generate_text = ev["text"]
                     first_answer = first_answer or t
                 if fin is not None:
                     finish = fin
@@ -246,6 +252,8 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                     first_reasoning = t
                 if a and first_answer is None:
                     first_answer = t
+                if tokens:
+                    add_texts(ev, content, reasoning)
         except (ValueError, RecursionError, _Malformed) as e:
             what = payload[:120].decode("utf-8", "replace")
             malformed = malformed or short(f"{e}: {what}" if isinstance(e, _Malformed) else what)
@@ -269,6 +277,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
     rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
     rec["first_reasoning_ns"] = first_reasoning
     rec["first_answer_ns"] = first_answer
+    set_texts(rec, content, reasoning, generate_text)
     rec["finish_reason"] = (
         finish if isinstance(finish, str) else (json.dumps(finish) if finish is not None else None)
     )

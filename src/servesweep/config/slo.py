@@ -5,7 +5,7 @@ An expression is `METRIC OP VALUE[UNIT]`, several separated by commas:
 
 - METRIC names a figure of docs/metrics.md: a latency-like metric with a statistic (`ttft_p99`, `itl_p50`,
   `tpot_mean`, `decode_tokens_per_s_p50`; LATENCIES × STATS), a scalar of the point (`output_tokens_per_s`,
-  `request_rate`, `error_rate`, `cache_hit_ratio`; SCALARS) or goodput (`goodput_ratio`, `goodput_per_s`;
+  `request_rate`, `error_rate`, `cache_hit_ratio`, `degenerate_rate`; SCALARS) or goodput (`goodput_ratio`, `goodput_per_s`;
   GOODPUT). ALIASES holds the other spellings (`output_tok_s`, `output_tps`, ...).
 - A latency of PER_REQUEST without a statistic (`ttft<=2s`, `itl<=100ms` for the request's largest gap) is a
   per-request SLO: it says which requests are *good* for goodput and is no check by itself.
@@ -57,6 +57,7 @@ SCALARS: dict[str, Kind] = {
     "request_rate": Kind("req/s", True),
     "error_rate": Kind("ratio", False, relative=False),
     "cache_hit_ratio": Kind("ratio", True, relative=False),
+    "degenerate_rate": Kind("ratio", False, relative=False),
 }
 # One value per point, counting the requests that meet every per-request SLO.
 GOODPUT: dict[str, Kind] = {

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from servesweep.config.point import LoadPoint
-from servesweep.config.secrets import child_env
+from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
 from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens
 from servesweep.workload.build import build_bodies
@@ -121,6 +121,8 @@ def run_point(
     owned=None,
     max_failure_rate: float | None = None,
     probes: ProbeLog | None = None,
+    on_records: Callable[[list[dict]], None] | None = None,
+    targets=None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
@@ -138,7 +140,10 @@ def run_point(
     group (SIGTERM, SIGKILL after STOP_GRACE_S) and keeps the records Locust wrote as records.partial.parquet with
     interrupted.json (keep_partial) before it goes on up. `max_failure_rate`: summary["failure_check"] says
     whether the point's failures are above it (0 successes always are). `probes`: probe requests sent for this
-    point before (counted into summary["probe_requests"] with this point's own).
+    point before (counted into summary["probe_requests"] with this point's own). `on_records`: called with the rows
+    of the live record feed (results/livefeed.py) while the point runs, about once a second. `targets`
+    (observe.targets.RunTargets): with `metrics_port`, the Locust process's exporter is registered there (under the
+    targets' run_id) while it runs.
     """
     from servesweep.config.slo import parse_slos
     from servesweep.results.store import write_json_atomic
@@ -161,19 +166,24 @@ def run_point(
     # the key goes to the child in its environment, under one name; the point it reads says which
     point, env = child_env(point)
     work = _fresh_work(out_dir, point)
-    handle = _start_remote(point, work, out_dir, remote) if remote is not None else None
+    handle = _start_remote(point, work, out_dir, remote, env.get(KEY_ENV)) if remote is not None else None
     cmd = [*(command_prefix or []), *_locust_argv(point, work, workers, remote, handle)]  # e.g. taskset -c 1
     if metrics_port:
         cmd += ["--metrics-port", str(metrics_port)]
+    poll = _live_env(env, work, on_records, targets, metrics_port)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if workers:
         env["SERVESWEEP_STATUS_DIR"] = str(work / "status")  # each worker process: its counters, 4 x a second
     try:
         cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
         started = time.monotonic()
-        rc = _run_locust(cmd, env, out_dir, work, point, workers=workers, progress=progress, owned=owned)
+        rc = _run_locust(
+            cmd, env, out_dir, work, point, workers=workers, progress=progress, owned=owned, poll=poll
+        )
     finally:
         states = handle.stop() if handle is not None else None
+        if targets is not None and metrics_port:
+            targets.drop("servesweep", "locust")
     summary = _point_summary(
         point, out_dir, work, rc, t0, parsed_slos, probes, max_failure_rate, workers, handle, states
     )
@@ -195,6 +205,27 @@ def run_point(
     return summary
 
 
+def _live_env(env: dict[str, str], work: Path, on_records, targets, metrics_port: int | None):
+    """The child's environment for live observation: the feed's folder (returns the poll that hands its rows to
+    `on_records`), and the run_id of its own exporter, registered for Prometheus on its behalf."""
+    from servesweep.results.livefeed import LIVE_DIR_ENV, RUN_ID_ENV, FeedReader
+
+    if targets is not None and metrics_port:
+        env[RUN_ID_ENV] = targets.run_id
+        targets.exporter(f"127.0.0.1:{int(metrics_port)}", role="locust")
+    if on_records is None:
+        return None
+    reader = FeedReader(work / "live")
+    env[LIVE_DIR_ENV] = str(reader.folder)
+
+    def poll() -> None:
+        rows = reader.poll()
+        if rows:
+            on_records(rows)
+
+    return poll
+
+
 def _fresh_work(out_dir: Path, point: LoadPoint) -> Path:
     """The point's `.work/` folder, without what an earlier attempt left, holding point.json: the one thing of the
     point that crosses into the Locust processes."""
@@ -203,6 +234,7 @@ def _fresh_work(out_dir: Path, point: LoadPoint) -> Path:
     status_dir = work / "status"
     shutil.rmtree(status_dir, ignore_errors=True)
     status_dir.mkdir()
+    shutil.rmtree(work / "live", ignore_errors=True)
     for stale in ("records.parquet", "progress.json", "clients.json"):
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
@@ -223,8 +255,9 @@ def _locust_argv(point: LoadPoint, work: Path, workers: int, remote: dict | None
     )
 
 
-def _start_remote(point: LoadPoint, work: Path, out_dir: Path, remote: dict):
-    """Start the worker hosts' Locust workers (the locust_worker role); returns their handle."""
+def _start_remote(point: LoadPoint, work: Path, out_dir: Path, remote: dict, api_key: str | None):
+    """Start the worker hosts' Locust workers (the locust_worker role; the point's key, if any, as a no-log
+    secret); returns their handle."""
     from servesweep.driver.workers import start_remote_workers
 
     extravars = dict(remote["extravars"])
@@ -240,6 +273,7 @@ def _start_remote(point: LoadPoint, work: Path, out_dir: Path, remote: dict):
         out_dir / "remote",
         package=remote["package"],
         extravars=extravars,
+        api_key=api_key,
     )
 
 
@@ -253,6 +287,7 @@ def _run_locust(
     workers: int,
     progress: Callable[[dict], None] | None,
     owned,
+    poll: Callable[[], None] | None = None,
 ) -> int:
     """Run the Locust command in its own process group, its output in locust.log; returns its exit status. An
     exception meanwhile (a signal) stops the group and keeps what Locust wrote (keep_partial) before it goes up."""
@@ -275,10 +310,14 @@ def _run_locust(
                 owned.add([ref])
             while proc.poll() is None:
                 time.sleep(0.5)
+                if poll is not None:
+                    poll()
                 if progress is not None:
                     progress(_read_progress(work, point, time.monotonic() - started))
             if workers:
                 _wait_workers_gone(proc, work / "status")
+            if poll is not None:
+                poll()
         except BaseException as e:
             if proc is not None:
                 _kill_group(proc)
@@ -304,6 +343,7 @@ def _point_summary(
     states,
 ) -> dict:
     """summary.json of a point from the records Locust wrote (PointFailed: none), with its workers' account."""
+    from servesweep.results.degeneration import degeneration_summary
     from servesweep.results.records import read_parquet
     from servesweep.results.summary import client_headroom, summarize
 
@@ -324,7 +364,7 @@ def _point_summary(
         "locust_exit_code": rc,
         "started_unix": t0,
         "wall_s": time.time() - t0,
-        **summarize(table, slos=parsed_slos),
+        **summarize(table, slos=parsed_slos, answers=degeneration_summary(table)),
     }
     summary["client_headroom"] = client_headroom(clients, table, summary.get("itl_zero_gap_share"))
     summary["client_saturated"] = summary["client_headroom"]["client_saturated"]

@@ -33,6 +33,7 @@ from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.results import manifest as mf
+from servesweep.results.degeneration import degeneration_warning
 from servesweep.target import http
 
 PLAYBOOK = "sglang_server.yml"
@@ -210,6 +211,9 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
         requests=1, duration_s=None, warmup_s=0.0, workers=0
     )  # 1 = one request per user, see _run_point
     d["budget"] = {"wall_time_s": None}
+    if exp.search is not None:  # the tiers scaled to the emulator's speed-up, the bounds and budget shrunk
+        ours = sim["sim_calibration"] == f"speedup={DRY_RUN_SPEEDUP}"
+        d["search"] = exp.search.dry_run(DRY_RUN_SPEEDUP if ours else 1)
     return Experiment.model_validate(d)
 
 
@@ -327,6 +331,10 @@ def create_run(
         "points": points,
         "events": [],
     }
+    if exp.search is not None:
+        from servesweep.matrix.capacity_run import move_points_to_searches
+
+        move_points_to_searches(exp, data, plan)
     m = mf.Manifest(run_dir, data)
     m.save()
     return m
@@ -349,6 +357,13 @@ class Runner:
         self.server_up = False
         self.metrics = None  # servesweep.observe.exporter.ClientMetrics while the run runs (see _start_exporter)
         self.exporter_at: str | None = None
+        # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
+        self.packed = bool(
+            m.data.get("packing")
+            or (self.exp.target.managed and self.exp.parallel and (m.data.get("max_parallel") or 1) > 1)
+        )
+        self.targets = None  # servesweep.observe.targets.RunTargets: what this run registered for Prometheus
+        self._watch = None  # servesweep.driver.live.PointWatch of the point running
         # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
         self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
         # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it in
@@ -501,10 +516,15 @@ class Runner:
             self.m.data.setdefault("resumed", [])
             self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
             self.m.save()
-            for cp in self.plan.configs:
-                if self.stop_requested:
-                    raise Interrupted(signal.Signals(self.stop_signal).name)
-                self._run_config(cp)
+            if self.packed:
+                from servesweep.matrix.packed import PackedRun, packing_of
+
+                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted).run()
+            else:
+                for cp in self.plan.configs:
+                    if self.stop_requested:
+                        raise Interrupted(signal.Signals(self.stop_signal).name)
+                    self._run_config(cp)
             self.m.data["status"] = "finished"
             self.m.save()
         except Interrupted:
@@ -549,6 +569,11 @@ class Runner:
         self.write_report()
         if not all(p["status"] in mf.FINISHED for p in self.m.points.values()):
             return 1
+        if self.exp.search is not None:
+            from servesweep.matrix.capacity_run import unfinished
+
+            if unfinished(self.m.data):
+                return 1
         over = [
             fc["message"]
             for p in self.m.points.values()
@@ -563,9 +588,10 @@ class Runner:
     # -- live client metrics (issue 6, docs/observability.md) --
 
     def _start_exporter(self) -> None:
-        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here, after each point, from the
-        point's records (observe_many) and summary (point_finished): Locust gets no metrics_port, so nothing is
-        counted twice. A resumed run serves again (new port unless fixed) and shows the points it runs."""
+        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here: during a point from the
+        Locust process's live record feed (about once a second), at its end from the records the feed did not
+        carry, and the point's summary (point_finished). Locust gets no metrics_port and each request id is
+        observed once, so nothing is counted twice. A resumed run serves again (new port unless fixed)."""
         ex = self.exp.exporter
         if not ex.enabled or self.metrics is not None:
             return
@@ -585,26 +611,42 @@ class Runner:
         self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
 
     def close(self) -> None:
-        """Stop serving client metrics (after the run; a test scrapes them in between); let go of the run's key."""
+        """Stop serving client metrics (after the run; a test scrapes them in between), remove the run's targets
+        from the observe stack's folder; let go of the run's key."""
         if self.metrics is not None:
             self.metrics.stop()
             self.metrics = None
+        if self.targets is not None:
+            self.targets.close()
         drop_key()
 
     def _write_targets(self, cid: str) -> None:
-        """Prometheus file_sd targets of this configuration: the exporter and the server's /metrics."""
-        if self.metrics is None:
-            return
+        """Register the exporter and this configuration's server /metrics in the observe stack's one targets
+        folder (`<results root>/.observe/targets`, docs/observability.md); the next configuration replaces it."""
         from urllib.parse import urlsplit
 
-        from servesweep.observe.promconfig import write_targets
+        from servesweep.observe.targets import RunTargets, scrape_address
 
-        server = urlsplit(self.base_url()).netloc
+        if self.targets is None:
+            self.targets = RunTargets(self.m.data["run_id"], self.run_dir.parent)
+            if self.exporter_at is not None:
+                self.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
         path = self.exp.launcher.metrics_path
-        servers = [] if path is None else [{"target": server, "config": cid, "metrics_path": path}]
-        write_targets(
-            self.run_dir / "prometheus", self.m.data["run_id"], exporters=[self.exporter_at], servers=servers
-        )
+        if path is None:
+            self.targets.drop("sglang", "server")
+        else:
+            self.targets.server(urlsplit(self.base_url()).netloc, config=cid, metrics_path=path)
+
+    def _point_watch(self, pid: str, head: str):
+        """The point's live view: the feed's records go to the exporter as they arrive; without a terminal, plain
+        progress lines (driver/live.py)."""
+        from servesweep.driver.live import PointWatch
+
+        plain = None if self.console.is_terminal else self._plain
+        return PointWatch(pid, metrics=self.metrics, echo=plain, label=head)
+
+    def _plain(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def _metrics_started(self, pid: str, point) -> None:
         if self.metrics is None:
@@ -620,7 +662,8 @@ class Runner:
             try:
                 from servesweep.results.records import read_parquet
 
-                self.metrics.observe_many(read_parquet(folder / "records.parquet").to_pylist())
+                # the records the live feed did not carry (each request is counted once)
+                self._watch.rest(read_parquet(folder / "records.parquet").to_pylist())
             except (OSError, ValueError) as e:  # the gauges still come from the summary
                 self.console.print(f"[yellow]client metrics: records of {pid} not read ({e})[/]")
         self.metrics.point_finished(pid, summary)
@@ -672,6 +715,10 @@ class Runner:
         cfg = cp.config
         cid = cfg.id
         todo = self._pending(cid)
+        if self.exp.search is not None:
+            from servesweep.matrix.capacity_run import pending_searches
+
+            todo = pending_searches(self.m.data, cid)
         if not todo:
             return
         c = self.m.configs[cid]
@@ -681,7 +728,7 @@ class Runner:
         self.m.save()
         if self.exp.target.managed:
             self.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
-            if not self._start_server(cid, todo):
+            if not self._start_server(cid, [pid for pid in todo if pid in self.m.points]):
                 return
         else:
             info = {
@@ -690,6 +737,11 @@ class Runner:
             c.update(status="ready", server={**info, "info": info})
             self.m.save()
         self._write_targets(cid)
+        if self.exp.search is not None:
+            from servesweep.matrix.capacity_run import run_searches
+
+            run_searches(self, cid, todo)
+            todo = []
         for i, pid in enumerate(todo):
             while True:
                 if self.stop_requested:
@@ -775,8 +827,10 @@ class Runner:
         n_all = sum(v for k, v in counts.items() if k != mf.INFEASIBLE)
         head = f"[{n_done}/{n_all}] {pid}"
         status = self.console.status(f"{head}: starting Locust")
+        self._watch = self._point_watch(pid, head)
 
         def progress(d: dict) -> None:
+            self._watch.progress(d)
             status.update(
                 f"{head}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
             )
@@ -792,6 +846,7 @@ class Runner:
                     worker_hosts=self._worker_hosts(),
                     owned=self.owned,
                     max_failure_rate=ld.max_failure_rate,
+                    on_records=self._watch.records,
                 )
         except Interrupted:
             self._keep_interrupted(pid, tmp)
@@ -874,6 +929,8 @@ class Runner:
             f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
             f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({took_s:.1f} s)"
         )
+        if warning := degeneration_warning({**summary, "point_id": pid}):
+            self.event(f"[bold red]{warning}[/]")
 
     def _healthy(self) -> bool:
         """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
@@ -995,6 +1052,10 @@ class Runner:
             + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             + f"\nresults: {self.run_dir}/<point>/summary.json, records.parquet; manifest: {self.m.path}"
         )
+        if self.exp.search is not None:
+            from servesweep.results.capacity import print_table
+
+            print_table(self.console, self.run_dir)
 
 
 def _aside(run_dir: Path, pid: str, attempt: int) -> Path:
@@ -1017,6 +1078,7 @@ def _headline(summary: dict) -> dict[str, Any]:
         "output_tokens_per_s": summary.get("output_tokens_per_s"),
         "request_rate": summary.get("request_rate"),
         "error_rate": summary.get("error_rate"),
+        "degenerate_rate": summary.get("degenerate_rate"),
         "ttft_p50_ms": pick("ttft_ms", "p50"),
         "ttft_p99_ms": pick("ttft_ms", "p99"),
         "itl_p50_ms": pick("itl_ms", "p50"),
@@ -1074,12 +1136,21 @@ def _flush_cache(url: str, api_key: str | None) -> bool:
 )
 @click.option("--keep-server", is_flag=True, help="Leave the last server running at the end.")
 @click.option(
+    "--max-parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Run up to N placed server configurations at once on free GPUs of the inventory's hosts (servesweep plan "
+    "shows the timeline); default 1: one after another.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="The same matrix on the emulator here: every configuration, the ends of each load axis, one request per "
     "user, 8-token outputs; proves the pipeline.",
 )
-def command(file: str | None, resume: str | None, out: str, keep_server: bool, dry_run: bool) -> None:
+def command(
+    file: str | None, resume: str | None, out: str, keep_server: bool, max_parallel: int | None, dry_run: bool
+) -> None:
     """Run an experiment matrix (or --resume one)."""
     from rich.console import Console
 
@@ -1127,6 +1198,8 @@ def command(file: str | None, resume: str | None, out: str, keep_server: bool, d
         resolve_run_key(exp, file)  # fail before the run folder exists
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
+        if max_parallel:
+            m.data["max_parallel"] = max_parallel
     runner = Runner(m, console=console, keep_server=keep_server)
     try:
         rc = runner.run()

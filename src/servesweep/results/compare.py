@@ -25,6 +25,7 @@ import numpy as np
 
 from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
 from servesweep.results import metrics
+from servesweep.results.degeneration import degenerate_flags
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
 from servesweep.results.store import write_atomic
 
@@ -46,6 +47,7 @@ class PointSample:
     max_itl: np.ndarray  # largest gap per request (ms), for per-request ITL SLOs
     cached: np.ndarray  # cached tokens where reported, NaN elsewhere
     prompt: np.ndarray  # prompt tokens from usage of ok requests, NaN elsewhere
+    degenerate: np.ndarray | None = None  # 1 degenerate, 0 not, NaN not judged (results/degeneration.py)
 
     _sorted: dict = field(default_factory=dict, repr=False)
 
@@ -111,6 +113,7 @@ class PointSample:
             max_itl=rm.max_itl_ms,
             cached=np.where(ok, col("cached_tokens"), np.nan),
             prompt=np.where(ok, col("prompt_tokens"), np.nan),
+            degenerate=degenerate_flags(table, ok)[0],
         )
 
 
@@ -201,6 +204,10 @@ def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
         has = ~np.isnan(s.cached) & ~np.isnan(s.prompt)
         den = float(np.dot(w[has], s.prompt[has]))
         return float(np.dot(w[has], s.cached[has])) / den if has.any() and den > 0 else math.nan
+    if base == "degenerate_rate":
+        has = ~np.isnan(s.degenerate) if s.degenerate is not None else np.zeros(s.n, bool)
+        den = float(w[has].sum())
+        return float(np.dot(w[has], s.degenerate[has])) / den if den > 0 else math.nan
     raise KeyError(base)
 
 
@@ -502,6 +509,8 @@ def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json
     noise (lower latency and higher tok/s are better)."""
     from rich.console import Console
 
+    from servesweep.results import capacity
+
     if len(runs) < 2:
         raise click.UsageError("give at least two run folders: BASELINE RUN [RUN ...]")
     try:
@@ -520,8 +529,9 @@ def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json
     except RunError as e:
         click.echo(f"servesweep compare: {e}", err=True)
         sys.exit(2)
+    searched = False if as_json else capacity.print_compares(Console(), runs)
     for rc in rcs:
-        if not rc.points:
+        if not rc.points and not searched:
             click.echo(
                 f"servesweep compare: no matching points between {rc.a.path} and {rc.b.path} "
                 f"(baseline has {_few(rc.only_a)}; run has {_few(rc.only_b)})",

@@ -69,6 +69,8 @@ SCHEMA = pa.schema(
         pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent
         pa.field("rx_clock", pa.string()),  # arrival stamps: 'kernel' (SO_TIMESTAMPNS) or 'user'
         pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
+        pa.field("response_text", pa.string()),  # the answer as streamed (content; a completion's text)
+        pa.field("reasoning_text", pa.string()),  # reasoning_content, kept apart from the answer
     ]
 )
 COLUMNS = tuple(SCHEMA.names)

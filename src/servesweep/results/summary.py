@@ -335,8 +335,9 @@ def _slo_checks(slos: list[SLO], summary: dict) -> list[dict]:
     return out
 
 
-def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
-    """Everything docs/metrics.md defines, for one point's records (per-request metrics: servesweep.results.metrics)."""
+def summarize(table: pa.Table, slos: list[SLO] | str | None = None, answers: dict | None = None) -> dict:
+    """Everything docs/metrics.md defines, for one point's records (per-request metrics: servesweep.results.metrics).
+    `answers`: the parent's degeneration figures (results/degeneration.py), judged by the SLOs like the rest."""
     if isinstance(slos, str):
         slos = parse_slos(slos)
     slos = slos or []
@@ -371,5 +372,6 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None) -> dict:
     }
     summary.update(_reasoning(ok, _col(ok, "sent_ns")))
     summary["sessions"] = _sessions(ok, m, window_s)
+    summary.update(answers or {})
     summary["slos"] = _slo_checks(slos, summary)
     return summary

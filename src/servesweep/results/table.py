@@ -3,6 +3,8 @@ the web UI's step ramp at the end of a run)."""
 
 from __future__ import annotations
 
+from servesweep.results.degeneration import degenerate_cell, degeneration_warning
+
 
 def _fmt(v, spec=".1f") -> str:
     return "-" if v is None else format(v, spec)
@@ -32,6 +34,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "ok",
         "failures",
         "prompt Δ%",
+        "degen %",
     ):
         t.add_column(col, justify="right")
     for s in summaries:
@@ -59,6 +62,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             str(s["requests"]["ok"]),
             fails,
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
+            degenerate_cell(s),
         )
     return t
 
@@ -67,6 +71,8 @@ def table_notes(summaries: list[dict]) -> list[str]:
     """Lines printed under the table: degraded points and a saturated load generator."""
     out = []
     for s in summaries:
+        if warning := degeneration_warning(s):
+            out.append(f"[bold red]{warning}[/]")
         for n in s.get("notes") or ():
             out.append(f"[yellow]point {s['point_id']}: {n}[/]")
         for p in s.get("problems") or ():

@@ -33,10 +33,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from servesweep.sim.faults import Fault
+from servesweep.sim.faults import ANSWER_KINDS, Fault, parse_fault
 
-ANSWER_KINDS = ("loop", "wrong_past", "spec_diverge")
-_DEFAULT_ARG = {"loop": 0.0, "spec_diverge": 8.0}  # wrong_past has no default: its threshold is the point
 LOOP_TOKEN = " lambda"
 
 # The needle as workload/prompts.py `_needle` writes it; matched on the prompt text (chat content or raw text).
@@ -91,21 +89,13 @@ class Needle:
 
 def parse_answer_fault(spec: str, where: str = "X-Sim-Fault") -> Fault:
     """`loop`, `loop:16`, `wrong_past:30000`, `spec_diverge:4` -> Fault; errors name `where` (as faults.py)."""
-    kind, _, arg = spec.strip().partition(":")
-    kind = kind.strip().lower()
+    kind = spec.strip().partition(":")[0].strip().lower()
     if kind not in ANSWER_KINDS:
         raise ValueError(f"{where}: unknown answer fault kind {kind!r} (known: {', '.join(ANSWER_KINDS)})")
-    if not arg:
-        if kind not in _DEFAULT_ARG:
-            raise ValueError(f"{where}: fault {kind!r} needs an argument (prompt tokens), e.g. {kind}:30000")
-        return Fault(kind, _DEFAULT_ARG[kind])
-    try:
-        val = float(arg)
-    except ValueError:
-        raise ValueError(f"{where}: fault {kind!r} argument {arg!r} is not a number") from None
-    if val < 0 or val != int(val):
-        raise ValueError(f"{where}: fault {kind!r} argument must be a whole number ≥ 0, got {arg!r}")
-    return Fault(kind, val)
+    fault = parse_fault(spec, where)
+    if fault.arg != int(fault.arg):
+        raise ValueError(f"{where}: fault {kind!r} argument must be a whole number ≥ 0, got {fault.arg:g}")
+    return fault
 
 
 def find_needle(prompt: str) -> Needle | None:
@@ -205,3 +195,18 @@ def answer_words(
 def answer_text(prompt: str, n: int, **kwargs) -> str:
     """`answer_words` joined, without the first piece's leading space: the answer as a client reads it."""
     return "".join(answer_words(prompt, n, **kwargs)).lstrip(" ")
+
+
+def thinking_words(prompt: str, n: int, *, seed: int = 0, fault: Fault | None = None) -> list[str]:
+    """The first `n` pieces of the emulator's reasoning before its answer: prose of its own stream (it never states
+    the code, so an answer scored without its reasoning is judged on the answer alone); a `loop` fault loops here
+    too, as a model that loops while thinking never reaches its answer."""
+    if fault is not None and fault.kind == "loop":
+        return [LOOP_TOKEN] * n
+    rng = _stream(seed, prompt, "thinking")
+    out: list[str] = []
+    for piece in _prose(rng):
+        if len(out) >= n:
+            break
+        out.append(piece)
+    return out

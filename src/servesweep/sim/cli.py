@@ -67,6 +67,15 @@ def _fault_rates(value: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _answer_fault(value: str):
+    from .answers import parse_answer_fault
+
+    try:
+        return parse_answer_fault(value, "--sim-answer-fault")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _calibration(value: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in value.split(","))):
@@ -105,6 +114,12 @@ def build_parser(
     s.add_argument("--sim-seed", type=int, default=0)
     s.add_argument("--sim-load-time", type=float, default=0.3, help="seconds of simulated weight loading")
     s.add_argument("--sim-fault-rate", type=_fault_rates, default={}, help="KIND[:ARG]=P,... (seeded)")
+    s.add_argument(
+        "--sim-answer-fault",
+        type=_answer_fault,
+        default=None,
+        help="loop[:N], wrong_past:T or spec_diverge[:N]: every answer of this server (a broken server)",
+    )
     s.add_argument("--sim-ground-truth", default=None, help="append one JSON line per finished request here")
     s.add_argument(
         "--sim-extra-spec-algorithms", type=_csv_upper, default=[], help="DDTREE,... (forked builds)"

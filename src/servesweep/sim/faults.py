@@ -8,6 +8,8 @@ Kinds (what the client sees):
   arrive together afterwards.
 - `malformed[:N]`: after N token chunks (default 1), one chunk of broken JSON, then the stream goes on.
 - `slow_first_byte:S`: the response (headers included) starts S seconds late; generation starts then too.
+- `loop[:N]`, `wrong_past:T`, `spec_diverge[:N]`: answer faults (ANSWER_KINDS): the stream is healthy, its text
+  is not (sim/answers.py says what each writes). `--sim-answer-fault` sets one for every request of a server.
 
 On a non-streaming request the mid-stream kinds act on its one body: `disconnect` closes the socket instead of
 answering, `error_event` answers 500, `stall:S` answers S seconds late, `malformed` sends a truncated JSON body.
@@ -18,9 +20,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-KINDS = ("429", "500", "503", "disconnect", "error_event", "stall", "malformed", "slow_first_byte")
+ANSWER_KINDS = ("loop", "wrong_past", "spec_diverge")
+KINDS = ("429", "500", "503", "disconnect", "error_event", "stall", "malformed", "slow_first_byte", *ANSWER_KINDS)
 PRE_STREAM = {"429": "Too Many Requests", "500": "Internal Server Error", "503": "Service Unavailable"}
-_DEFAULT_ARG = {"disconnect": 2.0, "error_event": 1.0, "malformed": 1.0, "stall": 1.0, "slow_first_byte": 1.0}
+_DEFAULT_ARG = {
+    "disconnect": 2.0,
+    "error_event": 1.0,
+    "malformed": 1.0,
+    "stall": 1.0,
+    "slow_first_byte": 1.0,
+    "loop": 0.0,
+    "spec_diverge": 8.0,
+}  # wrong_past has no default: its threshold (prompt tokens) is the point
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,8 @@ def parse_fault(spec: str, where: str = "X-Sim-Fault") -> Fault:
             raise ValueError(f"{where}: fault {kind!r} takes no argument")
         return Fault(kind)
     if not arg:
+        if kind not in _DEFAULT_ARG:
+            raise ValueError(f"{where}: fault {kind!r} needs an argument (prompt tokens), e.g. {kind}:30000")
         return Fault(kind, _DEFAULT_ARG[kind])
     try:
         val = float(arg)

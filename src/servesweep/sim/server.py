@@ -20,6 +20,7 @@ import sys
 import time
 
 from . import protocol as P
+from .answer_stream import answer_table, prompt_text, split_fault
 from .connection import CHUNKED_END, JSON, METHODS, PROM, SSE, TEXT, Connection, HttpError, Request, head
 from .faults import PRE_STREAM, FaultPicker
 from .stream import GenerationStream
@@ -57,6 +58,8 @@ class SimApp:
         self.words = None
         self.eos_id = 0
         self.faults = FaultPicker(args.sim_fault_rate or {}, args.sim_seed)
+        self.answer_fault = args.sim_answer_fault  # every request's answer fault, unless it brings its own
+        self.speculative = bool(getattr(args, "speculative_algorithm", None))
         self.gt = None
         if args.sim_ground_truth:
             from .groundtruth import GroundTruthWriter
@@ -642,6 +645,7 @@ class SimApp:
         if not isinstance(rid, str):
             rid = str(rid)
         model = body.get("model", "default") if kind != "generate" else self.served_model_name
+        fault, answer_fault = split_fault(fault, self.answer_fault)
         g = GenerationStream(self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body)
         if group is not None:
             g.group, g.index = group, index
@@ -694,6 +698,17 @@ class SimApp:
             # has made one), so an uncapped request still gets an answer after its thinking
             target = getattr(ereq, "_target", 0) or max_new
             g.reasoning_left = min(g.reasoning_left, max(1, target // 2))
+        if kind != "generate":  # /generate streams token ids too: it keeps the word table
+            g.wt = answer_table(
+                prompt_text(kind, body),
+                getattr(ereq, "_target", 0) or max_new or 1,
+                g.reasoning_left,
+                seed=self.args.sim_seed,
+                fault=answer_fault,
+                prompt_tokens=len(ids),
+                speculative=self.speculative,
+            )
+            g.word = 0
         return 200
 
     def _record_early(self, req, body, status, fault=None, prompt_tokens=0):
