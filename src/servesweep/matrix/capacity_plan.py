@@ -110,7 +110,7 @@ def price_search(exp, rs, timer, prompt: int, output: int, overhead_s: float) ->
     # the model's own search from the lower bound finds the predicted capacities (its probes are not counted)
     first = search(probe, tiers, spec_for(block, block.lower, bootstrap=50, bootstrap_pooled=20))
     caps = {name: t.capacity for name, t in first.tiers.items()}
-    start = next(iter(caps.values()))
+    start = next(iter(caps.values())) or block.load_value(block.lower)  # fails at lower: start there
     log.clear()
     run = search(probe, tiers, spec_for(block, start, bootstrap=50, bootstrap_pooled=20))
     return {

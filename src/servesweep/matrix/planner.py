@@ -67,6 +67,7 @@ class PointPlan:
     est_s: float = 0.0
     detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s
     codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
+    search: dict[str, Any] | None = None  # a search block's combination: start, probes, time (capacity_plan)
 
 
 @dataclass
@@ -252,6 +253,11 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
         _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset, need_max)
         if pp.feasible:
             _estimate_point(exp, rs, pp, timer)
+            if exp.search is not None and timer is not None:
+                from servesweep.matrix.capacity_plan import price_search
+
+                pp.search = price_search(exp, rs, timer, pp.spec.prompt_tokens, pp.spec.output_tokens, POINT_OVERHEAD_S)
+                pp.est_s = pp.search["seconds"]
     if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
         want = _needed_context(need_max)
         above = want > arch.max_position_embeddings and not _overrides_context(cfg)
@@ -813,6 +819,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                         "est_s": round(p.est_s, 2),
                         "estimate": p.detail,
                         "pitfalls": p.codes,
+                        "search": p.search,
                     }
                     for p in cp.points
                 ],
@@ -854,6 +861,10 @@ def print_plan(plan: Plan, console) -> None:
             console.print(f"[yellow]! {cp.config.id}[/]: {w}")
     _print_dropped_points(plan, console)
     _print_point_warnings(plan, console)
+    if plan.experiment.search is not None:
+        from servesweep.matrix.capacity_plan import print_search_plan
+
+        print_search_plan(plan, console)
     _print_totals(plan, console)
     print_packed(plan, console)
 

@@ -281,6 +281,17 @@ def evaluate_run(
     return Verdict(results, run.run_id, context=ctx)
 
 
+def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> list[CheckResult]:
+    """--min-capacity: one check per search × tier of a run with a search: block (results/capacity.py)."""
+    from servesweep.results.capacity import gate
+
+    try:
+        checks = gate(run_dir, min_capacity, baseline)
+        return [CheckResult(name, check, "capacity", ok, "", msg) for name, check, ok, msg in checks]
+    except ValueError as e:
+        raise GateError(f"--min-capacity: {e}") from None
+
+
 # ---------------------------------------------------------------- command
 
 
@@ -297,8 +308,13 @@ def evaluate_run(
 @click.option("--details", is_flag=True, help="print every check before the verdict line")
 @click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--min-capacity",
+    default=None,
+    help="a run with a search: block: every capacity at least this load, or this share of --baseline's (90%)",
+)
 def command(
-    run_dir, slo_texts, baseline, max_regression, reg_metrics, junit_path, as_json, details, resamples, seed
+    run_dir, slo_texts, baseline, max_regression, reg_metrics, junit_path, as_json, details, resamples, seed, min_capacity
 ):
     """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
     and a baseline run.
@@ -319,7 +335,7 @@ def command(
         except ValueError as e:
             raise GateError(f"--regression-metric: {e}") from None
         base = load_run(baseline) if baseline is not None else None
-        if not any(not s.per_request for s in slos) and base is None:
+        if not any(not s.per_request for s in slos) and base is None and min_capacity is None:
             if slos:
                 raise GateError(
                     "nothing to check: per-request SLOs ("
@@ -331,12 +347,14 @@ def command(
         verdict = evaluate_run(
             run,
             slos,
-            baseline=base,
+            baseline=None if min_capacity is not None else base,
             max_regression=limit,
             regression_metrics=mets,
             resamples=resamples,
             seed=seed,
         )
+        if min_capacity is not None:
+            verdict.results += capacity_checks(run_dir, min_capacity, baseline)
     except (GateError, RunError, SLOError) as e:
         verdict = Verdict([], subject, error=str(e))
     if junit_path is not None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import click
 
+from servesweep.results.capacity import frontier_svg, load_capacity
+from servesweep.results.capacity import markdown as capacity_markdown
 from servesweep.results.compare import (
     RunComparison,
     compare_html_section,
@@ -285,6 +287,10 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
                 plots.estimate_vs_actual(est, "planner estimate vs actual time"),
             )
         )
+    cap = load_capacity(run.path) if run.kind != "records" else None
+    if cap and cap["frontier"]:
+        text = "throughput per GPU against per-user output speed at every probe; the Pareto frontier drawn"
+        overview.insert(0, ("frontier", text, frontier_svg(cap)))
     comps = [compare_runs(b, run) for b in baselines or []]
     rep = Report(run, sections, overview, comps)
     rep.html = render_html(rep)
@@ -511,6 +517,9 @@ def render_markdown(rep: Report) -> str:
         ]
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
+    cap = load_capacity(run.path) if run.kind != "records" else None
+    if cap:
+        out += capacity_markdown(cap)
     for sec in rep.sections:
         out += _md_section(sec)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]

@@ -1,0 +1,133 @@
+"""The field's search variants (examples/*-search.yaml): planned with a start estimate and fewer probes than the
+grid, and the A6000 one dry-run on the emulator end to end: the capacity-at-SLO table with tok/s per GPU, the
+frontier plot, --resume replaying finished probes, the gate on a minimum capacity and compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from servesweep.config.experiment import ExperimentError, parse_experiment
+from servesweep.matrix.planner import command as plan_command
+
+ROOT = Path(__file__).resolve().parents[2]
+A6000 = ROOT / "examples" / "qwen36-27b-a6000-tp2-search.yaml"
+RTX = ROOT / "examples" / "qwen36-27b-rtxpro6000-search.yaml"
+CLI = Path(sys.executable).parent / "servesweep"
+
+
+def _cli(*args: str, timeout: int = 400) -> tuple[int, str]:
+    proc = subprocess.Popen(
+        [str(CLI), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "250"},
+        start_new_session=True,  # its own group: the cleanup reaches the emulator and Locust
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("path", [A6000, RTX], ids=["a6000", "rtxpro6000"])
+def test_search_examples_plan_a_start_and_fewer_probes_than_the_grid(path):
+    r = CliRunner().invoke(plan_command, [str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    exp = parse_experiment(path.read_text())
+    searches = [p["search"] for c in plan["configs"] for p in c["points"] if p["feasible"]]
+    assert searches and all(s is not None for s in searches)
+    for s in searches:
+        assert exp.search.lower <= s["start"] <= exp.search.upper
+        assert set(s["predicted_capacity"]) == set(exp.search.tiers)
+        assert 1 <= s["probes"] <= s["grid_points"] / 2 and s["calls"] >= s["probes"] and s["seconds"] > 0
+
+
+def test_search_block_errors_name_their_line():
+    text = A6000.read_text()
+    bad = text.replace("decode_tokens_per_s_p50>=30,", "decode_tokens_per_s_p42>=30,")
+    with pytest.raises(ExperimentError) as e:
+        parse_experiment(bad, "x.yaml")
+    line = next(i + 1 for i, s in enumerate(bad.splitlines()) if s.strip().startswith("tiers:"))
+    assert f"x.yaml:{line}: search.tiers: tier interactive" in str(e.value) and "p42" in str(e.value)
+    both = text.replace("  prompt_tokens: 1000\n", "  prompt_tokens: 1000\n  concurrency: [1, 8]\n")
+    with pytest.raises(ExperimentError, match="load.concurrency: search.axis concurrency searches it"):
+        parse_experiment(both)
+
+
+def _interrupt_last_probe(run_dir: Path) -> list[str]:
+    """As a run killed during its last probe load leaves it: those points gone, the search running."""
+    m = json.loads((run_dir / "manifest.json").read_text())
+    last = max(m["points"].values(), key=lambda p: p["started"])["load"]
+    gone = [pid for pid, p in m["points"].items() if p["load"] == last]
+    for pid in gone:
+        shutil.rmtree(run_dir / pid)
+        del m["points"][pid]
+    for s in m["searches"].values():
+        s.update(status="running", result=None)
+    m["status"] = "interrupted"
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    (run_dir / "capacity.json").unlink()
+    return gone
+
+
+def test_a6000_search_dry_run_prints_capacity_per_gpu_writes_the_frontier_and_resumes(tmp_path):
+    out = tmp_path / "runs"
+    rc, text = _cli("run", str(A6000), "--dry-run", "--out", str(out))
+    assert rc == 0, text[-5000:]
+    assert "capacity at SLO" in text and "tok/s/GPU" in text and "req/s/GPU" in text
+    run_dir = next(out.iterdir())
+    svg = (run_dir / "frontier.svg").read_text()
+    assert svg.startswith("<svg") and "Pareto frontier" in svg
+    cap = json.loads((run_dir / "capacity.json").read_text())
+    assert {r["tier"] for r in cap["rows"]} == {"interactive", "fast"}
+    for r in cap["rows"]:
+        a = r["at_capacity"]
+        assert r["gpus"] == 2 and r["capacity"] is not None and r["stop"] == "resolution"
+        lo, hi = r["bracket"]
+        assert lo == r["capacity"] and hi - lo <= max(1, 0.05 * lo)  # the stated resolution
+        assert a["output_tokens_per_s_per_gpu"] == pytest.approx(a["output_tokens_per_s"] / 2)
+    assert any(p["pareto"] for p in cap["frontier"])
+    assert cap["probes"] <= cap["grid_points"] / 2
+    assert "Capacity at SLO" in (run_dir / "report.md").read_text()
+
+    # the gate: the capacity found passes, one above it fails; compare matches the run with itself
+    need = min(r["capacity"] for r in cap["rows"])
+    assert _cli("gate", str(run_dir), "--min-capacity", str(need))[0] == 0
+    rc, gate_out = _cli("gate", str(run_dir), "--min-capacity", str(need + 50))
+    assert rc == 1 and "BREACH" in gate_out
+    rc, cmp_out = _cli("compare", str(run_dir), str(run_dir))
+    assert rc == 0 and "same within resolution" in cmp_out
+
+    # resume after a kill during the last probe load: the earlier probes are read back, not measured again
+    kept = json.loads((run_dir / "manifest.json").read_text())["points"]
+    gone = _interrupt_last_probe(run_dir)
+    rc, text = _cli("run", "--resume", str(run_dir))
+    assert rc == 0, text[-5000:]
+    m = json.loads((run_dir / "manifest.json").read_text())
+    replayed = [pid for pid in kept if pid not in gone]
+    assert all(f"↺ {pid}: finished before, read back" in text for pid in replayed)
+    assert all(
+        m["points"][pid]["attempts"] == 1 and m["points"][pid]["finished"] == kept[pid]["finished"]
+        for pid in replayed
+    )
+    first = next(p for p in gone if p.endswith("-n1"))  # the load probed again, from its first call
+    assert m["points"][first]["status"] == "done" and m["points"][first]["attempts"] == 1
+    assert all(s["status"] == "done" for s in m["searches"].values())
+    assert {r["tier"] for r in json.loads((run_dir / "capacity.json").read_text())["rows"]} == {
+        "interactive",
+        "fast",
+    }
