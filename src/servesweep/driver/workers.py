@@ -14,6 +14,7 @@ Never imports Locust or gevent: ansible-runner hangs in a process where gevent p
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -40,18 +41,20 @@ def _hidden_envs(variables: Mapping[str, Any]) -> tuple[str, ...]:
     return _KEY_ENVS + ((name,) if name and name not in _KEY_ENVS else ())
 
 
-def _key_args(variables: Mapping[str, Any]) -> dict[str, Any]:
+def _key_args(variables: Mapping[str, Any], key: str | None = None) -> dict[str, Any]:
     """run_playbook's secret arguments: the key named by locust_worker_api_key_env as a no-log secret file (the
-    role writes it to a 0600 file on the host), and every key variable hidden from Ansible's environment."""
+    role writes it to a 0600 file on the host), and every key variable hidden from Ansible's environment: servesweep's
+    own and any variable of this process that holds the same key (the user's original one)."""
     name = str(variables.get("locust_worker_api_key_env") or "")
     hide = _hidden_envs(variables)
     if not name:
         return {"hide_env": hide}
-    key = env_key(name)
+    key = key or env_key(name)
     if not key:
         raise RemoteWorkersError(
             f"locust_worker_api_key_env: the environment variable {name} is not set or empty"
         )
+    hide += tuple(sorted(n for n, v in os.environ.items() if v == key and n not in hide))
     return {"secrets": {"locust_worker_api_key": key}, "hide_env": hide}
 
 
@@ -98,6 +101,7 @@ class RemoteWorkers:
     states: list[WorkerState] | None = None
     start_s: float = 0.0
     changed_hosts: list[str] = field(default_factory=list)  # hosts where the start changed something
+    hide_env: tuple[str, ...] = ()  # the start's hidden key variables: the stop hides the same
 
     def stop(self, timeout_s: float = 300) -> list[WorkerState]:
         if self.states is not None:
@@ -109,7 +113,7 @@ class RemoteWorkers:
             artifact_dir=self.run_dir / "ansible",
             ident=f"workers-stop-{int(time.time() * 1000)}",
             timeout_s=timeout_s,
-            hide_env=_hidden_envs(self.extravars),
+            hide_env=self.hide_env or _hidden_envs(self.extravars),
         )
         self.states = _read_states(self.run_dir / "workers")
         if not res.ok:
@@ -148,12 +152,14 @@ def start_remote_workers(
     package: Path | None = None,
     extravars: Mapping[str, Any] | None = None,
     timeout_s: float = 900,
+    api_key: str | None = None,
 ) -> RemoteWorkers:
     """Start `workers_per_host` Locust workers of the point in `point_json` on every host of `group`, pointed at
     master_host:master_port. Blocks until every worker has built its point (or raises RemoteWorkersError with the
     host, the task and the log tail; whatever started is stopped again). `package` is a servesweep wheel or sdist
     (default: a wheel built from this checkout); `extravars` sets more role variables (locust_worker_python,
-    locust_worker_pip_args, ...; per-host values such as locust_worker_dir belong in the inventory).
+    locust_worker_pip_args, ...; per-host values such as locust_worker_dir belong in the inventory). `api_key`: the
+    key of the variable `locust_worker_api_key_env` names, when the caller holds it (else read by that name).
     """
     if workers_per_host < 1:
         raise ValueError(f"workers_per_host must be >= 1, got {workers_per_host}")
@@ -180,6 +186,7 @@ def start_remote_workers(
         "locust_worker_results_dir": str(results),
         **dict(extravars or {}),
     }
+    key_args = _key_args(variables, api_key)
     t0 = time.monotonic()
     res = run_playbook(
         PLAYBOOK,
@@ -188,7 +195,7 @@ def start_remote_workers(
         artifact_dir=run_dir / "ansible",
         ident=f"workers-start-{int(time.time() * 1000)}",
         timeout_s=timeout_s,
-        **_key_args(variables),
+        **key_args,
     )
     handle = RemoteWorkers(
         inventory=inventory,
@@ -197,6 +204,7 @@ def start_remote_workers(
         extravars=variables,
         expected=0,
         start_s=time.monotonic() - t0,
+        hide_env=key_args["hide_env"],
     )
     if not res.ok:
         stats = res.stats or {}
