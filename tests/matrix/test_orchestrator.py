@@ -242,9 +242,10 @@ def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_p
         # the exporter: announced, recorded in the manifest, listed in the Prometheus targets with the server
         ex = man["exporter"]
         assert f"http://127.0.0.1:{ex['port']}/metrics" in out.getvalue()
-        targets = json.loads((m.run_dir / "prometheus" / f"servesweep-{m.data['run_id']}.json").read_text())
+        sd = m.run_dir.parent / ".observe" / "targets"  # the observe stack's one targets folder
+        targets = json.loads((sd / f"servesweep-{m.data['run_id']}-exporter.json").read_text())
         assert targets[0]["targets"] == [f"127.0.0.1:{ex['port']}"]
-        sglang = json.loads((m.run_dir / "prometheus" / f"sglang-{m.data['run_id']}.json").read_text())
+        sglang = json.loads((sd / f"sglang-{m.data['run_id']}-server.json").read_text())
         assert sglang[0]["targets"] == [f"127.0.0.1:{man['port']}"] and sglang[0]["labels"]["config"] == "s01"
         with urllib.request.urlopen(ex["url"], timeout=10) as r:
             text = r.read().decode()

@@ -389,6 +389,8 @@ def _load(state: dict, run: _Run) -> None:
 
 def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, err) -> list[dict]:
     """Probe the server once, then run every point with a progress bar; the run's manifest follows each point."""
+    from contextlib import nullcontext
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from servesweep.results.manifest import OwnedProcesses
@@ -422,6 +424,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     write_manifest(run_dir, manifest)
     state["manifest"] = manifest
     summaries = []
+    targets = _register_targets(run, run_id, base_url)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -429,28 +432,33 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         TimeElapsedColumn(),
         console=err,
         transient=False,
-        disable=run.opts["as_json"] and not err.is_terminal,
-    ) as prog:
+        disable=not err.is_terminal,  # without a terminal: plain lines (driver/live.py)
+    ) as prog, (targets or nullcontext()):
         for p in points:
             state["current"] = p.id
             # the run's probes are counted with its first point; their notes go with every point
             pl = probes if p is points[0] else ProbeLog()
             pl.notes = list(probes.notes)
+            watch = _plain_watch(p, err)
             try:
                 s = run_point(
                     p,
                     run_dir / p.id,
                     workers=run.opts["workers"],
-                    progress=_progress_bar(prog, p),
+                    progress=_progress_bar(prog, p, watch),
                     slos=run.opts["slo"],
                     metrics_port=run.opts["metrics_port"] or None,
                     worker_hosts=run.worker_hosts,
                     owned=owned,
                     max_failure_rate=run.max_rate,
                     probes=pl,
+                    on_records=watch.records if watch is not None else None,
+                    targets=targets,
                 )
             except (RuntimeError, ValueError, OSError) as e:
                 raise click.ClickException(f"point {p.id}: {e}") from None
+            if watch is not None:
+                watch.finished(s)
             summaries.append(s)
             manifest["points"].append(
                 {"point_id": p.id, "dir": p.id, "concurrency": p.concurrency, "rate_rps": p.rate_rps}
@@ -462,13 +470,40 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     return summaries
 
 
-def _progress_bar(prog, p: LoadPoint) -> Callable[[dict], None]:
-    """run_point's progress callback: one bar per point (requests done, or time for a duration point)."""
+def _register_targets(run: _Run, run_id: str, base_url: str):
+    """With --metrics-port: the server's /metrics and (per point, in run_point) the Locust process's exporter go
+    into the observe stack's targets folder under this run's id, for the run's length (observe/targets.py)."""
+    if not run.opts["metrics_port"]:
+        return None
+    from urllib.parse import urlsplit
+
+    from servesweep.observe.targets import RunTargets
+
+    targets = RunTargets(run_id, run.opts["out_root"])
+    targets.server(urlsplit(base_url).netloc)
+    return targets
+
+
+def _plain_watch(p: LoadPoint, err):
+    """Without a terminal, the point's plain progress lines on stderr (start, every 30 s, end); None with one."""
+    if err.is_terminal:
+        return None
+    from servesweep.driver.live import PointWatch
+
+    what = f"point {p.id} (concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s)" if p.rate_rps else ")")
+    return PointWatch(p.id, echo=lambda t: err.print(t, markup=False, highlight=False, soft_wrap=True), label=what)
+
+
+def _progress_bar(prog, p: LoadPoint, watch=None) -> Callable[[dict], None]:
+    """run_point's progress callback: one bar per point (requests done, or time for a duration point), or the
+    plain lines of `watch` without a terminal."""
     total = p.requests if p.duration_s is None else p.warmup_s + p.duration_s
     what = f"concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s" if p.rate_rps else "")
     task = prog.add_task(what, total=total, status="")
 
     def update(d: dict) -> None:
+        if watch is not None:
+            watch.progress(d)
         done = d["completed"] if p.duration_s is None else min(d["elapsed_s"], p.warmup_s + p.duration_s)
         prog.update(task, completed=done, status=f"{d['completed']} done, {d['failed']} failed")
 

@@ -55,6 +55,8 @@ def prometheus_config(
     jobs: list[dict] = [
         {
             "job_name": EXPORTER_JOB,
+            # the exporter's own run_id/point_id label its series; the target's run_id labels only `up`
+            "honor_labels": True,
             "file_sd_configs": [{"files": [f"{sd}/{EXPORTER_JOB}-*.json"], "refresh_interval": "30s"}],
         },
         {

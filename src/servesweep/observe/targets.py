@@ -1,0 +1,79 @@
+"""The targets one run registers in the observe stack's one targets folder (observe/stack.py), removed together at
+its end: the run's client-metrics exporter, the Locust process's exporter (`servesweep load --metrics-port`) and the
+server's /metrics. A run registers whether or not a stack is up, so a Prometheus started later finds it.
+
+    t = RunTargets(run_id, results_root)
+    t.exporter("127.0.0.1:9464")                       # servesweep-<run_id>-exporter.json
+    t.server("127.0.0.1:30000", config="tp2")          # sglang-<run_id>-server.json (one server at a time)
+    t.close()                                          # every file it wrote is removed
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servesweep.observe.promconfig import EXPORTER_JOB, SGLANG_JOB
+from servesweep.observe.stack import register_targets, stack_dir, unregister
+
+# An exporter bound to every address is scraped through loopback (the stack's Prometheus runs on this host).
+_ANY = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}
+
+
+def scrape_address(host: str, port: int) -> str:
+    """host:port as Prometheus reaches a server bound to `host` (IPv6 in brackets)."""
+    host = _ANY.get(host, host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{int(port)}"
+
+
+class RunTargets:
+    """File_sd files of one run, each under its own key, so a new server configuration replaces the last one."""
+
+    def __init__(self, run_id: str, root: str | Path | None = None) -> None:
+        self.run_id = run_id
+        self.root = root
+        self._written: set[tuple[str, str]] = set()
+
+    def _register(self, job: str, target: str, labels: dict[str, str], role: str) -> Path:
+        key = f"{self.run_id}-{role}"
+        path = register_targets(job, [target], {"run_id": self.run_id, **labels}, self.root, key=key)
+        self._written.add((job, key))
+        return path
+
+    def exporter(self, target: str, *, role: str = "exporter") -> Path:
+        """A ClientMetrics endpoint (the run's, or a Locust process's under role="locust")."""
+        return self._register(EXPORTER_JOB, target, {}, role)
+
+    def server(self, target: str, *, config: str | None = None, metrics_path: str = "/metrics") -> Path:
+        """The server under test's /metrics (SGLang's `sglang:*`), labelled with its configuration."""
+        labels = {"config": config} if config else {}
+        if metrics_path != "/metrics":
+            labels["__metrics_path__"] = metrics_path
+        return self._register(SGLANG_JOB, target, labels, "server")
+
+    def drop(self, job: str, role: str) -> None:
+        key = f"{self.run_id}-{role}"
+        unregister(job, root=self.root, key=key)
+        self._written.discard((job, key))
+
+    def __enter__(self) -> RunTargets:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove every file this run registered; Prometheus drops the targets within seconds. A stack folder that
+        holds nothing else (no stack was ever started there) goes too, so a results root without a stack stays
+        as it was."""
+        for job, key in sorted(self._written):
+            unregister(job, root=self.root, key=key)
+        self._written.clear()
+        top = stack_dir(self.root)
+        try:
+            if [p.name for p in top.iterdir()] == ["targets"] and not any((top / "targets").iterdir()):
+                (top / "targets").rmdir()
+                top.rmdir()
+        except OSError:  # another process registered meanwhile, or the folder is gone: leave it
+            pass

@@ -1,0 +1,57 @@
+"""The live record feed: the finished requests a Locust process (the local runner, or the master with its workers'
+batches) writes into its point's work folder while the point runs, and the parent's reader.
+
+The parent asks for it by naming a folder in the child's environment (LIVE_DIR_ENV). About once a second the child
+writes the rows its record buffer gained as one Arrow IPC file, `<seq>.arrow`, renamed into place whole; the parent
+reads each file once, in order, and removes it. Rows are the records of results/records.py, complete when written
+(a request enters the buffer when it ends), so a reader that also reads the point's final records.parquet skips the
+request ids it saw here. Nothing of this runs per chunk.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc
+
+from servesweep.results.records import columns_to_table
+
+LIVE_DIR_ENV = "SERVESWEEP_LIVE_DIR"  # the folder the child writes its batches into
+RUN_ID_ENV = "SERVESWEEP_RUN_ID"  # the run_id a Locust process's own exporter labels its series with
+INTERVAL_S = 1.0  # how often the child writes what its buffer gained
+_SUFFIX = ".arrow"
+
+
+def write_batch(folder: Path, seq: int, cols: dict[str, list]) -> Path:
+    """Write one batch (RecordBuffer columns) as `<folder>/<seq>.arrow`, renamed into place whole."""
+    table = columns_to_table(cols)
+    final = folder / f"{seq:010d}{_SUFFIX}"
+    tmp = folder / f".{seq:010d}.tmp"
+    with pa.OSFile(str(tmp), "wb") as f, pyarrow.ipc.new_file(f, table.schema) as w:
+        w.write_table(table)
+    os.replace(tmp, final)
+    return final
+
+
+class FeedReader:
+    """The parent's side: `poll()` returns the rows of the batches written since the last call, each batch once."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.rows_read = 0
+
+    def poll(self) -> list[dict]:
+        rows: list[dict] = []
+        for path in sorted(self.folder.glob(f"*{_SUFFIX}")):
+            try:
+                with pa.memory_map(str(path)) as src:
+                    rows.extend(pyarrow.ipc.open_file(src).read_all().to_pylist())
+            except (OSError, pa.ArrowInvalid):  # removed meanwhile, or not a batch: skip it
+                continue
+            finally:
+                path.unlink(missing_ok=True)
+        self.rows_read += len(rows)
+        return rows
