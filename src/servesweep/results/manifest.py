@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from importlib import metadata
@@ -36,6 +37,11 @@ INFEASIBLE = "infeasible"  # dropped by the planner, with a reason
 FINISHED = {DONE, INFEASIBLE}
 
 
+def _plain(o: Any) -> Any:
+    """What JSON cannot hold as it is: pydantic models dumped, anything else (paths) as its str()."""
+    return o.model_dump(mode="json") if hasattr(o, "model_dump") else str(o)
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -46,6 +52,7 @@ class Manifest:
     def __init__(self, run_dir: Path, data: dict[str, Any]):
         self.run_dir = Path(run_dir)
         self.data = data
+        self._lock = threading.Lock()  # a packed run saves from one thread per placement
 
     @property
     def path(self) -> Path:
@@ -67,8 +74,12 @@ class Manifest:
         return cls(Path(run_dir), data)
 
     def save(self) -> None:
-        self.data["updated"] = now_iso()
-        write_json_atomic(self.path, self.data)
+        with self._lock:
+            self.data["updated"] = now_iso()
+            # one pass of the C encoder (no indent) copies the data while no other thread can change it; the
+            # indented file is written from that copy
+            snapshot = json.loads(json.dumps(self.data, default=_plain))
+            write_json_atomic(self.path, snapshot)
 
     # -- points and configurations --
 
@@ -237,6 +248,7 @@ class OwnedProcesses:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / PROCESSES
         self.entries: list[dict[str, Any]] = []
+        self._lock = threading.RLock()  # a packed run records processes from one thread per placement
         me = process_ref(os.getpid(), "owner")
         self.owner = {k: me[k] for k in ("pid", "create_time")} if me else {"pid": os.getpid()}
 
@@ -273,21 +285,24 @@ class OwnedProcesses:
     # -- this process's records --
 
     def add(self, refs: list[dict[str, Any]]) -> None:
-        known = {(e["pid"], e["create_time"]) for e in self.entries}
-        new = [r for r in refs if r and (r["pid"], r["create_time"]) not in known]
-        if new:
-            self.entries.extend(new)
-            self.save()
+        with self._lock:
+            known = {(e["pid"], e["create_time"]) for e in self.entries}
+            new = [r for r in refs if r and (r["pid"], r["create_time"]) not in known]
+            if new:
+                self.entries.extend(new)
+                self.save()
 
     def remove(self, refs: list[dict[str, Any]]) -> None:
-        drop = {(r["pid"], r["create_time"]) for r in refs if r}
-        kept = [e for e in self.entries if (e["pid"], e["create_time"]) not in drop]
-        if len(kept) != len(self.entries):
-            self.entries = kept
-            self.save()
+        with self._lock:
+            drop = {(r["pid"], r["create_time"]) for r in refs if r}
+            kept = [e for e in self.entries if (e["pid"], e["create_time"]) not in drop]
+            if len(kept) != len(self.entries):
+                self.entries = kept
+                self.save()
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps({"owner": self.owner, "processes": self.entries}, indent=1))
+        with self._lock:
+            write_atomic(self.path, json.dumps({"owner": self.owner, "processes": self.entries}, indent=1))
 
 
 def owned_now(ref: dict[str, Any]) -> list:

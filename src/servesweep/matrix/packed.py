@@ -1,0 +1,263 @@
+"""A packed run: placed server configurations run at the same time, each on its own host, GPUs and port.
+
+The placements come from servesweep.matrix.placement (through timeline.attach_schedule) and are kept in the
+manifest (`packing`), so a resumed run puts every configuration back where it stood: same host, same GPUs
+(`CUDA_VISIBLE_DEVICES` in the server's environment), same port (and so the same server work folder, whose pidfile
+lets the role stop a server a killed run left). A placement starts when every earlier placement that shares one of
+its GPUs has finished and fewer than `max_parallel` run; each runs in its own thread as a `Lane`: the orchestrator's
+per-configuration code path (start the server, run the points, restart a dead server and retry its point) with its
+own server, base URL, Locust master and records, and the labels `host` and `gpus` on its points. Every lane's
+ansible-runner call has its own private data dir and artifact folder (run_playbook), and only the main thread
+installs signal handlers; a signal stops every lane: a lane's Locust point is stopped at its next progress report,
+its Ansible run at its next poll.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from servesweep.matrix.timeline import attach_schedule
+from servesweep.results import manifest as mf
+
+POLL_S = 0.2
+
+
+def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
+    """The run's placements, from the manifest when a previous run stored them, else planned now and stored."""
+    kept = runner.m.data.get("packing")
+    if kept:
+        return kept
+    local = runner.exp.target.inventory == "local"
+    s = attach_schedule(
+        runner.plan, runner.m.data.get("experiment_file"), max_parallel, base_port=runner.port
+    )
+    hosts = {h.name: h.address or h.name for h in s.hosts}
+    placements = [
+        {
+            "config": p.config_id,
+            "host": p.host,
+            "address": hosts[p.host],
+            "gpus": p.cuda_visible_devices,
+            "port": (runner.port if p.slot == 0 else _free_port()) if local else p.port,
+            "slot": p.slot,
+            "planned_start_s": round(p.start_s, 1),
+            "planned_end_s": round(p.end_s, 1),
+        }
+        for p in s.placements
+    ]
+    packing = {
+        "max_parallel": s.max_parallel,
+        "planned_wall_s": round(s.makespan_s, 1),
+        "serial_s": round(s.serial_s, 1),
+        "placements": placements,
+        "unplaced": s.unplaced,
+    }
+    runner.m.data["packing"] = packing
+    for cid, why in s.unplaced.items():
+        for p in runner.m.points.values():
+            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
+                p.update(status=mf.SERVER_FAILED, reason=f"not placed: {why}")
+    runner.m.save()
+    return packing
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _LaneStatus:
+    """The progress line of a lane: no live display (one per console at most), and the moment a lane's running
+    Locust point notices a stop (Runner._run_point's progress callback updates it about once a second)."""
+
+    def __init__(self, lane: LaneMixin):
+        self.lane = lane
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, text: str) -> None:
+        if self.lane.stop_requested and not self.lane.in_ansible:
+            raise self.lane.interrupted(signal.Signals(self.lane.main.stop_signal).name)
+
+
+class _LaneConsole:
+    """Prints through the run's console, each line prefixed with the placement; status lines are _LaneStatus."""
+
+    is_terminal = False  # lanes print plain progress lines: several live displays cannot share a terminal
+
+    def __init__(self, lane: LaneMixin, console):
+        self.lane, self.console = lane, console
+
+    def status(self, text: str) -> _LaneStatus:
+        return _LaneStatus(self.lane)
+
+    def print(self, *args, **kw) -> None:
+        self.console.print(f"\\[{self.lane.tag}]", *args, **kw)
+
+    def rule(self, text: str = "", **kw) -> None:
+        self.console.print(f"\\[{self.lane.tag}] -- {text}", **kw)
+
+
+class LaneMixin:
+    """One placement's view of the run, mixed into the orchestrator's Runner class (lane_type): the Runner's state
+    shared (manifest, owned processes, metrics, key), its own server address, port, host and GPUs."""
+
+    def __init__(self, main, placement: dict[str, Any], interrupted: type[BaseException]):
+        self.__dict__.update(main.__dict__)
+        self.interrupted = interrupted
+        self.main = main
+        self.placement = placement
+        self.port = int(placement["port"])
+        self.in_ansible = False
+        self.tag = f"{placement['host']}:{placement['gpus']}"
+        self.console = _LaneConsole(self, main.console)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.main.stop_requested
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        if value:
+            self.main.stop_requested = True
+
+    def base_url(self) -> str:
+        return f"http://{self.placement['address']}:{self.port}"
+
+    def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
+        v = super().role_vars(cfg_id, state)
+        v["sglang_server_hosts"] = self.placement["host"]
+        v["sglang_server_env"] = {**v["sglang_server_env"], "CUDA_VISIBLE_DEVICES": self.placement["gpus"]}
+        return v
+
+    def _write_targets(self, cid: str) -> None:
+        return None  # written once for every placement (PackedRun._write_targets)
+
+    def run_placement(self) -> None:
+        """The configuration's points on this placement's server, then the server stopped (its GPUs freed)."""
+        cid = self.placement["config"]
+        cp = next(c for c in self.plan.configs if c.config.id == cid)
+        labels = {"host": self.placement["host"], "gpus": self.placement["gpus"]}
+        for p in self.m.points.values():
+            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
+                p["point"]["base_url"] = self.base_url()
+                p["point"]["labels"] = {**p["point"].get("labels", {}), **labels}
+        self.m.configs[cid]["placement"] = dict(self.placement)
+        self.m.save()
+        try:
+            self._run_config(cp)
+        finally:
+            if self.exp.target.managed and not self.keep_server and not self.main.stop_requested:
+                res = self.ansible(cid, "stopped", f"stopping {cid}")
+                if not res.ok:
+                    self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
+
+
+def lane_type(runner_type: type) -> type:
+    return type("Lane", (LaneMixin, runner_type), {})
+
+
+class PackedRun:
+    """Runs the placements: each in a thread once its GPUs are free; the main thread waits, and on a signal (its
+    handler raises `interrupted` here) tells every lane to stop and waits for them."""
+
+    def __init__(self, runner, packing: dict[str, Any], interrupted: type[BaseException]):
+        self.runner = runner
+        self.packing = packing
+        self.interrupted = interrupted
+        self.lane = lane_type(type(runner))
+        self.threads: dict[int, threading.Thread] = {}
+        self.errors: dict[int, BaseException] = {}
+
+    def _todo(self) -> list[dict[str, Any]]:
+        pending = {p["config_id"] for p in self.runner.m.points.values() if p["status"] not in mf.FINISHED}
+        return [pl for pl in self.packing["placements"] if pl["config"] in pending]
+
+    def _ready(self, pl: dict[str, Any], todo: list[dict[str, Any]]) -> bool:
+        """Every earlier placement of the plan that shares a GPU of this one has ended."""
+        mine = set(pl["gpus"].split(","))
+        for other in todo:
+            if other["slot"] >= pl["slot"]:
+                break
+            if other["host"] == pl["host"] and mine & set(other["gpus"].split(",")):
+                t = self.threads.get(other["slot"])
+                if t is None or t.is_alive():
+                    return False
+        return True
+
+    def _lane(self, pl: dict[str, Any]) -> None:
+        try:
+            self.lane(self.runner, pl, self.interrupted).run_placement()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
+            self.errors[pl["slot"]] = e
+
+    def run(self) -> None:
+        todo = self._todo()
+        self._write_targets()
+        limit = self.packing.get("max_parallel")
+        try:
+            while any(pl["slot"] not in self.threads or self.threads[pl["slot"]].is_alive() for pl in todo):
+                self._raise_lane_error()
+                running = sum(1 for t in self.threads.values() if t.is_alive())
+                for pl in todo:
+                    if pl["slot"] in self.threads or (limit and running >= limit):
+                        continue
+                    if self._ready(pl, todo):
+                        t = threading.Thread(
+                            target=self._lane, args=(pl,), name=f"lane-{pl['slot']}", daemon=True
+                        )
+                        self.threads[pl["slot"]] = t
+                        t.start()
+                        running += 1
+                time.sleep(POLL_S)
+            self._raise_lane_error()
+        except BaseException:
+            self.runner.stop_requested = True
+            self._join()
+            raise
+
+    def _raise_lane_error(self) -> None:
+        for e in self.errors.values():
+            if not isinstance(e, self.interrupted):
+                raise e
+        if self.errors:
+            raise next(iter(self.errors.values()))
+
+    def _join(self) -> None:
+        for t in self.threads.values():
+            while t.is_alive():
+                t.join(timeout=POLL_S)
+
+    def _write_targets(self) -> None:
+        """Prometheus file_sd: the run's exporter and every placed server's /metrics, labelled host and gpus."""
+        r = self.runner
+        if r.metrics is None:
+            return
+        from servesweep.observe.promconfig import write_targets
+
+        path = r.exp.launcher.metrics_path
+        servers = [
+            {
+                "target": f"{pl['address']}:{pl['port']}",
+                "config": pl["config"],
+                "metrics_path": path,
+                "host": pl["host"],
+                "gpus": pl["gpus"],
+            }
+            for pl in self.packing["placements"]
+        ]
+        write_targets(
+            r.run_dir / "prometheus",
+            r.m.data["run_id"],
+            exporters=[r.exporter_at],
+            servers=[] if path is None else servers,
+        )
