@@ -350,6 +350,14 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
     assert "--mamba-scheduler-strategy" in argv and "--mamba-radix-cache-strategy" not in argv
     log = (run_dir / "servers" / "s01" / "server.log").read_text()
     assert "max_running_requests is capped to 11 by the mamba state cache" in log
+    # needle probes per configuration and prompt length, in the report beside the speed (3 per length)
+    report = (run_dir / "report.md").read_text()
+    assert "## Answers" in report
+    assert "| s01 | 1000 | 3/3 | 100% | 0 |" in report and "| s01 | 30000 | 3/3 | 100% | 0 |" in report, report
+    assert m["configs"]["s01"]["needle_accuracy"] == {"1000": 1.0, "30000": 1.0}
+    for p in m["points"].values():
+        assert p["result"]["needle_accuracy"] == 1.0 and p["result"]["degenerate_rate"] == 0.0, p
+    assert 'id="answers"' in (run_dir / "report.html").read_text()
 
 
 def test_rtxpro_dry_run_completes_on_the_emulator(tmp_path):

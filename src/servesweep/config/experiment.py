@@ -26,6 +26,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
+from servesweep.config.answers import Answers
 from servesweep.config.point import check_arrival, parse_seconds
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
@@ -520,6 +521,7 @@ class Experiment(_Strict):
     budget: Budget = Field(default_factory=Budget)
     exporter: Exporter = Field(default_factory=Exporter)
     search: SearchBlock | None = Field(None, description="capacity at SLO instead of a fixed concurrency list")
+    answers: Answers = Field(default_factory=Answers, description="needle probes per configuration")
 
     @model_validator(mode="before")
     @classmethod

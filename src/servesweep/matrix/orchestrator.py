@@ -31,6 +31,7 @@ import click
 from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
+from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
@@ -737,6 +738,7 @@ class Runner:
             c.update(status="ready", server={**info, "info": info})
             self.m.save()
         self._write_targets(cid)
+        probe_configuration(self.exp, self.m, cid, self.base_url(), self.api_key, self.event)
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import run_searches
 
@@ -920,6 +922,7 @@ class Runner:
         final = self.run_dir / pid
         if final.exists():  # a folder from an attempt the manifest never recorded as done
             shutil.rmtree(final)
+        needle_into_summary(summary, tmp, self.run_dir, p["config_id"])
         os.replace(tmp, final)
         self._metrics_finished(pid, final, summary)
         p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
@@ -1079,6 +1082,7 @@ def _headline(summary: dict) -> dict[str, Any]:
         "request_rate": summary.get("request_rate"),
         "error_rate": summary.get("error_rate"),
         "degenerate_rate": summary.get("degenerate_rate"),
+        "needle_accuracy": summary.get("needle_accuracy"),
         "ttft_p50_ms": pick("ttft_ms", "p50"),
         "ttft_p99_ms": pick("ttft_ms", "p99"),
         "itl_p50_ms": pick("itl_ms", "p50"),

@@ -103,6 +103,11 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
     "failed_requests": (("requests", "failed"), "Failed measured requests of the point."),
     "error_ratio": (("error_rate",), "Failed / measured requests of the point."),
     "cache_hit_ratio": (("cache_hit_ratio",), "Cached / prompt tokens reported by the server."),
+    "degenerate_ratio": (("degenerate_rate",), "Share of the point's judged responses whose text is degenerate."),
+    "needle_accuracy_ratio": (
+        ("needle_accuracy",),
+        "Needle probes of the point's configuration answered right, at the point's prompt length.",
+    ),
     "window_seconds": (("window_s",), "Length of the measurement window."),
 }
 

@@ -11,6 +11,8 @@ The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens 
 
 from __future__ import annotations
 
+import os
+
 import math
 import re
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from servesweep.results.answers_report import answers_html, answers_markdown
 from servesweep.results.capacity import frontier_svg, load_capacity
 from servesweep.results.capacity import markdown as capacity_markdown
 from servesweep.results.compare import (
@@ -55,6 +58,7 @@ COLUMNS = (
     ("tpot_p50", "TPOT p50 ms", "tpot_p50", "", 2),
     ("e2e_p50", "E2E p50 ms", "e2e_p50", "", 1),
     ("error_rate", "error rate %", "error_rate", "%", 2),
+    ("degenerate_rate", "degenerate %", "degenerate_rate", "%", 1),
 )
 RESOLVED_KEYS = (
     "tp_size",
@@ -400,6 +404,7 @@ def render_html(rep: Report) -> str:
         pivot=_pivot,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
+        answers=answers_html(run),
     )
     banner = (
         "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
@@ -522,6 +527,7 @@ def render_markdown(rep: Report) -> str:
         out += capacity_markdown(cap)
     for sec in rep.sections:
         out += _md_section(sec)
+    out += answers_markdown(run)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]
     if est:
         rows = [[p.point_id, fmt_s(p.est_s), fmt_s(p.actual_s)] for p in est]
@@ -552,7 +558,10 @@ def write_report(
     html_path = Path(html_path) if html_path else here(HTML_NAME)
     md_path = Path(md_path) if md_path else here(MD_NAME)
     write_atomic(html_path, rep.html, mode=0o666)  # reports are for reading (mkstemp makes files private)
-    write_atomic(md_path, rep.markdown, mode=0o666)
+    # the Markdown names the HTML file as written (r.report.html next to a records file, or another --html)
+    link = os.path.relpath(html_path, md_path.parent)
+    markdown = rep.markdown.replace(f"Full report with plots: {HTML_NAME}", f"Full report with plots: [{link}]({link})")
+    write_atomic(md_path, markdown, mode=0o666)
     return html_path, md_path
 
 

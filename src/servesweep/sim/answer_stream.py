@@ -57,7 +57,12 @@ def answer_table(
     reasoning = min(reasoning, total)
     pieces = thinking_words(prompt, reasoning, seed=seed, fault=fault) if reasoning else []
     pieces += answer_words(
-        prompt, total - reasoning, seed=seed, fault=fault, prompt_tokens=prompt_tokens, speculative=speculative
+        prompt,
+        total - reasoning,
+        seed=seed,
+        fault=fault,
+        prompt_tokens=prompt_tokens,
+        speculative=speculative,
     )
     data = "".join(pieces).encode()
     offsets = array("q", [0])
@@ -66,3 +71,13 @@ def answer_table(
         at += len(p)  # pieces are ASCII: characters are bytes
         offsets.append(at)
     return WordTable(ids=(), words=tuple(pieces), blob=data + data, offsets=offsets, n=len(pieces))
+
+
+def greedy_eos_seed(body: dict, ids) -> int | None:
+    """A greedy request's (temperature 0) seed for its EOS draw, from its prompt's tokens: the same prompt gets
+    the same answer length on every server (the speculative bundle's answers compare with the autoregressive
+    one's); None for sampled requests, which draw from the engine's generator."""
+    sp = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
+    if sp.get("temperature") != 0:
+        return None
+    return hash((len(ids), tuple(ids[-256:])))  # a tuple of ints hashes the same in every process

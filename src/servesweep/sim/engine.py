@@ -54,6 +54,9 @@ class EngineRequest:
     emit: Callable[[EngineRequest, int, bool], None]  # (req, n_new_tokens, finished) at the step's end time
     ignore_eos: bool = False
     cache_namespace: str | None = None  # cache_salt / extra_key: prefix matches only within a namespace
+    # greedy requests (temperature 0): the EOS draw's own seed, so the same prompt stops at the same length on
+    # every server of the same model, as a greedy model does
+    eos_seed: int | None = None
     # filled in by the engine:
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -239,7 +242,8 @@ class Engine:
         if req.ignore_eos or max_new == 0:
             req._target = max_new
         else:
-            draw = int(self._rng.lognormvariate(self._eos_mu, self.cal.eos_sigma))
+            rng = self._rng if req.eos_seed is None else random.Random(req.eos_seed)
+            draw = int(rng.lognormvariate(self._eos_mu, self.cal.eos_sigma))
             req._target = max(1, min(max_new, draw))
         req._need = n_in
         self._by_rid[req.rid] = req

@@ -20,7 +20,7 @@ import sys
 import time
 
 from . import protocol as P
-from .answer_stream import answer_table, prompt_text, split_fault
+from .answer_stream import answer_table, greedy_eos_seed, prompt_text, split_fault
 from .connection import CHUNKED_END, JSON, METHODS, PROM, SSE, TEXT, Connection, HttpError, Request, head
 from .faults import PRE_STREAM, FaultPicker
 from .stream import GenerationStream
@@ -660,6 +660,7 @@ class SimApp:
             emit=g.on_tokens,
             ignore_eos=bool(body.get("ignore_eos", False)),
             cache_namespace=str(ns) if ns else None,
+            eos_seed=greedy_eos_seed(body, ids),
         )
         g.ereq = ereq
         if group is not None:

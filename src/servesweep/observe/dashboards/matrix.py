@@ -22,6 +22,8 @@ COLUMNS: tuple[tuple[str, str, str | None, str], ...] = (
     ("E2E p99", "servesweep_point_e2e_seconds", "p99", "s"),
     ("requests", "servesweep_point_requests", None, "short"),
     ("failures", "servesweep_point_failed_requests", None, "short"),
+    ("degenerate", "servesweep_point_degenerate_ratio", None, "percentunit"),
+    ("needle", "servesweep_point_needle_accuracy_ratio", None, "percentunit"),
 )
 
 
@@ -55,7 +57,13 @@ def build() -> dict:
         [g.target(with_axes(summ("servesweep_point_itl_seconds", SEL, "p50"), SEL), table=True)],
         x="concurrency", series_by="prompt_tokens", y_unit="s", x_label="concurrency", y_label="ITL p50",
     )  # fmt: skip
-    for p in (tput, ttft, itl):
+    needle = g.xychart(
+        "Needle accuracy vs prompt length ($config)",
+        [g.target(with_axes(summ("servesweep_point_needle_accuracy_ratio", SEL), SEL), table=True)],
+        x="prompt_tokens", series_by="concurrency", y_unit="percentunit", x_label="prompt tokens",
+        y_label="needle accuracy", desc="The configuration's needle probes answered right (docs/answers.md).",
+    )  # fmt: skip
+    for p in (tput, ttft, itl, needle):
         p.update(repeat="config", repeatDirection="h", maxPerRow=3)
         L.add(p, w=8, h=9)
     variables = [

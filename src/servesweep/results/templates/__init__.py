@@ -135,6 +135,7 @@ REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
 </section>
 {% endfor %}
 {{ comparison|safe }}
+{{ answers|safe }}
 {% if events %}<details><summary>run events</summary><pre>{% for e in events %}{{ e.t }}  {{ e.event }}
 {% endfor %}</pre></details>{% endif %}
 """

@@ -1,0 +1,162 @@
+"""Needle probes: before a server configuration's load points, a few greedy requests per prompt length of the
+matrix, whose answers are scored against the needle their prompt hides (docs/answers.md).
+
+The probes are not load: they go out once the server is ready, are not in any point's records, and their
+results go to `answers/<config_id>.json` (results/needle.py reads them), the manifest's configuration and each
+point's summary (`needle_accuracy` at its prompt length). The same prompts (same seed, no nonce: a probe's id
+names its prompt) go to every configuration of the run, so a speculative bundle's answers compare with the
+autoregressive bundle's, prompt by prompt. Greedy (temperature 0), EOS allowed, `max_tokens` with room for a
+thinking model's reasoning (its `reasoning_content` and any `<think>` block are not the answer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from servesweep.config.experiment import Experiment
+from servesweep.results import manifest as mf
+from servesweep.results.answers import score_needle
+from servesweep.results.needle import is_speculative, probe_path
+from servesweep.results.store import write_json_atomic
+from servesweep.target import http
+
+CONTEXT_MARGIN = 64  # tokens left free under the context length besides the prompt and max_tokens
+
+
+def probe_lengths(m: mf.Manifest, config_id: str) -> dict[int, int]:
+    """{prompt tokens: the largest output tokens of a runnable point at that length} of one configuration."""
+    out: dict[int, int] = {}
+    for p in m.points.values():
+        if (
+            p["config_id"] == config_id
+            and p["status"] != mf.INFEASIBLE
+            and p.get("endpoint", "chat") == "chat"
+        ):
+            out[p["prompt_tokens"]] = max(out.get(p["prompt_tokens"], 0), p["output_tokens"])
+    return out
+
+
+def _max_tokens(exp: Experiment, flags: dict, prompt_tokens: int, point_output: int) -> int:
+    """The probe's max_tokens: the experiment's, within the configuration's context length (at least what the
+    matrix's own points at this length ask for, which the planner found to fit)."""
+    ctx = flags.get("context_length")
+    room = int(ctx) - prompt_tokens - CONTEXT_MARGIN if ctx else exp.answers.max_tokens
+    return max(point_output, min(exp.answers.max_tokens, room))
+
+
+def _ask(url: str, body: dict, api_key: str | None, timeout: float) -> dict:
+    """One probe: its answer (content), reasoning, finish reason, or the error that ended it."""
+    try:
+        r = http.post_json(url, body, api_key=api_key, timeout=timeout)
+        msg = (r.get("choices") or [{}])[0]
+        m = msg.get("message") or {}
+        return {
+            "answer": m.get("content") or "",
+            "reasoning": m.get("reasoning_content"),
+            "finish_reason": msg.get("finish_reason"),
+            "completion_tokens": (r.get("usage") or {}).get("completion_tokens"),
+            "error": None,
+        }
+    except (http.ServerError, ValueError, AttributeError, IndexError) as e:
+        return {"answer": None, "reasoning": None, "finish_reason": None, "error": str(e)[:500]}
+
+
+def _model(base_url: str, exp: Experiment, api_key: str | None) -> str:
+    if exp.model.served_model_name:
+        return exp.model.served_model_name
+    try:
+        return http.get_json(base_url + "/v1/models", api_key=api_key)["data"][0]["id"]
+    except (http.ServerError, KeyError, IndexError, TypeError):
+        return exp.model.path
+
+
+def run_probes(
+    exp: Experiment, flags: dict, lengths: dict[int, int], base_url: str, api_key: str | None
+) -> dict:
+    """Send the probes of every length (all at once: a few requests) and score them."""
+    from servesweep.workload.prompts import build_pool
+
+    a = exp.answers
+    model = _model(base_url, exp, api_key)
+    jobs = []
+    for length, out_tokens in sorted(lengths.items()):
+        pool = build_pool(
+            length, a.probes_per_length, tokenizer=exp.model.tokenizer, seed=a.seed, cache_bust=False
+        )
+        for i, prompt in enumerate(pool):
+            body = {
+                "model": model,
+                "messages": prompt.render(""),
+                "max_tokens": _max_tokens(exp, flags, length, out_tokens),
+                "temperature": 0,
+                "stream": False,
+            }
+            jobs.append(({"id": f"{length}/{i}", "prompt_tokens": length, "expected": prompt.answer}, body))
+    url = base_url + "/v1/chat/completions"
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as ex:
+        got = list(ex.map(lambda j: _ask(url, j[1], api_key, a.timeout_s), jobs))
+    probes = []
+    for (meta, _), g in zip(jobs, got, strict=True):
+        ok = g["answer"] is not None and meta["expected"] is not None
+        probes.append({**meta, **g, "correct": score_needle(g["answer"], meta["expected"]) if ok else None})
+    return {
+        "model": model,
+        "speculative": is_speculative(flags),
+        "lengths": _by_length(probes),
+        "probes": probes,
+    }
+
+
+def _by_length(probes: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for p in probes:
+        d = out.setdefault(str(p["prompt_tokens"]), {"n": 0, "correct": 0, "failed": 0})
+        if p["correct"] is None:
+            d["failed"] += 1
+            continue
+        d["n"] += 1
+        d["correct"] += bool(p["correct"])
+    for d in out.values():
+        d["needle_accuracy"] = d["correct"] / d["n"] if d["n"] else None
+    return out
+
+
+def probe_configuration(
+    exp: Experiment, m: mf.Manifest, config_id: str, base_url: str, api_key: str | None, event: Callable
+) -> None:
+    """The hook the orchestrator calls once a configuration's server is ready: probe it (once per run: a resumed
+    run keeps the probes it has), write the results, print one line per prompt length."""
+    path = probe_path(m.run_dir, config_id)
+    lengths = probe_lengths(m, config_id)
+    if not exp.answers.needle_probes or not lengths or path.is_file():
+        return
+    flags = m.configs[config_id].get("flags") or {}
+    data = {"config_id": config_id, **run_probes(exp, flags, lengths, base_url, api_key)}
+    path.parent.mkdir(exist_ok=True)
+    write_json_atomic(path, data)
+    m.configs[config_id]["needle_accuracy"] = {k: v["needle_accuracy"] for k, v in data["lengths"].items()}
+    m.save()
+    for length, v in data["lengths"].items():
+        acc = v["needle_accuracy"]
+        shown = "-" if acc is None else f"{acc:.0%}"
+        color = "green" if acc == 1 else "red" if acc is not None and acc < 0.5 else "yellow"
+        fails = f", {v['failed']} failed" if v["failed"] else ""
+        event(f"  [{color}]needle {config_id} @ {length} tokens: {shown} ({v['correct']}/{v['n']}{fails})[/]")
+
+
+def needle_into_summary(summary: dict, folder: Path, run_dir: Path, config_id: str) -> None:
+    """A point's summary (and its summary.json in `folder`) gets its configuration's needle accuracy at the
+    point's prompt length, beside its speed (the exporter's gauge and the report read it there)."""
+    from servesweep.results.needle import needle_for_point
+
+    length = (summary.get("point") or {}).get("prompt_tokens")
+    acc = needle_for_point(run_dir, config_id, length) if length else None
+    if acc is None:
+        return
+    summary["needle_accuracy"] = acc
+    f = Path(folder) / "summary.json"
+    if f.is_file():
+        write_json_atomic(f, {**json.loads(f.read_text()), "needle_accuracy": acc})

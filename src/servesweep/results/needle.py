@@ -1,0 +1,81 @@
+"""Needle probes in the run folder: `answers/<config_id>.json` per server configuration (written by
+matrix/answer_probes.py), the needle accuracy per configuration and prompt length, and the speculative bundles'
+answers against the autoregressive bundle of the same model (docs/answers.md).
+
+A probe file holds `lengths` ({prompt tokens: {n, correct, needle_accuracy}}) and `probes` (one per prompt:
+`id` (same prompt, same id in every configuration), `prompt_tokens`, `expected`, `answer`, `correct`, `error`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servesweep.results.answers import answer_mismatch_rate
+
+PROBES_DIR = "answers"
+
+
+def probe_path(run_dir: Path, config_id: str) -> Path:
+    return Path(run_dir) / PROBES_DIR / f"{config_id}.json"
+
+
+def read_probes(run_dir: Path) -> dict[str, dict]:
+    """Every configuration's probe file, by configuration id (none: {})."""
+    folder = Path(run_dir) / PROBES_DIR
+    out = {}
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out[d.get("config_id", f.stem)] = d
+    return out
+
+
+def is_speculative(flags: dict) -> bool:
+    algo = (flags or {}).get("speculative_algorithm")
+    return bool(algo) and str(algo).upper() != "NONE"
+
+
+def needle_rows(probes: dict[str, dict]) -> list[dict]:
+    """One row per configuration and prompt length: n, correct, needle_accuracy (None when every probe failed)."""
+    rows = []
+    for cid, d in probes.items():
+        for length, v in sorted((d.get("lengths") or {}).items(), key=lambda kv: int(kv[0])):
+            rows.append({"config_id": cid, "prompt_tokens": int(length), **v})
+    return rows
+
+
+def mismatch_rows(probes: dict[str, dict], configs: dict[str, dict]) -> list[dict]:
+    """Each speculative configuration against the first autoregressive one of the same model that was probed:
+    answer_mismatch_rate of their answers, prompt by prompt (probes that failed in either are left out)."""
+
+    def model(cid: str) -> str:
+        return str(
+            (configs.get(cid) or {}).get("flags", {}).get("model_path") or probes[cid].get("model") or ""
+        )
+
+    def answers(cid: str) -> dict[str, str]:
+        return {p["id"]: p["answer"] for p in probes[cid].get("probes") or () if p.get("answer") is not None}
+
+    spec = [c for c in probes if is_speculative((configs.get(c) or {}).get("flags", {}))]
+    ar = [c for c in probes if c not in spec]
+    rows = []
+    for s in spec:
+        base = next((a for a in ar if model(a) == model(s)), None)
+        if base is None:
+            continue
+        r = answer_mismatch_rate(answers(s), answers(base))
+        rows.append({"config_id": s, "autoregressive": base, **r})
+    return rows
+
+
+def needle_for_point(run_dir: Path, config_id: str, prompt_tokens: int) -> float | None:
+    """The needle accuracy of the configuration's probes at the point's prompt length (None: not probed)."""
+    p = probe_path(run_dir, config_id)
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return ((d.get("lengths") or {}).get(str(prompt_tokens)) or {}).get("needle_accuracy")
