@@ -790,6 +790,15 @@ def _content_tokens(tokenizer: str | None, texts: list[str]) -> int:
     is_flag=True,
     help="Count every prompt in full (a build counts the first ones) and fail if any is off.",
 )
+@click.option(
+    "--export",
+    "export_fmt",
+    type=click.Choice(("sglang", "vllm")),
+    default=None,
+    help="Write the pool as SGLang bench_serving's or vLLM's custom dataset (JSONL) to --out.",
+)
+@click.option("--out", "export_out", type=click.Path(dir_okay=False), default=None, help="File --export writes.")
+@click.option("--nonce-start", type=int, default=0, show_default=True, help="--export: first nonce written.")
 def command(
     prompt_tokens,
     num_prompts,
@@ -807,6 +816,9 @@ def command(
     show,
     as_json,
     verify,
+    export_fmt=None,
+    export_out=None,
+    nonce_start=0,
 ):
     """Build (and cache) a prompt pool, or load a dataset, and print what it holds.
 
@@ -845,6 +857,8 @@ def command(
         summary |= _command_verify(pool, template_overhead)
     if show is not None:
         _command_show(pool, show)
+    if export_fmt or export_out:
+        summary |= _command_export(pool, export_fmt, export_out, nonce_start)
     if as_json:
         click.echo(json.dumps(summary))
     else:
@@ -887,6 +901,20 @@ def _command_verify(pool: PromptPool, template_overhead: int | None) -> dict:
         shown = ", ".join(f"prompt {i}: {c} tokens, not {pool[i].tokens}" for i, c in list(off.items())[:5])
         raise click.ClickException(f"{len(off)} of {len(pool)} prompts are off: {shown}")
     return {"verified_prompts": len(pool), "verify_seconds": round(time.perf_counter() - t1, 3)}
+
+
+def _command_export(pool: PromptPool, fmt: str | None, out: str | None, nonce_start: int) -> dict:
+    """`--export FORMAT --out FILE`: the pool as a peer's custom dataset (servesweep.workload.export)."""
+    from servesweep.workload.export import export_pool, peer_hint
+
+    if not fmt or not out:
+        raise click.UsageError("--export FORMAT and --out FILE go together")
+    try:
+        n = export_pool(pool, fmt, out, nonce_start)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {n} prompts to {out}; replay: {peer_hint(fmt, out)}", err=True)
+    return {"exported": n, "export_format": fmt, "export_path": str(out)}
 
 
 def _command_show(pool: PromptPool, show: int) -> None:
