@@ -238,6 +238,15 @@ def print_compare(console, a_dir: Path, b_dir: Path) -> None:
     console.print(t)
 
 
+def print_compares(console, runs) -> bool:
+    """Each later run's capacities against the first's; True when every run holds a capacity.json."""
+    if any(load_capacity(r) is None for r in runs):
+        return False
+    for b in runs[1:]:
+        print_compare(console, runs[0], b)
+    return True
+
+
 def gate(run_dir: Path, min_capacity: str, baseline: Path | None) -> list[tuple[str, str, bool, str]]:
     """`servesweep gate --min-capacity`: (search/tier, check, passed, message) per row. A number: every capacity
     must reach it; a percentage (with --baseline): every capacity must reach that share of the baseline's, judged
