@@ -20,6 +20,7 @@ from pathlib import Path
 import locust.stats
 from locust import events
 
+from servesweep.client import stats_rows
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import Knob, LoadPoint, knob_values, knobs
@@ -32,6 +33,7 @@ log = logging.getLogger("servesweep")
 # Percentiles from 1 ms buckets instead of Locust's coarse ones (10 ms below 1 s, 1 s above 10 s). Bucketing
 # happens where the value is logged, so every process that loads this file must patch it.
 locust.stats.bucket_response_time = lambda rt: int(round(rt))
+stats_rows.install()  # the LLM TTFT/E2E rows stay out of the Aggregated row
 
 _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
@@ -283,8 +285,12 @@ def _init(environment, **_kw) -> None:
     if port and "servesweep.client.webui" not in sys.modules and not isinstance(runner, WorkerRunner):
         from servesweep.client.exporter import install_locust
         from servesweep.observe.exporter import ClientMetrics
+        from servesweep.results.livefeed import RUN_ID_ENV
 
-        metrics = ClientMetrics(time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime()))
+        # the run's id when servesweep started this process (it registers this exporter for Prometheus)
+        metrics = ClientMetrics(
+            os.environ.get(RUN_ID_ENV) or time.strftime("locust-%Y%m%dT%H%M%SZ", time.gmtime())
+        )
         install_locust(environment, metrics, serve=("127.0.0.1", port))
         environment.servesweep_metrics = metrics
     if isinstance(runner, WorkerRunner):
@@ -697,6 +703,9 @@ def _start(environment, **_kw) -> None:
             LLMUser.host = ctx.point.base_url
             LLMUser.connection_timeout = ctx.point.connect_s
             LLMUser.network_timeout = ctx.point.first_token_s
+    from servesweep.client.feed import start_feed
+
+    start_feed(environment)  # the parent's live view of the records, when it asked for one
     if isinstance(ctx, _MasterState):
         import gevent
 

@@ -10,7 +10,9 @@ Importing this module (locustfiles/llm.py does) registers it on Locust's `init` 
   row of `servesweep load`'s table), refreshed by the UI every 2 s while a test runs (through `extended_stats`
   in `/stats/requests`; after a stop, reload the page for the final numbers); `/servesweep/steps.csv` (the
   per-step table, linked from "Download Data"); `/servesweep/live.json` (the same numbers as JSON); and
-  `/metrics` (servesweep.observe.exporter) so Prometheus/Grafana see the same run.
+  `/metrics` (servesweep.observe.exporter) so Prometheus/Grafana see the same run; and the charts (client/charts.py:
+  an "LLM charts" button on the main page opens time series of TTFT, ITL, tok/s and streams in flight, and the
+  per-step charts over concurrency with the step table under them).
 - the start form carries the ramp's options and every knob of a load point (config.point.knobs: load shape,
   prompt & output, workload, timeouts, advanced, in that order) and --slo; a run started with other LLM options than the process was built for gets its prompt
   bodies built again at test start (on each worker).
@@ -421,6 +423,24 @@ def _install_web_ui(environment, state: LiveState) -> None:
         return response
 
     _add_routes(environment, state)
+    _install_charts(environment, state)
+
+
+def _install_charts(environment, state: LiveState) -> None:
+    """The charts page and its time series (client/charts.py), sampled every 2 s while a test runs."""
+    import gevent
+    from locust.runners import WORKER_REPORT_INTERVAL
+
+    from servesweep.client import charts
+
+    series = charts.Series()
+    environment.servesweep_series = series
+    lag = WORKER_REPORT_INTERVAL + 1.0 if state.is_master else 1.0
+    environment.events.test_start.add_listener(lambda **_k: series.reset())
+    gevent.spawn(
+        charts.sample_loop, environment, series, lambda: state.stats.recent(time.time(), lag)["output_tps"]
+    )
+    charts.add_routes(environment, series)
 
 
 def _add_tabs(web_ui) -> None:

@@ -1,0 +1,174 @@
+"""Charts in servesweep's Locust web UI, drawn by the browser from plain JSON with no library and no network beyond
+the UI itself (the machine running a benchmark is often offline):
+
+- `Series`: the master (or local runner) samples the live figures every SAMPLE_S into a ring of KEEP samples:
+  TTFT p50/p99 and ITL p99 of the requests that finished in the last WINDOW_S, output tok/s (the LLM tab's last
+  10 s), streams in flight and users. Read from the process's record buffer (rows since the last sample), never
+  per chunk.
+- routes, under --web-base-path: `/servesweep/series.json` (the samples), `/servesweep/charts` (a page: the time
+  series, then per ramp step with concurrency on the x axis, and the step table under them; inline SVG drawn by
+  `webui_static/charts.js`), and the two scripts;
+- the main page gets `webui_static/ui.js`: an "LLM charts" button that opens that page over the UI, and the
+  users field of the start form relabelled and read-only while the step ramp (a shape) drives the users.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from servesweep.results import metrics as M
+
+log = logging.getLogger("servesweep")
+
+SERIES_PATH = "/servesweep/series.json"
+CHARTS_PATH = "/servesweep/charts"
+STATIC = Path(__file__).with_name("webui_static")
+SAMPLE_S = 2.0
+KEEP = 1800  # an hour of samples
+WINDOW_S = 10.0  # the latency quantiles of a sample: requests finished this long before it
+
+
+def _pct(values: list[np.ndarray], q: float) -> float | None:
+    v = np.concatenate(values) if values else np.empty(0)
+    return float(np.percentile(v, q)) if v.size else None
+
+
+def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray]:
+    """TTFT (one per successful measured request) and ITL per token (ms) of a batch of rows (results/metrics.py)."""
+    ttft, itl = [], []
+    names = (
+        "warmup",
+        "error_class",
+        "sent_ns",
+        "first_token_ns",
+        "chunk_ns",
+        "chunk_tokens",
+        "completion_tokens",
+    )
+    for warm, err, sent, first, chunks, toks, ntok in zip(*(cols.get(n, ()) for n in names), strict=False):
+        if warm or err or sent is None or first is None:
+            continue
+        ttft.append(M.ttft(first, sent))
+        if chunks is not None and len(chunks) >= 2:
+            values, counts = M.itl_per_token(M.itl_gaps(chunks), chunks, toks, ntok or 0)
+            itl.append(np.repeat(values, counts) if M.has_chunk_tokens(chunks, toks) else values)
+    return np.asarray(ttft, dtype=np.float64), (np.concatenate(itl) if itl else np.empty(0))
+
+
+def in_flight(environment) -> int:
+    """Streams started and not ended: this process's counters (local runner), or its workers' last reports."""
+    ctx = getattr(environment, "servesweep", None)
+    clients = getattr(ctx, "clients", None)
+    if clients is not None:  # a master: the workers' counters (every report)
+        entries = [c for c in clients.by_id.values() if c.get("role") != "master"]
+        return max(0, sum(int(c.get("issued", 0)) - int(c.get("completed", 0)) for c in entries))
+    if ctx is not None and hasattr(ctx, "issued"):
+        return max(0, int(ctx.issued) - int(ctx.completed))
+    return 0
+
+
+class Series:
+    """The time series of one Locust process's live figures (environment.servesweep_series)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[dict] = deque(maxlen=KEEP)
+        self._recent: deque[tuple[float, np.ndarray, np.ndarray]] = deque()
+        self._seen = 0
+        self._buffer = None
+
+    def reset(self) -> None:
+        self.samples.clear()
+        self._recent.clear()
+
+    def tick(self, environment, output_tps: float | None, now: float | None = None) -> dict:
+        now = time.time() if now is None else now
+        buf = getattr(getattr(environment, "servesweep", None), "buffer", None)
+        if buf is not None:
+            if buf is not self._buffer:
+                self._buffer, self._seen = buf, 0
+            cols, self._seen = buf.columns_since(self._seen)
+            ttft, itl = _latencies(cols)
+            self._recent.append((now, ttft, itl))
+        while self._recent and self._recent[0][0] <= now - WINDOW_S:
+            self._recent.popleft()
+        ttfts = [r[1] for r in self._recent]
+        itls = [r[2] for r in self._recent]
+        runner = environment.runner
+        sample = {
+            "t": now,
+            "ttft_p50_ms": _pct(ttfts, 50),
+            "ttft_p99_ms": _pct(ttfts, 99),
+            "itl_p99_ms": _pct(itls, 99),
+            "output_tps": output_tps,
+            "in_flight": in_flight(environment),
+            "users": runner.user_count if runner is not None else 0,
+        }
+        self.samples.append(sample)
+        return sample
+
+    def payload(self) -> dict:
+        from servesweep.client.shapes import step_columns
+
+        return {
+            "sample_s": SAMPLE_S,
+            "window_s": WINDOW_S,
+            "samples": list(self.samples),
+            "step_columns": step_columns(),  # the order of the step table (live.json's keys are sorted)
+        }
+
+
+def sample_loop(environment, series: Series, output_tps) -> None:
+    """Every SAMPLE_S while the process lives; `output_tps()` is the LLM tab's recent output tok/s."""
+    import gevent
+
+    while True:
+        gevent.sleep(SAMPLE_S)
+        runner = environment.runner
+        if runner is None or runner.state not in ("spawning", "running", "cleanup", "stopping"):
+            continue
+        try:
+            series.tick(environment, output_tps())
+        except Exception:  # noqa: BLE001 - the charts must never take the test down
+            log.exception("servesweep: chart sample failed")
+
+
+def inject_ui_script(html: str, base: str) -> str:
+    """The main page with ui.js loaded at its end."""
+    tag = f'<script src="{base}/servesweep/ui.js" data-base="{base}"></script>'
+    return html.replace("</body>", tag + "</body>", 1) if "</body>" in html else html + tag
+
+
+def add_routes(environment, series: Series) -> None:
+    """series.json, the charts page and the two scripts, under --web-base-path; ui.js on the main page."""
+    from flask import Response, jsonify, request
+
+    web_ui = environment.web_ui
+    base = (getattr(environment.parsed_options, "web_base_path", "") or "").rstrip("/")
+
+    @web_ui.auth_required_if_enabled
+    def series_json():
+        return jsonify(series.payload())
+
+    @web_ui.auth_required_if_enabled
+    def charts_page():
+        return Response((STATIC / "charts.html").read_text(), mimetype="text/html")
+
+    def script(name: str):
+        return Response((STATIC / name).read_text(), mimetype="text/javascript")
+
+    web_ui.app.add_url_rule(base + SERIES_PATH, "servesweep_series_json", series_json)
+    web_ui.app.add_url_rule(base + CHARTS_PATH, "servesweep_charts", charts_page)
+    for name in ("charts.js", "ui.js"):
+        web_ui.app.add_url_rule(f"{base}/servesweep/{name}", f"servesweep_{name}", lambda n=name: script(n))
+
+    @web_ui.app.after_request
+    def _main_page(response):
+        if request.path in (base + "/", base or "/") and response.mimetype == "text/html":
+            response.direct_passthrough = False
+            response.set_data(inject_ui_script(response.get_data(as_text=True), base))
+        return response
