@@ -93,6 +93,8 @@ ACCEPTED = {
         },
     ),  # fmt: skip
     "completion": ("/v1/completions", {"prompt": "Once upon", "max_tokens": 5}),
+    "chat n=2": ("/v1/chat/completions", {"messages": MSG, "max_tokens": 5, "n": 2}),
+    "completion n=2": ("/v1/completions", {"prompt": "Once upon", "max_tokens": 5, "n": 2}),
 }
 MODELS = {"/v1/chat/completions": ("ChatCompletionResponse", "ChatCompletionStreamResponse"),
           "/v1/completions": ("CompletionResponse", "CompletionStreamResponse")}  # fmt: skip
@@ -108,18 +110,54 @@ def test_accepted_requests_validate_against_sglang_models(pair, case, stream):
     assert ref.http(path, raw, JSON_CT) == (200, b'{"validated":true}')
     assert status == 200, out
     whole, chunk = MODELS[path]
+    n = body.get("n", 1)
     if not stream:
         obj = json.loads(out)
         assert ref.validate(whole, obj) is None
-        assert [c["index"] for c in obj["choices"]] == [0]
+        assert [c["index"] for c in obj["choices"]] == list(range(n))
+        reasons = {c["finish_reason"] for c in obj["choices"]}
+        assert reasons <= {"stop", "length"}
+        comp = obj["usage"]["completion_tokens"]
+        assert comp == body["max_tokens"] * n if reasons == {"length"} else comp <= body["max_tokens"] * n
         return
     chunks = _chunks(out)
     for c in chunks:
         assert ref.validate(chunk, c) is None, c
-    finish = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks
-              if c["choices"] and c["choices"][0]["finish_reason"]}  # fmt: skip
-    assert list(finish) == [0]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 0
+    _check_choices(chunks, n, path, body["max_tokens"])
+
+
+def _check_choices(chunks: list[dict], n: int, path: str, max_tokens: int) -> None:
+    """SGLang's n-choice stream (serving_chat.py / serving_completions.py, tokenizer_manager.py parallel sampling):
+    one choice per chunk; each index's chunks under one id of its own (chat: its first chunk the role chunk);
+    one finish reason per index (chat: after every choice's content, under the last output's id); the usage
+    chunk last, its completion tokens summed over the choices (max_tokens each when every choice ends at length)."""
+    usage = chunks[-1]
+    body = chunks[:-1]
+    assert all(len(c["choices"]) == 1 for c in body)
+    finish = [(c["id"], c["choices"][0]) for c in body if c["choices"][0]["finish_reason"]]
+    assert sorted(ch["index"] for _, ch in finish) == list(range(n))
+    reasons = [ch["finish_reason"] for _, ch in finish]
+    assert set(reasons) <= {"stop", "length"}
+    assert usage["choices"] == []
+    if set(reasons) == {"length"}:
+        assert usage["usage"]["completion_tokens"] == max_tokens * n
+    assert usage["usage"]["completion_tokens"] <= max_tokens * n
+    ids = {}
+    for c in body:
+        ids.setdefault(c["choices"][0]["index"], set()).add(c["id"])
+    if path == "/v1/chat/completions":
+        content, ends = body[:-n], body[-n:]  # the finish chunks come after every choice's content
+        assert [c for _, c in finish] == [c["choices"][0] for c in ends]
+        assert {i for i, _ in finish} == {usage["id"]} == {content[-1]["id"]}
+        firsts = {}
+        for c in content:
+            firsts.setdefault(c["choices"][0]["index"], c["choices"][0]["delta"])
+        assert len(firsts) == n and all(d.get("role") == "assistant" for d in firsts.values())
+        ids = {}
+        for c in content:
+            ids.setdefault(c["choices"][0]["index"], set()).add(c["id"])
+    assert sorted(ids) == list(range(n)) and all(len(v) == 1 for v in ids.values())
+    assert len({next(iter(v)) for v in ids.values()}) == n  # a fresh id per choice
 
 
 def test_over_context_is_sglang_400(pair):

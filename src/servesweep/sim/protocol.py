@@ -112,10 +112,11 @@ def model_not_found_body(model_id: str) -> bytes:
 class ChatChunks:
     """Constant pieces of one chat stream's chunks; `content(text)` etc. return a whole `data: ...\\n\\n` event."""
 
-    __slots__ = ("head", "content_pre", "reason_pre", "mid", "tail", "legacy", "role_event", "id", "created")
+    __slots__ = ("head", "content_pre", "reason_pre", "mid", "tail", "legacy", "role_event", "id", "created", "ix")  # fmt: skip
 
-    def __init__(self, rid: str, created: int, model: str, legacy: bool):
+    def __init__(self, rid: str, created: int, model: str, legacy: bool, index: int = 0):
         self.id, self.created, self.legacy = rid, created, legacy
+        self.ix = b'{"index":%d' % index  # the choice's index (n > 1: each choice has its own)
         self.head = (
             b'data: {"id":"%s","object":"chat.completion.chunk","created":%d,"model":%s,"choices":['
             % (
@@ -125,25 +126,25 @@ class ChatChunks:
             )
         )
         if legacy:
-            self.content_pre = b'{"index":0,"delta":{"role":null,"content":"'
-            self.reason_pre = b'{"index":0,"delta":{"role":null,"content":null,"reasoning_content":"'
+            self.content_pre = self.ix + b',"delta":{"role":null,"content":"'
+            self.reason_pre = self.ix + b',"delta":{"role":null,"content":null,"reasoning_content":"'
             # after content text: close it, then the remaining delta keys
             self.mid = (
                 b'","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,'
                 b'"matched_stop":null}]'
             )
             self.tail = b',"usage":null}\n\n'
-            self.role_event = self.head + (
-                b'{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},'
+            self.role_event = self.head + self.ix + (
+                b',"delta":{"role":"assistant","content":"","reasoning_content":null,"tool_calls":null},'
                 b'"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}\n\n'
             )
         else:
-            self.content_pre = b'{"index":0,"delta":{"reasoning_content":null,"content":"'
-            self.reason_pre = b'{"index":0,"delta":{"reasoning_content":"'
+            self.content_pre = self.ix + b',"delta":{"reasoning_content":null,"content":"'
+            self.reason_pre = self.ix + b',"delta":{"reasoning_content":"'
             self.mid = b'"},"logprobs":null,"finish_reason":null,"matched_stop":null}]'
             self.tail = b"}\n\n"
-            self.role_event = self.head + (
-                b'{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},'
+            self.role_event = self.head + self.ix + (
+                b',"delta":{"reasoning_content":null,"role":"assistant","content":""},'
                 b'"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
             )
 
@@ -173,8 +174,9 @@ class ChatChunks:
         else:
             delta = b'{"reasoning_content":null}'
             end = b"}\n\n"
-        return b'%s{"index":0,"delta":%s,"logprobs":null,"finish_reason":"%s","matched_stop":%s}]%s' % (
+        return b'%s%s,"delta":%s,"logprobs":null,"finish_reason":"%s","matched_stop":%s}]%s' % (
             self.head,
+            self.ix,
             delta,
             reason.encode(),
             ms,
@@ -188,10 +190,11 @@ class ChatChunks:
 class CompletionChunks:
     """`/v1/completions` stream chunks (pydantic `model_dump_json`, so `"usage":null` ends each chunk)."""
 
-    __slots__ = ("head", "tail", "id", "created")
+    __slots__ = ("head", "tail", "id", "created", "text_pre")
 
-    def __init__(self, rid: str, created: int, model: str):
+    def __init__(self, rid: str, created: int, model: str, index: int = 0):
         self.id, self.created = rid, created
+        self.text_pre = b'{"index":%d,"text":"' % index  # the choice's index (n > 1: each choice has its own)
         self.head = b'data: {"id":"%s","object":"text_completion","created":%d,"model":%s,"choices":[' % (
             rid.encode(),
             created,
@@ -201,13 +204,14 @@ class CompletionChunks:
 
     def content(self, text: bytes, usage: bytes = b"") -> bytes:
         return b"".join(
-            (self.head, b'{"index":0,"text":"', text, self.tail, usage or b',"usage":null', b"}\n\n")
+            (self.head, self.text_pre, text, self.tail, usage or b',"usage":null', b"}\n\n")
         )
 
     def last(self, text: bytes, reason: str, matched_stop: int | None, usage: bytes = b"") -> bytes:
         ms = b"null" if matched_stop is None else b"%d" % matched_stop
-        return b'%s{"index":0,"text":"%s","logprobs":null,"finish_reason":"%s","matched_stop":%s}]%s}\n\n' % (
+        return b'%s%s%s","logprobs":null,"finish_reason":"%s","matched_stop":%s}]%s}\n\n' % (
             self.head,
+            self.text_pre,
             text,
             reason.encode(),
             ms,

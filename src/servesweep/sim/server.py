@@ -21,6 +21,7 @@ import time
 
 from . import protocol as P
 from .answer_stream import answer_table, greedy_eos_seed, prompt_text, split_fault
+from .choices import choice_count, start_choices
 from .connection import CHUNKED_END, JSON, METHODS, PROM, SSE, TEXT, Connection, HttpError, Request, head
 from .faults import PRE_STREAM, FaultPicker
 from .stream import GenerationStream
@@ -641,12 +642,17 @@ class SimApp:
     def _submit(self, conn, req, body, kind, ids, max_new, fault, stream, group=None, index=None):
         if conn.closed:
             return 499
+        if group is None and kind != "generate" and choice_count(body) > 1:
+            return start_choices(self, conn, req, body, kind, ids, max_new, stream)
         rid = body.get("rid") or P.new_id()
         if not isinstance(rid, str):
             rid = str(rid)
         model = body.get("model", "default") if kind != "generate" else self.served_model_name
         fault, answer_fault = split_fault(fault, self.answer_fault)
-        g = GenerationStream(self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body)
+        g = GenerationStream(
+            self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
+            choice=index or 0, created=getattr(group, "created", None),
+        )  # fmt: skip
         if group is not None:
             g.group, g.index = group, index
             group.members.append(g)

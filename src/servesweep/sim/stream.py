@@ -33,7 +33,22 @@ class GenerationStream:
         "endpoint", "final_written", "eng", "fast", "hp", "mt", "base_len", "group", "index", "tr", "fd",
     )  # fmt: skip
 
-    def __init__(self, app, conn, req, kind, stream, model, prompt_tokens, max_new, fault, rid, body):
+    def __init__(
+        self,
+        app,
+        conn,
+        req,
+        kind,
+        stream,
+        model,
+        prompt_tokens,
+        max_new,
+        fault,
+        rid,
+        body,
+        choice=0,
+        created=None,
+    ):
         self.app = app
         self.conn = conn
         self.req = req
@@ -41,7 +56,8 @@ class GenerationStream:
         self.endpoint = req.path
         self.stream = stream
         self.model = model
-        self.created = int(time.time())
+        # every choice of an n > 1 request has the request's one `created`
+        self.created = int(time.time()) if created is None else created
         self.rid = rid
         self.gt_id = req.headers.get("x-request-id") or rid
         self.wt = app.words
@@ -79,12 +95,13 @@ class GenerationStream:
         self.client_gone_flag = False
         self.ereq = None
         self.final_written = False
-        self.group = None  # a batched /generate this request belongs to (server.BatchGroup), and its index
+        # the batched /generate (server.BatchGroup) or n > 1 request (choices.ChoiceGroup) it belongs to, its index
+        self.group = None
         self.index = None
         if kind == "chat":
-            self.fmt = P.ChatChunks(rid, self.created, model, self.legacy)
+            self.fmt = P.ChatChunks(rid, self.created, model, self.legacy, choice)
         elif kind == "completion":
-            self.fmt = P.CompletionChunks(rid, self.created, model)
+            self.fmt = P.CompletionChunks(rid, self.created, model, choice)
         else:
             self.fmt = None
         self.eng = app.engine
@@ -105,7 +122,7 @@ class GenerationStream:
                 self.hp = f.head + f.content_pre
                 self.mt = f.mid + f.tail + b"\r\n"
             else:
-                self.hp = f.head + b'{"index":0,"text":"'
+                self.hp = f.head + f.text_pre
                 self.mt = f.tail + b',"usage":null}\n\n\r\n'
             self.base_len = len(self.hp) + len(self.mt) - 2
             self.tr = conn.transport
@@ -343,6 +360,9 @@ class GenerationStream:
         conn = self.conn
         status = 200
         if self.group is not None:
+            if self.kind != "generate":  # one choice of an n > 1 request: its group ends the response
+                self.group.member_done(self)
+                return
             self._finish_in_group(e)
             return
         if e is not None and e.finish_reason == "abort" and e.abort_status:
