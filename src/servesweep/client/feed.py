@@ -26,6 +26,11 @@ def start_feed(environment) -> None:
         return
     import gevent
 
+    from servesweep.results.records import RecordBuffer
+
+    # The first Arrow table from Python lists imports pandas (a quarter of a second or more): pay it here, before
+    # the users start, not in the middle of the streams.
+    RecordBuffer().table()
     environment.servesweep_feed = gevent.spawn(_feed_loop, environment, Path(folder))
 
 
