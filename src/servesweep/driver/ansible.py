@@ -10,9 +10,13 @@ The pitfalls this wrapper exists for (reference locust-and-ansible.md §6):
   survives. So while the playbook runs, its processes are recorded (`_Tracker`: pid and start time of
   ansible-playbook, of its task workers and of every process in their sessions), and at the end what is still
   alive of them is killed; `owned` (a manifest.OwnedProcesses) gets the same records, so a run that resumes after
-  a SIGKILL stops them too. A process is never found by its command line; a server the playbook launched in a
-  session of its own (setsid) is never one of them.
-Secrets never pass through here: the role reads them from the environment this process hands down.
+  a SIGKILL stops them too. A process is never found by its command line: ansible-playbook is the child of this
+  process whose environment holds this run's mark (SERVESWEEP_ANSIBLE_RUN), so runs in other threads (a packed
+  matrix runs one per placement) and their Locust processes are never taken for it; a server the playbook launched
+  in a session of its own (setsid) is never one of them.
+- the environment ansible-playbook gets is ansible-runner's copy of this process's environment less `hide_env`,
+  edited on the prepared runner before it starts: os.environ is never changed, so threads cannot undo each other's
+  hiding, and the artifact `command` file (which holds that environment) never sees a hidden variable.
 """
 
 from __future__ import annotations
@@ -104,8 +108,8 @@ def run_playbook(
     inv_path = Path(inventory).expanduser()
     inv_is_file = "\n" not in inventory and inv_path.exists()
     artifact_dir.mkdir(parents=True, exist_ok=True)
-    tracker = _Tracker(owned)
     pd = Path(tempfile.mkdtemp(prefix=_prefix(tag)))
+    tracker = _Tracker(owned, mark=pd.name)
     try:
         if not inv_is_file:
             (pd / "inventory").mkdir()
@@ -118,7 +122,7 @@ def run_playbook(
             playbook=str(pb),
             inventory=str(inv_path) if inv_is_file else str(pd / "inventory" / "hosts.ini"),
             extravars={**extravars, **_secret_files(pd, secrets or {})},
-            envvars=_envvars(pd, adir),
+            envvars={**_envvars(pd, adir), MARK_ENV: pd.name},
             ident=ident,
             artifact_dir=str(artifact_dir),
             quiet=True,
@@ -134,15 +138,17 @@ def run_playbook(
             kwargs["cmdline"] = cmdline
         if timeout_s is not None:
             kwargs["timeout"] = int(timeout_s)
-        hidden = {n: os.environ.pop(n) for n in hide_env if n in os.environ}
-        try:
-            r = ansible_runner.run(**kwargs)
-        finally:
-            os.environ.update(hidden)
+        r = ansible_runner.interface.init_runner(**kwargs)  # what ansible_runner.run does, in two steps:
+        for name in hide_env:  # the prepared environment, before the run writes it to `command` or spawns
+            r.config.env.pop(name, None)
+        r.run()
         return _result(r, time.monotonic() - t0, events)
     finally:
         tracker.finish()
         shutil.rmtree(pd, ignore_errors=True)
+
+
+MARK_ENV = "SERVESWEEP_ANSIBLE_RUN"  # in ansible-playbook's environment: which run_playbook call started it
 
 
 def _refuse_under_gevent() -> None:
@@ -268,16 +274,18 @@ class _Tracker:
     holds the pid, the start time and the sessions; finish() kills what is still alive of them, checked against
     both."""
 
-    def __init__(self, owned=None):
+    def __init__(self, owned=None, mark: str = ""):
         self.me = psutil.Process()
         self.before = {(c.pid, _ctime(c)) for c in self.me.children()}
         self.owned = owned
+        self.mark = mark
+        self.tops: set[tuple[int, float]] = set()  # this run's ansible-playbook, once its environment showed it
         self.sessions: dict[int, float] = {}  # session id -> its leader's start time
         self.refs: dict[tuple[int, float], dict] = {}
 
     def sample(self) -> None:
         try:
-            tops = [c for c in self.me.children() if (c.pid, _ctime(c)) not in self.before]
+            tops = [c for c in self.me.children() if self._is_top(c)]
             new = []
             for top in tops:
                 self.sessions.setdefault(top.pid, _ctime(top))
@@ -308,6 +316,23 @@ class _Tracker:
                 self.owned.add(new)
         except (psutil.Error, OSError):
             pass  # recording must never break the playbook
+
+    def _is_top(self, c: psutil.Process) -> bool:
+        """A child that was not there before and carries this run's mark (another thread's playbook or Locust
+        process does not; a child forked but not yet exec'd shows this process's environment, and is looked at
+        again at the next sample)."""
+        key = (c.pid, _ctime(c))
+        if key in self.tops:
+            return True
+        if key in self.before:
+            return False
+        try:
+            mine = c.environ().get(MARK_ENV) == self.mark if self.mark else True
+        except (psutil.Error, OSError):
+            return False
+        if mine:
+            self.tops.add(key)
+        return mine
 
     def _sessions(self) -> list[list]:
         return [[sid, t] for sid, t in sorted(self.sessions.items())]
