@@ -1,0 +1,82 @@
+"""Needle probes in `servesweep run` (matrix/answer_probes.py): shrunk dry runs of the quickstart matrix (an
+autoregressive and an MTP bundle of one model) on emulators whose answers are broken on purpose
+(`launcher.sim_args.sim_answer_fault`), each caught by its check in the run folder and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+
+
+def dry_run(tmp: Path, fault: str | None, prompt_tokens: list[int]) -> tuple[dict, Path, str]:
+    d = yaml.safe_load(QUICKSTART.read_text())
+    if fault:
+        d["launcher"]["sim_args"]["sim_answer_fault"] = fault
+    d["server"]["base"]["context_length"] = 16384
+    d["load"].update(concurrency=[1], prompt_tokens=prompt_tokens, output_tokens=24)
+    f = tmp / "exp.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    cli = Path(sys.executable).parent / "servesweep"
+    proc = subprocess.Popen(
+        [str(cli), "run", str(f), "--dry-run", "--out", str(tmp / "runs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        start_new_session=True,
+    )
+    try:
+        text, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, text[-5000:]
+    run_dir = next((tmp / "runs").iterdir())
+    return json.loads((run_dir / "manifest.json").read_text()), run_dir, text
+
+
+def bundles(m: dict) -> tuple[str, str]:
+    """(autoregressive config id, speculative config id)."""
+    spec = [c for c, v in m["configs"].items() if v["flags"].get("speculative_algorithm")]
+    ar = [c for c in m["configs"] if c not in spec]
+    return ar[0], spec[0]
+
+
+def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
+    m, run_dir, out = dry_run(tmp_path, "wrong_past:3000", [1000, 6000])
+    ar, spec = bundles(m)
+    for cid in (ar, spec):
+        assert m["configs"][cid]["needle_accuracy"] == {"1000": 1.0, "6000": 0.0}, m["configs"][cid]
+    assert f"needle {ar} @ 6000 tokens: 0% (0/3)" in " ".join(out.split())
+    for p in m["points"].values():  # fluent and wrong: not degenerate, and every load figure still reported
+        assert p["result"]["degenerate_rate"] == 0.0 and p["result"]["output_tokens_per_s"] > 0
+        assert p["result"]["needle_accuracy"] == (1.0 if p["prompt_tokens"] == 1000 else 0.0)
+    report = (run_dir / "report.md").read_text()
+    assert f"| {ar} | 6000 | 0/3 | 0% | 0 |" in report and f"| {ar} | 1000 | 3/3 | 100% | 0 |" in report
+    # both bundles are wrong the same way: speculation changed no answer
+    assert f"| {spec} | {ar} | 6 | 0% | 100% |" in report, report
+
+
+def test_spec_diverge_gives_a_mismatch_between_the_speculative_and_autoregressive_bundles(tmp_path):
+    m, run_dir, _ = dry_run(tmp_path, "spec_diverge", [1000, 6000])
+    ar, spec = bundles(m)
+    probes = {c: json.loads((run_dir / "answers" / f"{c}.json").read_text()) for c in (ar, spec)}
+    assert probes[spec]["speculative"] and not probes[ar]["speculative"]
+    # the code comes first, so the needle is still right; the prose after it differs
+    assert m["configs"][spec]["needle_accuracy"] == {"1000": 1.0, "6000": 1.0}
+    report = (run_dir / "report.md").read_text()
+    row = next(line for line in report.splitlines() if line.startswith(f"| {spec} | {ar} |"))
+    assert row.split("|")[4].strip() == "100%", row  # every answer differs
+    answers = {c: [p["answer"] for p in probes[c]["probes"]] for c in (ar, spec)}
+    assert all(
+        a != s and a.split()[:8] == s.split()[:8] for a, s in zip(answers[ar], answers[spec], strict=True)
+    )
