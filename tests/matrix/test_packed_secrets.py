@@ -50,7 +50,15 @@ def test_a_key_in_a_packed_run_reaches_every_server_and_leaks_into_no_artifact(t
     stop = threading.Event()
     scanner = threading.Thread(target=_scan_cmdlines, args=(key.encode(), hits, stop, scans), daemon=True)
     scanner.start()
-    cmd = [str(Path(sys.executable).parent / "servesweep"), "run", str(exp), "--out", str(runs), "--max-parallel", "2"]
+    cmd = [
+        str(Path(sys.executable).parent / "servesweep"),
+        "run",
+        str(exp),
+        "--out",
+        str(runs),
+        "--max-parallel",
+        "2",
+    ]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )

@@ -978,6 +978,12 @@ class Runner:
         folder instead (removed after)."""
         if not self.exp.target.managed or self.keep_server:
             return
+        if self.packed and self.m.data.get("packing"):  # every placement's server, at once
+            from servesweep.matrix.packed import holding, stop_placements
+
+            packing = self.m.data["packing"]
+            stop_placements(self, Interrupted, holding(self, packing), outside_run_dir=outside_run_dir)
+            return
         cid = next(iter(self.m.configs), None)
         if cid is None:
             return

@@ -9,15 +9,22 @@ per-configuration code path (start the server, run the points, restart a dead se
 own server, base URL, Locust master and records, and the labels `host` and `gpus` on its points. Every lane's
 ansible-runner call has its own private data dir and artifact folder (run_playbook), and only the main thread
 installs signal handlers; a signal stops every lane: a lane's Locust point is stopped at its next progress report,
-its Ansible run at its next poll.
+its Ansible run at its next poll; then the main thread stops the server of every placement that started one
+(stop_placements, all at once), so a Ctrl-C or SIGTERM leaves no server on any GPU. A placement's server that its
+lane stopped is marked (`server_stopped` on its configuration), so a resume after a SIGKILL stops exactly the
+servers the killed run left: those of placements still to run are restarted where they stood (same host, GPUs,
+port, work folder), those of finished placements are stopped before anything starts.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from servesweep.matrix.timeline import attach_schedule
@@ -152,18 +159,82 @@ class LaneMixin:
                 p["point"]["base_url"] = self.base_url()
                 p["point"]["labels"] = {**p["point"].get("labels", {}), **labels}
         self.m.configs[cid]["placement"] = dict(self.placement)
+        self.m.configs[cid].pop("server_stopped", None)  # from here on this placement may hold a server
         self.m.save()
         try:
             self._run_config(cp)
         finally:
             if self.exp.target.managed and not self.keep_server and not self.main.stop_requested:
-                res = self.ansible(cid, "stopped", f"stopping {cid}")
-                if not res.ok:
-                    self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
+                self.stop_server()
+
+    def stop_server(self, artifact_dir: Path | None = None) -> bool:
+        """The role's `stopped` state on this placement's host and port; marks the configuration's server stopped."""
+        cid = self.placement["config"]
+        res = self.ansible(cid, "stopped", f"stopping {cid}", artifact_dir=artifact_dir)
+        if not res.ok:
+            self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
+            return False
+        self.m.configs[cid]["server_stopped"] = True
+        self.m.save()
+        return True
 
 
 def lane_type(runner_type: type) -> type:
     return type("Lane", (LaneMixin, runner_type), {})
+
+
+def holding(runner, packing: dict[str, Any]) -> list[dict[str, Any]]:
+    """The placements that may hold a server: their lane started (this run or a killed one) and did not stop it."""
+    out = []
+    for pl in packing.get("placements", []):
+        c = runner.m.configs.get(pl["config"]) or {}
+        if c.get("placement") and not c.get("server_stopped"):
+            out.append(pl)
+    return out
+
+
+def stop_placements(
+    runner,
+    interrupted: type[BaseException],
+    placements: list[dict[str, Any]],
+    *,
+    outside_run_dir: bool = False,
+) -> list[str]:
+    """Stop the servers of `placements` at the same time, one thread (and one Ansible run) each; the main thread
+    waits, counted as in Ansible, so a second signal cancels the stops instead of breaking out of them. With a full
+    results folder each stop's artifacts go to a temporary folder. Returns the placements stopped (host:gpus)."""
+    if not placements:
+        return []
+    lane_cls = lane_type(type(runner))
+    stopped: list[str] = []
+    scratch = Path(tempfile.mkdtemp(prefix="servesweep-stop-")) if outside_run_dir else None
+
+    def stop(pl: dict[str, Any]) -> None:
+        lane = lane_cls(runner, pl, interrupted)
+        try:
+            where = scratch / str(pl["slot"]) if scratch else None
+            if lane.stop_server(artifact_dir=where):
+                stopped.append(lane.tag)
+        except (interrupted, OSError) as e:
+            runner.console.print(f"[yellow]could not stop {pl['config']} on {lane.tag}: {e}[/]")
+
+    runner.stop_requested = False
+    runner.in_ansible = True
+    threads = [threading.Thread(target=stop, args=(pl,), daemon=True) for pl in placements]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=POLL_S)
+    finally:
+        runner.in_ansible = False
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    runner.console.print(
+        f"stopped the servers of {len(stopped)} of {len(placements)} placement(s): {', '.join(stopped)}"
+    )
+    return stopped
 
 
 class PackedRun:
@@ -202,6 +273,11 @@ class PackedRun:
 
     def run(self) -> None:
         todo = self._todo()
+        # a killed run's servers on placements with nothing left to run: stopped before anything starts
+        slots = {pl["slot"] for pl in todo}
+        left = [pl for pl in holding(self.runner, self.packing) if pl["slot"] not in slots]
+        if left and self.runner.exp.target.managed and not self.runner.keep_server:
+            stop_placements(self.runner, self.interrupted, left)
         self._write_targets()
         limit = self.packing.get("max_parallel")
         try:
