@@ -343,7 +343,7 @@ class Load(_Strict):
     workload: list[str] = Field(
         default_factory=lambda: ["single"],
         min_length=1,
-        description="names of load.workloads (or single); the old 'chat'/'completions' meaning an endpoint",
+        description="names of load.workloads (or single: the built-in single-shot prompts)",
     )
     workloads: dict[str, WorkloadSpec] = Field(default_factory=dict)
     output_dist: str | None = Field(None, description="output lengths drawn per prompt; None: fixed")
@@ -607,13 +607,13 @@ class Experiment(_Strict):
         for wl, ep, p, o, c, r in itertools.product(
             ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, ld.rate or [None]
         ):
-            # ids of files without named workloads stay as before (resume finds its points by id)
+            # with only the built-in workload, ids and the `workload` label name the endpoint alone (short ids)
             head = f"{wl}-{ep}" if named else ep
             tail = "" if r is None else f"-r{r:g}"
             pt = PointSpec(
                 id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
                 config_id=cfg.id,
-                workload=wl if named else ep,  # what reports group by, as before named workloads existed
+                workload=wl if named else ep,  # what reports group by
                 endpoint=ep,
                 prompt_tokens=p,
                 output_tokens=o,
@@ -621,7 +621,7 @@ class Experiment(_Strict):
                 rate=r,
             )
             values = cfg.match_values() | {
-                # without named workloads, `workload` still matches the endpoint (the old meaning)
+                # without named workloads, an exclusion rule's `workload` matches the endpoint, as the ids do
                 "workload": wl if named else ep,
                 "endpoint": ep,
                 "prompt_tokens": p,
