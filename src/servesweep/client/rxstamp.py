@@ -74,8 +74,8 @@ class RxClock:
 
         Re-armed with `again()` on a timer whose `repeat` is the timeout, never with `start()`: libev's
         `ev_timer_stop` keeps a stopped timer's *remaining* time and `ev_timer_start` counts down from it, so a
-        restarted timer gives each wait only what the earlier waits left over (issue 18: after ~2 minutes of
-        streaming every wait of a 120 s stall timer "timed out" at once). `ev_timer_again` on a stopped timer sets
+        restarted timer gives each wait only what the earlier waits left over (after ~2 minutes of streaming
+        every wait of a 120 s stall timer would "time out" at once). `ev_timer_again` on a stopped timer sets
         it to `repeat` from now (after `update=True` refreshes the loop's clock); libuv's `again` on a stopped timer
         is a plain `uv_timer_start(after)`. Either way: the full timeout from the start of THIS wait. The repeat
         never fires twice: the wait stops the timer as soon as it ends, by data or by the timeout."""

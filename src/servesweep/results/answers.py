@@ -1,4 +1,4 @@
-"""Answer checks: is a response degenerate text, does it state the needle, do two decodings agree (issue 24).
+"""Answer checks: is a response degenerate text, does it state the needle, do two decodings agree.
 
 A server can stream garbage fast: a model the server version mishandles writes "lambda lambda lambda …", a
 wrong RoPE or context setting loses the long prompt, a broken speculative build changes greedy answers. These

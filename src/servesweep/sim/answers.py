@@ -1,4 +1,4 @@
-"""What the emulator answers: a coherent reply that states the prompt's needle, and the faulty replies (issue 24).
+"""What the emulator answers: a coherent reply that states the prompt's needle, and the faulty replies.
 
 servesweep's long prompts hide the fact " The access code for the {adjective} {noun} is {word}-{NNNN}." and end
 with "Question: What is the access code for the {adjective} {noun}? Answer with the code only." A healthy answer
