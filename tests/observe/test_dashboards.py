@@ -53,6 +53,17 @@ def family_of(name: str, families: dict[str, str]) -> str | None:
     return None
 
 
+# a capacity.json row as matrix/capacity_run.py writes it (every value present, so every capacity column has data)
+CAPACITY_ROW = {
+    "search": "s01-chat-p64-o8", "config": "c", "workload": "chat", "prompt_tokens": 64, "output_tokens": 8,
+    "gpus": 2, "axis": "concurrency", "tier": "fast", "capacity": 7, "bracket": [7, 8], "stop": "resolution",
+    "binding": "decode_tokens_per_s_p50>=100", "probes": 5,
+    "at_capacity": {"output_tokens_per_s": 500.0, "output_tokens_per_s_per_gpu": 250.0, "request_rate": 4.0,
+                    "request_rate_per_gpu": 2.0, "ttft_p99_ms": 80.0, "itl_p99_ms": 9.0,
+                    "decode_tokens_per_s_p50": 110.0, "requests": 40},
+}  # fmt: skip
+
+
 def exporter_families() -> dict[str, str]:
     """Families a fed ClientMetrics exposes, by type (as the real exposition says)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -65,11 +76,12 @@ def exporter_families() -> dict[str, str]:
            "mono_to_wall_ns": 0}  # fmt: skip
     failed = {**rec, "request_id": "f", "error_class": "http_5xx", "first_token_ns": None, "chunk_ns": None}
     m = ClientMetrics("r")
-    m.point_started("p1", {"model": "m", "config": "c"})
+    m.point_started("p1", {"model": "m", "config": "c", "gpu_count": 2})  # per-GPU gauges need the count
     m.observe_many([rec, failed])
     table = to_table([{**rec, "response_text": "falcon-4812"}, failed])
     summary = summarize(table, slos="ttft<=1s", answers=degeneration_summary(table))
     m.point_finished("p1", {**summary, "needle_accuracy": 1.0})  # the orchestrator adds the probes' accuracy
+    m.set_capacity([CAPACITY_ROW])
     # only families with samples count: a name with no series would leave its panel empty
     return {f.name: f.type for f in text_string_to_metric_families(m.text().decode()) if f.samples}
 

@@ -73,9 +73,20 @@ def _point(base_url: str, c: int, p: int) -> LoadPoint:
     )
 
 
+# a capacity.json row (matrix/capacity_run.py), every value present so every capacity column has data
+CAPACITY_ROW = {
+    "search": "s01-chat-p200-o24", "config": CONFIG, "workload": "chat", "prompt_tokens": 200, "output_tokens": 24,
+    "gpus": 1, "axis": "concurrency", "tier": "fast", "capacity": 4, "bracket": [4, 5], "stop": "resolution",
+    "binding": "ttft_p99<=2s", "probes": 5,
+    "at_capacity": {"output_tokens_per_s_per_gpu": 250.0, "request_rate_per_gpu": 2.0, "ttft_p99_ms": 80.0,
+                    "itl_p99_ms": 9.0, "decode_tokens_per_s_p50": 110.0},
+}  # fmt: skip
+
+
 def _axes(c: int, p: int) -> dict:
     return {"model": MODEL, "config": CONFIG, "tp": 1, "speculative_method": "NEXTN", "context_length": 262144,
-            "prompt_tokens": p, "output_tokens": 24, "concurrency": c, "workload": "chat"}  # fmt: skip
+            "prompt_tokens": p, "output_tokens": 24, "concurrency": c, "workload": "chat",
+            "gpu_count": 1}  # fmt: skip
 
 
 class World:
@@ -168,6 +179,7 @@ def _build(w: World) -> None:
         time.sleep(1.2)
         w.metrics.point_finished(pid, summary)
         w.metrics.set_users(0)
+    w.metrics.set_capacity([CAPACITY_ROW])  # what a run with a search: block exposes
     time.sleep(2.5)  # two more scrapes: the last summaries and the final counters are in
     w.live_end = time.time()
 
@@ -351,7 +363,10 @@ def test_backfill_reads_orchestrator_run_folders(tmp_path):
     (info,) = fams["servesweep_point_info"].samples[:1]
     assert info.labels == {"run_id": run.name, "point_id": "c2-p256", "model": "qwen", "config": "cfg1-mtp",
                            "tp": "2", "speculative_method": "NEXTN", "context_length": "32768", "prompt_tokens": "256",
-                           "output_tokens": "32", "concurrency": "2", "workload": "chat", "bundle": "mtp"}  # fmt: skip
+                           "output_tokens": "32", "concurrency": "2", "workload": "chat", "bundle": "mtp",
+                           "gpu_count": "2"}  # fmt: skip  (tp_size 2 in the manifest: results/pergpu.py)
+    tput = fams["servesweep_point_output_tokens_per_second_per_gpu"].samples
+    assert [s.value for s in tput] and all(s.value == pytest.approx(99.5 / 2) for s in tput)
     # no start time in the summary: the manifest's ISO times bound the samples
     times = [float(s.timestamp) for s in fams["servesweep_point_info"].samples]
     assert min(times) == 1767225610.0 and max(times) == 1767225640.0

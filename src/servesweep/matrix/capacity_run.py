@@ -154,7 +154,9 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
                 f"  ✓ {sid} {row['tier']}: capacity {_load(row['capacity'])} (bracket {_load(row['bracket'][0])}"
                 f"–{_load(row['bracket'][1])}, {row['stop']}), {row['probes']} probes"
             )
-    write_capacity(runner.run_dir, runner.m.data)
+    cap = write_capacity(runner.run_dir, runner.m.data)
+    if getattr(runner, "metrics", None) is not None:  # the exporter's servesweep_capacity* gauges (the dashboard)
+        runner.metrics.set_capacity(cap["rows"])
 
 
 def _load(x) -> str:

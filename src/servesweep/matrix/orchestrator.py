@@ -35,6 +35,7 @@ from servesweep.matrix.answer_probes import needle_into_summary, probe_configura
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
+from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
 from servesweep.target import http
 
 PLAYBOOK = "sglang_server.yml"
@@ -290,6 +291,9 @@ def create_run(
             "attempts": 0,
         }
         labels = {k: str(v) for k, v in cp.config.labels.items()}
+        # every point says how many GPUs its server holds (results/pergpu.py; packed runs' `gpus` label is the
+        # devices): the exporter, report and compare read it
+        labels["gpu_count"] = str(flags_gpus(cp.config.flags, exp.launcher.gpus))
         for pp in cp.points:
             feasible = pp.feasible and cp.error is None
             point = point_of(exp, pp.spec, exp.target.url(port), run_dir.name, labels, dry_run=dry_run)
@@ -1028,7 +1032,10 @@ class Runner:
             "out",
             "conc",
             "status",
+            "GPUs",
             "tok/s",
+            "tok/s/GPU",
+            "req/s/GPU",
             "TTFT p50",
             "TTFT p99",
             "ITL p50",
@@ -1036,9 +1043,11 @@ class Runner:
             "fail",
         ):
             t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")
+        gpus = manifest_gpus(self.m.data)  # per GPU: TP1 on one GPU and TP8 on eight compare fairly
         for p in self.m.points.values():
             r = p.get("result") or {}
             st = p["status"]
+            g = gpus.get(p["config_id"])
             color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
             t.add_row(
                 p["config_id"],
@@ -1047,7 +1056,10 @@ class Runner:
                 str(p["output_tokens"]),
                 str(p["concurrency"]) + (f"@{p['rate']:g}/s" if p.get("rate") else ""),
                 f"[{color}]{st}[/]",
+                str(g or "-"),
                 f"{r['output_tokens_per_s']:.1f}" if r.get("output_tokens_per_s") is not None else "-",
+                _num(per_gpu(r.get("output_tokens_per_s"), g), 1),
+                _num(per_gpu(r.get("request_rate"), g), 3),
                 _ms(r.get("ttft_p50_ms")),
                 _ms(r.get("ttft_p99_ms")),
                 _ms(r.get("itl_p50_ms")),
@@ -1097,6 +1109,10 @@ def _headline(summary: dict) -> dict[str, Any]:
         "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
         "failure_check": summary.get("failure_check"),
     }
+
+
+def _num(v: float | None, decimals: int) -> str:
+    return "-" if v is None else f"{v:,.{decimals}f}"
 
 
 def _ms(v) -> str:

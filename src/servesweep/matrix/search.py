@@ -29,6 +29,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+# the per-GPU helpers are part of the search's API (re-exported; defined where the report can use them)
+from servesweep.results.pergpu import gpu_count, normalised, per_gpu  # noqa: F401
+
 Load = int | float  # a concurrency (closed loop) or a request rate in req/s (open loop)
 Axis = Literal["concurrency", "rate"]
 
@@ -731,31 +734,6 @@ def search(
 
 
 # ---------------------------------------------------------------- per GPU, and the frontier
-
-
-def gpu_count(tp: int = 1, dp: int = 1, pp: int = 1, gpus: int | None = None) -> int:
-    """GPUs a configuration holds: the stated count when given (the launcher's `gpus`, when the server's own
-    parallelism does not say it), else tp × dp × pp."""
-    n = gpus if gpus is not None else tp * dp * pp
-    if n < 1:
-        raise ValueError(f"GPU count {n}: must be >= 1")
-    return int(n)
-
-
-def per_gpu(value: float | None, gpus: int) -> float | None:
-    """A total (output tok/s, requests/s) per GPU, so TP1 on one GPU and TP8 on eight compare fairly."""
-    return None if value is None else value / gpus
-
-
-def normalised(output_tokens_per_s: float, request_rate: float, gpus: int) -> dict[str, float | None]:
-    """The totals and their per-GPU values, as the report and compare show them side by side."""
-    return {
-        "gpus": gpus,
-        "output_tokens_per_s": output_tokens_per_s,
-        "output_tokens_per_s_per_gpu": per_gpu(output_tokens_per_s, gpus),
-        "request_rate": request_rate,
-        "request_rate_per_gpu": per_gpu(request_rate, gpus),
-    }
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,11 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from servesweep.observe.capacity_metrics import capacity_families
 from servesweep.results import metrics
+from servesweep.results.capacity import load_capacity
+from servesweep.results.pergpu import LABEL as GPU_LABEL
+from servesweep.results.pergpu import point_gpus
 from servesweep.results.runfolder import SUMMARY, PointInfo, iso_unix, load_run
 
 PREFIX = "servesweep_"
@@ -109,6 +113,22 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
         "Needle probes of the point's configuration answered right, at the point's prompt length.",
     ),
     "window_seconds": (("window_s",), "Length of the measurement window."),
+    "decode_tokens_per_second_p50": (
+        ("decode_tokens_per_s", "p50"),
+        "Per-request output speed (decode tok/s, the interactivity axis), median over the point's requests.",
+    ),
+}
+# Per-GPU gauges: metric suffix -> (the SUMMARY_SCALARS total, help); the total over the point's `gpu_count` axis
+# (its server's GPUs: tp × dp × pp or launcher.gpus, results/pergpu.py), absent when the count is unknown.
+PER_GPU_SCALARS: dict[str, tuple[str, str]] = {
+    "output_tokens_per_second_per_gpu": (
+        "output_tokens_per_second",
+        "Aggregate output tokens per second over the window, per GPU of the point's server (gpu_count).",
+    ),
+    "request_rate_per_second_per_gpu": (
+        "request_rate_per_second",
+        "Successful requests per second over the measurement window, per GPU of the point's server (gpu_count).",
+    ),
 }
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -183,6 +203,7 @@ class ClientMetrics(Collector):
         self._users: float = 0.0
         self._users_fn: Callable[[], float] | None = None
         self._target_rate: float = 0.0
+        self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
         self._server = None
         self.registry.register(self)
 
@@ -280,8 +301,14 @@ class ClientMetrics(Collector):
             p.finished = time.time()
             if summary:
                 p.summary, p.failures_by_class = summary_values(summary)
+                p.summary |= per_gpu_values(p.summary, p.info.get(GPU_LABEL))
             if self._current == point_id:
                 self._current = None
+
+    def set_capacity(self, rows: Iterable[Mapping]) -> None:
+        """The run's capacity-at-SLO rows (capacity.json's `rows`), exposed as servesweep_capacity* gauges."""
+        with self._lock:
+            self._capacity = [dict(r) for r in rows]
 
     def load_run(self, run_dir) -> int:
         """Expose a finished run folder's point summaries (for a run nobody scraped: serve or push them)."""
@@ -296,6 +323,9 @@ class ClientMetrics(Collector):
             with self._lock:
                 self._points[pt["point_id"]].started = pt["start"]
                 self._points[pt["point_id"]].finished = pt["end"]
+        cap = load_capacity(run_dir)  # a run with a search: block
+        if cap is not None:
+            self.set_capacity(cap.get("rows") or [])
         return len(points)
 
     def has_point(self, point_id: str) -> bool:
@@ -339,6 +369,7 @@ class ClientMetrics(Collector):
             users = self._users_fn() if self._users_fn else self._users
             rate = self._target_rate
             yield from _families(self.run_id, points, float(users), rate)
+            yield from capacity_families(self.run_id, self._capacity)
 
     def describe(self):
         return []
@@ -380,6 +411,17 @@ def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]
         else {}
     )
     return out, failures
+
+
+def per_gpu_values(values: Mapping[str, float], gpu_count: str | None) -> dict[str, float]:
+    """PER_GPU_SCALARS from a point's flattened summary and its `gpu_count` axis ({} when the count is unknown)."""
+    try:
+        n = int(gpu_count or 0)
+    except ValueError:
+        return {}
+    if n < 1:
+        return {}
+    return {k: values[total] / n for k, (total, _h) in PER_GPU_SCALARS.items() if total in values}
 
 
 def _families(run_id: str, points: list[_Point], users: float, rate: float):
@@ -444,7 +486,7 @@ class _PointFamilies:
         }
         self.scalars = {
             k: GaugeMetricFamily(PREFIX + f"point_{k}", f"Point summary: {h}", labels=labels)
-            for k, (_key, h) in SUMMARY_SCALARS.items()
+            for k, (_key, h) in (SUMMARY_SCALARS | PER_GPU_SCALARS).items()
         }
         self.failures = GaugeMetricFamily(
             PREFIX + "point_failures",
@@ -641,5 +683,8 @@ def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
     for p in run.done_points():
         start, end = _point_times(p)
         axes = _point_axes(p, run.configs)
+        gpus = point_gpus(p.summary, p.config_id, run.manifest)  # runs planned before points carried the label
+        if gpus is not None:
+            axes.setdefault(GPU_LABEL, str(gpus))
         out.append({"point_id": p.point_id, "axes": axes, "summary": p.summary, "start": start, "end": end})
     return run.run_id, out

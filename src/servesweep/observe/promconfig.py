@@ -28,10 +28,13 @@ from ruamel.yaml import YAML
 
 from servesweep.observe.exporter import (
     AXES,
+    GPU_LABEL,
+    PER_GPU_SCALARS,
     PREFIX,
     SUMMARY_LATENCIES,
     SUMMARY_SCALARS,
     finished_points,
+    per_gpu_values,
     summary_values,
 )
 from servesweep.results.store import write_atomic
@@ -210,13 +213,15 @@ def run_openmetrics(run_dir: str | Path, *, step_s: float = 15.0) -> str:
         add(PREFIX + "point_start_timestamp_seconds", "Unix time the point started.", base, times, start)
         add(PREFIX + "point_end_timestamp_seconds", "Unix time the point finished.", base, times, end)
         values, fails = summary_values(pt["summary"])
+        values |= per_gpu_values(values, axes.get(GPU_LABEL))
         for key, v in values.items():
             if "/" in key:
                 name, stat = key.split("/")
                 add(PREFIX + f"point_{name}_seconds", f"Point summary: {SUMMARY_LATENCIES[name]}.",
                     {**base, "stat": stat}, times, v)  # fmt: skip
             else:
-                add(PREFIX + f"point_{key}", f"Point summary: {SUMMARY_SCALARS[key][1]}", base, times, v)
+                help_ = (SUMMARY_SCALARS | PER_GPU_SCALARS)[key][1]
+                add(PREFIX + f"point_{key}", f"Point summary: {help_}", base, times, v)
         for err, v in fails.items():
             add(PREFIX + "point_failures", "Point summary: failed requests by error class.",
                 {**base, "error_class": err}, times, v)  # fmt: skip

@@ -26,6 +26,7 @@ import numpy as np
 from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
+from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
 from servesweep.results.store import write_atomic
 
@@ -355,7 +356,9 @@ def compare_runs(
     seed: int = 0,
     confidence: float = 0.95,
     min_effect: float = 0.02,
+    per_gpu: bool = True,
 ) -> RunComparison:
+    """Every matched point's changes; with `per_gpu`, output tok/s and req/s per GPU after their totals."""
     metrics = metrics or [metric(n) for n in DEFAULT_METRICS]
     ka = {_match_key(a, p): p for p in a.done_points()}
     kb = {_match_key(b, p): p for p in b.done_points()}
@@ -373,6 +376,8 @@ def compare_runs(
             confidence=confidence,
             min_effect=min_effect,
         )
+        ga, gb = point_gpus(pa.summary, pa.config_id, a.manifest), point_gpus(pb.summary, pb.config_id, b.manifest)
+        ch = with_per_gpu_changes(ch, ga, gb, verdict, min_effect) if per_gpu else ch
         pts.append(PointComparison(k, pa, pb, ch))
     return RunComparison(
         a,

@@ -36,6 +36,7 @@ from servesweep.results.compare import (
     point_label,
     point_sample,
 )
+from servesweep.results.pergpu import point_gpus, with_per_gpu
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run, secs_between
 from servesweep.results.store import write_atomic
 
@@ -47,9 +48,12 @@ LAG_FLAG_MS = (
 PROMPT_DEV_FLAG_PCT = 1.0
 KINDS = {"run": "servesweep run", "load": "servesweep load", "point": "one point", "records": "records file"}
 
-# (key, header, metric name, unit for display, decimals)
+# (key, header, metric name, unit for display, decimals); metric None: a total per GPU (results/pergpu.py)
 COLUMNS = (
     ("output_tokens_per_s", "output tok/s", "output_tokens_per_s", "", 1),
+    ("output_tokens_per_s_per_gpu", "output tok/s per GPU", None, "", 1),
+    ("request_rate", "req/s", "request_rate", "", 2),
+    ("request_rate_per_gpu", "req/s per GPU", None, "", 3),
     ("decode_tokens_per_s", "per-request tok/s", "decode_tokens_per_s_mean", "", 1),
     ("ttft_p50", "TTFT p50 ms", "ttft_p50", "", 1),
     ("ttft_p99", "TTFT p99 ms", "ttft_p99", "", 1),
@@ -112,10 +116,10 @@ class ConfigSection:
         return [p for p in self.points if p.status != "done"]
 
 
-def point_row(p: PointInfo) -> PointRow:
-    """One done point's table row, recomputed from its records."""
+def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
+    """One done point's table row, recomputed from its records; totals also per GPU when `gpus` is known."""
     s = point_sample(p)
-    values = {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS}
+    values = with_per_gpu({key: metric(name).value(s) for key, _, name, _, _ in COLUMNS if name}, gpus)
     from collections import Counter
 
     import pyarrow.parquet as pq
@@ -261,7 +265,9 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
 
     sections = _sections(run)
     for sec in sections:
-        sec.rows = [point_row(p) for p in sec.points if p.status == "done"]
+        sec.rows = [
+            point_row(p, point_gpus(p.summary, p.config_id, run.manifest)) for p in sec.points if p.status == "done"
+        ]
         _add_plots(run, sec)
     overview = []
     if len([s for s in sections if s.rows]) > 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from servesweep.observe.dashboards import capacity
 from servesweep.observe.dashboards import grafana as g
 from servesweep.observe.dashboards.queries import summ, with_axes
 
@@ -10,7 +11,9 @@ SEL = 'run_id="$run_id", model=~"$model", config=~"$config"'
 # (column title, metric, stat or None, unit)
 COLUMNS: tuple[tuple[str, str, str | None, str], ...] = (
     ("output tok/s", "servesweep_point_output_tokens_per_second", None, "short"),
+    ("output tok/s per GPU", "servesweep_point_output_tokens_per_second_per_gpu", None, "short"),
     ("req/s", "servesweep_point_request_rate_per_second", None, "reqps"),
+    ("req/s per GPU", "servesweep_point_request_rate_per_second_per_gpu", None, "reqps"),
     ("goodput req/s", "servesweep_point_goodput_requests_per_second", None, "reqps"),
     ("TTFT p50", "servesweep_point_ttft_seconds", "p50", "s"),
     ("TTFT p99", "servesweep_point_ttft_seconds", "p99", "s"),
@@ -39,6 +42,9 @@ def build() -> dict:
     L.row("Finished points")
     L.add(points_table("Points of the run", SEL, "One row per finished point: exact percentiles from raw records."),
           w=24, h=12)  # fmt: skip
+    L.row("Capacity at SLO and the frontier")
+    L.add(capacity.capacity_table('run_id="$run_id", config=~"$config"'), w=14, h=10)
+    L.add(capacity.frontier(SEL), w=10, h=10)
     L.row("Per server configuration")
     tput = g.xychart(
         "Output tok/s vs concurrency ($config)",
