@@ -397,7 +397,10 @@ class Runner:
         return hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:12]
 
     def event(self, text: str) -> None:
-        self.m.data["events"].append({"t": mf.now_iso(), "event": text})
+        """`text` (Rich markup) on the console; the manifest keeps it plain."""
+        from rich.text import Text
+
+        self.m.data["events"].append({"t": mf.now_iso(), "event": Text.from_markup(text).plain})
         self.console.print(text)
 
     def base_url(self) -> str:

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless, before anything imports a backend
 
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 _counter = itertools.count()
 _MARKERS = "osD^v<>ph*"
@@ -54,14 +55,19 @@ def throughput_vs_concurrency(series: Mapping[str, Sequence[tuple[float, float]]
         pts = sorted(p for p in pts if _finite(p[1]))
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=_MARKERS[i % len(_MARKERS)], label=label)
-    _log2_x(ax, [p[0] for pts in series.values() for p in pts])
+    _concurrency_x(ax, [p[0] for pts in series.values() for p in pts])
     _finish(ax, len(series))
     return _svg(fig)
 
 
-def ttft_vs_prompt(series: Mapping[str, Sequence[tuple[float, float, float]]], title: str) -> str:
-    """TTFT p50 (solid) and p99 (dashed) against prompt length, one colour per concurrency."""
+def ttft_vs_prompt(
+    series: Mapping[str, Sequence[tuple[float, float, float, int]]], title: str, small_sample: int = 0
+) -> str:
+    """TTFT p50 (solid) and p99 (dashed) against prompt length, one colour per concurrency; points are
+    (prompt tokens, p50, p99, requests). A p99 from fewer than `small_sample` requests gets an open circle, and a
+    note under the plot gives the counts (one label per point would pile up where every point is small)."""
     fig, ax = _figure(title, "prompt tokens", "TTFT (ms)")
+    small: list[int] = []
     for i, (label, pts) in enumerate(series.items()):
         pts = sorted(p for p in pts if _finite(p[1]))
         if not pts:
@@ -69,9 +75,20 @@ def ttft_vs_prompt(series: Mapping[str, Sequence[tuple[float, float, float]]], t
         xs = [p[0] for p in pts]
         (line,) = ax.plot(xs, [p[1] for p in pts], marker=_MARKERS[i % len(_MARKERS)], label=f"{label} p50")
         ax.plot(xs, [p[2] for p in pts], ls="--", color=line.get_color(), alpha=0.7, label=f"{label} p99")
+        few = [(x, p99, n) for x, _, p99, n in pts if n < small_sample and _finite(p99)]
+        if few:
+            ax.plot([f[0] for f in few], [f[1] for f in few], ls="none", marker="o", ms=8, mfc="none",
+                    mec=line.get_color())  # fmt: skip
+            small += [f[2] for f in few]
     xs = [p[0] for pts in series.values() for p in pts]
     if xs and max(xs) / max(min(xs), 1) >= 8:
         ax.set_xscale("log")
+        _plain_log_labels(ax.xaxis, [x for x in xs if x > 0])
+    if small:
+        n = f"{min(small)}" if min(small) == max(small) else f"{min(small)}–{max(small)}"
+        _small_note(
+            fig, f"○ p99 from fewer than {small_sample} requests (n={n}), so its tail is not measured"
+        )
     _finish(ax, 2 * len(series))
     return _svg(fig)
 
@@ -91,12 +108,14 @@ def latency_throughput(series: Mapping[str, Sequence[tuple[float, float, int]]],
     return _svg(fig)
 
 
-def itl_distribution(dists: Mapping[str, Sequence[float]], title: str) -> str:
-    """Empirical CDF of inter-token gaps, one line per concurrency (a step at each gap; tails show stalls)."""
+def itl_distribution(dists: Mapping[str, Sequence[float]], title: str, small_sample: int = 0) -> str:
+    """Empirical CDF of inter-token gaps, one line per concurrency (a step at each gap; tails show stalls); a line
+    of fewer than `small_sample` gaps says so in its legend entry."""
     import numpy as np
 
     fig, ax = _figure(title, "inter-token latency (ms)", "fraction of gaps ≤ x")
     drawn = 0
+    small = False
     for i, (label, vals) in enumerate(dists.items()):
         v = np.sort(np.asarray(vals, dtype=float))
         v = v[np.isfinite(v)]
@@ -105,43 +124,76 @@ def itl_distribution(dists: Mapping[str, Sequence[float]], title: str) -> str:
         if v.size > 4000:  # the curve's shape needs no more points than pixels
             v = v[np.linspace(0, v.size - 1, 4000).astype(int)]
         y = np.linspace(1.0 / v.size, 1.0, v.size)
-        ax.step(v, y, where="post", label=f"{label} (n={len(vals)})", color=f"C{i % 10}")
+        few = f" < {small_sample}" if len(vals) < small_sample else ""
+        ax.step(v, y, where="post", label=f"{label} (n={len(vals)}{few})", color=f"C{i % 10}")
+        small = small or bool(few)
         drawn += 1
     pos = [x for vals in dists.values() for x in vals if x > 0]
     if pos and max(pos) / min(pos) > 20:
         ax.set_xscale("log")
+        _plain_log_labels(ax.xaxis, pos)
     ax.set_ylim(0, 1.02)
+    if small:
+        _small_note(
+            fig,
+            f"n < {small_sample}: a distribution from fewer than {small_sample} gaps, its tail not measured",
+        )
     _finish(ax, drawn)
     return _svg(fig)
 
 
 def estimate_vs_actual(rows: Sequence[tuple[str, float, float]], title: str) -> str:
-    """The planner's estimate against the measured wall time per point (seconds)."""
+    """The planner's estimate against the measured wall time per point (seconds): horizontal bars, so every
+    point's full name is a readable label (the figure grows with the points, top to bottom in run order)."""
     import numpy as np
 
-    fig, ax = _figure(title, "point", "seconds")
-    x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r[1] for r in rows], width=0.4, label="planner estimate")
-    ax.bar(x + 0.2, [r[2] for r in rows], width=0.4, label="actual")
-    ax.set_xticks(x, [_short(r[0]) for r in rows], rotation=60, ha="right", fontsize=7)
-    _finish(ax, 2)
+    longest = max((len(r[0]) for r in rows), default=10)
+    fig = Figure(figsize=(6.4 + 0.055 * max(longest - 30, 0), 1.6 + 0.28 * len(rows)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("seconds")
+    ax.grid(True, axis="x", alpha=0.3)
+    y = np.arange(len(rows))
+    ax.barh(y - 0.2, [r[1] for r in rows], height=0.4, label="planner estimate")
+    ax.barh(y + 0.2, [r[2] for r in rows], height=0.4, label="actual")
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()  # the first point on top
+    # outside the axes: no bar hides under it
+    fig.legend(loc="outside lower center", ncols=2, fontsize=8)
     return _svg(fig)
-
-
-def _short(label: str) -> str:
-    return label if len(label) <= 28 else "…" + label[-27:]
 
 
 def _finite(x) -> bool:
     return x is not None and isinstance(x, int | float) and math.isfinite(x)
 
 
-def _log2_x(ax, xs: Sequence[float]) -> None:
+def _concurrency_x(ax, xs: Sequence[float]) -> None:
+    """Concurrency is a whole number of users: ticks at the measured values on a log2 axis when they span 8x or
+    more, else whole numbers only (never 1.5 or 2.5); no minor tick labels."""
     xs = [x for x in xs if x and x > 0]
     if xs and max(xs) / min(xs) >= 8:
         ax.set_xscale("log", base=2)
         ticks = sorted(set(xs))
         ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def _plain_log_labels(axis, values: Sequence[float]) -> None:
+    """A log axis labelled as plain numbers (0.5, 1, 2, 5, 10) at 1-2-5 steps when it spans up to 3 decades, at
+    decades beyond; minor ticks unlabelled. matplotlib's own formatter labels minor ticks (2×10¹, 3×10¹ ...) when
+    an axis spans about a decade, and those labels overlap."""
+    decades = math.log10(max(values) / min(values))
+    subs = (1.0, 2.0, 5.0) if decades <= 3 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _small_note(fig: Figure, text: str) -> None:
+    """A line under the plot (the layout makes room for it): which values rest on too few samples."""
+    fig.supxlabel(text, fontsize=7, color="#8a5a00", x=0.01, ha="left")
 
 
 def count_svgs(html: str) -> int:

@@ -11,9 +11,8 @@ The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens 
 
 from __future__ import annotations
 
-import os
-
 import math
+import os
 import re
 import sys
 from collections import defaultdict
@@ -46,6 +45,8 @@ LAG_FLAG_MS = (
     10.0  # a closed loop sends right after the previous response; more lag means the client fell behind
 )
 PROMPT_DEV_FLAG_PCT = 1.0
+# a percentile from fewer values than this is marked in tables and plots (a p99 of 4 requests is their largest)
+SMALL_SAMPLE = 20
 KINDS = {"run": "servesweep run", "load": "servesweep load", "point": "one point", "records": "records file"}
 
 # (key, header, metric name, unit for display, decimals); metric None: a total per GPU (results/pergpu.py)
@@ -100,6 +101,12 @@ class PointRow:
     slos: list[dict]
     flags: list[str]
     itl: list[float]
+    samples: dict[str, int] = field(default_factory=dict)  # percentile column -> values it rests on
+
+    def few(self, key: str) -> int | None:
+        """The sample count of a percentile column resting on fewer than SMALL_SAMPLE values, else None."""
+        n = self.samples.get(key)
+        return n if n is not None and n < SMALL_SAMPLE else None
 
 
 @dataclass
@@ -141,7 +148,18 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
         slos=list(summary.get("slos") or []),
         flags=saturation_flags(p, s, summary),
         itl=s.pooled["itl"][0].tolist(),
+        samples=percentile_samples(s),
     )
+
+
+def percentile_samples(s) -> dict[str, int]:
+    """How many values each percentile column rests on: requests for TTFT, TPOT and E2E, gaps for ITL."""
+    out = {}
+    for key, _, name, _, _ in COLUMNS:
+        m = metric(name) if name else None
+        if m is not None and m.stat and m.stat.startswith("p"):
+            out[key] = int(s.sorted_values(m.base)[0].size)
+    return out
 
 
 def saturation_flags(p: PointInfo, s, summary: dict) -> list[str]:
@@ -224,12 +242,13 @@ def _add_plots(run: Run, sec: ConfigSection) -> None:
             + (f" {r.info.workload}" if wl else "")
             + (f" o{r.info.output_tokens}" if outs else "")
         )
-        tt[g].append((r.info.prompt_tokens, r.values["ttft_p50"], r.values["ttft_p99"]))
+        p99_n = r.samples.get("ttft_p99", 0)
+        tt[g].append((r.info.prompt_tokens, r.values["ttft_p50"], r.values["ttft_p99"], p99_n))
     sec.plots.append(
         (
             "ttft",
             f"{name}: TTFT p50 (solid) and p99 (dashed) by prompt length",
-            plots.ttft_vs_prompt(tt, f"{name}: TTFT vs prompt length"),
+            plots.ttft_vs_prompt(tt, f"{name}: TTFT vs prompt length", SMALL_SAMPLE),
         )
     )
     sec.plots.append(
@@ -245,7 +264,7 @@ def _add_plots(run: Run, sec: ConfigSection) -> None:
             (
                 "itl",
                 f"{name}: distribution of inter-token gaps (every gap of every successful request)",
-                plots.itl_distribution(dist, f"{name}: ITL distribution"),
+                plots.itl_distribution(dist, f"{name}: ITL distribution", SMALL_SAMPLE),
             )
         )
 
@@ -325,6 +344,23 @@ def fmt_s(x) -> str:
 
 def _failures_text(r: PointRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in r.failures.items()) or "0"
+
+
+def _small_rows(sec: ConfigSection) -> bool:
+    """Whether any percentile of the section rests on fewer than SMALL_SAMPLE values (its tables get a note)."""
+    return any(r.few(key) is not None for r in sec.rows for key in r.samples)
+
+
+SMALL_NOTE = (
+    f"n=…: a percentile from fewer than {SMALL_SAMPLE} values (requests for TTFT, TPOT and E2E; gaps for ITL), "
+    "so its tail is not measured: a p99 of 4 requests is their largest value."
+)
+
+
+def _cell(r: PointRow, key: str, decimals: int, unit: str) -> str:
+    """A Markdown table cell: the value, with its sample count when a percentile rests on few values."""
+    few = r.few(key)
+    return fmt(r.values[key], decimals, pct=(unit == "%")) + (f" (n={few})" if few is not None else "")
 
 
 def _slo_text(r: PointRow) -> str:
@@ -464,7 +500,7 @@ def _md_points(sec: ConfigSection) -> list[str]:
             str(r.info.prompt_tokens),
             str(r.info.output_tokens),
             str(r.info.concurrency),
-            *[fmt(r.values[k], d, pct=(u == "%")) for k, _, _, u, d in COLUMNS],
+            *[_cell(r, k, d, u) for k, _, _, u, d in COLUMNS],
             str(r.ok),
             _failures_text(r),
             _slo_text(r),
@@ -472,7 +508,7 @@ def _md_points(sec: ConfigSection) -> list[str]:
         ]
         for r in sec.rows
     ]
-    return [_md_table(header, rows), ""]
+    return [_md_table(header, rows), ""] + ([SMALL_NOTE, ""] if _small_rows(sec) else [])
 
 
 def _md_by_prompt(sec: ConfigSection) -> list[str]:
@@ -566,7 +602,9 @@ def write_report(
     write_atomic(html_path, rep.html, mode=0o666)  # reports are for reading (mkstemp makes files private)
     # the Markdown names the HTML file as written (r.report.html next to a records file, or another --html)
     link = os.path.relpath(html_path, md_path.parent)
-    markdown = rep.markdown.replace(f"Full report with plots: {HTML_NAME}", f"Full report with plots: [{link}]({link})")
+    markdown = rep.markdown.replace(
+        f"Full report with plots: {HTML_NAME}", f"Full report with plots: [{link}]({link})"
+    )
     write_atomic(md_path, markdown, mode=0o666)
     return html_path, md_path
 

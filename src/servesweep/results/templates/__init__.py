@@ -95,12 +95,13 @@ REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
 {% for r in sec.rows %}<tr data-point="{{ r.info.point_id }}">
 <td class="l">{{ r.info.workload }}</td><td>{{ r.info.prompt_tokens }}</td><td>{{ r.info.output_tokens }}</td>
 <td data-key="concurrency" data-value="{{ r.info.concurrency }}">{{ r.info.concurrency }}</td>
-{% for key, head, name, unit, dec in columns %}<td data-key="{{ key }}" data-value="{{ r.values[key] }}">{{ fmt(r.values[key], dec, unit == '%') }}</td>{% endfor %}
+{% for key, head, name, unit, dec in columns %}{% set few = r.few(key) %}<td data-key="{{ key }}" data-value="{{ r.values[key] }}"{% if few is not none %} data-samples="{{ few }}" class="warn" title="from {{ few }} values"{% endif %}>{{ fmt(r.values[key], dec, unit == '%') }}{% if few is not none %} <sup class="small-n">n={{ few }}</sup>{% endif %}</td>{% endfor %}
 <td data-key="ok" data-value="{{ r.ok }}">{{ r.ok }}</td>
 <td class="l {{ 'bad' if r.failed else '' }}" data-key="failed" data-value="{{ r.failed }}">{{ failures_text(r) }}</td>
 <td class="l {{ 'bad' if 'breach' in slo_text(r) else '' }}">{{ slo_text(r) }}</td>
 <td class="l {{ 'warn' if r.flags else '' }}" data-key="flags">{{ r.flags|join('; ') or '-' }}</td></tr>
 {% endfor %}</tbody></table>
+{% if small_rows(sec) %}<p class="warn small-sample-note">{{ small_note }}</p>{% endif %}
 {% set keys, prompts, cells = pivot(sec) %}
 <h3>By prompt length</h3>
 <table class="by-prompt"><thead><tr><th class="l">workload</th><th>output</th><th>concurrency</th>
