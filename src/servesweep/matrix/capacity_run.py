@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from servesweep.matrix.capacity_agent import is_agent, load_unit, search_overrides, session_figures
 from servesweep.matrix.capacity_plan import spec_for
 from servesweep.matrix.search import (
     ProbeRecord,
@@ -139,7 +140,8 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
             f"search {sid}: {block.axis} in [{block.lower:g}, {block.upper:g}], start {start}"
         )
         try:
-            result = search(_Probe(runner, cid, sid), tiers, spec_for(block, start))
+            spec = spec_for(block, start, **search_overrides(s["template"]))  # agents: whole sessions per probe
+            result = search(_Probe(runner, cid, sid), tiers, spec)
         except ProbeFailed as e:
             s.update(status=mf.FAILED, reason=str(e), finished=mf.now_iso())
             runner.m.save()
@@ -195,6 +197,18 @@ def _at(rec: ProbeRecord | None, gpus: int) -> dict[str, Any]:
     }
 
 
+def _sessions_at(runner, sid: str, template: dict[str, Any], load) -> dict[str, Any]:
+    """An agent search's session figures at its capacity, from the records of that load's probe calls."""
+    if load is None or not is_agent(template):
+        return {}
+    files = [
+        runner.run_dir / p["dir"] / "records.parquet"
+        for p in runner.m.points.values()
+        if p.get("search") == sid and p.get("load") == load and p["status"] == mf.DONE and p.get("dir")
+    ]
+    return session_figures(files)
+
+
 def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[str, Any]:
     """searches/<sid>.json: the SearchResult, the combination, the GPUs, one row per tier and the frontier points."""
     s = runner.m.data["searches"][sid]
@@ -219,7 +233,8 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
                 "stop": tr.stop,
                 "binding": tr.binding,
                 "probes": tr.probes_used,
-                "at_capacity": _at(by_load.get(tr.capacity), gpus),
+                "load_unit": load_unit(t["workload"], result.axis),
+                "at_capacity": _at(by_load.get(tr.capacity), gpus) | _sessions_at(runner, sid, t, tr.capacity),
             }
         )
     points = [p.__dict__ for p in frontier_points(cid, gpus, result)]

@@ -69,7 +69,9 @@ def table_rows(cap: dict[str, Any]) -> list[list[str]]:
                 str(r["output_tokens"]),
                 str(r["gpus"]),
                 r["tier"],
-                _load(r["capacity"]) + (f" ({stop})" if stop else ""),
+                _load(r["capacity"])
+                + (" sessions" if r.get("load_unit") == "sessions" else "")  # agent sessions at once
+                + (f" ({stop})" if stop else ""),
                 f"[{_load(lo)}, {_load(hi)})",
                 _n(a.get("output_tokens_per_s")),
                 _n(a.get("output_tokens_per_s_per_gpu")),
