@@ -249,7 +249,8 @@ def test_table_and_html_output(runs, tmp_path):
     assert f"html: {html}" in r.stdout
     text = html.read_text()
     assert text.count('data-verdict="worse"') >= 4  # tok/s and ITL p50 at both points at least
-    assert text.count("<tr data-point=") == 2 * 10  # two points × the ten default metrics
+    # two points × the ten default metrics and the per-GPU rows of output tok/s and req/s (results/pergpu.py)
+    assert text.count("<tr data-point=") == 2 * 12
     assert "http://" not in text and "https://" not in text and "<script" not in text
 
 
@@ -269,6 +270,7 @@ def test_metric_option_and_errors(runs, tmp_path):
     assert r.returncode == 0, r.stderr
     assert [c["metric"] for c in json.loads(r.stdout)[0]["points"][0]["changes"]] == [
         "output_tokens_per_s",
+        "output_tokens_per_s_per_gpu",  # right after its total
         "itl_p90",
     ]
     r = servesweep("compare", runs["fast"], runs["slow"], "--metric", "latency_p99")
