@@ -11,6 +11,7 @@ import re
 import orjson
 
 from servesweep.client.answer_texts import add_texts, set_texts
+from servesweep.client.choices import ChoiceTally
 
 _CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
 _MSG_MAX = 300
@@ -210,7 +211,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
     malformed = None
     usage: dict | None = None
     finish = None
-    prev_completion = 0
+    tally = ChoiceTally()  # n > 1: chunk_ns keeps the lead choice's chunks (client/choices.py)
     prev_text = 0  # /generate: length of the cumulative text so far
     first_reasoning = first_answer = None
     content: list[str] = []
@@ -242,6 +243,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                 if fin is not None:
                     finish = fin
                 ev = {}
+                lead, k = tally.token_chunk(ev, u) if tokens else (False, None)
             else:
                 u = ev.get("usage")
                 if u is not None and not isinstance(u, dict):
@@ -252,7 +254,8 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                     first_reasoning = t
                 if a and first_answer is None:
                     first_answer = t
-                if tokens:
+                lead, k = tally.token_chunk(ev, u) if tokens else (False, None)
+                if lead:  # the answer text is the lead choice's
                     add_texts(ev, content, reasoning)
         except (ValueError, RecursionError, _Malformed) as e:
             what = payload[:120].decode("utf-8", "replace")
@@ -260,13 +263,11 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
             continue
         if u:
             usage = u
-        if tokens:
+        if lead:
             chunk_ns.append(t)
             if chunk_tokens is not None:
-                c = _count(u.get("completion_tokens")) if u else None
-                if c is not None and c >= prev_completion and c - prev_completion < 2**31:
-                    chunk_tokens.append(c - prev_completion)
-                    prev_completion = c
+                if k is not None:
+                    chunk_tokens.append(k)
                 else:
                     chunk_tokens = None  # the server does not say per chunk (or says nonsense)
         for ch in ev.get("choices") or ():
@@ -274,7 +275,8 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
                 finish = ch["finish_reason"]
     rec["chunk_ns"] = chunk_ns
     rec["chunk_tokens"] = chunk_tokens if chunk_tokens else None
-    rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None
+    rec["first_token_ns"] = chunk_ns[0] if chunk_ns else None  # the lead choice's first: any choice's first
+    tally.fill(rec)
     rec["first_reasoning_ns"] = first_reasoning
     rec["first_answer_ns"] = first_answer
     set_texts(rec, content, reasoning, generate_text)

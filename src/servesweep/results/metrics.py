@@ -131,6 +131,22 @@ def _col(table, name: str) -> np.ndarray:
     return table.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
+def lead_completion_tokens(table) -> np.ndarray:
+    """Completion tokens of the choice whose chunks `chunk_ns` holds: the usage's count, or with n > 1 the lead
+    choice's own count (NaN when the server did not say per choice), so TPOT and per-token ITL are one answer's."""
+    comp = _col(table, "completion_tokens")
+    if "choices" not in table.column_names:
+        return comp
+    many = np.flatnonzero(np.nan_to_num(_col(table, "choices")) > 1)
+    if many.size:
+        lead = table.column("lead_choice").to_pylist()
+        per = table.column("choice_completion_tokens").to_pylist()
+        for i in many:
+            own = per[i]
+            comp[i] = own[lead[i]] if own and lead[i] is not None and lead[i] < len(own) else np.nan
+    return comp
+
+
 def _pool(values: list[np.ndarray], owners: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     if not values:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
@@ -144,7 +160,7 @@ def request_metrics(table, ok: np.ndarray | None = None) -> RequestMetrics:
     ok = np.ones(n, dtype=bool) if ok is None else np.asarray(ok, dtype=bool)
     sched, sent = _col(table, "scheduled_ns"), _col(table, "sent_ns")
     first, end = _col(table, "first_token_ns"), _col(table, "end_ns")
-    completion = _col(table, "completion_tokens")
+    completion = lead_completion_tokens(table)
     tpot_v = np.full(n, np.nan)
     max_itl = np.zeros(n)
     itl_v: list[np.ndarray] = []

@@ -71,9 +71,15 @@ SCHEMA = pa.schema(
         pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
         pa.field("response_text", pa.string()),  # the answer as streamed (content; a completion's text)
         pa.field("reasoning_text", pa.string()),  # reasoning_content, kept apart from the answer
+        # n > 1 (client/choices.py): chunk_ns and chunk_tokens are the lead choice's (its token came first)
+        pa.field("choices", pa.int32()),  # choices the stream carried (1 for n = 1); null without a token
+        pa.field("lead_choice", pa.int32()),  # n > 1: the index of the choice chunk_ns holds
+        pa.field("choice_completion_tokens", pa.list_(pa.int32())),  # n > 1: per choice, when the server said
     ]
 )
 COLUMNS = tuple(SCHEMA.names)
+# columns a records file written before they existed may lack: read as nulls
+LATER_COLUMNS = ("choices", "lead_choice", "choice_completion_tokens")
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:
@@ -111,6 +117,9 @@ def read_parquet(path: Path) -> pa.Table:
     if not path.is_file():
         raise FileNotFoundError(f"records file {path} does not exist")
     t = pq.read_table(path)
+    for name in LATER_COLUMNS:
+        if name not in t.schema.names:
+            t = t.append_column(SCHEMA.field(name), pa.nulls(t.num_rows, SCHEMA.field(name).type))
     missing = [n for n in COLUMNS if n not in t.schema.names]
     if missing:
         raise ValueError(f"records file {path}: missing columns {missing}; not a servesweep records file")
