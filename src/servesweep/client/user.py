@@ -21,7 +21,6 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
-from locust.runners import WorkerRunner
 
 from servesweep.client.messages import RECORD_CONTEXT_KEY
 from servesweep.client.rxstamp import RxClock, idle_socket_alive, stamp_socket
@@ -36,8 +35,6 @@ from servesweep.client.sse import (
 from servesweep.config.point import LoadPoint
 from servesweep.results.records import RecordBuffer
 from servesweep.workload.arrivals import Arrivals
-
-SPAWN_BARRIER_S = 2.0  # the longest a closed loop's user waits for the rest of its wave (_wait_for_the_wave)
 
 
 class LLMFailure(Exception):
@@ -196,27 +193,6 @@ class LLMUser(FastHttpUser):
         self._index = ctx.users_started
         ctx.users_started += 1
         self._fire = self.environment.events.request.fire
-        if ctx.point.arrival == "closed":
-            self._wait_for_the_wave()
-
-    def _wait_for_the_wave(self) -> None:
-        """A closed loop's first wave leaves together: each user waits until its process has spawned every user it
-        was asked for (a few ms at servesweep's spawn rate; at most SPAWN_BARRIER_S). Locust spawns users one by
-        one, 20-30 ms for 32 of them; a server that does work as each request arrives (chat template, tokenization)
-        then takes the later ones after the earlier ones' work, and their TTFTs grow by that queueing, which a
-        burst sent at one instant does not see (transformers serve on the H200: docs/gpu-validation.md). No
-        barrier where users are meant to trickle in (a spawn rate slower than one second for all of them)."""
-        runner = self.environment.runner
-        if runner is None:
-            return
-        if not isinstance(runner, WorkerRunner):  # a worker's target grows with each of the master's spawn messages
-            opts = getattr(self.environment, "parsed_options", None)
-            rate = getattr(runner, "spawn_rate", 0) or getattr(opts, "spawn_rate", 0) or 0
-            if rate and rate < runner.target_user_count:
-                return
-        deadline = time.monotonic() + SPAWN_BARRIER_S
-        while runner.user_count < runner.target_user_count and time.monotonic() < deadline:
-            gevent.sleep(0.002)
 
     @task
     def stream(self) -> None:
