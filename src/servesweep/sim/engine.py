@@ -171,6 +171,7 @@ class Engine:
         self.c_decode_steps = 0
         self.c_prefill_steps = 0
         self._last_retracted = 0
+        self.c_busy_s = 0.0  # engine-clock seconds spent in steps (sglang:fwd_occupancy)
         self._last_hit_rate = 0.0
         self._gen_tokens_window = 0
         self._gen_window_start = 0.0
@@ -368,6 +369,7 @@ class Engine:
                     continue
                 break
             self._vt += dur
+            self.c_busy_s += dur
             self._end_step(self._vt)
             steps += 1
             if until is not None and self._vt >= until:
@@ -403,6 +405,7 @@ class Engine:
             self._busy = False
             return
         self._vt += dur
+        self.c_busy_s += dur
         loop = self._loop
         assert loop is not None
         # Absolute deadline on the engine's clock: no drift. The last stretch before it yields to the loop with

@@ -14,6 +14,8 @@ from bisect import bisect_left
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from . import gauges
+
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
                0.200, 0.400, 0.600, 0.800, 1, 2, 4, 6, 8]  # fmt: skip
@@ -160,6 +162,7 @@ class SimMetrics:
         self.http_requests: dict[tuple[str, str], int] = {}
         self.http_responses: dict[tuple[str, str, str], int] = {}
         self.active_fn = lambda: 0  # set by the server: generation requests in flight
+        self.gauge_state = gauges.GaugeState()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -255,6 +258,7 @@ class SimMetrics:
         yield from self._scheduler_gauges()
         if self.constants:
             yield from self._constant_gauges()
+        yield from gauges.collect(self, self.gauge_state)  # the rest of SGLang's unconditional gauges
         yield from self._tokenizer_metrics()
         yield from self._http_metrics()
 
