@@ -21,6 +21,7 @@ import locust.stats
 from locust import events
 
 from servesweep.client import stats_rows
+from servesweep.client.feed import take_records
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import Knob, LoadPoint, knob_values, knobs
@@ -329,7 +330,7 @@ def _worker_hooks(environment, runner) -> None:
     def _ship(client_id, data, **_k) -> None:
         ctx = getattr(environment, "servesweep", None)  # None: a host-less worker before its first spawn
         if ctx is not None and len(ctx.buffer):
-            data[RECORDS_REPORT_KEY] = ctx.buffer.take()
+            data[RECORDS_REPORT_KEY] = take_records(environment, ctx.buffer)  # the live feed writes first
         if isinstance(ctx, LoadContext):
             data[CLIENT_REPORT_KEY] = _client_status(
                 ctx, shipped=len(data.get(RECORDS_REPORT_KEY, {}).get("request_id", ()))

@@ -1,9 +1,12 @@
 """The live record feed: the finished requests a Locust process (the local runner, or the master with its workers'
 batches) writes into its point's work folder while the point runs, and the parent's reader.
 
-The parent asks for it by naming a folder in the child's environment (LIVE_DIR_ENV). About once a second the child
-writes the rows its record buffer gained as one Arrow IPC file, `<seq>.arrow`, renamed into place whole; the parent
-reads each file once, in order, and removes it. Rows are the records of results/records.py, complete when written
+The parent asks for it by naming a folder in the child's environment (LIVE_DIR_ENV). About once a second each
+Locust process that sees the variable (the local runner or master as `<seq>.arrow`, each local worker as
+`w<pid>-<seq>.arrow`) writes the rows its record buffer gained as one Arrow IPC file, renamed into place whole; the
+parent reads each file once and removes it. A worker's rows also reach the master with its reports, so the master
+writes them again later: readers skip request ids they saw (a worker on another host has no such folder, and the
+master's copy is its only one). Rows are the records of results/records.py, complete when written
 (a request enters the buffer when it ends), so a reader that also reads the point's final records.parquet skips the
 request ids it saw here. Nothing of this runs per chunk.
 """
@@ -24,11 +27,12 @@ INTERVAL_S = 1.0  # how often the child writes what its buffer gained
 _SUFFIX = ".arrow"
 
 
-def write_batch(folder: Path, seq: int, cols: dict[str, list]) -> Path:
-    """Write one batch (RecordBuffer columns) as `<folder>/<seq>.arrow`, renamed into place whole."""
+def write_batch(folder: Path, seq: int, cols: dict[str, list], prefix: str = "") -> Path:
+    """Write one batch (RecordBuffer columns) as `<folder>/<prefix><seq>.arrow`, renamed into place whole; `prefix`
+    keeps the names of processes writing into one folder apart."""
     table = columns_to_table(cols)
-    final = folder / f"{seq:010d}{_SUFFIX}"
-    tmp = folder / f".{seq:010d}.tmp"
+    final = folder / f"{prefix}{seq:010d}{_SUFFIX}"
+    tmp = folder / f".{prefix}{seq:010d}.tmp"
     with pa.OSFile(str(tmp), "wb") as f, pyarrow.ipc.new_file(f, table.schema) as w:
         w.write_table(table)
     os.replace(tmp, final)
