@@ -50,7 +50,9 @@ def _servers_alive(srv: Path) -> list[int]:
 
 def _check_done_once(run_dir: Path) -> dict:
     m = manifest(run_dir)
-    assert m["status"] == "finished" and len(m["points"]) == 9
+    twins = [p for p in m["points"].values() if p.get("isolation_of")]  # the isolation sample, run alone
+    assert m["status"] == "finished" and len(m["points"]) == 9 + 3 and len(twins) == 3
+    assert len(m["isolation"]["configs"]) == 3
     for pid, p in m["points"].items():
         assert p["status"] == "done", (pid, p)
         s = json.loads((run_dir / pid / "summary.json").read_text())

@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servesweep.matrix.isolation import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
 from servesweep.results import manifest as mf
+from servesweep.results.packing import is_isolation_sample
 
 POLL_S = 0.2
 
@@ -68,6 +70,7 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
         for p in runner.m.points.values():
             if p["config_id"] == cid and p["status"] not in mf.FINISHED:
                 p.update(status=mf.SERVER_FAILED, reason=f"not placed: {why}")
+    add_samples(runner.m, packing)  # the isolation sample: re-run alone after the packed phase
     runner.m.save()
     return packing
 
@@ -139,6 +142,10 @@ class LaneMixin:
 
     def base_url(self) -> str:
         return f"http://{self.placement['address']}:{self.port}"
+
+    def _pending(self, cfg_id: str) -> list[str]:
+        # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
+        return [pid for pid in super()._pending(cfg_id) if not is_isolation_sample(self.m.points[pid])]
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
         v = super().role_vars(cfg_id, state)
@@ -250,7 +257,11 @@ class PackedRun:
         self.errors: dict[int, BaseException] = {}
 
     def _todo(self) -> list[dict[str, Any]]:
-        pending = {p["config_id"] for p in self.runner.m.points.values() if p["status"] not in mf.FINISHED}
+        pending = {
+            p["config_id"]
+            for p in self.runner.m.points.values()
+            if p["status"] not in mf.FINISHED and not is_isolation_sample(p)
+        }
         return [pl for pl in self.packing["placements"] if pl["config"] in pending]
 
     def _ready(self, pl: dict[str, Any], todo: list[dict[str, Any]]) -> bool:
@@ -296,6 +307,7 @@ class PackedRun:
                         running += 1
                 time.sleep(POLL_S)
             self._raise_lane_error()
+            run_samples(self.runner, self.packing, self.interrupted, self.lane)
         except BaseException:
             self.runner.stop_requested = True
             self._join()

@@ -26,6 +26,7 @@ import numpy as np
 from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
+from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
 from servesweep.results.store import write_atomic
@@ -360,13 +361,17 @@ def compare_runs(
 ) -> RunComparison:
     """Every matched point's changes; with `per_gpu`, output tok/s and req/s per GPU after their totals."""
     metrics = metrics or [metric(n) for n in DEFAULT_METRICS]
-    ka = {_match_key(a, p): p for p in a.done_points()}
-    kb = {_match_key(b, p): p for p in b.done_points()}
+    # a packed run's isolation sample (its points re-run alone) is for its own report, not a matrix point
+    ka = {_match_key(a, p): p for p in a.done_points() if not is_isolation_sample(p.entry)}
+    kb = {_match_key(b, p): p for p in b.done_points() if not is_isolation_sample(p.entry)}
     pts = []
+    mixed = []  # pairs where one point ran packed next to other servers and the other alone
     for i, (k, pa) in enumerate(ka.items()):
         pb = kb.get(k)
         if pb is None:
             continue
+        if (ma := point_packing(pa.entry)) != (mb := point_packing(pb.entry)):
+            mixed.append(f"{pa.point_id} ({ma}) vs {pb.point_id} ({mb})")
         ch = bootstrap_changes(
             point_sample(pa),
             point_sample(pb),
@@ -391,8 +396,28 @@ def compare_runs(
             "confidence": confidence,
             "min_effect": min_effect,
             "metrics": [m.name for m in metrics],
+            "packed_vs_alone": mixed,
         },
     )
+
+
+def _check_packing(rcs: list[RunComparison], allow: bool) -> None:
+    """A packed point next to an alone one measures co-location as much as the change: refused unless allowed,
+    and said either way."""
+    for rc in rcs:
+        mixed = rc.settings.get("packed_vs_alone") or []
+        if not mixed:
+            continue
+        what = f"{len(mixed)} point pair(s) of {rc.a.path} and {rc.b.path} ran one packed, one alone: {_few(mixed)}"
+        if not allow:
+            click.echo(
+                f"servesweep compare: {what}; co-located servers share CPU, memory bandwidth, PCIe and power, so "
+                "the difference is not the change alone (see the packed run's isolation section). Compare runs "
+                "of one kind, or pass --allow-packed-vs-alone.",
+                err=True,
+            )
+            sys.exit(2)
+        click.echo(f"warning: {what} (--allow-packed-vs-alone)", err=True)
 
 
 # ---------------------------------------------------------------- output
@@ -506,7 +531,13 @@ def parse_fraction(text: str, what: str) -> float:
 )
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out):
+@click.option(
+    "--allow-packed-vs-alone",
+    "allow_mixed",
+    is_flag=True,
+    help="compare points run packed (servesweep run --max-parallel) with points run alone; refused without it",
+)
+def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out, allow_mixed=False):
     """Compare runs point by point: RUNS[0] is the baseline, each later run is compared with it.
 
     Points match on configuration and load axes (workload, prompt and output tokens, concurrency). Each metric's
@@ -534,6 +565,7 @@ def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json
     except RunError as e:
         click.echo(f"servesweep compare: {e}", err=True)
         sys.exit(2)
+    _check_packing(rcs, allow_mixed)
     searched = False if as_json else capacity.print_compares(Console(), runs)
     for rc in rcs:
         if not rc.points and not searched:

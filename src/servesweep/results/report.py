@@ -35,6 +35,8 @@ from servesweep.results.compare import (
     point_label,
     point_sample,
 )
+from servesweep.results.isolation import html_section as isolation_html
+from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run, secs_between
 from servesweep.results.store import write_atomic
@@ -446,7 +448,7 @@ def render_html(rep: Report) -> str:
         pivot=_pivot,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
-        answers=answers_html(run),
+        answers=answers_html(run) + isolation_html(run.manifest),  # the isolation sample of a packed run
     )
     banner = (
         "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
@@ -570,6 +572,7 @@ def render_markdown(rep: Report) -> str:
     for sec in rep.sections:
         out += _md_section(sec)
     out += answers_markdown(run)
+    out += isolation_markdown(run.manifest)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]
     if est:
         rows = [[p.point_id, fmt_s(p.est_s), fmt_s(p.actual_s)] for p in est]
