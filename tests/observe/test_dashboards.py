@@ -40,6 +40,14 @@ SGLANG_NAMES = {
     "sglang:inter_token_latency_seconds": "histogram",
     "sglang:e2e_request_latency_seconds": "histogram",
     "sglang:queue_time_seconds": "histogram",
+    # set at every log interval by SGLang 0.5.23's SchedulerMetricsCollector.log_stats (tests/sim/test_metric_families.py)
+    "sglang:utilization": "gauge",
+    "sglang:fwd_occupancy": "gauge",
+    "sglang:num_retracted_reqs": "gauge",
+    "sglang:num_paused_reqs": "gauge",
+    "sglang:new_token_ratio": "gauge",
+    "sglang:mamba_usage": "gauge",
+    "sglang:full_token_usage": "gauge",
 }
 _SUFFIX = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
@@ -136,6 +144,9 @@ def test_dashboards_cover_what_users_watch():
         "sglang:gen_throughput",
         "sglang:cache_hit_rate",
         "sglang:spec_accept_length",
+        "sglang:utilization",
+        "sglang:num_retracted_reqs",
+        "sglang:mamba_usage",
         "sglang:time_to_first_token_seconds_bucket",
         "sglang:inter_token_latency_seconds_bucket",
     ]:

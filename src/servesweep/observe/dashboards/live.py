@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from servesweep.observe.dashboards import grafana as g
+from servesweep.observe.dashboards import server_state
 from servesweep.observe.dashboards.queries import CLIENT, EPS, SERVER, hist_mean, quantile, rate_sum
 
 FAILED = CLIENT + ', outcome="failure"'
@@ -84,6 +85,7 @@ def _server(L: g.Layout) -> None:
     L.add(g.timeseries("Speculative accept length", [
         g.target(f"max by (instance) (sglang:spec_accept_length{{{SERVER}}})", "{{instance}}"),
     ], desc="Tokens per verify step (0 without speculative decoding)."), w=8)  # fmt: skip
+    server_state.add_panels(L)
     L.add(
         _latency("Server TTFT", "sglang:time_to_first_token_seconds", SERVER, "SGLang's own histogram."), w=8
     )
