@@ -96,7 +96,7 @@ def add_knob_argument(parser, k: Knob) -> None:
         kw["choices"] = ["", "on", "off"]
     elif k.kind == "choice":
         kw["choices"] = list(k.choices)
-    elif not k.optional and k.kind != "text":
+    elif not k.optional and k.kind not in ("text", "json"):  # json: text a Knob.value parses
         kw["type"] = int if k.kind == "int" else float
     parser.add_argument(k.cli, include_in_web_ui=True, **kw)
 

@@ -27,7 +27,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 from servesweep.config.answers import Answers
-from servesweep.config.point import check_arrival, parse_seconds
+from servesweep.config.point import check_arrival, check_extra_body, parse_seconds
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
@@ -320,6 +320,7 @@ POINT_SCALARS = (
     "first_token_s",
     "stall_s",
     "total_s",
+    "extra_body",
 )
 
 
@@ -351,6 +352,9 @@ class Load(_Strict):
         None, description="chat_template_kwargs.enable_thinking; None: server default"
     )
     ignore_eos: bool = True
+    extra_body: dict[str, Any] = Field(
+        {}, description="request-body extras for every point (e.g. n: 2, temperature: 0.7), as LoadPoint's"
+    )
     requests: int | None = Field(None, ge=1, description="measured requests per point")
     duration_s: float | None = Field(None, gt=0, description="measured seconds per point")
     warmup_s: float = Field(0.0, ge=0)
@@ -419,6 +423,11 @@ class Load(_Strict):
     @classmethod
     def _dur(cls, v):
         return None if v is None else duration_s(v)
+
+    @field_validator("extra_body")
+    @classmethod
+    def _extra_body(cls, v):
+        return check_extra_body(v)
 
     @field_validator("rate", mode="before")
     @classmethod

@@ -63,6 +63,18 @@ def check_arrival(arrival: str, rate: Any, *, rate_name: str, arrival_name: str)
         raise ValueError(f"{rate_name}: {arrival_name} {arrival!r} needs a rate in requests per second")
 
 
+def check_extra_body(v: dict) -> dict:
+    """The rule of every front door's extra_body: a JSON object without the keys the load generator owns."""
+    bad = sorted(k for k in v if k in _OWNED_BODY_KEYS)
+    if bad:
+        raise ValueError(f"extra_body keys {bad} are set by the load generator from the point's own fields")
+    try:
+        json.dumps(v)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"extra_body is not JSON-serialisable: {e}") from None
+    return v
+
+
 def knob(
     default: Any = ...,
     *,
@@ -182,6 +194,13 @@ class LoadPoint(BaseModel):
         help="let requests share prefixes (no per-request nonce)",
     )
     seed: int = knob(0, cli="--seed", group="prompt & output", help="prompt pool seed")
+    extra_body: dict = knob(
+        {},  # pydantic copies a mutable default for each point
+        cli="--extra-body",
+        group="prompt & output",
+        help='request-body extras as a JSON object, e.g. \'{"n": 2, "temperature": 0.7}\' (sampling fields; not '
+        "the keys the load generator sets: model, messages, prompt, stream, max_tokens)",
+    )
     # -- workloads (docs/workloads.md) --
     workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = knob(
         "synthetic",
@@ -272,7 +291,6 @@ class LoadPoint(BaseModel):
         description="ask the server what is left open (model, template overhead, per-chunk usage); False: model "
         "must be given, the template overhead is the local chat template's, per-chunk usage off unless set",
     )
-    extra_body: dict = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict)
     point_id: str | None = Field(None, description="None: derived from the load axes")
     labels: dict[str, str] = Field(default_factory=dict)
@@ -308,16 +326,7 @@ class LoadPoint(BaseModel):
     @field_validator("extra_body")
     @classmethod
     def _extra(cls, v: dict) -> dict:
-        bad = sorted(k for k in v if k in _OWNED_BODY_KEYS)
-        if bad:
-            raise ValueError(
-                f"extra_body keys {bad} are set by the load generator from the point's own fields"
-            )
-        try:
-            json.dumps(v)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"extra_body is not JSON-serialisable: {e}") from None
-        return v
+        return check_extra_body(v)
 
     @field_validator("point_id")
     @classmethod
@@ -403,7 +412,8 @@ class Knob:
     """One knob of the table: a LoadPoint field a person sets, as the front doors spell it.
 
     kind: flag (a bool; `--no-x` switches off one that is on by default), switch (on/off, unset: the server's
-    default), choice, int, float, seconds (text like 90s on the CLI, seconds in the form), text."""
+    default), choice, int, float, seconds (text like 90s on the CLI, seconds in the form), text, json (a JSON object
+    as text on the CLI and in the form; empty: {})."""
 
     name: str
     cli: str
@@ -427,7 +437,7 @@ class Knob:
         """The default this knob's option shows on `surface` ('cli' or 'form'); value() of it is the point's."""
         if self.kind == "flag":
             return False
-        if self.default is None or self.default is ...:
+        if self.default is None or self.default is ... or self.kind == "json":
             return "" if surface == "form" else None
         if self.kind == "seconds" and surface == "cli":
             return f"{self.default:g}s"
@@ -438,6 +448,8 @@ class Knob:
         if self.kind == "flag":
             on = raw if isinstance(raw, bool) else str(raw).lower() in ("true", "1", "yes", "on")
             return not on if self.cli.startswith("--no-") else on
+        if self.kind == "json":
+            return parse_json_object(raw, self.cli)
         if raw is None or raw == "":
             if self.optional or self.kind == "switch":
                 return None
@@ -475,7 +487,22 @@ def _kind(name: str, annotation: Any) -> tuple[str, tuple[str, ...], bool]:
         return ("switch" if optional else "flag"), (), optional
     if base is float:
         return ("seconds" if name.endswith("_s") else "float"), (), optional
-    return {int: "int", str: "text"}[base], (), optional
+    return {int: "int", str: "text", dict: "json"}[base], (), optional
+
+
+def parse_json_object(raw: Any, what: str) -> dict:
+    """A JSON object given as text (or already a mapping); None or empty text is {}. A ValueError names `what`."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    try:
+        v = json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: {raw!r} is not JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise ValueError(f"{what}: {raw!r} is not a JSON object (give {{\"key\": value, ...}})")
+    return v
 
 
 def knobs(surface: str | None = None) -> list[Knob]:
