@@ -444,6 +444,8 @@ def render_html(rep: Report) -> str:
         fmt_s=fmt_s,
         failures_text=_failures_text,
         slo_text=_slo_text,
+        small_rows=_small_rows,
+        small_note=SMALL_NOTE,
         resolved=_resolved,
         pivot=_pivot,
         events=(run.manifest.get("events") or [])[-50:],
