@@ -69,3 +69,30 @@ def test_ttft_is_the_first_token_of_any_choice_and_itl_is_one_answers(run):
     assert np.all(np.isfinite(m.tpot_ms)) and np.all(m.tpot_ms > 0)
     # the lead choice's gaps are whole decode steps: no near-zero gap between two choices' chunks of one step
     assert np.percentile(m.itl_ms, 10) > 0.3 * np.median(m.itl_ms)
+
+
+def test_live_views_give_the_summarys_tpot(run):
+    """The live views (the Prometheus exporter, the Locust UI's stats and charts) divide TPOT and per-token ITL by
+    the lead choice's own tokens, as results/metrics.py does, not by the usage's sum over both choices (n times
+    too low)."""
+    from servesweep.client.charts import _latencies
+    from servesweep.client.live import LiveStats
+    from servesweep.observe.exporter import ClientMetrics
+    from servesweep.results.summary import summarize
+
+    _, table, _ = run
+    s = summarize(table)
+    rows = table.to_pylist()
+    m = ClientMetrics("run-n2")
+    m.point_started(rows[0]["point_id"])
+    m.observe_many(rows)
+    hist = {x.name: x.value for f in m.collect() for x in f.samples if f.name == "servesweep_tpot_seconds"}
+    live_mean = hist["servesweep_tpot_seconds_sum"] / hist["servesweep_tpot_seconds_count"] * 1e3
+    assert hist["servesweep_tpot_seconds_count"] == 4
+    assert np.isclose(live_mean, s["tpot_ms"]["mean"], rtol=1e-9), (live_mean, s["tpot_ms"])
+    stats = LiveStats()
+    for r in rows:
+        stats.add_record(r)
+    assert np.isclose(stats.sketches["tpot_ms"].mean, s["tpot_ms"]["mean"], rtol=1e-9)
+    _, itl = _latencies(table.to_pydict())
+    assert np.isclose(itl.mean(), s["itl_per_token_ms"]["mean"], rtol=1e-9)

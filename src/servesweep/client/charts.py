@@ -41,21 +41,20 @@ def _pct(values: list[np.ndarray], q: float) -> float | None:
 def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray]:
     """TTFT (one per successful measured request) and ITL per token (ms) of a batch of rows (results/metrics.py)."""
     ttft, itl = [], []
-    names = (
-        "warmup",
-        "error_class",
-        "sent_ns",
-        "first_token_ns",
-        "chunk_ns",
-        "chunk_tokens",
-        "completion_tokens",
-    )
-    for warm, err, sent, first, chunks, toks, ntok in zip(*(cols.get(n, ()) for n in names), strict=False):
+    names = ("warmup", "error_class", "sent_ns", "first_token_ns", "chunk_ns", "chunk_tokens")
+    # the columns of a lead choice's own token count (n > 1); a batch without them reads as one choice each
+    lead_names = ("completion_tokens", "choices", "lead_choice", "choice_completion_tokens")
+    rows = len(cols.get("sent_ns", ()))
+    leads = zip(*(cols.get(n) or [None] * rows for n in lead_names), strict=True)
+    for (warm, err, sent, first, chunks, toks), lead in zip(
+        zip(*(cols.get(n, ()) for n in names), strict=False), leads, strict=False
+    ):
         if warm or err or sent is None or first is None:
             continue
         ttft.append(M.ttft(first, sent))
         if chunks is not None and len(chunks) >= 2:
-            values, counts = M.itl_per_token(M.itl_gaps(chunks), chunks, toks, ntok or 0)
+            # per-token ITL without per-chunk tokens divides by one answer's tokens (results/metrics.py)
+            values, counts = M.itl_per_token(M.itl_gaps(chunks), chunks, toks, M.lead_tokens(*lead))
             itl.append(np.repeat(values, counts) if M.has_chunk_tokens(chunks, toks) else values)
     return np.asarray(ttft, dtype=np.float64), (np.concatenate(itl) if itl else np.empty(0))
 

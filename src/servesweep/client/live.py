@@ -229,7 +229,8 @@ class LiveStats:
                 gaps = np.diff(np.asarray(ch, dtype=np.float64)) / 1e6
                 itl.add(gaps)
                 max_itl = float(gaps.max())
-            tpot = metrics.tpot(ch, rec.get("chunk_tokens"), c)
+            # one answer's tokens: with n > 1 the lead choice's (results/metrics.py), not the usage's sum
+            tpot = metrics.tpot(ch, rec.get("chunk_tokens"), metrics.record_lead_tokens(rec))
             if not math.isnan(tpot):
                 sk["tpot_ms"].add_one(tpot)
                 if tpot > 0:

@@ -264,7 +264,8 @@ class ClientMetrics(Collector):
                 h["ttft_seconds"].one(metrics.ttft(first, sent, metrics.NS_PER_S))
             if end is not None:
                 h["e2e_seconds"].one(metrics.e2e(end, sent, metrics.NS_PER_S))
-            ntok = int(_num(record, "completion_tokens") or 0)
+            # one answer's tokens: with n > 1 the lead choice's, whose chunks chunk_ns holds (results/metrics.py)
+            ntok = metrics.record_lead_tokens(record)
             chunks = record.get("chunk_ns")
             if chunks is None or len(chunks) < 2:
                 return

@@ -142,9 +142,31 @@ def lead_completion_tokens(table) -> np.ndarray:
         lead = table.column("lead_choice").to_pylist()
         per = table.column("choice_completion_tokens").to_pylist()
         for i in many:
-            own = per[i]
-            comp[i] = own[lead[i]] if own and lead[i] is not None and lead[i] < len(own) else np.nan
+            comp[i] = lead_tokens(comp[i], 2, lead[i], per[i])
     return comp
+
+
+def lead_tokens(
+    completion_tokens: float | None, choices: int | None, lead_choice: int | None, choice_tokens: Sequence | None
+) -> float:
+    """`lead_completion_tokens` of one request: its usage's count with one choice, else the lead choice's own count
+    (NaN when the server did not say per choice). The live views (exporter, Locust UI) divide TPOT by this too."""
+    if not choices or choices <= 1:
+        return math.nan if completion_tokens is None else float(completion_tokens)
+    if choice_tokens and lead_choice is not None and 0 <= lead_choice < len(choice_tokens):
+        own = choice_tokens[lead_choice]
+        return math.nan if own is None else float(own)
+    return math.nan
+
+
+def record_lead_tokens(record: Mapping) -> float:
+    """`lead_tokens` of one record given as a mapping of records.py's columns (a live batch's row)."""
+    return lead_tokens(
+        record.get("completion_tokens"),
+        record.get("choices"),
+        record.get("lead_choice"),
+        record.get("choice_completion_tokens"),
+    )
 
 
 def _pool(values: list[np.ndarray], owners: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
