@@ -1,6 +1,7 @@
 """The field's search variants (examples/*-search.yaml): planned with a start estimate and fewer probes than the
-grid, and the A6000 one dry-run on the emulator end to end: the capacity-at-SLO table with tok/s per GPU, the
-frontier plot, --resume replaying finished probes, the gate on a minimum capacity and compare."""
+grid, and dry-run on the emulator: the A6000 one end to end (the capacity-at-SLO table with tok/s per GPU, the
+frontier plot, --resume replaying finished probes, the gate on a minimum capacity and compare), the RTX PRO 6000
+one cut to one of its six configurations (the whole matrix takes minutes)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,46 @@ def test_search_block_errors_name_their_line():
     both = text.replace("  prompt_tokens: 1000\n", "  prompt_tokens: 1000\n  concurrency: [1, 8]\n")
     with pytest.raises(ExperimentError, match="load.concurrency: search.axis concurrency searches it"):
         parse_experiment(both)
+
+
+def _cut_to_one_configuration(src: Path, dst: Path, tp_size: int, bundle: str) -> None:
+    """`src` with one tp_size and one bundle left: one server configuration, its search block as it is."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    d = yaml.load(src.read_text())
+    d["server"]["axes"]["tp_size"] = [tp_size]
+    d["server"]["bundles"] = [b for b in d["server"]["bundles"] if b["name"] == bundle]
+    with dst.open("w") as f:
+        yaml.dump(d, f)
+
+
+def test_rtxpro6000_search_dry_run_one_configuration_prints_capacity_per_gpu_and_the_frontier(tmp_path):
+    # TP8 with DFLASH: the per-GPU figures divide by 8, and its probes settle in few calls (~45 s here; TP8
+    # autoregressive took ~70 s, its per-user speed closer to the tiers' thresholds needs more top-ups)
+    exp = tmp_path / "rtxpro6000-tp8-dflash-search.yaml"
+    _cut_to_one_configuration(RTX, exp, 8, "dflash")
+    out = tmp_path / "runs"
+    rc, text = _cli("run", str(exp), "--dry-run", "--out", str(out), timeout=200)
+    assert rc == 0, text[-5000:]
+    assert "capacity at SLO" in text and "tok/s/GPU" in text and "req/s/GPU" in text
+    run_dir = next(out.iterdir())
+    svg = (run_dir / "frontier.svg").read_text()
+    assert svg.startswith("<svg") and "Pareto frontier" in svg
+    cap = json.loads((run_dir / "capacity.json").read_text())
+    rows = cap["rows"]
+    assert {r["tier"] for r in rows} == {"tier1", "tier2", "tier3"} and {r["config"] for r in rows} == {"s01"}
+    found = [r for r in rows if r["capacity"] is not None]
+    assert found, rows  # the scaled tiers are the example's: at least tier 1 holds at some concurrency
+    for r in found:
+        a = r["at_capacity"]
+        assert r["gpus"] == 8 and r["stop"] == "resolution"
+        lo, hi = r["bracket"]
+        assert lo == r["capacity"] and hi - lo <= max(1, 0.05 * lo)  # the stated resolution
+        assert a["output_tokens_per_s_per_gpu"] == pytest.approx(a["output_tokens_per_s"] / 8)
+        assert a["request_rate_per_gpu"] == pytest.approx(a["request_rate"] / 8)
+    assert any(p["pareto"] for p in cap["frontier"])
+    assert cap["probes"] <= cap["grid_points"] / 2
 
 
 def _interrupt_last_probe(run_dir: Path) -> list[str]:
