@@ -78,6 +78,8 @@ class EngineRequest:
     _sizes: list[int] | None = None
     _locked: int = 0  # leading blocks of _keys this request holds a reference on
     _arrival_seq: int = 0
+    _fwd_entry: float = 0.0  # engine time of its first prefill step's start (per_stage_req_latency_seconds)
+    _chunk_done: float = 0.0  # engine time its last middle prefill chunk ended
 
 
 class QueueFull(Exception):
@@ -171,6 +173,13 @@ class Engine:
         self.c_decode_steps = 0
         self.c_prefill_steps = 0
         self._last_retracted = 0
+        # counters SGLang sets on an event, so its families appear after the first one (sim/events.py)
+        self.c_retracted_input_tokens = 0
+        self.c_retracted_output_tokens = 0
+        self.c_realtime = {"prefill_compute": 0, "prefill_cache": 0, "decode": 0}  # realtime_tokens_total
+        self._pending_hit = 0  # cached tokens of the prefill step in flight, counted when it ends
+        # (stage, seconds) of a request, as SGLang's RequestStage observes them; set by sim/metrics.py
+        self.on_stage: Callable[[str, float], None] | None = None
         self.c_busy_s = 0.0  # engine-clock seconds spent in steps (sglang:fwd_occupancy)
         self._last_hit_rate = 0.0
         self._gen_tokens_window = 0
@@ -249,6 +258,7 @@ class Engine:
         req._need = n_in
         self._by_rid[req.rid] = req
         self.waiting.append(req)
+        self._stage("request_process", 0.0)  # received and queued at once: SGLang's receive-to-queue stage
         self._kick()
 
     def abort(self, rid: str) -> bool:
@@ -527,10 +537,10 @@ class Engine:
             self._end_decode(mixed[0], mixed[1], t_end)
         if is_prefill:
             self._end_prefill(reqs, ns, t_end)
-        else:
-            self._end_decode(reqs, ns, t_end)
+        else:  # SGLang counts decode tokens of decode batches (a mixed batch reports as a prefill)
+            self.c_realtime["decode"] += self._end_decode(reqs, ns, t_end)
 
-    def _end_decode(self, reqs: list[EngineRequest], ns: list[int] | None, t_end: float) -> None:
+    def _end_decode(self, reqs: list[EngineRequest], ns: list[int] | None, t_end: float) -> int:
         spec = ns is not None
         total = 0
         finished: list[EngineRequest] = []
@@ -570,14 +580,22 @@ class Engine:
             self._gen_window_start = vt
         elif self._gen_throughput == 0.0 and vt > self._gen_window_start:
             self._gen_throughput = self._gen_tokens_window / (vt - self._gen_window_start)
+        return total
 
     def _end_prefill(self, reqs: list[EngineRequest], ns: list[int], t_end: float) -> None:
+        self.c_realtime["prefill_cache"] += self._pending_hit
+        self._pending_hit = 0
         for r, n in zip(reqs, ns, strict=True):
             if r._state != _PREFILL:
                 continue
             r._fill += n
-            if r._fill < r._need:
-                continue  # more chunks to go; it stays the chunked request
+            self.c_realtime["prefill_compute"] += n  # new and replayed (after a retraction) input tokens
+            if r._fill < r._need:  # more chunks to go; it stays the chunked request
+                self._stage("chunked_prefill", t_end - (r._chunk_done or r._fwd_entry))
+                r._chunk_done = t_end
+                continue
+            if r.num_retractions == 0:  # SGLang observes a request's first prefill only
+                self._stage("prefill_forward", t_end - r._fwd_entry)
             if r is self._chunked:
                 self._chunked = None
             if self._radix and r._keys is not None:
@@ -667,6 +685,8 @@ class Engine:
             if r.num_retractions == 0:
                 self.c_prompt_tokens += len(r.prompt_ids)
                 self.c_cached_tokens += prefix
+                r._fwd_entry = self._t0 + self._vt  # this step's start (forward entry)
+            self._pending_hit += prefix
             hit_total = r._need
             self._last_hit_rate = prefix / hit_total if hit_total else 0.0
             n = extend
@@ -709,6 +729,8 @@ class Engine:
         retracted = 0
         while len(order) > 1 and self._available() < len(order) * self._q * RETRACT_DECODE_STEPS:
             r = order.pop()
+            self.c_retracted_input_tokens += len(r.prompt_ids)  # SGLang: origin_input_ids, output_ids
+            self.c_retracted_output_tokens += r.completion_tokens
             self._retract(r)
             retracted += 1
         if retracted:
@@ -733,6 +755,10 @@ class Engine:
         r._need = len(r.prompt_ids) + r.completion_tokens
         r.num_retractions += 1
         self.waiting.appendleft(r)  # keeps its place ahead of later arrivals
+
+    def _stage(self, stage: str, seconds: float) -> None:
+        if self.on_stage is not None:
+            self.on_stage(stage, seconds)
 
     def _available(self) -> int:
         return self._total - self._used - self._locked_tokens

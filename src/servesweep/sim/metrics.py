@@ -14,7 +14,7 @@ from bisect import bisect_left
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from . import gauges
+from . import events, gauges
 
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
@@ -163,6 +163,10 @@ class SimMetrics:
         self.http_responses: dict[tuple[str, str, str], int] = {}
         self.active_fn = lambda: 0  # set by the server: generation requests in flight
         self.gauge_state = gauges.GaugeState()
+        # families SGLang sets on an event (sim/events.py): request stages observed by the engine, CPU time
+        self.stage_hists: dict[str, Hist] = {}
+        self.cpu = events.CpuMonitor()
+        engine.on_stage = self._on_stage
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -203,6 +207,12 @@ class SimMetrics:
         self.uncached_hist.observe(max(0, prompt - cached))
         self.gen_hist.observe(completion)
 
+    def _on_stage(self, stage: str, seconds: float) -> None:
+        h = self.stage_hists.get(stage)
+        if h is None:
+            h = self.stage_hists[stage] = Hist(events.STAGE_BUCKETS)
+        h.observe(max(0.0, seconds))
+
     def http(self, endpoint: str, method: str, status: int) -> None:
         key = (endpoint, method)
         self.http_requests[key] = self.http_requests.get(key, 0) + 1
@@ -235,13 +245,25 @@ class SimMetrics:
         return c
 
     def _hist(self, name: str, hists: dict[str, Hist] | Hist, labels: dict | None = None):
+        return self.hist_family(name, hists, labels)
+
+    def hist_family(
+        self,
+        name: str,
+        hists: dict[str, Hist] | Hist,
+        labels: dict | None = None,
+        *,
+        key: str = "is_streaming",
+        help: str | None = None,
+    ):
+        """A histogram family; `hists` per value of the label `key` (a single Hist: no such label)."""
         lab = dict(labels if labels is not None else self.tok_labels)
-        m = Metric("sglang:" + name, HELP[name], "histogram")
+        m = Metric("sglang:" + name, help or HELP[name], "histogram")
         items = hists.items() if isinstance(hists, dict) else [("", hists)]
         for k, h in items:
             base = dict(lab)
             if k:
-                base["is_streaming"] = k
+                base[key] = k
             # sample order as SGLang's multiprocess exposition: _sum, the buckets, _count
             m.add_sample(m.name + "_sum", base, float(h.sum))
             acc = 0
@@ -259,6 +281,7 @@ class SimMetrics:
         if self.constants:
             yield from self._constant_gauges()
         yield from gauges.collect(self, self.gauge_state)  # the rest of SGLang's unconditional gauges
+        yield from events.collect(self, self.cpu, self.stage_hists)  # the families set on an event, once set
         yield from self._tokenizer_metrics()
         yield from self._http_metrics()
 
