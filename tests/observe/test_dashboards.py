@@ -72,6 +72,16 @@ CAPACITY_ROW = {
 }  # fmt: skip
 
 
+# a packed run's isolation result as matrix/isolation.py keeps it in the manifest
+ISOLATION = {
+    "threshold": 0.1,
+    "configs": [
+        {"config": "c", "flagged": ["ttft_p50"],
+         "changes": [{"metric": "ttft_p50", "change": 0.25}, {"metric": "output_tok_s", "change": -0.02}]},
+    ],
+}  # fmt: skip
+
+
 def exporter_families() -> dict[str, str]:
     """Families a fed ClientMetrics exposes, by type (as the real exposition says)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -90,6 +100,7 @@ def exporter_families() -> dict[str, str]:
     summary = summarize(table, slos="ttft<=1s", answers=degeneration_summary(table))
     m.point_finished("p1", {**summary, "needle_accuracy": 1.0})  # the orchestrator adds the probes' accuracy
     m.set_capacity([CAPACITY_ROW])
+    m.set_isolation(ISOLATION)
     # only families with samples count: a name with no series would leave its panel empty
     return {f.name: f.type for f in text_string_to_metric_families(m.text().decode()) if f.samples}
 
@@ -156,6 +167,8 @@ def test_dashboards_cover_what_users_watch():
         names = {v["name"] for v in dash["templating"]["list"]}
         assert {"datasource", "model", "config"} <= names, name
         assert "run_id" in names, name
+    matrix = {m for e in expressions(d["matrix.json"]) for m in metric_names(e["expr"])}
+    assert "servesweep_isolation_change_ratio" in matrix, "no isolation panel for packed runs"
     hist_vars = {v["name"] for v in d["history.json"]["templating"]["list"]}
     assert {"run_a", "run_b"} <= hist_vars
 

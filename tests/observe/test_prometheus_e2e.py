@@ -83,6 +83,16 @@ CAPACITY_ROW = {
 }  # fmt: skip
 
 
+# a packed run's isolation result (matrix/isolation.py), one configuration flagged
+ISOLATION = {
+    "threshold": 0.1,
+    "configs": [
+        {"config": CONFIG, "flagged": ["ttft_p50"],
+         "changes": [{"metric": "ttft_p50", "change": 0.25}, {"metric": "output_tok_s", "change": -0.02}]},
+    ],
+}  # fmt: skip
+
+
 def _axes(c: int, p: int) -> dict:
     return {"model": MODEL, "config": CONFIG, "tp": 1, "speculative_method": "NEXTN", "context_length": 262144,
             "prompt_tokens": p, "output_tokens": 24, "concurrency": c, "workload": "chat",
@@ -180,6 +190,7 @@ def _build(w: World) -> None:
         w.metrics.point_finished(pid, summary)
         w.metrics.set_users(0)
     w.metrics.set_capacity([CAPACITY_ROW])  # what a run with a search: block exposes
+    w.metrics.set_isolation(ISOLATION)  # what a packed run exposes after its isolation sample
     time.sleep(2.5)  # two more scrapes: the last summaries and the final counters are in
     w.live_end = time.time()
 

@@ -132,19 +132,6 @@ def _pct(x: float | None) -> str:
 
 
 def _export(runner, iso: dict[str, Any]) -> None:
-    """A gauge on the run's exporter registry: each configuration's change packed vs alone, labelled flagged."""
-    if runner.metrics is None:
-        return
-    from prometheus_client import Gauge
-
-    g = Gauge(
-        "servesweep_isolation_change_ratio",
-        "Change of a metric from the point run alone to the same point run packed (fraction)",
-        ["run_id", "config", "metric", "flagged"],
-        registry=runner.metrics.registry,
-    )
-    for row in iso["configs"]:
-        for c in row["changes"]:
-            if c["change"] is not None:
-                flagged = "true" if c["metric"] in row["flagged"] else "false"
-                g.labels(runner.m.data["run_id"], row["config"], c["metric"], flagged).set(c["change"])
+    """servesweep_isolation_change_ratio{config, metric, flagged} on the run's exporter (observe/exporter.py)."""
+    if runner.metrics is not None:
+        runner.metrics.set_isolation(iso)

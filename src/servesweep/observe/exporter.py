@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -204,6 +205,7 @@ class ClientMetrics(Collector):
         self._users_fn: Callable[[], float] | None = None
         self._target_rate: float = 0.0
         self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
+        self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
         self._server = None
         self.registry.register(self)
 
@@ -311,6 +313,12 @@ class ClientMetrics(Collector):
         with self._lock:
             self._capacity = [dict(r) for r in rows]
 
+    def set_isolation(self, iso: Mapping[str, Any]) -> None:
+        """A packed run's isolation result (matrix/isolation.py, the manifest's `isolation`), exposed as
+        servesweep_isolation_change_ratio{config, metric, flagged}."""
+        with self._lock:
+            self._isolation = dict(iso)
+
     def load_run(self, run_dir) -> int:
         """Expose a finished run folder's point summaries (for a run nobody scraped: serve or push them)."""
         run_id, points = finished_points(run_dir)
@@ -371,9 +379,27 @@ class ClientMetrics(Collector):
             rate = self._target_rate
             yield from _families(self.run_id, points, float(users), rate)
             yield from capacity_families(self.run_id, self._capacity)
+            if self._isolation:
+                yield isolation_family(self.run_id, self._isolation)
 
     def describe(self):
         return []
+
+
+def isolation_family(run_id: str, iso: Mapping[str, Any]) -> GaugeMetricFamily:
+    """Per configuration and metric (TTFT p50, output tok/s), the change from the point run alone to the same point
+    run packed, as a fraction; `flagged` says it is above the isolation threshold (results/isolation.py)."""
+    g = GaugeMetricFamily(
+        "servesweep_isolation_change_ratio",
+        "Change of a metric from the point run alone to the same point run packed (fraction)",
+        labels=["run_id", "config", "metric", "flagged"],
+    )
+    for row in iso.get("configs") or []:
+        for c in row.get("changes") or []:
+            if c.get("change") is not None:
+                flagged = "true" if c["metric"] in (row.get("flagged") or []) else "false"
+                g.add_metric([run_id, row["config"], c["metric"], flagged], float(c["change"]))
+    return g
 
 
 def _path(d: Mapping, path: tuple[str, ...]):

@@ -37,6 +37,19 @@ def points_table(title: str, sel: str, desc: str) -> dict:
     return g.table(title, targets, desc=desc, rename=rename, units=units)
 
 
+def isolation_table(sel: str) -> dict:
+    """A packed run's isolation sample: per configuration and metric, the change from alone to packed."""
+    expr = f"max by (config, metric, flagged) (last_over_time(servesweep_isolation_change_ratio{{{sel}}}[$__range]))"
+    title = "change alone → packed"
+    return g.table(
+        "Isolation: packed vs alone", [g.target(expr, table=True)],
+        rename={"Value": title, "Value #A": title}, units={title: "percentunit"},
+        desc="Packed runs (servesweep run --max-parallel N): the first point of each configuration run again alone "
+        "after the packed phase; TTFT p50 and output tok/s packed against alone. flagged: a change above 10 %, "
+        "where the neighbours on the host moved the numbers (docs/experiments.md).",
+    )  # fmt: skip
+
+
 def build() -> dict:
     L = g.Layout()
     L.row("Finished points")
@@ -45,6 +58,8 @@ def build() -> dict:
     L.row("Capacity at SLO and the frontier")
     L.add(capacity.capacity_table('run_id="$run_id", config=~"$config"'), w=14, h=10)
     L.add(capacity.frontier(SEL), w=10, h=10)
+    L.row("Isolation: packed vs alone")
+    L.add(isolation_table('run_id="$run_id", config=~"$config"'), w=24, h=6)
     L.row("Per server configuration")
     tput = g.xychart(
         "Output tok/s vs concurrency ($config)",
