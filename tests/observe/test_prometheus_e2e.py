@@ -93,6 +93,15 @@ ISOLATION = {
 }  # fmt: skip
 
 
+# capacity.json's frontier (matrix/capacity_run.py): the search's probes, the Pareto ones marked
+FRONTIER = [
+    {"config": CONFIG, "load": 4, "tokens_per_s_per_gpu": 250.0, "user_tokens_per_s": 110.0,
+     "search": "s01-chat-p200-o24", "pareto": True},
+    {"config": CONFIG, "load": 5, "tokens_per_s_per_gpu": 240.0, "user_tokens_per_s": 90.0,
+     "search": "s01-chat-p200-o24", "pareto": False},
+]  # fmt: skip
+
+
 def _axes(c: int, p: int) -> dict:
     return {"model": MODEL, "config": CONFIG, "tp": 1, "speculative_method": "NEXTN", "context_length": 262144,
             "prompt_tokens": p, "output_tokens": 24, "concurrency": c, "workload": "chat",
@@ -189,7 +198,7 @@ def _build(w: World) -> None:
         time.sleep(1.2)
         w.metrics.point_finished(pid, summary)
         w.metrics.set_users(0)
-    w.metrics.set_capacity([CAPACITY_ROW])  # what a run with a search: block exposes
+    w.metrics.set_capacity([CAPACITY_ROW], FRONTIER)  # what a run with a search: block exposes
     w.metrics.set_isolation(ISOLATION)  # what a packed run exposes after its isolation sample
     time.sleep(2.5)  # two more scrapes: the last summaries and the final counters are in
     w.live_end = time.time()
@@ -260,6 +269,18 @@ def test_every_dashboard_query_returns_data(world, dash, index):
     e = expressions(build_all()[dash])[index]
     result = _run(world, dash, e)
     assert _finite(result), f"{dash} / {e['kind']} {e['title']!r}: no data for {e['expr']}"
+
+
+def test_frontier_panel_marks_the_pareto_points(world):
+    """The frontier panel's queries return the points and, as a series of its own, the Pareto probe (load 4) but
+    not the dominated one (load 5)."""
+    exprs = [e for e in expressions(build_all()["matrix.json"]) if e["title"].startswith("Frontier")]
+    assert len(exprs) == 2  # y, x
+    for e in exprs:
+        series = [r["metric"] for r in _run(world, "matrix.json", e)]
+        pareto = [m for m in series if m.get("config") == "Pareto frontier"]
+        assert [m["load"] for m in pareto] == ["4"], series
+        assert any(m.get("point_id") for m in series), series  # the points themselves
 
 
 def test_every_dashboard_metric_is_exposed_and_sglang_names_are_sglangs(world):

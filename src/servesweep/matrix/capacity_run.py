@@ -158,7 +158,7 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
             )
     cap = write_capacity(runner.run_dir, runner.m.data)
     if getattr(runner, "metrics", None) is not None:  # the exporter's servesweep_capacity* gauges (the dashboard)
-        runner.metrics.set_capacity(cap["rows"])
+        runner.metrics.set_capacity(cap["rows"], cap["frontier"])
 
 
 def _load(x) -> str:
@@ -260,7 +260,7 @@ def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
     from servesweep.matrix.search import FrontierPoint
     from servesweep.results.capacity import write_frontier_svg
 
-    rows, points, probes, grid = [], [], 0, 0
+    rows, points, searches, probes, grid = [], [], [], 0, 0
     for sid, s in (data.get("searches") or {}).items():
         f = run_dir / "searches" / f"{sid}.json"
         if s["status"] != mf.DONE or not f.is_file():
@@ -268,15 +268,20 @@ def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
         doc = json.loads(f.read_text())
         rows += doc["rows"]
         points += [FrontierPoint(**p) for p in doc["frontier"]]
+        searches += [sid] * len(doc["frontier"])
         probes += doc["headline"]["probes"]
         grid += doc["headline"]["grid_points"]
-    pareto = {(p.config, p.load) for p in pareto_frontier(points)}
+    # by identity: two searches of one configuration (another workload or prompt length) may probe the same load
+    pareto = {id(p) for p in pareto_frontier(points)}
     cap = {
         "run_id": data.get("run_id"),
         "dry_run": bool(data.get("dry_run")),
         "axis": (data.get("experiment") or {}).get("search", {}).get("axis"),
         "rows": rows,
-        "frontier": [p.__dict__ | {"pareto": (p.config, p.load) in pareto} for p in points],
+        "frontier": [
+            p.__dict__ | {"search": sid, "pareto": id(p) in pareto}
+            for sid, p in zip(searches, points, strict=True)
+        ],
         "probes": probes,
         "grid_points": grid,
     }

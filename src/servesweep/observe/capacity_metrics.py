@@ -69,3 +69,33 @@ def capacity_families(run_id: str, rows: Iterable[Mapping[str, Any]]) -> list[Ga
             if v is not None:
                 fams[k].add_metric(lv, float(v))
     return list(fams.values())
+
+
+# The frontier of capacity.json (every probe of every search: throughput per GPU against per-user speed, `pareto`
+# marking the Pareto frontier across configurations, computed once by matrix/capacity_run.py so that the report and
+# the dashboard mark the same points). One series per search × probed load.
+FRONTIER_PREFIX = "servesweep_frontier"
+FRONTIER_LABELS: tuple[str, ...] = ("run_id", "search", "config", "load")
+FRONTIER_GAUGES: dict[str, tuple[str, str]] = {
+    "_pareto": ("1 when the probe is on the Pareto frontier across configurations (no other probe of the run has "
+                "both more output tok/s per GPU and more per-user output tok/s), else 0.", "pareto"),
+    "_output_tokens_per_second_per_gpu": ("Output tokens per second per GPU at the probed load.",
+                                          "tokens_per_s_per_gpu"),
+    "_decode_tokens_per_second_p50": ("Per-request output speed (decode tok/s), median over the probe's requests.",
+                                      "user_tokens_per_s"),
+}  # fmt: skip
+
+
+def frontier_families(run_id: str, points: Iterable[Mapping[str, Any]]) -> list[GaugeMetricFamily]:
+    """The frontier gauges of capacity.json's `frontier` entries (an empty family per gauge when there are none)."""
+    fams = {
+        k: GaugeMetricFamily(FRONTIER_PREFIX + k, h, labels=list(FRONTIER_LABELS))
+        for k, (h, _key) in FRONTIER_GAUGES.items()
+    }
+    for p in points:
+        lv = [run_id, str(p.get("search") or ""), str(p.get("config") or ""), f"{p.get('load', '')}"]
+        for k, (_h, key) in FRONTIER_GAUGES.items():
+            v = p.get(key)
+            if v is not None:
+                fams[k].add_metric(lv, float(v))
+    return list(fams.values())

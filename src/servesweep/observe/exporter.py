@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from servesweep.observe.capacity_metrics import capacity_families
+from servesweep.observe.capacity_metrics import capacity_families, frontier_families
 from servesweep.results import metrics
 from servesweep.results.capacity import load_capacity
 from servesweep.results.pergpu import LABEL as GPU_LABEL
@@ -205,6 +205,7 @@ class ClientMetrics(Collector):
         self._users_fn: Callable[[], float] | None = None
         self._target_rate: float = 0.0
         self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
+        self._frontier: list[dict] = []  # ... and its frontier: every probe, the Pareto points marked
         self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
         self._server = None
         self.registry.register(self)
@@ -308,10 +309,12 @@ class ClientMetrics(Collector):
             if self._current == point_id:
                 self._current = None
 
-    def set_capacity(self, rows: Iterable[Mapping]) -> None:
-        """The run's capacity-at-SLO rows (capacity.json's `rows`), exposed as servesweep_capacity* gauges."""
+    def set_capacity(self, rows: Iterable[Mapping], frontier: Iterable[Mapping] = ()) -> None:
+        """The run's capacity-at-SLO rows (capacity.json's `rows`), exposed as servesweep_capacity* gauges, and its
+        frontier (capacity.json's `frontier`, the Pareto points marked) as servesweep_frontier* gauges."""
         with self._lock:
             self._capacity = [dict(r) for r in rows]
+            self._frontier = [dict(p) for p in frontier]
 
     def set_isolation(self, iso: Mapping[str, Any]) -> None:
         """A packed run's isolation result (matrix/isolation.py, the manifest's `isolation`), exposed as
@@ -334,7 +337,7 @@ class ClientMetrics(Collector):
                 self._points[pt["point_id"]].finished = pt["end"]
         cap = load_capacity(run_dir)  # a run with a search: block
         if cap is not None:
-            self.set_capacity(cap.get("rows") or [])
+            self.set_capacity(cap.get("rows") or [], cap.get("frontier") or [])
         return len(points)
 
     def has_point(self, point_id: str) -> bool:
@@ -379,6 +382,7 @@ class ClientMetrics(Collector):
             rate = self._target_rate
             yield from _families(self.run_id, points, float(users), rate)
             yield from capacity_families(self.run_id, self._capacity)
+            yield from frontier_families(self.run_id, self._frontier)
             if self._isolation:
                 yield isolation_family(self.run_id, self._isolation)
 

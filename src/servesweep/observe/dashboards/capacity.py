@@ -1,5 +1,6 @@
 """The Matrix dashboard's capacity panels: the frontier (output tok/s per GPU against per-user output speed at
-every finished point, one series per server configuration: a grid's loads or a search's probes) and the
+every finished point, one series per server configuration: a grid's loads or a search's probes; the Pareto
+frontier across configurations one more series, from observe/capacity_metrics.py's frontier gauges) and the
 capacity-at-SLO table (observe/capacity_metrics.py's gauges; docs/capacity.md)."""
 
 from __future__ import annotations
@@ -25,23 +26,46 @@ CAPACITY_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def frontier(sel: str) -> dict:
-    """Throughput per GPU (y) against the median per-request decode speed (x), one series per configuration."""
-    targets = [
-        g.target(with_axes(summ("servesweep_point_output_tokens_per_second_per_gpu", sel), sel), table=True),
-        g.target(with_axes(summ("servesweep_point_decode_tokens_per_second_p50", sel), sel), table=True),
-    ]
+PARETO = "Pareto frontier"
+FRONTIER_BY = "run_id, search, config, load"
+
+
+def _pareto(metric: str, cap_sel: str) -> str:
+    """A servesweep_frontier_* gauge at the probes on the Pareto frontier (servesweep_frontier_pareto == 1), its
+    config label set to PARETO: after the panel's partition by config they are one series of their own."""
+    last = f"max by ({FRONTIER_BY}) (last_over_time({{m}}{{{{{cap_sel}}}}}[$__range]))"
+    on = f"{last.format(m=metric)} * on ({FRONTIER_BY}) ({last.format(m='servesweep_frontier_pareto')} == 1)"
+    return f'label_replace({on}, "config", "{PARETO}", "", "")'
+
+
+def frontier(sel: str, cap_sel: str) -> dict:
+    """Throughput per GPU (y) against the median per-request decode speed (x), one series per configuration, and
+    the Pareto frontier across configurations as one more series (`cap_sel` selects the servesweep_frontier_*
+    gauges, which carry no model label). Each query is the points' values `or` the frontier's: the Pareto rows
+    differ in their labels (config, search, load), so `or` keeps both and the merge pairs each row's x and y."""
+    pairs = (  # (the points' gauge, the frontier's gauge): y, then x
+        ("servesweep_point_output_tokens_per_second_per_gpu", "servesweep_frontier_output_tokens_per_second_per_gpu"),
+        ("servesweep_point_decode_tokens_per_second_p50", "servesweep_frontier_decode_tokens_per_second_p50"),
+    )
+    targets = [g.target(f"{with_axes(summ(pt, sel), sel)} or {_pareto(fr, cap_sel)}", table=True) for pt, fr in pairs]
     p = g.xychart(
         "Frontier: output tok/s per GPU vs per-user output tok/s",
         targets, x=X, series_by="config", x_label=X, y_label=Y,
         desc="Every finished point (a grid's loads, a search's probes), one line per server configuration; "
-        "up and to the right is better on both. The report marks the Pareto frontier across configurations.",
+        "up and to the right is better on both. Pareto frontier (black): the searches' probes no other probe beats "
+        "on both (capacity.json's frontier, as the report draws it).",
     )  # fmt: skip
     # the two queries' values side by side in one row per point, named for the axes
     p["transformations"][1:1] = [
         {"id": "organize", "options": {"renameByName": {"Value #A": Y, "Value #B": X},
                                        "excludeByName": {"Time": True}}},
     ]  # fmt: skip
+    # the frontier drawn over the configurations' lines: black, thicker, larger points
+    p["fieldConfig"]["overrides"].append(
+        {"matcher": {"id": "byRegexp", "options": f".*{PARETO}.*"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "black"}},
+                        {"id": "custom.lineWidth", "value": 2}, {"id": "custom.pointSize", "value": {"fixed": 9}}]}
+    )  # fmt: skip
     return p
 
 

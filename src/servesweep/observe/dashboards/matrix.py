@@ -57,7 +57,7 @@ def build() -> dict:
           w=24, h=12)  # fmt: skip
     L.row("Capacity at SLO and the frontier")
     L.add(capacity.capacity_table('run_id="$run_id", config=~"$config"'), w=14, h=10)
-    L.add(capacity.frontier(SEL), w=10, h=10)
+    L.add(capacity.frontier(SEL, 'run_id="$run_id", config=~"$config"'), w=10, h=10)
     L.row("Isolation: packed vs alone")
     L.add(isolation_table('run_id="$run_id", config=~"$config"'), w=24, h=6)
     L.row("Per server configuration")
