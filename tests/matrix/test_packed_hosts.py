@@ -26,9 +26,10 @@ from test_packed import EXPERIMENT
 SERVESWEEP = str(Path(sys.executable).parent / "servesweep")
 # The planner prices an emulator start at 12 s and a point at 6 s + its measurement, and leaves out the server's
 # stop (an Ansible run over SSH, 10-15 s here) that a placement waits for before it takes the GPUs of the one before
-# it. Measured on this shared 2-core machine: the packed phase took 1.20x the planned wall time (58.0 s against
-# 48.3 s; placements 1.14-1.16x their estimate, the second TP8 0.62x but 19 s late); the planner's usual error here
-# is about ±25 %, and the test allows twice that, as the machine's load varies.
+# it. Measured on this shared 2-core machine in two runs: the packed phase took 1.10x and 1.20x the planned wall
+# time (53.0 s and 58.0 s against 48.3 s; in the second, placements 1.14-1.16x their estimate, the second TP8 0.62x
+# but 19 s late); the planner's usual error here is about +10-20 %, and the test allows 50 %, as the machine's
+# load varies.
 MAKESPAN_TOLERANCE = 0.5
 
 
