@@ -936,7 +936,7 @@ def _slo_gate(environment, opts) -> None:
         return
     print(verdict.line, flush=True)
     if verdict.exit_code:
-        environment.process_exit_code = verdict.exit_code  # 1 breach, 2 could not run (issue 8)
+        environment.process_exit_code = verdict.exit_code  # 1 breach, 2 could not run
 
 
 def failure_verdict(

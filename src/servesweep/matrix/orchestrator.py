@@ -593,7 +593,7 @@ class Runner:
             click.echo(f"failed: {msg}", err=True)
         return 3 if over else 0
 
-    # -- live client metrics (issue 6, docs/observability.md) --
+    # -- live client metrics (docs/observability.md) --
 
     def _start_exporter(self) -> None:
         """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here: during a point from the

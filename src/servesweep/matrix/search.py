@@ -1,4 +1,4 @@
-"""Capacity at SLO (issue 21, phase A): the largest load a server configuration carries while every SLO holds.
+"""Capacity at SLO: the largest load a server configuration carries while every SLO holds.
 
 A pure module: the caller hands in `probe(load, requests) -> ProbeResult` (one measured load point: a concurrency
 for a closed loop, a request rate for an open loop) and SLO tiers; `search()` decides which loads to measure and
