@@ -25,6 +25,7 @@ from servesweep.client.feed import take_records
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import Knob, LoadPoint, knob_values, knobs
+from servesweep.files import write_atomic
 from servesweep.results.records import write_parquet
 
 __all__ = ["LLMUser"]
@@ -551,9 +552,7 @@ class Clients:
                 self.exits[pid] = 128 - code if code < 0 else code  # as a shell says it: SIGKILL is 137
 
     def write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}), durable=False)
 
 
 class Sampler:
@@ -816,9 +815,7 @@ def _status_loop(ctx: LoadContext, path: Path) -> None:
 
 
 def _write_status(ctx: LoadContext, path: Path, **extra) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**_counters(ctx), "unix": time.time(), **extra}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({**_counters(ctx), "unix": time.time(), **extra}), durable=False)
 
 
 def _progress_loop(ctx: LoadContext, path: Path) -> None:
@@ -830,9 +827,7 @@ def _progress_loop(ctx: LoadContext, path: Path) -> None:
 
 
 def _write_progress(ctx: LoadContext, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}), durable=False)
 
 
 def _write_records(environment) -> Path | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 from ruamel.yaml import YAML
 
+from servesweep.files import write_atomic
 from servesweep.observe.exporter import (
     AXES,
     GPU_LABEL,
@@ -37,7 +38,6 @@ from servesweep.observe.exporter import (
     per_gpu_values,
     summary_values,
 )
-from servesweep.results.store import write_atomic
 
 EXPORTER_JOB = "servesweep"
 SGLANG_JOB = "sglang"

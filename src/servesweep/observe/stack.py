@@ -48,8 +48,8 @@ from pathlib import Path
 import click
 import psutil
 
+from servesweep.files import write_atomic
 from servesweep.observe import promconfig
-from servesweep.results.store import write_atomic
 
 ENV_DIR = "SERVESWEEP_OBSERVE_DIR"
 DEFAULT_ROOT = "runs"

@@ -169,7 +169,7 @@ def frontier_svg(cap: dict[str, Any]) -> str:
 
 
 def write_frontier_svg(run_dir: str | Path, cap: dict[str, Any]) -> Path:
-    from servesweep.results.store import write_atomic
+    from servesweep.files import write_atomic
 
     return write_atomic(Path(run_dir) / FRONTIER_SVG, frontier_svg(cap), mode=0o666)
 

@@ -24,12 +24,12 @@ import click
 import numpy as np
 
 from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
+from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
 from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
-from servesweep.results.store import write_atomic
 
 BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
 

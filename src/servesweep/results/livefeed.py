@@ -13,12 +13,12 @@ request ids it saw here. Nothing of this runs per chunk.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc
 
+from servesweep.files import atomic_path
 from servesweep.results.records import columns_to_table
 
 LIVE_DIR_ENV = "SERVESWEEP_LIVE_DIR"  # the folder the child writes its batches into
@@ -32,10 +32,10 @@ def write_batch(folder: Path, seq: int, cols: dict[str, list], prefix: str = "")
     keeps the names of processes writing into one folder apart."""
     table = columns_to_table(cols)
     final = folder / f"{prefix}{seq:010d}{_SUFFIX}"
-    tmp = folder / f".{prefix}{seq:010d}.tmp"
-    with pa.OSFile(str(tmp), "wb") as f, pyarrow.ipc.new_file(f, table.schema) as w:
-        w.write_table(table)
-    os.replace(tmp, final)
+    # not durable: a batch lost to a machine crash is in the point's records file anyway
+    with atomic_path(final, durable=False) as tmp, pa.OSFile(str(tmp), "wb") as f:
+        with pyarrow.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
     return final
 
 

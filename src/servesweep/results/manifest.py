@@ -22,8 +22,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from servesweep.files import write_atomic
 from servesweep.results.runfolder import MANIFEST
-from servesweep.results.store import write_atomic, write_json_atomic
+from servesweep.results.store import write_json_atomic
 
 SCHEMA_VERSION = 1
 
@@ -243,7 +244,7 @@ class OwnedProcesses:
     """`runs/<run_id>/processes.json`: the processes this run started (Locust process groups, Ansible's processes),
     each recorded by pid and start time when it was started, plus the servesweep process that owns them. A resumed
     run stops exactly these (after checking each is still the recorded process) and nothing else: never a process
-    found by its command line. Rewritten with store.write_atomic on every change."""
+    found by its command line. Rewritten with files.write_atomic on every change."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / PROCESSES

@@ -7,13 +7,13 @@ No Locust import here: the orchestrator reads these files.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from servesweep.files import atomic_path
 
 SCHEMA_VERSION = 1
 
@@ -102,14 +102,8 @@ def write_parquet(table: pa.Table, path: Path, metadata: dict[str, str] | None =
     for k, v in (metadata or {}).items():
         meta[f"servesweep.{k}".encode()] = str(v).encode()
     table = table.replace_schema_metadata(meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_parquet(path: Path) -> pa.Table:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from servesweep.files import write_atomic
 from servesweep.results.answers_report import answers_html, answers_markdown
 from servesweep.results.capacity import frontier_svg, load_capacity
 from servesweep.results.capacity import markdown as capacity_markdown
@@ -39,7 +40,6 @@ from servesweep.results.isolation import html_section as isolation_html
 from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run, secs_between
-from servesweep.results.store import write_atomic
 
 HTML_NAME = "report.html"
 MD_NAME = "report.md"

@@ -29,6 +29,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from servesweep.files import write_atomic
 from servesweep.workload.pool import Nonces, Prompt, PromptPool
 
 FORMATS = ("sglang", "vllm")
@@ -80,13 +81,7 @@ def export_pool(pool: PromptPool, fmt: str, out: str | os.PathLike, nonce_start:
     if fmt == "vllm" and out.suffix != ".jsonl":
         raise ValueError(f"{out}: vLLM's custom dataset reads only files named *.jsonl")
     lines = [json.dumps(r, ensure_ascii=False) for r in rows(pool, fmt, nonce_start)]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(out, "".join(line + "\n" for line in lines), mode=0o666)
     return len(lines)
 
 

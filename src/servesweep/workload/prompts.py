@@ -27,13 +27,13 @@ import importlib.resources
 import json
 import os
 import random
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
+from servesweep.files import write_atomic
 from servesweep.workload.pool import (
     DEFAULT_NONCE_DIGITS,
     ENDPOINTS,
@@ -673,16 +673,8 @@ def _save_cached(path: Path, key: str, pool: PromptPool) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename: readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """A cache file, whole or not at all (not durable: a cache lost to a machine crash is rebuilt)."""
+    write_atomic(path, data, durable=False)
 
 
 def _load_cached(path: Path, key: str) -> PromptPool | None:
