@@ -28,48 +28,86 @@ def install_locust(
     - the point is started at test start and finished at test stop: `point_id`/`axes` when given, else the
       LoadPoint servesweep's locustfile put on the environment (its id, and axes from its fields and labels).
     """
-    from locust.runners import WorkerRunner
+    from locust.runners import LocalRunner, WorkerRunner
 
     if isinstance(environment.runner, WorkerRunner):
         return  # workers ship records to the master; the master exposes them
+    feed = _Feed(environment, metrics, point_id, axes)
     events = environment.events
     metrics.set_users(lambda: environment.runner.user_count if environment.runner is not None else 0)
+    events.test_start.add_listener(feed.start)
+    events.test_stop.add_listener(feed.stop)
+    events.request.add_listener(feed.request)
+    events.worker_report.add_listener(feed.worker_report)
+    if isinstance(environment.runner, LocalRunner):
+        import gevent
 
-    def _ctx_point():
-        ctx = getattr(environment, "servesweep", None)  # set by servesweep's locustfile at init
+        gevent.spawn(feed.pull_loop)
+    web_ui = getattr(environment, "web_ui", None)
+    if web_ui is not None:
+        web_ui.app.add_url_rule("/metrics", "servesweep_metrics", lambda: _metrics_response(metrics))
+    if serve is not None:
+        metrics.serve(*serve)
+
+
+def _metrics_response(metrics: ClientMetrics):
+    from flask import Response
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(metrics.text(), mimetype=None, content_type=CONTENT_TYPE_LATEST)
+
+
+class _Feed:
+    """The Locust event listeners that feed one ClientMetrics: point start/stop, records from request events,
+    from worker reports, or (a user that does not put records in the request context) from the record buffer."""
+
+    def __init__(self, environment, metrics: ClientMetrics, point_id, axes) -> None:
+        self.environment = environment
+        self.metrics = metrics
+        self.point_id = point_id
+        self.axes = axes
+        self.via_context = False
+
+    def _ctx_point(self):
+        ctx = getattr(self.environment, "servesweep", None)  # set by servesweep's locustfile at init
         return getattr(ctx, "point", None)
 
-    @events.test_start.add_listener
-    def _start(**_kw) -> None:
-        lp = _ctx_point()
-        pid = point_id or (lp.id if lp is not None else None)
+    def _pid(self):
+        lp = self._ctx_point()
+        return self.point_id or (lp.id if lp is not None else None), lp
+
+    def start(self, **_kw) -> None:
+        pid, lp = self._pid()
         if pid is not None:
-            metrics.point_started(pid, axes if axes is not None else loadpoint_axes(lp))
+            self.metrics.point_started(pid, self.axes if self.axes is not None else loadpoint_axes(lp))
 
-    @events.test_stop.add_listener
-    def _stop(**_kw) -> None:
-        lp = _ctx_point()
-        pid = point_id or (lp.id if lp is not None else None)
-        if pid is not None and metrics.has_point(pid):
-            metrics.point_finished(pid)
+    def stop(self, **_kw) -> None:
+        pid, _ = self._pid()
+        if pid is not None and self.metrics.has_point(pid):
+            self.metrics.point_finished(pid)
 
-    def _observe(rec: Mapping) -> None:
+    def observe(self, rec: Mapping) -> None:
         # Never let a metrics problem break a load test: a record of a point nobody announced starts that point.
         pid = rec.get("point_id")
-        if pid and not metrics.has_point(pid):
-            metrics.point_started(pid, loadpoint_axes(_ctx_point()))
-        metrics.observe(rec)
+        if pid and not self.metrics.has_point(pid):
+            self.metrics.point_started(pid, loadpoint_axes(self._ctx_point()))
+        self.metrics.observe(rec)
 
-    via_context = [False]
-
-    @events.request.add_listener
-    def _request(context=None, **_kw) -> None:
+    def request(self, context=None, **_kw) -> None:
         rec = context.get(RECORD_CONTEXT_KEY) if context else None
         if rec is not None:
-            via_context[0] = True
-            _observe(rec)
+            self.via_context = True
+            self.observe(rec)
 
-    def _pull_loop() -> None:
+    def worker_report(self, client_id=None, data=None, **_kw) -> None:
+        cols = (data or {}).get(RECORDS_REPORT_KEY)
+        if not cols:
+            return
+        names = list(cols)
+        for row in zip(*(cols[n] for n in names), strict=True):
+            self.observe(dict(zip(names, row, strict=True)))
+
+    def pull_loop(self) -> None:
         """Local runner whose user does not put records in the request context: once a second, observe the rows
         servesweep's record buffer gained (it only grows in a local runner)."""
         import logging
@@ -77,46 +115,17 @@ def install_locust(
         import gevent
 
         seen_ctx, seen = None, 0
-        while not via_context[0]:
+        while not self.via_context:
             gevent.sleep(1.0)
             try:
-                ctx = getattr(environment, "servesweep", None)
+                ctx = getattr(self.environment, "servesweep", None)
                 buf = getattr(ctx, "buffer", None)
-                if buf is None or via_context[0]:
+                if buf is None or self.via_context:
                     continue
                 if ctx is not seen_ctx:
                     seen_ctx, seen = ctx, 0
                 rows, seen = buf.rows_since(seen)
                 for row in rows:
-                    _observe(row)
+                    self.observe(row)
             except Exception:  # noqa: BLE001 - metrics must never take the load test down
                 logging.getLogger("servesweep").exception("servesweep exporter: reading records failed")
-
-    from locust.runners import LocalRunner
-
-    if isinstance(environment.runner, LocalRunner):
-        import gevent
-
-        gevent.spawn(_pull_loop)
-
-    @events.worker_report.add_listener
-    def _worker_report(client_id=None, data=None, **_kw) -> None:
-        cols = (data or {}).get(RECORDS_REPORT_KEY)
-        if not cols:
-            return
-        names = list(cols)
-        for row in zip(*(cols[n] for n in names), strict=True):
-            _observe(dict(zip(names, row, strict=True)))
-
-    web_ui = getattr(environment, "web_ui", None)
-    if web_ui is not None:
-        from flask import Response
-
-        def _metrics_route():
-            from prometheus_client import CONTENT_TYPE_LATEST
-
-            return Response(metrics.text(), mimetype=None, content_type=CONTENT_TYPE_LATEST)
-
-        web_ui.app.add_url_rule("/metrics", "servesweep_metrics", _metrics_route)
-    if serve is not None:
-        metrics.serve(*serve)

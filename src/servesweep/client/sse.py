@@ -203,7 +203,11 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
     `pause` (the Locust user passes `gevent.sleep`) is called before every PARSE_SLICE lines: when many streams end
     together, whole-stream parses back to back (~2 ms each at 256 chunks; gevent runs 50 ready greenlets before it
     polls sockets again) would leave the other streams unread for longer than a chunk gap, and a late read
-    coalesces chunks under one kernel stamp (docs/metrics.md)."""
+    coalesces chunks under one kernel stamp (docs/metrics.md).
+
+    One function on purpose: it runs once per request over up to thousands of lines inside the Locust process, and
+    its loop body is the measured cost of the post-stream parse (bench/run_all.py figure 1); helpers per line would
+    add a call per chunk."""
     chunk_ns: list[int] = []
     chunk_tokens: list[int] | None = []
     done = False

@@ -298,6 +298,8 @@ class LLMUser(FastHttpUser):
     def _do_request(
         self, ctx: LoadContext, body: bytes, headers: dict, rec: dict, keep: list | None = None
     ) -> None:
+        # One function on purpose: this is the per-chunk read path (one pass per socket read, kernel-stamped), the
+        # cost bench/run_all.py's figure 1 measures; splitting it would add calls per chunk.
         p = ctx.point
         lines: list[bytes] = [] if keep is None else keep
         times: list[int] = []

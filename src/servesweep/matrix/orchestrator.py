@@ -263,59 +263,19 @@ def create_run(
     """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
     plan = make_plan(exp)
     out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
-    out.mkdir(parents=True, exist_ok=True)
-    run_id = new_run_id(exp.name)
-    run_dir = out / run_id
-    n = 1
-    while True:
-        try:
-            run_dir.mkdir()
-            break
-        except FileExistsError:
-            n += 1
-            run_dir = out / f"{run_id}-{n}"
+    run_dir = _new_run_dir(out, new_run_id(exp.name))
     port = exp.target.port if exp.target.port else _free_port()
     configs: dict[str, Any] = {}
     points: dict[str, Any] = {}
     for order, cp in enumerate(plan.configs):
-        configs[cp.config.id] = {
-            "order": order,
-            "flags": cp.config.flags,
-            "env": cp.config.env,
-            "bundle": cp.config.bundle,
-            "labels": {k: str(v) for k, v in cp.config.labels.items()},
-            "status": "infeasible" if cp.error else "pending",
-            "error": cp.error,
-            "planned": {"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
-            "server": None,
-            "attempts": 0,
-        }
+        configs[cp.config.id] = _config_entry(cp, order)
         labels = {k: str(v) for k, v in cp.config.labels.items()}
         # every point says how many GPUs its server holds (results/pergpu.py; packed runs' `gpus` label is the
         # devices): the exporter, report and compare read it
         labels["gpu_count"] = str(flags_gpus(cp.config.flags, exp.launcher.gpus))
         for pp in cp.points:
-            feasible = pp.feasible and cp.error is None
             point = point_of(exp, pp.spec, exp.target.url(port), run_dir.name, labels, dry_run=dry_run)
-            points[pp.spec.id] = {
-                "point": point.model_dump(mode="json"),
-                "config_id": cp.config.id,
-                "workload": pp.spec.workload,
-                "endpoint": pp.spec.endpoint,
-                "concurrency": pp.spec.concurrency,
-                "prompt_tokens": pp.spec.prompt_tokens,
-                "output_tokens": pp.spec.output_tokens,
-                **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
-                "status": mf.PENDING if feasible else mf.INFEASIBLE,
-                "reason": None
-                if feasible
-                else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
-                "warnings": pp.warnings,
-                "est_s": round(pp.est_s, 2),
-                "attempts": 0,
-                "dir": None,
-                "result": None,
-            }
+            points[pp.spec.id] = _point_entry(cp, pp, point)
     data = {
         "schema_version": mf.SCHEMA_VERSION,
         "run_id": run_dir.name,
@@ -343,6 +303,58 @@ def create_run(
     m = mf.Manifest(run_dir, data)
     m.save()
     return m
+
+
+def _new_run_dir(out: Path, run_id: str) -> Path:
+    """A fresh folder for the run under `out`: `run_id`, or `run_id-2`, `-3` ... when that name is taken."""
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir, n = out / run_id, 1
+    while True:
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            n += 1
+            run_dir = out / f"{run_id}-{n}"
+
+
+def _config_entry(cp: ConfigPlan, order: int) -> dict[str, Any]:
+    """A server configuration as the manifest starts it: planned, pending (or infeasible, with why)."""
+    return {
+        "order": order,
+        "flags": cp.config.flags,
+        "env": cp.config.env,
+        "bundle": cp.config.bundle,
+        "labels": {k: str(v) for k, v in cp.config.labels.items()},
+        "status": "infeasible" if cp.error else "pending",
+        "error": cp.error,
+        "planned": {"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
+        "server": None,
+        "attempts": 0,
+    }
+
+
+def _point_entry(cp: ConfigPlan, pp, point) -> dict[str, Any]:
+    """A load point as the manifest starts it: the serialized LoadPoint (what run_point gets back on resume), its
+    axes, and pending or infeasible with the reason."""
+    feasible = pp.feasible and cp.error is None
+    return {
+        "point": point.model_dump(mode="json"),
+        "config_id": cp.config.id,
+        "workload": pp.spec.workload,
+        "endpoint": pp.spec.endpoint,
+        "concurrency": pp.spec.concurrency,
+        "prompt_tokens": pp.spec.prompt_tokens,
+        "output_tokens": pp.spec.output_tokens,
+        **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
+        "status": mf.PENDING if feasible else mf.INFEASIBLE,
+        "reason": None if feasible else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
+        "warnings": pp.warnings,
+        "est_s": round(pp.est_s, 2),
+        "attempts": 0,
+        "dir": None,
+        "result": None,
+    }
 
 
 class Runner:

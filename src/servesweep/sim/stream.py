@@ -49,6 +49,8 @@ class GenerationStream:
         choice=0,
         created=None,
     ):
+        # One long constructor on purpose: it sets every slot the per-chunk path reads (precomputed bytes, formats,
+        # fault state) once per request, so emitting a chunk only slices and writes (docs/emulator.md).
         self.app = app
         self.conn = conn
         self.req = req
