@@ -50,13 +50,17 @@ def answer_table(
     fault: Fault | None,
     prompt_tokens: int,
     speculative: bool,
+    tokenizer=None,
 ) -> WordTable:
     """The request's text as a WordTable: `reasoning` pieces of thinking, then the answer, `total` pieces in all
-    (at least 1, at most MAX_PIECES), the byte string doubled so a window that wraps is still one slice."""
+    (at least 1, at most MAX_PIECES), the byte string doubled so a window that wraps is still one slice.
+
+    With the serving `tokenizer`, each piece is one of its tokens ("passage," is two), so a client that
+    re-tokenizes the streamed text counts what `usage.completion_tokens` says, as with SGLang."""
     total = max(1, min(total, MAX_PIECES))
     reasoning = min(reasoning, total)
-    pieces = thinking_words(prompt, reasoning, seed=seed, fault=fault) if reasoning else []
-    pieces += answer_words(
+    pieces = _tokens(thinking_words(prompt, reasoning, seed=seed, fault=fault), tokenizer) if reasoning else []
+    answer = answer_words(
         prompt,
         total - reasoning,
         seed=seed,
@@ -64,6 +68,7 @@ def answer_table(
         prompt_tokens=prompt_tokens,
         speculative=speculative,
     )
+    pieces = (pieces + _tokens(answer, tokenizer))[:total]
     data = "".join(pieces).encode()
     offsets = array("q", [0])
     at = 0
@@ -71,6 +76,14 @@ def answer_table(
         at += len(p)  # pieces are ASCII: characters are bytes
         offsets.append(at)
     return WordTable(ids=(), words=tuple(pieces), blob=data + data, offsets=offsets, n=len(pieces))
+
+
+def _tokens(words: list[str], tokenizer) -> list[str]:
+    """`words` re-cut at the tokenizer's token boundaries (each piece is at least one token, so there are at least
+    as many tokens as words); without a tokenizer, the words as they are."""
+    if tokenizer is None or not words:
+        return words
+    return [tokenizer.decode([i]) for i in tokenizer.encode("".join(words))]
 
 
 def greedy_eos_seed(body: dict, ids) -> int | None:

@@ -714,6 +714,7 @@ class SimApp:
                 fault=answer_fault,
                 prompt_tokens=len(ids),
                 speculative=self.speculative,
+                tokenizer=self.tokenizer,
             )
             g.word = 0
         return 200
