@@ -28,7 +28,7 @@ def _experiment(tmp: Path) -> Path:
     # real time (no speed-up): a request of 160 tokens streams for a few seconds, so a kill lands mid-point
     exp["launcher"].update(workdir=str(tmp / "srv"), stop_timeout_s=20, sim_args={"sim_load_time": 0.3})
     exp["server"]["axes"] = {"tp_size": [1, 4]}
-    exp["load"].update(concurrency=[1, 2], prompt_tokens=[100], output_tokens=160, requests=3)
+    exp["load"].update(concurrency=[1, 2], prompt_tokens=[100], output_tokens=160, requests=6)
     exp.update(flush_cache_between_points=False, retries=1)
     f = tmp / "exp.yaml"
     f.write_text(yaml.safe_dump(exp))
@@ -47,7 +47,7 @@ def _kill_mid_point(proc, runs: Path, srv: Path) -> tuple[Path, str, str, int, f
             victim = next(pl for pl in m["packing"]["placements"] if pl["gpus"] == "0")
             other = next(c for c in running if c != victim["config"]) if len(running) >= 2 else None
             if other and m["points"][running[victim["config"]]]["attempts"] == 1:
-                time.sleep(1.0)  # well inside the point (3 requests of 160 tokens)
+                time.sleep(1.0)  # well inside the point (6 requests of 160 tokens)
                 pgid = int((srv / f"p{victim['port']}" / "server.pid").read_text())
                 os.killpg(pgid, signal.SIGKILL)
                 return run_dir, running[victim["config"]], other, pgid, time.time()
@@ -89,6 +89,6 @@ def test_a_server_dying_in_one_placement_is_restarted_while_the_other_keeps_runn
         assert folders == sorted(m["points"]) and len(folders) == 4 + 2  # + the isolation sample's twins
         for pid in m["points"]:
             s = json.loads((run_dir / pid / "summary.json").read_text())
-            assert s["requests"]["ok"] == 3 and s["requests"]["failed"] == 0, (pid, s["requests"])
+            assert s["requests"]["ok"] == 6 and s["requests"]["failed"] == 0, (pid, s["requests"])
     finally:
         cleanup(proc, run_dir, srv)

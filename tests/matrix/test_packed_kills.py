@@ -21,7 +21,7 @@ from test_packed import EXPERIMENT
 from test_reliability_kills import REQUESTS, _check_consistent, _port_free, _wait_for_phase
 from test_reliability_server import cleanup, manifest, run_dir_of, start
 
-CYCLES = int(os.environ.get("SERVESWEEP_PACKED_KILL_CYCLES", "3"))
+CYCLES = int(os.environ.get("SERVESWEEP_PACKED_KILL_CYCLES", "1"))
 
 
 def _experiment(tmp: Path) -> Path:

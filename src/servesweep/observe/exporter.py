@@ -668,8 +668,6 @@ def main() -> None:
     _cli()()
 
 
-if __name__ == "__main__":
-    main()
 
 
 # ---------------------------------------------------------------- finished run folders
@@ -719,3 +717,7 @@ def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
             axes.setdefault(GPU_LABEL, str(gpus))
         out.append({"point_id": p.point_id, "axes": axes, "summary": p.summary, "start": start, "end": end})
     return run.run_id, out
+
+
+if __name__ == "__main__":
+    main()
