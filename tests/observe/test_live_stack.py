@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import textwrap
@@ -28,7 +27,6 @@ from servesweep.observe.stack import Layout, stack_dir
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (Debian package)"),
 ]
 
 

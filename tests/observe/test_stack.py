@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,12 +31,7 @@ from ruamel.yaml import YAML
 from servesweep.observe import stack
 from servesweep.observe.stack import Layout, register_targets, stack_dir, unregister
 
-pytestmark = [
-    pytest.mark.timeout(60),
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None, reason="needs the prometheus binary (Debian package)"
-    ),
-]
+pytestmark = [pytest.mark.timeout(60)]  # prometheus and promtool: Debian's packages (make test installs them)
 REPO_DASHBOARDS = Path(__file__).resolve().parents[2] / "grafana" / "dashboards"
 
 
@@ -176,7 +170,6 @@ def test_down_stops_exactly_the_recorded_process(root):
         planted.wait(5)
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian package prometheus)")
 def test_promtool_accepts_the_generated_config_and_target_files(root):
     lay = Layout(stack_dir(root))
     stack.write_config(lay, pushgateway="127.0.0.1:9091")
@@ -228,7 +221,6 @@ def test_grafana_provisioning_names_prometheus_and_every_dashboard(root):
     assert str(lay.grafana / "provisioning") in stack.grafana_hint(lay)
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian package prometheus)")
 def test_a_backfilled_run_shows_as_history(root):
     start = time.time() - 40 * 86400.0
     run = root / "old-run"
