@@ -15,6 +15,7 @@ from servesweep.driver.point import run_point
 from servesweep.results.metrics import request_metrics
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
+from servesweep.workload.tokenizer import load_tokenizer
 
 SIM_ARGS = ["--model-path", "Qwen/Qwen3.6-27B", "--enable-cache-report", "--sim-calibration", "speedup=4"]
 OUT = 16
@@ -48,7 +49,7 @@ def test_every_choice_is_recorded(run):
         assert r["choice_completion_tokens"] == [OUT, OUT]  # ignore_eos: each choice runs to max tokens
         assert r["completion_tokens"] == 2 * OUT  # usage: summed over the choices
         assert sum(r["chunk_tokens"]) == OUT  # chunk_tokens: the lead choice's chunks only
-        assert r["response_text"] and len(r["response_text"].split()) == OUT  # one answer's text, not both mixed
+        assert r["response_text"] and len(load_tokenizer().encode(r["response_text"])) == OUT  # one answer, not both
     assert summary["output_tokens"] == 4 * 2 * OUT
 
 

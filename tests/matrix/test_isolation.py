@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from test_packed import EXPERIMENT
+from packed_experiment import EXPERIMENT
 
 from servesweep.matrix.isolation import _export
 from servesweep.observe.exporter import ClientMetrics

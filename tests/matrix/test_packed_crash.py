@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
-from test_packed import EXPERIMENT
+from packed_experiment import EXPERIMENT
 from test_reliability_server import cleanup, manifest, run_dir_of
 from test_reliability_server import start as start_servesweep
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import netns
 import psutil
 import yaml
-from test_packed import EXPERIMENT
+from packed_experiment import EXPERIMENT
 
 SERVESWEEP = str(Path(sys.executable).parent / "servesweep")
 # The planner prices an emulator start at 12 s and a point at 6 s + its measurement, and leaves out the server's

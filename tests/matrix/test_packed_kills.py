@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import yaml
-from test_packed import EXPERIMENT
+from packed_experiment import EXPERIMENT
 from test_reliability_kills import REQUESTS, _check_consistent, _port_free, _wait_for_phase
 from test_reliability_server import cleanup, manifest, run_dir_of, start
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_packed import EXPERIMENT
+from packed_experiment import EXPERIMENT
 from test_reliability_server import cleanup, manifest, run_dir_of
 from test_secrets import _scan_cmdlines
 
