@@ -602,19 +602,21 @@ def render_argv(flags: dict[str, Any], version: str | None) -> list[str]:
     for name in sorted(flags):
         value = flags[name]
         flag = None if version is None else flag_in(name, version)
-        if flag is not None:
-            out += flag_words(flag, value)
-            continue
-        opt = "--" + name.replace("_", "-")
-        if value is True:
-            out.append(opt)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            out += [opt, *map(_word, value)]
-        else:
-            out += [opt, _word(value)]
+        out += flag_words(flag, value) if flag is not None else plain_words(name, value)
     return out
+
+
+def plain_words(name: str, value: Any) -> list[str]:
+    """The argv words of a flag no table knows (a forked build's, a generic server's, a --config file's key):
+    `--name value`; true bare, false/null left out, a list several values, a mapping JSON."""
+    opt = "--" + str(name).replace("_", "-")
+    if value is True:
+        return [opt]
+    if value is False or value is None:
+        return []
+    if isinstance(value, list):
+        return [opt, *map(_word, value)]
+    return [opt, _word(value)]
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -162,18 +162,7 @@ def config_file_args(path: str) -> list[str]:
         return []
     if not isinstance(data, dict):
         raise SystemExit(f"servesweep sim: error: --config {path}: expected a mapping of flag: value")
-    out: list[str] = []
-    for key, val in data.items():
-        flag = "--" + str(key).replace("_", "-")
-        if val is True:
-            out.append(flag)
-        elif val is False or val is None:
-            continue
-        elif isinstance(val, list):
-            out += [flag, *map(str, val)]
-        else:
-            out += [flag, str(val)]
-    return out
+    return [word for key, val in data.items() for word in flags.plain_words(key, val)]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
