@@ -7,8 +7,9 @@ concurrent sessions, and the search's concurrency axis is the number of concurre
 
 What changes for a probe of agent sessions:
 - its requests are turns, judged per turn (TTFT, ITL, TPOT of every turn, early and late, cache hits included);
-- it must see whole sessions, not only first turns: a probe of C sessions asks for at least C × session_turns turns
-  (`min_rounds` = session_turns instead of 2), so every session slot reaches its last, longest turn at least once;
+- it must see whole sessions, not only first turns: a probe of C sessions asks for at least C × (session_turns + 1)
+  turns (`min_rounds` = session_turns + 1 instead of 2), so every session slot reaches its last, longest turn at
+  least once after the warm-up, which may cut the first session of each slot;
 - its row in capacity.json says `load_unit: sessions`, and its figures at capacity add the sessions' own: sessions
   seen, turns per session, TTFT p99 of first and of later turns, and the later turns' cache hit ratio.
 """
@@ -30,11 +31,12 @@ def is_agent(template: Mapping[str, Any]) -> bool:
 
 
 def search_overrides(template: Mapping[str, Any]) -> dict[str, Any]:
-    """SearchSpec fields an agent search sets: first calls of C × session_turns turns (whole sessions)."""
+    """SearchSpec fields an agent search sets: first calls of C × (session_turns + 1) turns (whole sessions after a
+    warm-up that may cut each slot's first one)."""
     if not is_agent(template):
         return {}
     turns = int((template.get("point") or {}).get("session_turns") or 1)
-    return {"min_rounds": float(max(2, turns))}
+    return {"min_rounds": float(max(2, turns + 1))}
 
 
 def load_unit(workload: str, axis: str) -> str:
@@ -46,7 +48,9 @@ def load_unit(workload: str, axis: str) -> str:
 
 def session_figures(record_files: Iterable[Path]) -> dict[str, Any]:
     """The sessions of a probe's calls at one load (their records.parquet, warm-up left out): sessions seen, mean
-    turns per session, TTFT p99 of first turns and of later turns (ms), the later turns' cache hit ratio."""
+    turns per session, sessions whose last (longest) turn was measured, TTFT p99 of first turns and of later turns
+    (ms), the later turns' cache hit ratio. Sessions cut by the warm-up or by the probe's end count as seen with the
+    turns they had, so `turns_per_session` is below session_turns even when every slot ran whole sessions."""
     from servesweep.results.metrics import request_metrics
     from servesweep.results.records import read_parquet
 
@@ -76,9 +80,11 @@ def session_figures(record_files: Iterable[Path]) -> dict[str, Any]:
 
     has = later & np.isfinite(ca) & np.isfinite(pr)
     sessions = len(set(sids))
+    last = turn == turn.max()
     return {
         "sessions": sessions,
         "turns_per_session": float(turn.size / sessions) if sessions else None,
+        "sessions_at_last_turn": len({s for s, is_last in zip(sids, last, strict=True) if is_last}),
         "ttft_p99_first_turn_ms": p99(tt[~later]),
         "ttft_p99_later_turns_ms": p99(tt[later]),
         "later_turns_cache_hit_ratio": float(ca[has].sum() / pr[has].sum()) if has.any() and pr[has].sum() else None,
