@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
-from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens
+from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens, server_metrics_text
 from servesweep.workload.build import build_bodies
 
 # ---------------------------------------------------------------- one point
@@ -104,8 +105,74 @@ def failure_check(summary: dict, max_failure_rate: float | None) -> dict:
     }
 
 
+class ServerSampler:
+    """The server's Prometheus /metrics, asked for about once a second by a background thread of the parent while a
+    point runs (results/server_state.py reduces each answer at once, so a long point keeps a few numbers per
+    sample, not the text). One request at a time, SAMPLE_TIMEOUT_S at most; nothing it meets reaches the point: a
+    failed request is skipped, and a server whose /metrics is missing (an HTTP error other than 429/5xx) or holds
+    no sglang:* series is not asked again (`reason` says why). `stop()` ends the thread and takes one last sample
+    (the counters after the last request finished)."""
 
+    def __init__(self, point: LoadPoint, interval_s: float | None = None, timeout_s: float | None = None):
+        from servesweep.results import server_state as ss
 
+        self.point = point
+        self.interval_s = ss.SAMPLE_INTERVAL_S if interval_s is None else interval_s
+        self.timeout_s = ss.SAMPLE_TIMEOUT_S if timeout_s is None else timeout_s
+        self.samples: list[tuple[float, dict]] = []
+        self.reason: str | None = None  # why there are no (more) samples
+        self._given_up = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one request at a time, the last one's included
+        self._thread = threading.Thread(target=self._loop, name="servesweep-server-state", daemon=True)
+
+    def start(self) -> "ServerSampler":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        due = time.monotonic()
+        while not self._given_up:
+            self.sample()
+            due = max(due + self.interval_s, time.monotonic())  # about once a second, a slow answer not added
+            if self._stop.wait(due - time.monotonic()):
+                return
+
+    def sample(self) -> None:
+        """One request to /metrics, its answer reduced and kept; never raises."""
+        from servesweep.results.server_state import NotSGLang, read_exposition
+        from servesweep.target.http import ServerError
+
+        if not self._lock.acquire(timeout=self.timeout_s + 5):  # a request still stuck on a trickling answer
+            return
+        try:
+            if self._given_up:
+                return
+            t = time.monotonic()
+            self.samples.append((t, read_exposition(server_metrics_text(self.point, self.timeout_s))))
+        except ServerError as e:
+            self.reason = f"GET /metrics: {e}"
+            self._given_up = not e.transient
+        except NotSGLang as e:
+            self.reason, self._given_up = str(e), True
+        except Exception as e:  # not Prometheus text, a key that cannot be read: skipped
+            self.reason = f"GET /metrics: {type(e).__name__}: {e}"[:300]
+        finally:
+            self._lock.release()
+
+    def stop(self, final: bool = True) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.timeout_s + 5)
+        if final:
+            self.sample()
+
+    def summary(self) -> tuple[dict | None, str | None]:
+        """(summary.json's server_state, or None; why it is None)."""
+        from servesweep.results.server_state import server_state
+
+        state = server_state(self.samples, self.interval_s)
+        return state, None if state is not None else (self.reason or "no sample of /metrics")
 
 
 def run_point(
@@ -163,6 +230,7 @@ def run_point(
     point = resolve_point(point, probes)
     # build (and cache on disk) the pool here, so the child's start is quick and errors show early
     build_bodies(point)
+    sampler = ServerSampler(point)  # the point as resolved: its key is read in this process
     # the key goes to the child in its environment, under one name; the point it reads says which
     point, env = child_env(point)
     work = _fresh_work(out_dir, point)
@@ -177,16 +245,24 @@ def run_point(
     try:
         cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
         started = time.monotonic()
+        sampler.start()
         rc = _run_locust(
             cmd, env, out_dir, work, point, workers=workers, progress=progress, owned=owned, poll=poll
         )
+    except BaseException:
+        sampler.stop(final=False)
+        raise
     finally:
         states = handle.stop() if handle is not None else None
         if targets is not None and metrics_port:
             targets.drop("servesweep", "locust")
+    sampler.stop()  # its last sample: the server's counters once every request of the point has finished
     summary = _point_summary(
         point, out_dir, work, rc, t0, parsed_slos, probes, max_failure_rate, workers, handle, states
     )
+    summary["server_state"], why = sampler.summary()  # results/server_state.py; docs/reports.md
+    if why is not None:
+        summary["server_state_note"] = why
     cached = None  # the server's cached tokens during the point
     if cached_before is not None and (after := server_cached_tokens(point)) is not None:
         cached = after - cached_before

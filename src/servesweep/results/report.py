@@ -67,6 +67,26 @@ COLUMNS = (
     ("error_rate", "error rate %", "error_rate", "%", 2),
     ("degenerate_rate", "degenerate %", "degenerate_rate", "%", 1),
 )
+# the server's own state during each point (summary.json server_state, results/server_state.py):
+# (key, header, where in server_state, decimals); mamba usage only where some point of the section has it
+SERVER_STATE_COLUMNS = (
+    ("utilization_mean", "utilization mean", ("gauges", "utilization", "mean"), 2),
+    ("utilization_max", "utilization max", ("gauges", "utilization", "max"), 2),
+    ("token_usage_max", "token usage max", ("gauges", "token_usage", "max"), 2),
+    ("running_max", "running max", ("gauges", "num_running_reqs", "max"), 0),
+    ("queue_max", "queue max", ("gauges", "num_queue_reqs", "max"), 0),
+    ("retractions", "retractions", ("counters", "retracted_requests"), 0),
+    ("mamba_usage_max", "mamba usage max", ("gauges", "mamba_usage", "max"), 2),
+)
+# a point without server_state: written before it was sampled, or a server without SGLang's metrics
+NO_STATE = "—"
+SERVER_STATE_NOTE = (
+    "The server's own gauges and counters from its Prometheus /metrics, sampled about once a second while each "
+    "point ran: usage and utilization as fractions (mean and max over the samples), running and queued requests "
+    "at most, retractions during the point (SGLang up to 0.5.23 leaves utilization at 0: nothing sets the "
+    f"running-request cap it divides by). {NO_STATE}: not recorded (a run folder written before servesweep "
+    "sampled /metrics, or a server without SGLang's metrics)."
+)
 RESOLVED_KEYS = (
     "tp_size",
     "dp_size",
@@ -104,6 +124,7 @@ class PointRow:
     flags: list[str]
     itl: list[float]
     samples: dict[str, int] = field(default_factory=dict)  # percentile column -> values it rests on
+    server_state: dict | None = None  # summary.json's server_state (None: not recorded)
 
     def few(self, key: str) -> int | None:
         """The sample count of a percentile column resting on fewer than SMALL_SAMPLE values, else None."""
@@ -151,7 +172,38 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
         flags=saturation_flags(p, s, summary),
         itl=s.pooled["itl"][0].tolist(),
         samples=percentile_samples(s),
+        server_state=summary.get("server_state") if isinstance(summary.get("server_state"), dict) else None,
     )
+
+
+def server_state_value(state: dict | None, path: tuple[str, ...]) -> float | None:
+    """A number of a point's server_state (None: not recorded, or the server does not have it)."""
+    v = state
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def server_state_table(sec: ConfigSection) -> tuple[list[tuple], list[tuple[PointRow, list[tuple]]]]:
+    """The section's "Server state" table: its columns, and per row (key, shown text, raw value) per column.
+    Empty when no point of the section has server_state; mamba usage only where some point has it."""
+    if not any(r.server_state for r in sec.rows):
+        return [], []
+
+    def shown(c: tuple) -> bool:
+        states = [r.server_state for r in sec.rows]
+        return c[0] != "mamba_usage_max" or any(server_state_value(st, c[2]) is not None for st in states)
+
+    cols = [*filter(shown, SERVER_STATE_COLUMNS), ("samples", "samples", ("samples",), 0)]
+    rows = []
+    for r in sec.rows:
+        cells = []
+        for key, _, path, dec in cols:
+            v = server_state_value(r.server_state, path)
+            text = NO_STATE if r.server_state is None else fmt(v, dec) if v is not None else "-"
+            cells.append((key, text, "" if v is None else repr(v)))
+        rows.append((r, cells))
+    return cols, rows
 
 
 def percentile_samples(s) -> dict[str, int]:
@@ -448,6 +500,9 @@ def render_html(rep: Report) -> str:
         small_note=SMALL_NOTE,
         resolved=_resolved,
         pivot=_pivot,
+        server_state_table=server_state_table,
+        server_state_note=SERVER_STATE_NOTE,
+        no_state=NO_STATE,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
         answers=answers_html(run) + isolation_html(run.manifest),  # the isolation sample of a packed run
@@ -530,10 +585,24 @@ def _md_by_prompt(sec: ConfigSection) -> list[str]:
     return ["By prompt length (output tok/s / TTFT p50 ms):", "", _md_table(header, rows), ""]
 
 
+def _md_server_state(sec: ConfigSection) -> list[str]:
+    """The section's "Server state" table; a line saying none was recorded when no point has it."""
+    cols, rows = server_state_table(sec)
+    if not cols:
+        return [f"Server state: {NO_STATE} (not recorded for these points).", ""]
+    header = ["workload", "prompt", "output", "concurrency", *[c[1] for c in cols]]
+    body = [
+        [r.info.workload, str(r.info.prompt_tokens), str(r.info.output_tokens), str(r.info.concurrency)]
+        + [text for _, text, _ in cells]
+        for r, cells in rows
+    ]
+    return ["### Server state", "", _md_table(header, body), "", SERVER_STATE_NOTE, ""]
+
+
 def _md_section(sec: ConfigSection) -> list[str]:
     out = [f"## {sec.title}", ""]
     if sec.rows:
-        out += _md_points(sec) + _md_by_prompt(sec)
+        out += _md_points(sec) + _md_by_prompt(sec) + _md_server_state(sec)
     if sec.not_done:
         rows = [[p.point_id, p.status, p.reason or "-"] for p in sec.not_done]
         out += ["Points not measured:", "", _md_table(["point", "status", "reason"], rows), ""]

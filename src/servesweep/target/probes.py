@@ -207,3 +207,9 @@ def server_cached_tokens(point: LoadPoint) -> float | None:
         return None
     got = [float(m[1]) for m in _CACHED_TOTAL.finditer(text)]
     return sum(got) if got else None
+
+
+def server_metrics_text(point: LoadPoint, timeout: float = 2.0) -> str:
+    """GET the server's Prometheus /metrics once (the point's API key and headers, no retry: the driver's sampler
+    asks again a second later). ServerError when no usable answer came."""
+    return http.get_text(point.base_url + "/metrics", **_call(point, timeout))

@@ -110,6 +110,16 @@ REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
 {% for pl in prompts %}{% set r = cells.get((k, pl)) %}
 <td>{{ fmt(r.values.output_tokens_per_s) if r else '-' }}</td><td>{{ fmt(r.values.ttft_p50) if r else '-' }}</td>{% endfor %}</tr>
 {% endfor %}</tbody></table>
+{% set sscols, ssrows = server_state_table(sec) %}
+<h3>Server state</h3>
+{% if sscols %}<table class="server-state"><thead><tr><th class="l">workload</th><th>prompt</th><th>output</th><th>concurrency</th>
+{% for c in sscols %}<th>{{ c[1] }}</th>{% endfor %}</tr></thead><tbody>
+{% for r, cells in ssrows %}<tr data-point="{{ r.info.point_id }}"><td class="l">{{ r.info.workload }}</td><td>{{ r.info.prompt_tokens }}</td>
+<td>{{ r.info.output_tokens }}</td><td>{{ r.info.concurrency }}</td>
+{% for key, text, raw in cells %}<td data-key="{{ key }}" data-value="{{ raw }}"{% if text == no_state %} class="muted"{% endif %}>{{ text }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+<p class="server-state-note">{{ server_state_note }}</p>
+{% else %}<p class="muted server-state-note">{{ no_state }} not recorded for these points (a run folder written before servesweep sampled /metrics, or a server without SGLang's metrics).</p>{% endif %}
 <div class="plots">
 {% for kind, caption, svg in sec.plots %}<figure class="plot" data-plot="{{ kind }}">{{ svg|safe }}<figcaption>{{ caption }}</figcaption></figure>
 {% endfor %}</div>

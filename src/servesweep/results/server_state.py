@@ -1,0 +1,142 @@
+"""The server's own state during a point: SGLang's Prometheus `/metrics`, sampled about once a second while the
+point runs (driver/point.py), reduced to what a user reads (summary.json `server_state`, the report's "Server state"
+table). Pure functions: exposition text in, numbers out; nothing here does I/O.
+
+Gauges (SGLang sets them at every log interval: each prefill batch and every `--decode-log-interval` decode steps)
+get the mean and the max over the samples; counters get their increase over the point. Where a family has several
+label sets (one per DP rank, or per scheduler process with `--enable-metrics-for-all-schedulers`), the label sets
+are combined as follows: usages and utilization (fractions of one pool) take the max over every label set, the
+busiest rank; counts of requests are summed over `dp_rank` (each DP rank has its own requests) after the max within
+one rank (its TP/PP/EP ranks report the same batch); counters are summed over every label set (`is_streaming`,
+`dp_rank`, ... partition the requests).
+
+SGLang runs prometheus_client in multiprocess mode: a labelled family has no sample until it is first set, so a
+counter absent from an SGLang exposition counts as 0 (`sglang:num_retracted_requests_total` appears with the first
+retraction). `sglang:mamba_usage` and `sglang:swa_token_usage` are written by every SGLang (0 without such a
+pool): they are kept only when the server has the pool (a value above 0 in some sample, or a pool size in
+`mamba_{available,used}_tokens` / `swa_{available,used}_tokens`), else None: hybrid models only for mamba.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+# key in server_state["gauges"] -> (sample name, how label sets combine: "max" or "sum" over dp_rank)
+GAUGES: dict[str, tuple[str, str]] = {
+    "utilization": ("sglang:utilization", "max"),
+    "token_usage": ("sglang:token_usage", "max"),
+    "num_running_reqs": ("sglang:num_running_reqs", "sum"),
+    "num_queue_reqs": ("sglang:num_queue_reqs", "sum"),
+    "num_paused_reqs": ("sglang:num_paused_reqs", "sum"),
+    "num_retracted_reqs": ("sglang:num_retracted_reqs", "sum"),
+    "mamba_usage": ("sglang:mamba_usage", "max"),
+    "swa_token_usage": ("sglang:swa_token_usage", "max"),
+}
+# gauges kept only when the server has the pool: key -> the samples that size it
+POOL_GAUGES: dict[str, tuple[str, ...]] = {
+    "mamba_usage": ("sglang:mamba_available_tokens", "sglang:mamba_used_tokens"),
+    "swa_token_usage": ("sglang:swa_available_tokens", "sglang:swa_used_tokens"),
+}
+# key in server_state["counters"] -> sample name (SGLang 0.5.11 to 0.5.23 alike)
+COUNTERS: dict[str, str] = {
+    "retracted_requests": "sglang:num_retracted_requests_total",
+    "aborted_requests": "sglang:num_aborted_requests_total",
+    "prompt_tokens": "sglang:prompt_tokens_total",
+    "generation_tokens": "sglang:generation_tokens_total",
+}
+WANTED = (
+    {name for name, _ in GAUGES.values()}
+    | {n for names in POOL_GAUGES.values() for n in names}
+    | set(COUNTERS.values())
+)
+SAMPLE_INTERVAL_S = 1.0  # how often the driver asks for /metrics while a point runs
+SAMPLE_TIMEOUT_S = 2.0  # one request at a time, this long at most
+
+
+class NotSGLang(ValueError):
+    """The exposition holds no `sglang:*` sample (another server, or metrics not enabled)."""
+
+
+def read_exposition(text: str) -> dict[str, float]:
+    """One /metrics answer reduced to the samples server_state needs: {sample name: value, label sets combined}.
+    Parsed by prometheus_client's own parser. ValueError: not Prometheus text; NotSGLang: no `sglang:*` sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    by_name: dict[str, list[tuple[dict, float]]] = {}
+    any_sglang = False
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("sglang:"):
+                any_sglang = True
+            if s.name in WANTED and not math.isnan(s.value):
+                by_name.setdefault(s.name, []).append((s.labels, float(s.value)))
+    if not any_sglang:
+        raise NotSGLang("/metrics holds no sglang:* series (another server, or --enable-metrics is off)")
+    counters = set(COUNTERS.values())
+    maxed = {name for name, how in GAUGES.values() if how == "max"}
+    out: dict[str, float] = {}
+    for name, rows in by_name.items():
+        if name in counters:
+            out[name] = sum(v for _, v in rows)
+        elif name in maxed:
+            out[name] = max(v for _, v in rows)
+        else:  # counts of requests and pool sizes: the max within a DP rank, summed over DP ranks
+            ranks: dict[str, float] = {}
+            for labels, v in rows:
+                r = labels.get("dp_rank", "")
+                ranks[r] = max(ranks.get(r, v), v)
+            out[name] = sum(ranks.values())
+    return out
+
+
+def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float | None = None) -> dict | None:
+    """summary.json's `server_state` from the samples of a point: (monotonic seconds, exposition text or what
+    read_exposition made of it), in time order. None when no sample is an SGLang exposition.
+
+    {"samples": N, "interval_s": mean gap between samples, "span_s": first to last,
+     "gauges": {key: {"mean", "max"} or None (the server does not have it)},
+     "counters": {key: increase over the point (a reset counts from 0, as Prometheus' increase() does)}}"""
+    snaps: list[tuple[float, dict[str, float]]] = []
+    for t, s in samples:
+        if isinstance(s, str):
+            try:
+                s = read_exposition(s)
+            except ValueError:
+                continue
+        snaps.append((float(t), s))
+    if not snaps:
+        return None
+    span = snaps[-1][0] - snaps[0][0]
+    gauges: dict[str, dict | None] = {}
+    for key, (name, how) in GAUGES.items():
+        vals = [s[name] for _, s in snaps if name in s]
+        pool = POOL_GAUGES.get(key)
+        sized = pool is not None and any(s.get(n, 0) > 0 for _, s in snaps for n in pool)
+        has_pool = pool is None or sized or any(v > 0 for v in vals)
+        if not vals or not has_pool:
+            gauges[key] = None
+            continue
+        top = max(vals)
+        gauges[key] = {"mean": sum(vals) / len(vals), "max": _tidy(top) if how == "sum" else top}
+    counters = {}
+    for key, name in COUNTERS.items():
+        inc, prev = 0.0, None
+        for _, s in snaps:
+            v = s.get(name, 0.0)  # multiprocess mode: no sample until the first event
+            if prev is not None:
+                inc += v - prev if v >= prev else v
+            prev = v
+        counters[key] = _tidy(inc)
+    return {
+        "samples": len(snaps),
+        "interval_s": span / (len(snaps) - 1) if len(snaps) > 1 else interval_s,
+        "span_s": span,
+        "gauges": gauges,
+        "counters": counters,
+    }
+
+
+def _tidy(x: float) -> float | int:
+    """A whole number as an int (counts read as counts in summary.json)."""
+    return int(x) if math.isfinite(x) and float(x).is_integer() else x
