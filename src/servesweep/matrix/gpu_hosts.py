@@ -105,11 +105,16 @@ def _host(name: str, hv: dict[str, Any], default_gpus: int) -> GpuHost:
 
 
 def jobs_of(plan) -> list[Job]:
-    """One job per configuration that has points to run: its own server start plus its points (each placement
-    starts its own server, so no start is shared with a neighbour)."""
+    """One job per configuration that has points to run: its own server start, its points and its server's stop
+    (each placement starts its own server, so no start is shared with a neighbour, and its GPUs are free for the
+    next placement only once that server has stopped)."""
     exp = plan.experiment
     return [
-        Job(cp.config.id, gpus_needed(exp, cp.config), cp.start_s + sum(p.est_s for p in cp.feasible_points))
+        Job(
+            cp.config.id,
+            gpus_needed(exp, cp.config),
+            cp.start_s + sum(p.est_s for p in cp.feasible_points) + cp.stop_s,
+        )
         for cp in plan.configs
         if cp.feasible_points
     ]

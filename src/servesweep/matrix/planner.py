@@ -45,6 +45,12 @@ GENERIC_UNPLANNED = (
     "generic_server_unplanned"  # launcher.command: no memory plan, no SGLang checks, rough times
 )
 GENERIC_START_S = 120.0  # a generic server's start (unknown: model load, warmup), for the time estimate only
+# Stopping a server before the next starts on its GPUs: the role's `stopped` run (a few tasks, no readiness wait:
+# 1.5-2 s locally, more over SSH), then SIGTERM and the server's teardown (SGLang: scheduler and detokenizer
+# processes exit, NCCL and CUDA contexts freed) until its port is closed. The emulator exits at once.
+ANSIBLE_STOP_RUN_S = 3.0
+SERVER_STOP_S = 10.0
+EMULATOR_STOP_S = 0.5
 PITFALLS = (
     CONTEXT_TOO_SHORT,
     CONTEXT_ABOVE_MAX,
@@ -79,6 +85,7 @@ class ConfigPlan:
     excluded_points: int = 0
     warnings: list[str] = field(default_factory=list)
     start_s: float = 0.0
+    stop_s: float = 0.0  # stopping this server so the next can take its GPUs (a restart is a stop and a start)
     facts: dict[str, Any] = field(default_factory=dict)
     restart: bool = True  # False when the previous configuration launches the same server
     error_code: str | None = None
@@ -91,7 +98,7 @@ class ConfigPlan:
     @property
     def est_s(self) -> float:
         fp = self.feasible_points
-        return (self.start_s if (fp and self.restart) else 0.0) + sum(p.est_s for p in fp)
+        return ((self.start_s + self.stop_s) if (fp and self.restart) else 0.0) + sum(p.est_s for p in fp)
 
 
 @dataclass
@@ -240,6 +247,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
     mrr = rs.effective_max_running_requests
     spec_reset = rs.spec_algorithm is not None and cfg.flags.get("max_running_requests") is None
     cp.start_s = _start_estimate(exp, rs)
+    cp.stop_s = ANSIBLE_STOP_RUN_S + (EMULATOR_STOP_S if exp.launcher.emulator else SERVER_STOP_S)
     try:
         timer = _Timer(rs, exp)
     except Exception as e:  # the step model is the emulator's; a plan must still print without it
@@ -299,6 +307,7 @@ def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
     ld = exp.load
     cp.facts = {"server": "generic", "command": exp.launcher.command}
     cp.start_s = ANSIBLE_RUN_S + GENERIC_START_S
+    cp.stop_s = ANSIBLE_STOP_RUN_S + SERVER_STOP_S
     for pp in cp.points:
         pp.codes.append(GENERIC_UNPLANNED)
         sched = (ld.requests / pp.spec.rate) if (pp.spec.rate and ld.requests) else 0.0
@@ -801,6 +810,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                 "error": cp.error,
                 "restart": cp.restart,
                 "start_s": round(cp.start_s, 1),
+                "stop_s": round(cp.stop_s, 1),
                 "est_s": round(cp.est_s, 1),
                 "facts": cp.facts,
                 "warnings": cp.warnings,
