@@ -75,6 +75,8 @@ def experiment_yaml(
               requests: {requests}
               first_token_s: {first_token_s}
             flush_cache_between_points: false
+            answers:
+              needle_probes: false  # these modules read points; needle probes at real time cost 10-30 s a run
             """
         )
         + f"slo:{slo_text}\n"
@@ -102,12 +104,20 @@ def run_experiment(root: Path, name: str, sim_args: list[str] | None, **load) ->
 
 
 def cached_runs(tmp_path_factory, key: str, make) -> dict[str, Path]:
-    """Make run folders once per test session (all three modules use them); `make(root)` returns a dict."""
-    root = tmp_path_factory.getbasetemp() / f"servesweep-{key}"
+    """Make run folders once per test session (all three modules use them, read-only); `make(root)` returns a dict.
+    Under pytest-xdist each worker has its own base folder and the modules land on different workers, so the folders
+    live in the session's shared parent, made by the first worker that asks while the others wait on a lock."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / f"servesweep-{key}"
     done = root / "done.json"
-    if not done.is_file():
-        runs = make(root)
-        done.write_text(json.dumps({k: str(v) for k, v in runs.items()}))
+    with FileLock(str(base / f"servesweep-{key}.lock")):
+        if not done.is_file():
+            runs = make(root)
+            done.write_text(json.dumps({k: str(v) for k, v in runs.items()}))
     return {k: Path(v) for k, v in json.loads(done.read_text()).items()}
 
 
