@@ -179,7 +179,7 @@ class ChoiceGroup:
             cached,
             sum(m.reasoning for m in self.members),
             cache_report=first.cache_report,
-            legacy=first.legacy,
+            details=self.app.version >= P.USAGE_DETAILS_SINCE,
         )
 
     def _body(self) -> bytes:

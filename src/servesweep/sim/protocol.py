@@ -33,10 +33,17 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+# UsageInfo has `completion_tokens_details` from 0.5.23 (absent in 0.5.9 … 0.5.22); ChatMessage drops a null
+# `tool_calls` from its body from 0.5.22 (a model_serializer). Read in each version's protocol.py.
+USAGE_DETAILS_SINCE = (0, 5, 23)
+MESSAGE_TOOL_CALLS_UNTIL = (0, 5, 22)
+
+
 def usage_dict(
-    prompt: int, completion: int, cached: int | None, reasoning: int, *, cache_report: bool, legacy: bool
+    prompt: int, completion: int, cached: int | None, reasoning: int, *, cache_report: bool, details: bool
 ) -> dict:
-    """UsageInfo as SGLang serializes it; `prompt_tokens_details` only with --enable-cache-report."""
+    """UsageInfo as SGLang serializes it; `prompt_tokens_details` only with --enable-cache-report,
+    `completion_tokens_details` only where the version has the field (`details`)."""
     u = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
@@ -44,7 +51,7 @@ def usage_dict(
         "prompt_tokens_details": {"cached_tokens": cached or 0} if cache_report else None,
         "reasoning_tokens": reasoning,
     }
-    if not legacy:
+    if details:
         u["completion_tokens_details"] = {"reasoning_tokens": reasoning} if reasoning > 0 else None
     return u
 
@@ -219,6 +226,8 @@ class CompletionChunks:
         )
 
     def usage(self, usage: dict) -> bytes:
+        # serving_completions.py writes its final usage chunk with `model_dump_json(exclude_none=True)`
+        usage = {k: v for k, v in usage.items() if v is not None}
         return self.head + b'],"usage":' + dumps(usage) + b"}\n\n"
 
 
@@ -234,7 +243,12 @@ def chat_response(
     finish: str,
     matched_stop,
     usage: dict,
+    tool_calls: bool = True,
 ) -> bytes:
+    """`tool_calls`: whether the message keeps a null `"tool_calls"` (before MESSAGE_TOOL_CALLS_UNTIL)."""
+    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    if tool_calls:
+        message["tool_calls"] = None
     return dumps(
         {
             "id": rid,
@@ -244,12 +258,7 @@ def chat_response(
             "choices": [
                 {
                     "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": content,
-                        "reasoning_content": reasoning,
-                        "tool_calls": None,
-                    },
+                    "message": message,
                     "logprobs": None,
                     "finish_reason": finish,
                     "matched_stop": matched_stop,

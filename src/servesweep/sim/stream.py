@@ -304,7 +304,7 @@ class GenerationStream:
             cached,
             self.reasoning,
             cache_report=self.cache_report,
-            legacy=self.legacy,
+            details=self.app.version >= P.USAGE_DETAILS_SINCE,
         )
 
     def _meta(self, finished: bool) -> dict:
@@ -480,6 +480,7 @@ class GenerationStream:
                 reason,
                 self._matched(e),
                 self._usage(comp),
+                tool_calls=self.app.version < P.MESSAGE_TOOL_CALLS_UNTIL,
             )
         if self.kind == "completion":
             return P.completion_response(
