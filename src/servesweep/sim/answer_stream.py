@@ -9,7 +9,9 @@ answer. Answer faults (faults.ANSWER_KINDS) come from the request's `X-Sim-Fault
 
 from __future__ import annotations
 
+import weakref
 from array import array
+from itertools import accumulate
 
 from .answers import answer_words, thinking_words
 from .faults import ANSWER_KINDS, Fault
@@ -17,6 +19,10 @@ from .text import WordTable
 
 # At most this many pieces are built per request (≈ 0.3 µs each); a longer generation cycles through them.
 MAX_PIECES = 32768
+# Each tokenizer's decoded single tokens (id -> decode([id])), at most this many; the answers' grammar uses a few
+# thousand ids, the prompts' needle words add a few more.
+PIECE_CACHE_MAX = 1 << 16
+_piece_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def split_fault(fault: Fault | None, server_answer_fault: Fault | None) -> tuple[Fault | None, Fault | None]:
@@ -70,20 +76,36 @@ def answer_table(
     )
     pieces = (pieces + _tokens(answer, tokenizer))[:total]
     data = "".join(pieces).encode()
-    offsets = array("q", [0])
-    at = 0
-    for p in pieces * 2:
-        at += len(p)  # pieces are ASCII: characters are bytes
-        offsets.append(at)
+    # pieces are ASCII: characters are bytes
+    offsets = array("q", accumulate(map(len, pieces * 2), initial=0))
     return WordTable(ids=(), words=tuple(pieces), blob=data + data, offsets=offsets, n=len(pieces))
 
 
 def _tokens(words: list[str], tokenizer) -> list[str]:
     """`words` re-cut at the tokenizer's token boundaries (each piece is at least one token, so there are at least
-    as many tokens as words); without a tokenizer, the words as they are."""
+    as many tokens as words); without a tokenizer, the words as they are.
+
+    Piece k is `tokenizer.decode([ids[k]])`, each distinct id decoded once per tokenizer (a bounded cache): one
+    encode per request instead of one decode per token as well (tests/sim/test_answer_stream.py compares)."""
     if tokenizer is None or not words:
         return words
-    return [tokenizer.decode([i]) for i in tokenizer.encode("".join(words))]
+    ids = tokenizer.encode("".join(words))
+    try:
+        cache = _piece_caches.setdefault(tokenizer, {})
+    except TypeError:  # no weak reference to it: each distinct id decoded once for this request
+        cache = {}
+    try:
+        return list(map(cache.__getitem__, ids))
+    except KeyError:
+        pass
+    new = set(ids).difference(cache)
+    if len(cache) + len(new) > PIECE_CACHE_MAX:  # full: start again with this request's ids
+        cache.clear()
+        new = set(ids)
+    decode = tokenizer.decode
+    for i in new:
+        cache[i] = decode([i])
+    return list(map(cache.__getitem__, ids))
 
 
 def greedy_eos_seed(body: dict, ids) -> int | None:
