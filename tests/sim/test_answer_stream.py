@@ -98,9 +98,7 @@ def prompts() -> list[str]:
         "",
         "slow",
         NEEDLE.format("amber", "heron", "falcon-4812", "amber", "heron"),
-        # non-ASCII: digits other than 0-9 match the code's \d, so the code has multi-byte characters that a
-        # byte-level token splits (decode([id]) gives U+FFFD there, and the offsets count characters, not bytes:
-        # as before the cache; the cache must give the same)
+        # non-ASCII digits: not a code the emulator reads (its pattern is ASCII), so the answer stays ASCII
         NEEDLE.format("amber", "heron", "falcon-\u0664\u0668\u0661\u0662", "amber", "heron"),
         "caf\u00e9 \u65e5\u672c\u8a9e \U0001f600",
     ]
@@ -187,3 +185,15 @@ def test_tokens_of_non_ascii_words_equal_the_reference(tokenizers):
         for k in range(1, len(words) + 1):
             for w in (words[:k], words[-k:], words * k):
                 assert answer_stream._tokens(w, tok) == _tokens_reference(w, tok)
+
+
+def test_a_needle_with_non_ascii_digits_streams_whole_bytes(tokenizers, prompts):
+    """A prompt whose needle code has Arabic-Indic digits: the emulator does not take it for a code (before the fix
+    `\\d` matched it, its multi-byte characters were split into U+FFFD pieces and the offsets, counted in
+    characters, cut the stream's bytes in the wrong places); every piece is ASCII and the offsets are byte offsets."""
+    tok = tokenizers["qwen3.6"]
+    for n in (8, 64, 300):
+        t = answer_table(prompts[-2], n, 0, seed=3, fault=None, prompt_tokens=0, speculative=False, tokenizer=tok)
+        assert all(w.isascii() for w in t.words), [w for w in t.words if not w.isascii()]
+        assert t.blob[: t.offsets[t.n]].decode() == "".join(t.words)
+        assert all(t.blob[t.offsets[i] : t.offsets[i + 1]].decode() == t.words[i] for i in range(t.n))

@@ -40,7 +40,7 @@ LOOP_TOKEN = " lambda"
 # The needle as workload/prompts.py `_needle` writes it; matched on the prompt text (chat content or raw text).
 _QUESTION = re.compile(r"Question: What is the access code for the ([a-z]+) ([a-z]+)\?")
 _FACT = " The access code for the {} {} is "
-_CODE = re.compile(r"([a-z]+)-(\d+)\.")
+_CODE = re.compile(r"([a-z]+)-(\d+)\.", re.ASCII)  # ASCII digits: pieces are ASCII, offsets count bytes
 _CODE_WORDS = (
     "falcon juniper lantern meadow orchid pebble quartz river sparrow thistle walnut willow".split()
 )  # filler.json's needle words: a wrong code looks like a right one
