@@ -11,16 +11,19 @@ from pathlib import Path
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
 
 
-def emulator_experiment_head(tmp: Path, name: str, *, load_time: float = 0.2) -> str:
+def emulator_experiment_head(tmp: Path, name: str, *, load_time: float = 0.2, needle_probes: bool = False) -> str:
     """The start of an experiment file that runs on the emulator on this machine, up to `server.base`; the caller
-    appends the rest (bundles under `server:`, then `load:` ...)."""
+    appends the rest (bundles under `server:`, then `load:` ...). Needle probes are off unless asked for: at real
+    time the emulator's greedy answers (EOS after a lognormal draw of median 200 tokens) cost 5-30 s per server
+    start, and only tests/matrix/test_answer_probes.py and the secrets tests (the key reaches the probes) need them."""
+    answers = "" if needle_probes else "        answers: {needle_probes: false}\n"  # indented as the lines it joins
     return textwrap.dedent(
         f"""\
         name: {name}
         sglang_version: 0.5.23
         target: {{inventory: local, port: 0}}
         model: {{path: Qwen/Qwen3.6-27B}}
-        launcher:
+{answers}        launcher:
           emulator: true
           gpu: H200
           workdir: {tmp / "srv"}

@@ -183,7 +183,8 @@ def test_run_refuses_a_bad_experiment_with_its_line(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2
-    assert "bad.yaml:25: load.output_tokens: expected a list of integers, got 'four'" in r.stderr
+    line = 1 + next(i for i, t in enumerate(f.read_text().splitlines()) if "output_tokens: four" in t)
+    assert f"bad.yaml:{line}: load.output_tokens: expected a list of integers, got 'four'" in r.stderr
     assert not (tmp_path / "runs").exists()
 
 

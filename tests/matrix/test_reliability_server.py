@@ -18,10 +18,12 @@ from support import emulator_experiment_head
 from support import start_servesweep as start
 
 
-def write_experiment(tmp: Path, *, retries: int, name: str = "crash", extra: str = "") -> Path:
+def write_experiment(
+    tmp: Path, *, retries: int, name: str = "crash", extra: str = "", needle_probes: bool = False
+) -> Path:
     f = tmp / f"{name}.yaml"
     f.write_text(
-        emulator_experiment_head(tmp, name, load_time=0.1)
+        emulator_experiment_head(tmp, name, load_time=0.1, needle_probes=needle_probes)
         + textwrap.dedent(
             f"""\
             load:

@@ -60,7 +60,7 @@ def make_vault(tmp: Path, key: str, password: str) -> tuple[Path, Path]:
 
 
 def experiment(tmp: Path, launcher_lines: str, *, generic: bool) -> Path:
-    exp = write_experiment(tmp, retries=0, name="keys")
+    exp = write_experiment(tmp, retries=0, name="keys", needle_probes=True)
     text = (
         exp.read_text()
         .replace("concurrency: [1, 2]", "concurrency: [2]")

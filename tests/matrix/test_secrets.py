@@ -63,7 +63,7 @@ def wait_probing_without_key(proc, runs, timeout_s: float = 240) -> tuple:
 
 def test_the_api_key_never_leaks(tmp_path):
     key = "sk-sweep-" + secrets.token_hex(16)
-    exp = write_experiment(tmp_path, retries=0, name="secret")
+    exp = write_experiment(tmp_path, retries=0, name="secret", needle_probes=True)
     text = exp.read_text().replace("  sim_args:", f"  api_key_env: {ENV}\n  sim_args:")
     exp.write_text(
         text.replace("concurrency: [1, 2]", "concurrency: [2]").replace(
