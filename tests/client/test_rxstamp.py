@@ -209,11 +209,15 @@ class StampingServer:
                     first = sec * 1_000_000_000 + nsec - (time.time_ns() - time.monotonic_ns())
                 buf += data
                 head, sep, rest = buf.partition(b"\r\n\r\n")
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1]) if sep else -1
-                if not sep or len(rest) < length:
+                if not sep:
                     continue
-                rid = re.search(rb"(?i)x-request-id: *(\w+)", head)[1].decode()
-                self.arrival[rid] = first
+                m = re.search(rb"(?i)content-length: *(\d+)", head)
+                length = int(m[1]) if m else 0  # a GET (the client's probes) has no body
+                if len(rest) < length:
+                    continue
+                m = re.search(rb"(?i)x-request-id: *(\w+)", head)
+                if m:  # the measured requests; probes carry no id
+                    self.arrival[m[1].decode()] = first
                 buf, first = rest[length:], None
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
