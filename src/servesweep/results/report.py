@@ -84,7 +84,9 @@ SERVER_STATE_NOTE = (
     "The server's own gauges and counters from its Prometheus /metrics, sampled about once a second while each "
     "point ran: usage and utilization as fractions (mean and max over the samples), running and queued requests "
     "at most, retractions during the point (SGLang up to 0.5.23 leaves utilization at 0: nothing sets the "
-    f"running-request cap it divides by). {NO_STATE}: not recorded (a run folder written before servesweep "
+    "running-request cap it divides by). SGLang sets these gauges when it logs (each prefill batch, every 40 decode "
+    f"steps by default), so a point of a few seconds may read a stale state. {NO_STATE}: not recorded (a run "
+    "folder written before servesweep "
     "sampled /metrics, or a server without SGLang's metrics)."
 )
 RESOLVED_KEYS = (
