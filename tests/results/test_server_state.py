@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow.parquet as pq
 import pytest
 
-from servesweep.results.server_state import NotSGLang, read_exposition, server_state
+from servesweep.results.server_state import NotSGLang, StateAccumulator, read_exposition, server_state
 
 LABELS = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
 
@@ -105,6 +105,37 @@ def test_a_point_gauges_mean_and_max_counters_increase_over_the_samples():
     # a server restarted mid-point: the counter starts again from 0, and its new count is added
     restart = [samples[0], (11.0, exposition(gen=(30, 0))), (12.0, exposition(gen=(50, 0)))]
     assert server_state(restart)["counters"]["generation_tokens"] == 50
+
+
+def test_a_point_of_hours_keeps_a_few_numbers_not_its_samples():
+    """Field scale: the sampler reduces each sample at once. 10x a long point (a 3-hour soak at 1/s is 10,800
+    samples; here 108,000): the accumulator's memory stays flat and its figures equal the ones computed from the
+    whole list (mean, max, a counter's increase across two server restarts)."""
+    import tracemalloc
+
+    def snap(i: int) -> dict[str, float]:
+        gen = float(i % 40_000) * 7  # the server restarted twice: the counter falls back to 0
+        return {"sglang:token_usage": (i % 97) / 100, "sglang:num_running_reqs": float(i % 13),
+                "sglang:generation_tokens_total": gen}  # fmt: skip
+
+    n = 108_000
+    acc = StateAccumulator()
+    acc.add(0.0, snap(0))
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for i in range(1, n):
+        acc.add(float(i), snap(i))
+    grown = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    st = acc.result()
+    assert grown < 16_000, f"the accumulator grew by {grown} bytes over {n} samples"
+    usage = [(i % 97) / 100 for i in range(n)]
+    assert st["samples"] == n and st["span_s"] == n - 1 and st["interval_s"] == 1.0
+    assert st["gauges"]["token_usage"] == {"mean": pytest.approx(sum(usage) / n), "max": 0.96}
+    assert st["gauges"]["num_running_reqs"]["max"] == 12
+    # increase: 0 -> 39,999 x 7, then from 0 again twice (the first sample after each restart counts as new)
+    assert st["counters"]["generation_tokens"] == sum(snap(i)["sglang:generation_tokens_total"] - (
+        snap(i - 1)["sglang:generation_tokens_total"] if i % 40_000 else 0) for i in range(1, n))  # fmt: skip
 
 
 def test_mamba_usage_only_for_a_server_with_a_mamba_pool():

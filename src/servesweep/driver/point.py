@@ -119,7 +119,9 @@ class ServerSampler:
         self.point = point
         self.interval_s = ss.SAMPLE_INTERVAL_S if interval_s is None else interval_s
         self.timeout_s = ss.SAMPLE_TIMEOUT_S if timeout_s is None else timeout_s
-        self.samples: list[tuple[float, dict]] = []
+        from servesweep.results.server_state import StateAccumulator
+
+        self.state = StateAccumulator()  # a few numbers however long the point: no list of samples
         self.reason: str | None = None  # why there are no (more) samples
         self._given_up = False
         self._stop = threading.Event()
@@ -149,7 +151,7 @@ class ServerSampler:
             if self._given_up:
                 return
             t = time.monotonic()
-            self.samples.append((t, read_exposition(server_metrics_text(self.point, self.timeout_s))))
+            self.state.add(t, read_exposition(server_metrics_text(self.point, self.timeout_s)))
         except ServerError as e:
             self.reason = f"GET /metrics: {e}"
             self._given_up = not e.transient
@@ -169,9 +171,7 @@ class ServerSampler:
 
     def summary(self) -> tuple[dict | None, str | None]:
         """(summary.json's server_state, or None; why it is None)."""
-        from servesweep.results.server_state import server_state
-
-        state = server_state(self.samples, self.interval_s)
+        state = self.state.result(self.interval_s)
         return state, None if state is not None else (self.reason or "no sample of /metrics")
 
 

@@ -90,6 +90,67 @@ def read_exposition(text: str) -> dict[str, float]:
     return out
 
 
+class StateAccumulator:
+    """server_state's figures kept as the samples come (count, sum and max per gauge, each counter's increase, the
+    pool flags, first and last time): a point of hours holds a few dozen numbers, not one dict per second."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first_t: float | None = None
+        self.last_t: float | None = None
+        self._gauge: dict[str, list[float]] = {}  # key -> [count, sum, max]
+        self._sized: set[str] = set()  # pool gauges whose pool showed a size or a value above 0
+        self._inc = dict.fromkeys(COUNTERS, 0.0)
+        self._prev: dict[str, float] = {}
+
+    def add(self, t: float, snap: dict[str, float]) -> None:
+        """One sample (read_exposition's dict at monotonic time t), in time order."""
+        self.n += 1
+        self.first_t = float(t) if self.first_t is None else self.first_t
+        self.last_t = float(t)
+        for key, (name, _how) in GAUGES.items():
+            if name not in snap:
+                continue
+            v = snap[name]
+            g = self._gauge.get(key)
+            if g is None:
+                self._gauge[key] = [1.0, v, v]
+            else:
+                g[0] += 1.0
+                g[1] += v
+                g[2] = max(g[2], v)
+            if v > 0:
+                self._sized.add(key)
+        for key, names in POOL_GAUGES.items():
+            if any(snap.get(n, 0) > 0 for n in names):
+                self._sized.add(key)
+        for key, name in COUNTERS.items():
+            v = snap.get(name, 0.0)  # multiprocess mode: no sample until the first event
+            prev = self._prev.get(key)
+            if prev is not None:
+                self._inc[key] += v - prev if v >= prev else v  # a reset counts from 0, as increase() does
+            self._prev[key] = v
+
+    def result(self, interval_s: float | None = None) -> dict | None:
+        if not self.n:
+            return None
+        span = self.last_t - self.first_t
+        gauges: dict[str, dict | None] = {}
+        for key, (_name, how) in GAUGES.items():
+            g = self._gauge.get(key)
+            if g is None or (key in POOL_GAUGES and key not in self._sized):
+                gauges[key] = None
+                continue
+            gauges[key] = {"mean": g[1] / g[0], "max": _tidy(g[2]) if how == "sum" else g[2]}
+        return {
+            "samples": self.n,
+            "interval_s": span / (self.n - 1) if self.n > 1 else interval_s,
+            "span_s": span,
+            "gauges": gauges,
+            "counters": {key: _tidy(v) for key, v in self._inc.items()},
+        }
+
+
 def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float | None = None) -> dict | None:
     """summary.json's `server_state` from the samples of a point: (monotonic seconds, exposition text or what
     read_exposition made of it), in time order. None when no sample is an SGLang exposition.
@@ -97,44 +158,15 @@ def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float 
     {"samples": N, "interval_s": mean gap between samples, "span_s": first to last,
      "gauges": {key: {"mean", "max"} or None (the server does not have it)},
      "counters": {key: increase over the point (a reset counts from 0, as Prometheus' increase() does)}}"""
-    snaps: list[tuple[float, dict[str, float]]] = []
+    acc = StateAccumulator()
     for t, s in samples:
         if isinstance(s, str):
             try:
                 s = read_exposition(s)
             except ValueError:
                 continue
-        snaps.append((float(t), s))
-    if not snaps:
-        return None
-    span = snaps[-1][0] - snaps[0][0]
-    gauges: dict[str, dict | None] = {}
-    for key, (name, how) in GAUGES.items():
-        vals = [s[name] for _, s in snaps if name in s]
-        pool = POOL_GAUGES.get(key)
-        sized = pool is not None and any(s.get(n, 0) > 0 for _, s in snaps for n in pool)
-        has_pool = pool is None or sized or any(v > 0 for v in vals)
-        if not vals or not has_pool:
-            gauges[key] = None
-            continue
-        top = max(vals)
-        gauges[key] = {"mean": sum(vals) / len(vals), "max": _tidy(top) if how == "sum" else top}
-    counters = {}
-    for key, name in COUNTERS.items():
-        inc, prev = 0.0, None
-        for _, s in snaps:
-            v = s.get(name, 0.0)  # multiprocess mode: no sample until the first event
-            if prev is not None:
-                inc += v - prev if v >= prev else v
-            prev = v
-        counters[key] = _tidy(inc)
-    return {
-        "samples": len(snaps),
-        "interval_s": span / (len(snaps) - 1) if len(snaps) > 1 else interval_s,
-        "span_s": span,
-        "gauges": gauges,
-        "counters": counters,
-    }
+        acc.add(t, s)
+    return acc.result(interval_s)
 
 
 def _tidy(x: float) -> float | int:
