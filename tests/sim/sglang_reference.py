@@ -109,8 +109,15 @@ class SGLangReference:
         out = self._ask({"http": path, "headers": headers, "body": body.decode()})
         return out["status"], out["body"].encode()
 
-    def serve(self, path: str, body: dict, outputs: list[dict], *, reasoning_parser: str | None = None,
-              context_length: int = 4096) -> tuple[int, str, bytes]:
+    def serve(
+        self,
+        path: str,
+        body: dict,
+        outputs: list[dict],
+        *,
+        reasoning_parser: str | None = None,
+        context_length: int = 4096,
+    ) -> tuple[int, str, bytes]:
         """(status, content type, body) of SGLang's own route and OpenAI serving class for `body`, its engine
         replaced by a stub that yields `outputs` (see `_StubTokenizerManager`)."""
         out = self._ask({"serve": path, "body": body, "outputs": outputs, "reasoning_parser": reasoning_parser,
@@ -180,7 +187,9 @@ def _validation_app(protocol, http_server: Path, serve: bool = False):
     keep = [f for f in funcs if f.name in handlers or f.name in routes]
     for f in keep:
         f.decorator_list = []
-        if f.name in routes and not serve:  # the route as SGLang declares it (name, line, types); it answers before serving
+        if (
+            f.name in routes and not serve
+        ):  # the route as SGLang declares it (name, line, types); it answers before serving
             done = ast.parse('return {"validated": True}').body[0]
             f.body = [ast.copy_location(done, f.body[0])]
     ast.fix_missing_locations(tree)
@@ -230,7 +239,9 @@ def _call(app, path: str, headers: dict, body: bytes, out_headers: dict | None =
     out = {"status": 0, "body": b""}
 
     async def run():
-        sent = asyncio.Event()  # a streaming response listens for the disconnect: it comes once the body is sent
+        sent = (
+            asyncio.Event()
+        )  # a streaming response listens for the disconnect: it comes once the body is sent
         given = False
 
         async def receive():
@@ -317,6 +328,9 @@ class _StubTokenizer:
     chat_template = None
     bos_token_id = None
     eos_token_id = None
+    # 0.5.23 takes a logprob's `bytes` from the token id through the GPT-2 byte decoder when the tokenizer is
+    # byte-level (Qwen's is), else from the token text's UTF-8; for whole-character tokens both are the same bytes
+    is_byte_level = False
 
     def encode(self, text, **kw):
         return [1] * len(str(text).split())
@@ -332,7 +346,8 @@ class _StubTokenizerManager:
     (+ `_handle_batch_request` for n > 1) yield for a text request without incremental streaming output: per engine
     output, `{"text": <the index's text so far>, "output_ids": [...], "meta_info": {"id", "finish_reason",
     "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens", "completion_tokens", "cached_tokens"}}`
-    plus `"index"` when n > 1; finish_reason `{"type": "length", "length": n}` / `{"type": "stop", "matched": id}` on
+    plus `"index"` when n > 1, plus, for an output given `"logprobs"` (triples) and `"top"` (rows of triples), the
+    index's `output_token_logprobs` (+ `_length`) and `output_top_logprobs` so far; finish_reason `{"type": "length", "length": n}` / `{"type": "stop", "matched": id}` on
     an index's last output. A request that does not stream gets the final output (a list of them, in index order,
     when n > 1)."""
 
@@ -358,6 +373,8 @@ class _StubTokenizerManager:
 
     def _dicts(self):
         text: dict[int, str] = {}
+        lp: dict[int, list] = {}
+        top: dict[int, list] = {}
         for o in self.outputs:
             i = o.get("index", 0)
             text[i] = text.get(i, "") + o["text"]
@@ -371,6 +388,14 @@ class _StubTokenizerManager:
                 "completion_tokens": o["completion_tokens"],
                 "cached_tokens": o.get("cached_tokens", 0),
             }
+            if "logprobs" in o:  # add_logprob_to_meta_info: the index's (logprob, id, text) triples so far
+                lp.setdefault(i, []).extend(tuple(x) for x in o["logprobs"])
+                meta["input_token_logprobs"] = []
+                meta["output_token_logprobs"] = list(lp[i])
+                meta["output_token_logprobs_length"] = len(lp[i])
+                if "top" in o:  # only with top_logprobs_num > 0
+                    top.setdefault(i, []).extend([tuple(x) for x in row] for row in o["top"])
+                    meta["output_top_logprobs"] = list(top[i])
             d = {"text": text[i], "output_ids": [0] * o["completion_tokens"], "meta_info": meta}
             if self.n > 1:
                 d["index"] = i

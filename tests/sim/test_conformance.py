@@ -60,6 +60,20 @@ REJECTED = {
     "invalid JSON": ("/v1/chat/completions", b'{"messages": [', JSON_CT),
     "JSON not an object": ("/v1/completions", b"[1, 2]", JSON_CT),
     "wrong content type": ("/v1/chat/completions", {"messages": MSG}, {"content-type": "text/plain"}),
+    "chat logprobs not a boolean": ("/v1/chat/completions", {"messages": MSG, "logprobs": "maybe"}, JSON_CT),
+    "chat logprobs=2": ("/v1/chat/completions", {"messages": MSG, "logprobs": 2}, JSON_CT),
+    "chat logprobs list, top_logprobs fractional": (
+        "/v1/chat/completions",
+        {"messages": MSG, "logprobs": [1], "top_logprobs": 1.5},
+        JSON_CT,
+    ),
+    "chat top_logprobs not a number": (
+        "/v1/chat/completions",
+        {"messages": MSG, "logprobs": True, "top_logprobs": "x"},
+        JSON_CT,
+    ),
+    "completion logprobs not an integer": ("/v1/completions", {"prompt": "x", "logprobs": "two"}, JSON_CT),
+    "completion logprobs an object": ("/v1/completions", {"prompt": "x", "logprobs": {}}, JSON_CT),
 }
 
 
@@ -78,6 +92,15 @@ def test_rejected_requests_match_sglang_byte_for_byte(pair, case):
 # requests SGLang accepts: (path, body, SGLang's response model, its stream chunk model)
 ACCEPTED = {
     "chat": ("/v1/chat/completions", {"messages": MSG, "max_tokens": 5}),
+    "chat logprobs top_logprobs=2": (
+        "/v1/chat/completions",
+        {"messages": MSG, "max_tokens": 5, "logprobs": True, "top_logprobs": 2},
+    ),
+    "chat top_logprobs without logprobs": (
+        "/v1/chat/completions",
+        {"messages": MSG, "max_tokens": 5, "top_logprobs": 2},
+    ),
+    "completion logprobs=2": ("/v1/completions", {"prompt": "Once upon", "max_tokens": 5, "logprobs": 2}),
     "chat with unknown fields": (
         "/v1/chat/completions",
         {"messages": MSG, "max_tokens": 5, "not_a_field": 1},

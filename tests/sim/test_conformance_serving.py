@@ -21,7 +21,11 @@ each content event is one engine output carrying that event's text as the detoke
 event's id (so the ids each chunk carries are compared too), one more completion token per output, the finish
 reason on each choice's last output; a body that does not stream is one output per choice. SGLang's bytes must
 equal the emulator's, status and content type included. Normalised: `"created":<int>` only (both sides stamp the
-clock). Logprobs are not in the catalogue: the emulator answers `"logprobs":null` (it does not model them).
+clock). Logprobs: the logprobs each emulator event carries are fed to the stub as the engine's `(logprob, token id,
+token text)` triples (`output_token_logprobs`, `output_top_logprobs` when top_logprobs_num > 0, accumulated per
+choice as the tokenizer manager does), and SGLang's serving code must write them back byte for byte. Each event
+carries one token here, so 0.5.11's streaming quirk (every token of a chunk gets the first token's alternatives) is
+not exercised; tests/sim/test_sim_logprobs.py covers it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,34 @@ CATALOGUE = {
     "completion stream n=2": (COMPLETION, {"prompt": "Once upon", "stream": True, "n": 2, **USAGE}),
     "completion body": (COMPLETION, {"prompt": "Once upon"}),
     "completion body n=2": (COMPLETION, {"prompt": "Once upon", "n": 2}),
+    # logprobs: the emulator's invented values, SGLang's format
+    "chat stream logprobs top 0": (
+        CHAT,
+        {"messages": MSG, "stream": True, "logprobs": True, "top_logprobs": 0},
+    ),
+    "chat stream logprobs top 3": (
+        CHAT,
+        {"messages": MSG, "stream": True, "logprobs": True, "top_logprobs": 3},
+    ),
+    "chat stream logprobs top 3 n=2": (
+        CHAT,
+        {"messages": MSG, "stream": True, "n": 2, "logprobs": True, "top_logprobs": 3},
+    ),
+    "chat stream top_logprobs without logprobs": (CHAT, {"messages": MSG, "stream": True, "top_logprobs": 3}),
+    "chat body logprobs top 0": (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 0}),
+    "chat body logprobs top 3": (CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 3}),
+    "chat body logprobs top 3 n=2": (CHAT, {"messages": MSG, "n": 2, "logprobs": True, "top_logprobs": 3}),
+    "completion stream logprobs 2": (
+        COMPLETION,
+        {"prompt": "Once upon", "stream": True, "logprobs": 2, **USAGE},
+    ),
+    "completion stream logprobs 0": (COMPLETION, {"prompt": "Once upon", "stream": True, "logprobs": 0}),
+    "completion stream logprobs 2 n=2": (
+        COMPLETION,
+        {"prompt": "Once upon", "stream": True, "n": 2, "logprobs": 2},
+    ),
+    "completion body logprobs 2": (COMPLETION, {"prompt": "Once upon", "logprobs": 2}),
+    "completion body logprobs 2 n=2": (COMPLETION, {"prompt": "Once upon", "n": 2, "logprobs": 2}),
 }
 
 
@@ -77,8 +109,25 @@ def _finish(choice: dict, completion: int) -> dict:
     return {"type": "stop", "matched": choice["matched_stop"]}
 
 
+def _engine_logprobs(o: dict, lp: dict | None, top: bool) -> None:
+    """The engine's (logprob, token id, token text) triples behind a choice's `logprobs` (chat or completions
+    shape), set on the engine output `o` as the tokenizer manager puts them in meta_info (`"top"` only with
+    top_logprobs_num > 0)."""
+    if lp is None:
+        return
+    if "content" in lp:
+        o["logprobs"] = [(x["logprob"], 0, x["token"]) for x in lp["content"]]
+        rows = [[(t["logprob"], 0, t["token"]) for t in x["top_logprobs"]] for x in lp["content"]]
+    else:
+        o["logprobs"] = [(v, 0, t) for v, t in zip(lp["token_logprobs"], lp["tokens"], strict=True)]
+        rows = [[(v, 0, t) for t, v in d.items()] for d in lp["top_logprobs"]]
+    if top:
+        o["top"] = rows
+
+
 def _outputs(path: str, body: dict, out: bytes) -> list[dict]:
     """The emulator's answer as the engine outputs SGLang's serving code would have received."""
+    top = (body.get("top_logprobs") if path == CHAT else body.get("logprobs")) or 0
     if not body.get("stream"):
         obj = json.loads(out)
         u = obj["usage"]
@@ -89,6 +138,7 @@ def _outputs(path: str, body: dict, out: bytes) -> list[dict]:
             outs.append({"index": c["index"], "id": obj["id"] if c["index"] == 0 else f"choice{c['index']}",
                          "text": text, "prompt_tokens": u["prompt_tokens"], "completion_tokens": comp,
                          "finish": _finish(c, comp)})  # fmt: skip
+            _engine_logprobs(outs[-1], c["logprobs"], top > 0)
         return outs
     chunks = [json.loads(e) for e in sse_events(out)[:-1]]
     usage = next((c["usage"] for c in chunks if c.get("usage") and not c["choices"]), None)
@@ -103,10 +153,17 @@ def _outputs(path: str, body: dict, out: bytes) -> list[dict]:
         text = ch["delta"].get("content") if path == CHAT else ch["text"]
         if text:
             done = sum(1 for o in outs if o["index"] == i)
-            o = {"index": i, "id": c["id"], "text": text, "prompt_tokens": prompt, "completion_tokens": done + 1}
+            o = {
+                "index": i,
+                "id": c["id"],
+                "text": text,
+                "prompt_tokens": prompt,
+                "completion_tokens": done + 1,
+            }
             if c.get("usage"):  # continuous usage: the engine's counts at that output
                 o["completion_tokens"] = c["usage"]["completion_tokens"]
                 o["prompt_tokens"] = c["usage"]["prompt_tokens"]
+            _engine_logprobs(o, ch["logprobs"], top > 0)
             outs.append(o)
             last[i] = o
         if ch["finish_reason"]:

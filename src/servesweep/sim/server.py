@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 
+from . import logprobs
 from . import protocol as P
 from .answer_stream import answer_table, greedy_eos_seed, prompt_text, split_fault
 from .choices import choice_count, start_choices
@@ -57,6 +58,7 @@ class SimApp:
         self.served_model_name = args.served_model_name or args.model_path
         self.tokenizer = None
         self.words = None
+        self.logprob_tables: dict = {}  # logprobs.table: one per top_logprobs_num asked
         self.eos_id = 0
         self.faults = FaultPicker(args.sim_fault_rate or {}, args.sim_seed)
         self.answer_fault = args.sim_answer_fault  # every request's answer fault, unless it brings its own
@@ -425,6 +427,11 @@ class SimApp:
             err["ctx"] = {"error": ValueError(msg.removeprefix("Value error, "))}
         return HttpError(400, P.validation_error_body([err], req.path, self.version))
 
+    def _logprob_fields(self, req, kind: str, body: dict) -> None:
+        errs = logprobs.field_errors(kind, body)
+        if errs:
+            raise HttpError(400, P.validation_error_body(errs, req.path, self.version))
+
     def h_chat(self, conn, req):
         body = self._json(req)
         self._not_ready()
@@ -437,6 +444,7 @@ class SimApp:
                 "missing" if msgs is None else "list_type",
                 chat_input(body) if msgs is None else msgs,
             )
+        self._logprob_fields(req, "chat", body)
         from servesweep.workload.tokenizer import render_chatml
 
         ctk = body.get("chat_template_kwargs") or {}
@@ -471,6 +479,7 @@ class SimApp:
                 )
         elif not isinstance(prompt, str):
             raise self._field_error(req, "prompt", "Input should be a valid string", "string_type", prompt)
+        self._logprob_fields(req, "completion", body)
         max_new = body.get("max_tokens", 16)
         if max_new is not None and (not isinstance(max_new, int) or max_new <= 0):
             raise self._field_error(
@@ -649,10 +658,17 @@ class SimApp:
             rid = str(rid)
         model = body.get("model", "default") if kind != "generate" else self.served_model_name
         fault, answer_fault = split_fault(fault, self.answer_fault)
-        g = GenerationStream(
-            self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
-            choice=index or 0, created=getattr(group, "created", None),
-        )  # fmt: skip
+        top_k = logprobs.requested(kind, body)
+        if top_k is None:
+            g = GenerationStream(
+                self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
+                choice=index or 0, created=getattr(group, "created", None),
+            )  # fmt: skip
+        else:  # logprobs asked for: their own class, so the others' chunk path is untouched
+            g = logprobs.LogprobStream(
+                self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
+                choice=index or 0, created=getattr(group, "created", None), top_k=top_k,
+            )  # fmt: skip
         if group is not None:
             g.group, g.index = group, index
             group.members.append(g)
