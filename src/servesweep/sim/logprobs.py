@@ -7,12 +7,12 @@ What a request asks for, as SGLang's OpenAI layer reads it (`serving_chat.py`, `
 Neither checks a range: a `top_logprobs_num` ≤ 0 means no alternatives (the tokenizer manager adds
 `output_top_logprobs` to `meta_info` only when it is > 0).
 
-The values: each word of the emulator's word table (`text.WordTable`, one token per word) gets, once per table, a
-logprob in [-1.5, -0.001] and a ranked list of alternatives: the word itself first (the emitted token is the most
-likely one), then other words of the table with lower logprobs, all distinct texts (SGLang's completions
-`top_logprobs` is a dict keyed by token text). Values are multiples of 0.001, so every JSON writer (json, orjson,
-msgspec, pydantic) prints them alike. A stream starts at a word chosen from its id, so values vary across requests
-and repeat for a request replayed under the same id. At most as many alternatives as the table has distinct words.
+The values: each emitted token (its text and its position in the request's answer table) gets a logprob in
+[-1.5, -0.001] and a ranked list of alternatives: the token itself first (the emitted token is the most likely one),
+then other single-token words of the serving tokenizer (the app's word table, `text.WordTable`) with lower
+logprobs, all distinct texts (SGLang's completions `top_logprobs` is a dict keyed by token text). Values are
+multiples of 0.001, so every JSON writer (json, orjson, msgspec, pydantic) prints them alike; a greedy request
+replayed gets the same values. At most as many alternatives as the word table has distinct words.
 
 Only requests that ask for logprobs use this module: `LogprobStream` (a `stream.GenerationStream` subclass) is built
 for them alone, so the per-chunk path of every other request is unchanged (not one extra operation).
