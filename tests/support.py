@@ -48,6 +48,29 @@ def start_servesweep(args: list[str], cwd: Path, log: Path, env: dict | None = N
     )
 
 
+def run_servesweep(*args: str, timeout: float, cwd: Path | None = None, columns: int = 250) -> tuple[int, str]:
+    """`servesweep ARGS` to its end, in its own process group, so that on a timeout the cleanup reaches the
+    emulators and Locust processes it started too; (exit code, stdout and stderr together)."""
+    import signal
+
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "servesweep"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": str(columns)},
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out
+
+
 def metaspace_tokenizer(path: Path, *, capitalize: bool) -> str:
     """A small SentencePiece-style BPE (`tokenizer.json` at `path`): word-start marks, so a sentence counts one way
     alone and another after a space, and prompts do not add up by sentence. Trained on seeded prose of 12-word

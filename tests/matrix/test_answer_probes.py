@@ -5,13 +5,10 @@ autoregressive and an MTP bundle of one model) on emulators whose answers are br
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from support import run_servesweep
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 
@@ -24,22 +21,8 @@ def dry_run(tmp: Path, fault: str | None, prompt_tokens: list[int]) -> tuple[dic
     d["load"].update(concurrency=[1], prompt_tokens=prompt_tokens, output_tokens=24)
     f = tmp / "exp.yaml"
     f.write_text(yaml.safe_dump(d, sort_keys=False))
-    cli = Path(sys.executable).parent / "servesweep"
-    proc = subprocess.Popen(
-        [str(cli), "run", str(f), "--dry-run", "--out", str(tmp / "runs")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        start_new_session=True,
-    )
-    try:
-        text, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, text[-5000:]
+    rc, text = run_servesweep("run", str(f), "--dry-run", "--out", str(tmp / "runs"), timeout=300, columns=200)
+    assert rc == 0, text[-5000:]
     run_dir = next((tmp / "runs").iterdir())
     return json.loads((run_dir / "manifest.json").read_text()), run_dir, text
 

@@ -6,15 +6,12 @@ one cut to one of its six configurations (the whole matrix takes minutes)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support import run_servesweep
 
 from servesweep.config.experiment import ExperimentError, parse_experiment
 from servesweep.matrix.planner import command as plan_command
@@ -22,25 +19,10 @@ from servesweep.matrix.planner import command as plan_command
 ROOT = Path(__file__).resolve().parents[2]
 A6000 = ROOT / "examples" / "qwen36-27b-a6000-tp2-search.yaml"
 RTX = ROOT / "examples" / "qwen36-27b-rtxpro6000-search.yaml"
-CLI = Path(sys.executable).parent / "servesweep"
 
 
 def _cli(*args: str, timeout: int = 400) -> tuple[int, str]:
-    proc = subprocess.Popen(
-        [str(CLI), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "250"},
-        start_new_session=True,  # its own group: the cleanup reaches the emulator and Locust
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out
+    return run_servesweep(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize("path", [A6000, RTX], ids=["a6000", "rtxpro6000"])

@@ -12,15 +12,10 @@ on whole concurrencies (12 and 6 here), one step either way on a near-threshold 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-CLI = Path(sys.executable).parent / "servesweep"
+from support import run_servesweep
 
 # launcher.sim_args gives the calibration (so the dry run keeps the tiers as written: they are not scaled to its
 # own speed-up); each bundle passes its own --sim-calibration as a flag, rendered after sim_args, so it wins
@@ -54,21 +49,7 @@ search:
 
 def _run_dry(exp: Path, out: Path) -> tuple[int, str]:
     """`servesweep run EXP --dry-run` in its own process group, so that a timeout reaches its emulators too."""
-    proc = subprocess.Popen(
-        [str(CLI), "run", str(exp), "--dry-run", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "250"},
-        start_new_session=True,
-    )
-    try:
-        text, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, text
+    return run_servesweep("run", str(exp), "--dry-run", "--out", str(out), timeout=180)
 
 
 def _calibration(server_dir: Path) -> str:

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
+from support import run_servesweep
 
 from servesweep.config.experiment import parse_experiment
 from servesweep.driver.ansible import local_inventory, run_playbook
@@ -289,22 +286,8 @@ def _dry_run(tmp: Path, src: Path, extra_exclude: list[dict]) -> tuple[dict, Pat
     f = tmp / src.name
     f.write_text(yaml.safe_dump(d, sort_keys=False))
     out = tmp / "runs"
-    cli = Path(sys.executable).parent / "servesweep"
-    proc = subprocess.Popen(
-        [str(cli), "run", str(f), "--dry-run", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-        start_new_session=True,  # its own process group: the cleanup below reaches the emulator and Locust too
-    )
-    try:
-        text, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, text[-5000:]
+    rc, text = run_servesweep("run", str(f), "--dry-run", "--out", str(out), timeout=400, columns=200)
+    assert rc == 0, text[-5000:]
     assert "dry run" in text.lower()
     run_dir = next(out.iterdir())
     m = json.loads((run_dir / "manifest.json").read_text())

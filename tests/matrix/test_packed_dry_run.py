@@ -6,13 +6,10 @@ and writes the isolation report (each configuration's first point again, alone).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from support import run_servesweep
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen36-27b-rtxpro6000.yaml"
 BUNDLES = ["ar", "dflash", "ddtree16", "ddtree32", "ddtree64"]
@@ -37,22 +34,10 @@ def _shrunk(tmp: Path) -> Path:
 
 def test_packed_dry_run_of_the_8_gpu_example_does_every_point_once_with_the_isolation_report(tmp_path):
     out = tmp_path / "runs"
-    cmd = [str(Path(sys.executable).parent / "servesweep"), "run", str(_shrunk(tmp_path)), "--dry-run"]
-    proc = subprocess.Popen(
-        [*cmd, "--max-parallel", "3", "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-        start_new_session=True,  # its own process group: the cleanup below reaches the emulators and Locust too
+    rc, text = run_servesweep(
+        "run", str(_shrunk(tmp_path)), "--dry-run", "--max-parallel", "3", "--out", str(out), timeout=300, cwd=tmp_path
     )
-    try:
-        text, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, text[-5000:]
+    assert rc == 0, text[-5000:]
     (run_dir,) = out.iterdir()
     m = json.loads((run_dir / "manifest.json").read_text())
     assert m["dry_run"] is True and m["status"] == "finished"
