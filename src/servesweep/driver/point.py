@@ -19,7 +19,7 @@ from pathlib import Path
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
-from servesweep.target.probes import ProbeLog, resolve_point, server_cached_tokens, server_metrics_text
+from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
 from servesweep.workload.build import build_bodies
 
 # ---------------------------------------------------------------- one point
@@ -111,7 +111,7 @@ class ServerSampler:
     sample, not the text). One request at a time, SAMPLE_TIMEOUT_S at most; nothing it meets reaches the point: a
     failed request is skipped, and a server whose /metrics is missing (an HTTP error other than 429/5xx) or holds
     no sglang:* series is not asked again (`reason` says why). `stop()` ends the thread and takes one last sample
-    (the counters after the last request finished)."""
+    (the counters after the last request finished); the first is taken by `start()`, before the load."""
 
     def __init__(self, point: LoadPoint, interval_s: float | None = None, timeout_s: float | None = None):
         from servesweep.results import server_state as ss
@@ -119,9 +119,7 @@ class ServerSampler:
         self.point = point
         self.interval_s = ss.SAMPLE_INTERVAL_S if interval_s is None else interval_s
         self.timeout_s = ss.SAMPLE_TIMEOUT_S if timeout_s is None else timeout_s
-        from servesweep.results.server_state import StateAccumulator
-
-        self.state = StateAccumulator()  # a few numbers however long the point: no list of samples
+        self.state = ss.StateAccumulator()  # a few numbers however long the point: no list of samples
         self.reason: str | None = None  # why there are no (more) samples
         self._given_up = False
         self._stop = threading.Event()
@@ -129,16 +127,18 @@ class ServerSampler:
         self._thread = threading.Thread(target=self._loop, name="servesweep-server-state", daemon=True)
 
     def start(self) -> "ServerSampler":
+        """The first sample here, before any request of the point (the counters' baseline), then the thread."""
+        self.sample()
         self._thread.start()
         return self
 
     def _loop(self) -> None:
         due = time.monotonic()
         while not self._given_up:
-            self.sample()
             due = max(due + self.interval_s, time.monotonic())  # about once a second, a slow answer not added
             if self._stop.wait(due - time.monotonic()):
                 return
+            self.sample()
 
     def sample(self) -> None:
         """One request to /metrics, its answer reduced and kept; never raises."""
@@ -243,7 +243,6 @@ def run_point(
     if workers:
         env["SERVESWEEP_STATUS_DIR"] = str(work / "status")  # each worker process: its counters, 4 x a second
     try:
-        cached_before = server_cached_tokens(point) if point.workload in ("shared_prefix", "agent") else None
         started = time.monotonic()
         sampler.start()
         rc = _run_locust(
@@ -263,12 +262,10 @@ def run_point(
     summary["server_state"], why = sampler.summary()  # results/server_state.py; docs/reports.md
     if why is not None:
         summary["server_state_note"] = why
-    cached = None  # the server's cached tokens during the point
-    if cached_before is not None and (after := server_cached_tokens(point)) is not None:
-        cached = after - cached_before
+    cached = sampler.state.increase("cached_tokens")  # the server's cached tokens during the point, None: unknown
     if point.workload == "shared_prefix":
         summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
-    elif cached_before is not None:
+    elif point.workload == "agent" and cached is not None:
         summary["server_cached_tokens"] = cached
     os.replace(work / "records.parquet", out_dir / "records.parquet")
     for name in ("locust-report.html",):

@@ -45,10 +45,13 @@ COUNTERS: dict[str, str] = {
     "prompt_tokens": "sglang:prompt_tokens_total",
     "generation_tokens": "sglang:generation_tokens_total",
 }
+# counters followed but not shown in server_state: prefix-cache hits (the shared_prefix check and agent points read
+# them through StateAccumulator.increase)
+TRACKED: dict[str, str] = {**COUNTERS, "cached_tokens": "sglang:cached_tokens_total"}
 WANTED = (
     {name for name, _ in GAUGES.values()}
     | {n for names in POOL_GAUGES.values() for n in names}
-    | set(COUNTERS.values())
+    | set(TRACKED.values())
 )
 SAMPLE_INTERVAL_S = 1.0  # how often the driver asks for /metrics while a point runs
 SAMPLE_TIMEOUT_S = 2.0  # one request at a time, this long at most
@@ -100,8 +103,9 @@ class StateAccumulator:
         self.last_t: float | None = None
         self._gauge: dict[str, list[float]] = {}  # key -> [count, sum, max]
         self._sized: set[str] = set()  # pool gauges whose pool showed a size or a value above 0
-        self._inc = dict.fromkeys(COUNTERS, 0.0)
+        self._inc = dict.fromkeys(TRACKED, 0.0)
         self._prev: dict[str, float] = {}
+        self._exposed: set[str] = set()  # counters some sample held (the others read 0: never incremented)
 
     def add(self, t: float, snap: dict[str, float]) -> None:
         """One sample (read_exposition's dict at monotonic time t), in time order."""
@@ -124,12 +128,19 @@ class StateAccumulator:
         for key, names in POOL_GAUGES.items():
             if any(snap.get(n, 0) > 0 for n in names):
                 self._sized.add(key)
-        for key, name in COUNTERS.items():
+        for key, name in TRACKED.items():
+            if name in snap:
+                self._exposed.add(key)
             v = snap.get(name, 0.0)  # multiprocess mode: no sample until the first event
             prev = self._prev.get(key)
             if prev is not None:
                 self._inc[key] += v - prev if v >= prev else v  # a reset counts from 0, as increase() does
             self._prev[key] = v
+
+    def increase(self, key: str) -> float | None:
+        """One counter's increase over the samples; None when no sample held it (not exposed by this server, or
+        never incremented: SGLang's multiprocess mode has no sample before the first event)."""
+        return _tidy(self._inc[key]) if key in self._exposed else None
 
     def result(self, interval_s: float | None = None) -> dict | None:
         if not self.n:
@@ -147,7 +158,7 @@ class StateAccumulator:
             "interval_s": span / (self.n - 1) if self.n > 1 else interval_s,
             "span_s": span,
             "gauges": gauges,
-            "counters": {key: _tidy(v) for key, v in self._inc.items()},
+            "counters": {key: _tidy(self._inc[key]) for key in COUNTERS},
         }
 
 

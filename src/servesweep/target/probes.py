@@ -6,7 +6,6 @@ target/http.py: they run in the parent and, monkey-patched, inside a Locust proc
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -194,19 +193,6 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
     elif point.continuous_usage is None:
         upd["continuous_usage"] = probe_continuous_usage(point.model_copy(update=upd), log)
     return point.model_copy(update=upd) if upd else point
-
-
-_CACHED_TOTAL = re.compile(r"^sglang:cached_tokens_total(?:\{[^}]*\})? (\S+)$", re.M)
-
-
-def server_cached_tokens(point: LoadPoint) -> float | None:
-    """SGLang's `sglang:cached_tokens_total` (summed over label sets) from GET /metrics; None when not exposed."""
-    try:
-        text = http.get_text(point.base_url + "/metrics", **_call(point, 10))
-    except http.ServerError:
-        return None
-    got = [float(m[1]) for m in _CACHED_TOTAL.finditer(text)]
-    return sum(got) if got else None
 
 
 def server_metrics_text(point: LoadPoint, timeout: float = 2.0) -> str:
