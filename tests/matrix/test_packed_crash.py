@@ -36,9 +36,10 @@ def _experiment(tmp: Path) -> Path:
     return f
 
 
-def _kill_mid_point(proc, runs: Path, srv: Path) -> tuple[Path, str, str, int, float]:
+def _kill_mid_point(proc, runs: Path, srv: Path) -> tuple[Path, str, str, int, float, list]:
     """When both placements stream, SIGKILL the process group in the first placement's pidfile (the TP1 server);
-    returns the run folder, the point it died under, the other configuration, the killed pid and when."""
+    returns the run folder, the point it died under, the other configuration, the killed pid and when, and the
+    server targets the run had registered in the observe stack's folder at that moment (file_sd groups)."""
     deadline = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < deadline:
         run_dir = run_dir_of(runs)
@@ -49,9 +50,13 @@ def _kill_mid_point(proc, runs: Path, srv: Path) -> tuple[Path, str, str, int, f
             other = next(c for c in running if c != victim["config"]) if len(running) >= 2 else None
             if other and m["points"][running[victim["config"]]]["attempts"] == 1:
                 time.sleep(1.0)  # well inside the point (6 requests of 160 tokens)
+                targets = [
+                    g for f in sorted((runs / ".observe" / "targets").glob("sglang-*.json"))
+                    for g in json.loads(f.read_text())
+                ]  # fmt: skip
                 pgid = int((srv / f"p{victim['port']}" / "server.pid").read_text())
                 os.killpg(pgid, signal.SIGKILL)
-                return run_dir, running[victim["config"]], other, pgid, time.time()
+                return run_dir, running[victim["config"]], other, pgid, time.time(), targets
         time.sleep(0.05)
     raise AssertionError("the two placements never streamed at the same time")
 
@@ -62,12 +67,18 @@ def test_a_server_dying_in_one_placement_is_restarted_while_the_other_keeps_runn
     proc = start_servesweep(args, tmp_path, tmp_path / "run.log")
     run_dir = None
     try:
-        run_dir, died, other, killed, killed_at = _kill_mid_point(proc, runs, srv)
+        run_dir, died, other, killed, killed_at, targets = _kill_mid_point(proc, runs, srv)
         rc = proc.wait(timeout=240)
         out = (tmp_path / "run.log").read_text()
         assert rc == 0, out[-4000:]
         m = manifest(run_dir)
         victim = m["points"][died]["config_id"]
+        # while they ran, the observe stack's folder named every placement's server, with its host and GPUs
+        placed = m["packing"]["placements"]
+        assert sorted((g["targets"], g["labels"]["config"], g["labels"]["gpus"]) for g in targets) == sorted(
+            ([f"{pl['address']}:{pl['port']}"], pl["config"], pl["gpus"]) for pl in placed
+        ), targets
+        assert not list((runs / ".observe" / "targets").glob("*.json"))  # gone with the run
         # the dead placement: crash recorded, server restarted on the same GPUs and port, the point retried
         c = m["configs"][victim]
         assert [x["point"] for x in c["crashes"]] == [died] and c["restarts"] == 1, c

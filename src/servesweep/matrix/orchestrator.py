@@ -645,17 +645,22 @@ class Runner:
         folder (`<results root>/.observe/targets`, docs/observability.md); the next configuration replaces it."""
         from urllib.parse import urlsplit
 
+        targets = self.run_targets()
+        path = self.exp.launcher.metrics_path
+        if path is None:
+            targets.drop("sglang", "server")
+        else:
+            targets.server(urlsplit(self.base_url()).netloc, config=cid, metrics_path=path)
+
+    def run_targets(self):
+        """This run's observe.targets.RunTargets, made at first use with the run's exporter registered in it."""
         from servesweep.observe.targets import RunTargets, scrape_address
 
         if self.targets is None:
             self.targets = RunTargets(self.m.data["run_id"], self.run_dir.parent)
             if self.exporter_at is not None:
                 self.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
-        path = self.exp.launcher.metrics_path
-        if path is None:
-            self.targets.drop("sglang", "server")
-        else:
-            self.targets.server(urlsplit(self.base_url()).netloc, config=cid, metrics_path=path)
+        return self.targets
 
     def _point_watch(self, pid: str, head: str):
         """The point's live view: the feed's records go to the exporter as they arrive; without a terminal, plain

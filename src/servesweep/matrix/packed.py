@@ -326,26 +326,18 @@ class PackedRun:
                 t.join(timeout=POLL_S)
 
     def _write_targets(self) -> None:
-        """Prometheus file_sd: the run's exporter and every placed server's /metrics, labelled host and gpus."""
+        """The observe stack's targets (observe/targets.py, as a serial run registers them): the run's exporter and
+        every placed server's /metrics, labelled host and gpus; removed when the run closes."""
         r = self.runner
-        if r.metrics is None:
-            return
-        from servesweep.observe.promconfig import write_targets
-
+        targets = r.run_targets()
         path = r.exp.launcher.metrics_path
-        servers = [
-            {
-                "target": f"{pl['address']}:{pl['port']}",
-                "config": pl["config"],
-                "metrics_path": path,
-                "host": pl["host"],
-                "gpus": pl["gpus"],
-            }
-            for pl in self.packing["placements"]
-        ]
-        write_targets(
-            r.run_dir / "prometheus",
-            r.m.data["run_id"],
-            exporters=[r.exporter_at],
-            servers=[] if path is None else servers,
-        )
+        if path is None:
+            return
+        for pl in self.packing["placements"]:
+            targets.server(
+                f"{pl['address']}:{pl['port']}",
+                config=pl["config"],
+                metrics_path=path,
+                role=f"server-{pl['slot']}",
+                labels={"host": pl["host"], "gpus": pl["gpus"]},
+            )

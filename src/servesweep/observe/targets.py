@@ -45,12 +45,21 @@ class RunTargets:
         """A ClientMetrics endpoint (the run's, or a Locust process's under role="locust")."""
         return self._register(EXPORTER_JOB, target, {}, role)
 
-    def server(self, target: str, *, config: str | None = None, metrics_path: str = "/metrics") -> Path:
-        """The server under test's /metrics (SGLang's `sglang:*`), labelled with its configuration."""
-        labels = {"config": config} if config else {}
+    def server(
+        self,
+        target: str,
+        *,
+        config: str | None = None,
+        metrics_path: str = "/metrics",
+        role: str = "server",
+        labels: dict[str, str] | None = None,
+    ) -> Path:
+        """The server under test's /metrics (SGLang's `sglang:*`), labelled with its configuration; a packed run
+        registers each placement's server under a role of its own, with its host and GPUs as labels."""
+        labels = {**({"config": config} if config else {}), **(labels or {})}
         if metrics_path != "/metrics":
             labels["__metrics_path__"] = metrics_path
-        return self._register(SGLANG_JOB, target, labels, "server")
+        return self._register(SGLANG_JOB, target, labels, role)
 
     def drop(self, job: str, role: str) -> None:
         key = f"{self.run_id}-{role}"
