@@ -30,15 +30,14 @@ from servesweep.matrix.search import (
     ProbeResult,
     SearchResult,
     frontier_points,
-    gpu_count,
     pareto_frontier,
     parse_tier,
     search,
 )
 from servesweep.results import manifest as mf
+from servesweep.results.capacity import CAPACITY_JSON, load_text
+from servesweep.results.pergpu import flags_gpus
 from servesweep.results.store import write_json_atomic
-
-CAPACITY_JSON = "capacity.json"
 
 
 class ProbeFailed(RuntimeError):
@@ -153,24 +152,12 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
         runner.m.save()
         for row in doc["rows"]:
             runner.event(
-                f"  ✓ {sid} {row['tier']}: capacity {_load(row['capacity'])} (bracket {_load(row['bracket'][0])}"
-                f"–{_load(row['bracket'][1])}, {row['stop']}), {row['probes']} probes"
+                f"  ✓ {sid} {row['tier']}: capacity {load_text(row['capacity'])} (bracket {load_text(row['bracket'][0])}"
+                f"–{load_text(row['bracket'][1])}, {row['stop']}), {row['probes']} probes"
             )
     cap = write_capacity(runner.run_dir, runner.m.data)
     if getattr(runner, "metrics", None) is not None:  # the exporter's servesweep_capacity* gauges (the dashboard)
         runner.metrics.set_capacity(cap["rows"], cap["frontier"])
-
-
-def _load(x) -> str:
-    return "-" if x is None else f"{x:g}"
-
-
-def config_gpus(exp, flags: dict[str, Any]) -> int:
-    """GPUs one server of this configuration holds: launcher.gpus when set, else tp × dp × pp."""
-    stated = getattr(exp.launcher, "gpus", None)
-    return gpu_count(
-        int(flags.get("tp_size") or 1), int(flags.get("dp_size") or 1), int(flags.get("pp_size") or 1), stated
-    )
 
 
 def _at(rec: ProbeRecord | None, gpus: int) -> dict[str, Any]:
@@ -213,7 +200,7 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
     """searches/<sid>.json: the SearchResult, the combination, the GPUs, one row per tier and the frontier points."""
     s = runner.m.data["searches"][sid]
     t = s["template"]
-    gpus = config_gpus(runner.exp, runner.m.configs[cid]["flags"])
+    gpus = flags_gpus(runner.m.configs[cid]["flags"], runner.exp.launcher.gpus)
     by_load = {p.load: p for p in result.probes}
     rows = []
     for name, tr in result.tiers.items():

@@ -18,19 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servesweep.config.experiment import Experiment, ServerConfig
+from servesweep.config.experiment import Experiment
 from servesweep.matrix.placement import GpuHost, Job, validate_host
+from servesweep.results.pergpu import flags_gpus
 
 
 class InventoryError(ValueError):
     """The inventory could not be read, or a host's `gpus` / `gpu_groups` is not what packing needs."""
-
-
-def gpus_needed(exp: Experiment, cfg: ServerConfig) -> int:
-    if exp.launcher.gpus:
-        return exp.launcher.gpus
-    f = cfg.flags
-    return int(f.get("tp_size") or 1) * int(f.get("dp_size") or 1) * int(f.get("pp_size") or 1)
 
 
 def inventory_path(exp: Experiment, experiment_file: str | None) -> str | None:
@@ -112,7 +106,7 @@ def jobs_of(plan) -> list[Job]:
     return [
         Job(
             cp.config.id,
-            gpus_needed(exp, cp.config),
+            flags_gpus(cp.config.flags, exp.launcher.gpus),
             cp.start_s + sum(p.est_s for p in cp.feasible_points) + cp.stop_s,
         )
         for cp in plan.configs

@@ -50,7 +50,8 @@ def _ms(x) -> str:
     return f"{x / 1000:.2f}s" if x >= 1000 else f"{x:.1f}ms"
 
 
-def _load(x) -> str:
+def load_text(x) -> str:
+    """A load (concurrency, sessions or req/s) as printed: `-` when unknown."""
     return "-" if x is None else f"{x:g}"
 
 
@@ -69,10 +70,10 @@ def table_rows(cap: dict[str, Any]) -> list[list[str]]:
                 str(r["output_tokens"]),
                 str(r["gpus"]),
                 r["tier"],
-                _load(r["capacity"])
+                load_text(r["capacity"])
                 + (" sessions" if r.get("load_unit") == "sessions" else "")  # agent sessions at once
                 + (f" ({stop})" if stop else ""),
-                f"[{_load(lo)}, {_load(hi)})",
+                f"[{load_text(lo)}, {load_text(hi)})",
                 _n(a.get("output_tokens_per_s")),
                 _n(a.get("output_tokens_per_s_per_gpu")),
                 _n(a.get("request_rate_per_gpu"), 3),
@@ -105,7 +106,7 @@ def markdown(cap: dict[str, Any]) -> list[str]:
     if pareto:
         out += ["Pareto frontier (no other probe has both more tok/s per GPU and more tok/s per user):", ""]
         out += [
-            f"- {p['config']} at {_load(p['load'])}: {p['tokens_per_s_per_gpu']:,.1f} tok/s per GPU, "
+            f"- {p['config']} at {load_text(p['load'])}: {p['tokens_per_s_per_gpu']:,.1f} tok/s per GPU, "
             f"{p['user_tokens_per_s']:,.1f} tok/s per user"
             for p in pareto
         ]
@@ -231,8 +232,8 @@ def print_compare(console, a_dir: Path, b_dir: Path) -> None:
         t.add_row(
             r["search"],
             r["tier"],
-            f"{_load(r['a'])} [{_load(r['a_bracket'][0])}, {_load(r['a_bracket'][1])})",
-            f"{_load(r['b'])} [{_load(r['b_bracket'][0])}, {_load(r['b_bracket'][1])})",
+            f"{load_text(r['a'])} [{load_text(r['a_bracket'][0])}, {load_text(r['a_bracket'][1])})",
+            f"{load_text(r['b'])} [{load_text(r['b_bracket'][0])}, {load_text(r['b_bracket'][1])})",
             _n(r["ratio"], 2),
             f"{_n(r['a_tok_s_per_gpu'])} → {_n(r['b_tok_s_per_gpu'])}",
             r["verdict"],
@@ -274,6 +275,6 @@ def gate(run_dir: Path, min_capacity: str, baseline: Path | None) -> list[tuple[
             need = share * b["capacity"]
         cap_v, fail = r["capacity"], r["bracket"][1]
         ok = cap_v is not None and (cap_v >= need or (share is not None and (fail is None or fail > need)))
-        msg = f"capacity {_load(cap_v)} [{_load(r['bracket'][0])}, {_load(fail)}) vs required {need:g}"
+        msg = f"capacity {load_text(cap_v)} [{load_text(r['bracket'][0])}, {load_text(fail)}) vs required {need:g}"
         out.append((name, f"capacity >= {text}", ok, msg))
     return out
