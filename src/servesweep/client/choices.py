@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 def _count(v) -> int | None:
+    """A token count from the server, or None when it is not a plausible one (wrong type, negative, absurd)."""
     return v if type(v) is int and 0 <= v < 2**53 else None
 
 

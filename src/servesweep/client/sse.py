@@ -11,7 +11,7 @@ import re
 import orjson
 
 from servesweep.client.answer_texts import add_texts, set_texts
-from servesweep.client.choices import ChoiceTally
+from servesweep.client.choices import ChoiceTally, _count
 
 _CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
 _MSG_MAX = 300
@@ -48,11 +48,6 @@ def classify_status(status: int, message: str) -> str:
 
 class _Malformed(Exception):
     """An event whose fields have the wrong types: the chunk is malformed, the user's task goes on."""
-
-
-def _count(v) -> int | None:
-    """A token count from the server, or None when it is not a plausible one (wrong type, negative, absurd)."""
-    return v if type(v) is int and 0 <= v < 2**53 else None
 
 
 def _token_kinds(ev: dict) -> tuple[bool, bool]:
@@ -135,28 +130,6 @@ def _generate_event(ev: dict, prev_text: int) -> tuple[bool, dict | None, str | 
     elif fr is not None:
         raise _Malformed("meta_info.finish_reason is neither an object nor a string")
     return len(text) > prev_text, u, fin
-
-
-def stream_text(lines: list[bytes]) -> str:
-    """The answer text of a chat stream (delta.content joined; reasoning left out, as a chat template drops it)."""
-    out: list[str] = []
-    for line in lines:
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            continue
-        try:
-            ev = loads_event(payload)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict):
-            continue
-        for ch in ev.get("choices") or ():
-            d = ch.get("delta") if isinstance(ch, dict) else None
-            if isinstance(d, dict) and isinstance(d.get("content"), str):
-                out.append(d["content"])
-    return "".join(out)
 
 
 def cut_lines(

@@ -244,14 +244,14 @@ class LLMUser(FastHttpUser):
             **extra,
         }
 
-    def _send(self, ctx: LoadContext, body: bytes, rec: dict, warm: bool, keep: list | None = None) -> None:
+    def _send(self, ctx: LoadContext, body: bytes, rec: dict, warm: bool) -> None:
         """Send one request and record it. In flight until its record is in the buffer: a worker ending a point then
         ships what it holds."""
         headers = dict(ctx.headers)
         headers["X-Request-Id"] = rec["request_id"]
         ctx.in_flight += 1
         try:
-            self._do_request(ctx, body, headers, rec, keep)
+            self._do_request(ctx, body, headers, rec)
             self._finish(ctx, rec, warm)
         finally:
             ctx.in_flight -= 1
@@ -270,7 +270,6 @@ class LLMUser(FastHttpUser):
 
     def _session(self, ctx: LoadContext, scheduled: int, warm: bool) -> None:
         """One agent session: turns of the growing conversation, each a measured request (one of the budget)."""
-        from servesweep.client.sse import stream_text
         from servesweep.workload.build import AgentSession
 
         spec = ctx.agent
@@ -282,11 +281,12 @@ class LLMUser(FastHttpUser):
             rec = self._new_record(
                 ctx, scheduled, warm, prompt, spec.output_tokens, "agent", session_id=sid, turn=sess.turn
             )
-            lines: list[bytes] = []
-            self._send(ctx, sess.body(), rec, warm, keep=lines)
+            self._send(ctx, sess.body(), rec, warm)
             if rec.get("error_class") is not None:
                 return  # a failed turn ends the session (its context is unknown)
-            if not sess.advance(stream_text(lines), rec.get("prompt_tokens"), rec.get("completion_tokens")):
+            # the answer as the stream's parse kept it (delta.content joined, reasoning apart: a template drops it)
+            answer = rec.get("response_text") or ""
+            if not sess.advance(answer, rec.get("prompt_tokens"), rec.get("completion_tokens")):
                 return
             if spec.think_time_s:
                 gevent.sleep(spec.think_time_s)
@@ -295,13 +295,11 @@ class LLMUser(FastHttpUser):
             if ctx.closing or (not warm and not ctx.claim()):
                 return
 
-    def _do_request(
-        self, ctx: LoadContext, body: bytes, headers: dict, rec: dict, keep: list | None = None
-    ) -> None:
+    def _do_request(self, ctx: LoadContext, body: bytes, headers: dict, rec: dict) -> None:
         # One function on purpose: this is the per-chunk read path (one pass per socket read, kernel-stamped), the
         # cost bench/run_all.py's figure 1 measures; splitting it would add calls per chunk.
         p = ctx.point
-        lines: list[bytes] = [] if keep is None else keep
+        lines: list[bytes] = []
         times: list[int] = []
         first_seen = False
         resp = None
