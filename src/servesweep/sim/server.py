@@ -659,16 +659,12 @@ class SimApp:
         model = body.get("model", "default") if kind != "generate" else self.served_model_name
         fault, answer_fault = split_fault(fault, self.answer_fault)
         top_k = logprobs.requested(kind, body)
-        if top_k is None:
-            g = GenerationStream(
-                self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
-                choice=index or 0, created=getattr(group, "created", None),
-            )  # fmt: skip
-        else:  # logprobs asked for: their own class, so the others' chunk path is untouched
-            g = logprobs.LogprobStream(
-                self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
-                choice=index or 0, created=getattr(group, "created", None), top_k=top_k,
-            )  # fmt: skip
+        # logprobs asked for: their own class, so the others' chunk path is untouched
+        cls, extra = (GenerationStream, {}) if top_k is None else (logprobs.LogprobStream, {"top_k": top_k})
+        g = cls(
+            self, conn, req, kind, stream, str(model), len(ids), max_new, fault, rid, body,
+            choice=index or 0, created=getattr(group, "created", None), **extra,
+        )  # fmt: skip
         if group is not None:
             g.group, g.index = group, index
             group.members.append(g)
