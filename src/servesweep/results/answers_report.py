@@ -13,7 +13,7 @@ def _pct(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:.0f}%"
 
 
-def _tables(run) -> tuple[list[list[str]], list[list[str]]]:
+def answers_tables(run) -> tuple[list[list[str]], list[list[str]]]:
     """(needle rows, mismatch rows) as text cells; both empty when the run has no probes."""
     if getattr(run, "kind", None) == "records":
         return [], []
@@ -46,8 +46,8 @@ _NOTE = (
 )
 
 
-def answers_markdown(run) -> list[str]:
-    needle, mismatch = _tables(run)
+def answers_markdown(tables: tuple[list, list]) -> list[str]:
+    needle, mismatch = tables
     if not needle:
         return []
     out = ["## Answers", "", _NOTE, "", _md(NEEDLE_HEADER, needle), ""]
@@ -61,8 +61,8 @@ def answers_markdown(run) -> list[str]:
     return out
 
 
-def answers_html(run) -> str:
-    needle, mismatch = _tables(run)
+def answers_html(tables: tuple[list, list]) -> str:
+    needle, mismatch = tables
     if not needle:
         return ""
     parts = [

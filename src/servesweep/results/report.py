@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 
 from servesweep.files import write_atomic
-from servesweep.results.answers_report import answers_html, answers_markdown
+from servesweep.results.answers_report import answers_html, answers_markdown, answers_tables
 from servesweep.results.capacity import frontier_svg, load_capacity
 from servesweep.results.capacity import markdown as capacity_markdown
 from servesweep.results.compare import (
@@ -331,6 +331,8 @@ class Report:
     sections: list[ConfigSection]
     overview_plots: list[tuple[str, str, str]]
     comparisons: list[RunComparison]
+    capacity: dict | None = None  # the run's capacity.json, read once for both renderings
+    answers: tuple[list, list] = ([], [])  # the needle and mismatch tables (answers_report.tables), read once
     html: str = ""
     markdown: str = ""
 
@@ -377,7 +379,7 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
         text = "throughput per GPU against per-user output speed at every probe; the Pareto frontier drawn"
         overview.insert(0, ("frontier", text, frontier_svg(cap)))
     comps = [compare_runs(b, run) for b in baselines or []]
-    rep = Report(run, sections, overview, comps)
+    rep = Report(run, sections, overview, comps, capacity=cap, answers=answers_tables(run))
     rep.html = render_html(rep)
     rep.markdown = render_markdown(rep)
     return rep
@@ -507,7 +509,7 @@ def render_html(rep: Report) -> str:
         no_state=NO_STATE,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
-        answers=answers_html(run) + isolation_html(run.manifest),  # the isolation sample of a packed run
+        answers=answers_html(rep.answers) + isolation_html(run.manifest),  # the isolation sample of a packed run
     )
     banner = (
         "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
@@ -639,12 +641,11 @@ def render_markdown(rep: Report) -> str:
         ]
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
-    cap = load_capacity(run.path) if run.kind != "records" else None
-    if cap:
-        out += capacity_markdown(cap)
+    if rep.capacity:
+        out += capacity_markdown(rep.capacity)
     for sec in rep.sections:
         out += _md_section(sec)
-    out += answers_markdown(run)
+    out += answers_markdown(rep.answers)
     out += isolation_markdown(run.manifest)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]
     if est:
