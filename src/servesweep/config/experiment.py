@@ -27,7 +27,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 from servesweep.config.answers import Answers
-from servesweep.config.point import check_arrival, check_extra_body, parse_seconds
+from servesweep.config.point import check_arrival, check_extra_body, parse_seconds, seconds_alias
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
@@ -486,10 +486,7 @@ class Budget(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _wall(cls, v):
-        if isinstance(v, dict) and "wall_time" in v:
-            v = dict(v)
-            v["wall_time_s"] = duration_s(v.pop("wall_time"))
-        return v
+        return seconds_alias(v, "wall_time")
 
 
 class Exporter(_Strict):

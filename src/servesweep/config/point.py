@@ -51,6 +51,15 @@ def parse_seconds(v: Any) -> float:
     return float(m[1]) * _UNIT_S[m[2]]
 
 
+def seconds_alias(v: Any, key: str) -> Any:
+    """A settings block's `<key>: 2h` spelled for people, as its `<key>_s` field in seconds (a pydantic
+    mode="before" validator's input, returned as it is when it is not a mapping holding `key`)."""
+    if isinstance(v, dict) and key in v:
+        v = dict(v)
+        v[f"{key}_s"] = parse_seconds(v.pop(key))
+    return v
+
+
 def check_arrival(arrival: str, rate: Any, *, rate_name: str, arrival_name: str) -> None:
     """The rate/arrival rule of every front door: a closed loop has no rate, an open loop needs one. The names are
     the front door's own spelling (rate_rps / load.rate / --rate), so the message names what to change."""

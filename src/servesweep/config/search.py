@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from servesweep.config.point import parse_seconds
+from servesweep.config.point import seconds_alias
 from servesweep.config.slo import SLOError, parse_slos
 
 # metrics of the grammar the search cannot judge on a probe's requests (docs/capacity.md lists what it judges)
@@ -50,10 +50,7 @@ class SearchBlock(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _time(cls, v):
-        if isinstance(v, dict) and "max_time" in v:
-            v = dict(v)
-            v["max_time_s"] = parse_seconds(v.pop("max_time"))
-        return v
+        return seconds_alias(v, "max_time")
 
     @field_validator("tiers", mode="before")
     @classmethod
