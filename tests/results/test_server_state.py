@@ -162,17 +162,21 @@ def test_other_servers_give_no_server_state():
 class _FakeServer:
     """/metrics answers `status` with `body`; every request's Authorization header is kept."""
 
-    def __init__(self, status: int, body: str):
+    def __init__(self, status: int, body: str, stall_s: float = 0.0):
         seen = self.auth = []
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
                 seen.append((self.path, self.headers.get("Authorization")))
+                time.sleep(stall_s)  # a server too busy to answer /metrics in time
                 data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the sampler gave up waiting (the stall test)
 
             def log_message(self, *a):
                 pass
@@ -222,6 +226,31 @@ def test_the_sampler_sends_the_key_and_gives_up_on_a_server_without_sglang_metri
         srv.close()
     assert srv.auth == [("/metrics", "Bearer sk-sampler-secret")]  # asked once, with the key; then left alone
     assert state is None and why in note and "sk-sampler-secret" not in note
+
+
+def test_a_metrics_endpoint_that_hangs_ten_times_the_timeout_never_holds_the_point():
+    """Field scale, compressed: each /metrics answer takes 10x the sampler's timeout (2 s against 0.2 s). Every
+    request is cut at the timeout and retried at the next interval (a timeout is transient), stopping takes about
+    one timeout, not the stall, and the point gets no server state with the reason, never an exception."""
+    from servesweep.config.point import LoadPoint
+    from servesweep.driver.point import ServerSampler
+
+    srv = _FakeServer(200, exposition(), stall_s=2.0)
+    try:
+        point = LoadPoint(base_url=srv.base_url, model="m", probe=False, concurrency=1, requests=1)
+        t0 = time.monotonic()
+        s = ServerSampler(point, interval_s=0.05, timeout_s=0.2).start()
+        started = time.monotonic() - t0
+        time.sleep(1.0)
+        t1 = time.monotonic()
+        s.stop()
+        stopped = time.monotonic() - t1
+        state, note = s.summary()
+    finally:
+        srv.close()
+    assert started < 1.0 and stopped < 1.0, (started, stopped)  # each wait bounded by the timeout, not the stall
+    assert len(srv.auth) >= 4  # asked again after each timeout (1 s of 0.2 s timeouts and 0.05 s intervals)
+    assert state is None and note.startswith("GET /metrics"), note
 
 
 EMULATOR = [
