@@ -58,6 +58,7 @@ def test_ttft_is_the_first_token_of_any_choice_and_itl_is_one_answers(run):
     by_req: dict[str, list[dict]] = {}
     for d in truth:
         by_req.setdefault(d["id"].split("#")[0], []).append(d)
+    server_gaps: list[float] = []  # the lead choice's write gaps, ms: whole decode steps
     for r in table.to_pylist():
         choices = by_req[r["request_id"]]
         assert len(choices) == 2 and {d["id"].split("#")[1] for d in choices} == {"0", "1"}
@@ -66,10 +67,14 @@ def test_ttft_is_the_first_token_of_any_choice_and_itl_is_one_answers(run):
         lead = next(d for d in choices if d["id"].endswith(f"#{r['lead_choice']}"))
         assert len(r["chunk_ns"]) == len(lead["chunks"])  # one chunk per chunk the lead choice wrote
         assert all(t >= w for t, (w, _) in zip(r["chunk_ns"], lead["chunks"], strict=True))
+        server_gaps += list(np.diff([w for w, _ in lead["chunks"]]) / 1e6)
     m = request_metrics(table)
     assert np.all(np.isfinite(m.tpot_ms)) and np.all(m.tpot_ms > 0)
-    # the lead choice's gaps are whole decode steps: no near-zero gap between two choices' chunks of one step
-    assert np.percentile(m.itl_ms, 10) > 0.3 * np.median(m.itl_ms)
+    # the lead choice's gaps are whole decode steps, as the server wrote them: taking the other choice's chunk of
+    # the same step would halve the typical gap. (Single gaps may read 0 on a loaded machine: two chunks in one
+    # socket read, 4 ms apart at this speed-up; the median is what holds.)
+    med = float(np.median(server_gaps))
+    assert 0.5 * med <= float(np.median(m.itl_ms)) <= 2.0 * med, (np.median(m.itl_ms), med)
 
 
 def test_live_views_give_the_summarys_tpot(run):
