@@ -3,7 +3,9 @@
 file or the whole new one, never a part: the data goes to a temp file in the same folder, which is renamed over the
 target. Durable writes (the default) also fsync the file before the rename and the folder after it, so a finished
 point survives a crash of the machine; `durable=False` is for files rewritten several times a second whose loss
-costs nothing (a Locust process's live counters). Imports nothing of servesweep: every layer may use it.
+costs nothing (a Locust process's live counters). Also `cache_root()`, the one place servesweep keeps what it
+builds once and reuses (prompt pools, the real-SGLang environment). Imports nothing of servesweep: every layer
+may use it.
 """
 
 from __future__ import annotations
@@ -55,3 +57,13 @@ def _fsync(p: Path, flags: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def cache_root() -> Path:
+    """servesweep's cache folder: `$SERVESWEEP_CACHE_DIR` when set (the Makefile sets the project's `.cache/`, and
+    `make test-cold` a new empty folder, so that no run is helped by leftovers), else `$XDG_CACHE_HOME/servesweep`,
+    else `~/.cache/servesweep`."""
+    env = os.environ.get("SERVESWEEP_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "servesweep"

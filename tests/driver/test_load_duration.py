@@ -3,8 +3,6 @@ dropped; warmup requests are kept in the file and left out of the summary."""
 
 from __future__ import annotations
 
-import time
-
 from servesweep.config.point import LoadPoint
 from servesweep.driver.point import run_point
 from servesweep.results.records import read_parquet
@@ -28,8 +26,7 @@ def test_duration_point_finishes_running_streams(tmp_path):
             warmup_s=0.5,
         )
         s = run_point(p, tmp_path / "p")
-        time.sleep(1.5)  # the ground truth is flushed at least once a second
-        gt = {d["id"]: d for d in sim.read_ground_truth()}
+        gt = {d["id"]: d for d in sim.stop_and_read_ground_truth()}
     recs = read_parquet(tmp_path / "p" / "records.parquet").to_pylist()
     assert {r["request_id"] for r in recs} == set(gt), (
         "every request the server saw has a record, none dropped"
@@ -66,8 +63,7 @@ def test_worker_processes_ship_their_records_to_the_master(tmp_path):
             duration_s=2.0,
         )
         s = run_point(p, tmp_path / "p", workers=2)
-        time.sleep(1.5)
-        gt = {d["id"] for d in sim.read_ground_truth()}
+        gt = {d["id"] for d in sim.stop_and_read_ground_truth()}
     recs = read_parquet(tmp_path / "p" / "records.parquet").to_pylist()
     assert len({r["worker"] for r in recs}) == 2
     assert {r["request_id"] for r in recs} == gt

@@ -73,8 +73,7 @@ def test_budget_split_and_a_killed_worker(tmp_path):
         s = run_point(p, out, workers=2)
         took = time.monotonic() - t0
         t.join(5)
-        time.sleep(1.5)  # the ground truth is flushed at least once a second
-        served = {d["id"] for d in sim.read_ground_truth()} - before
+        served = {d["id"] for d in sim.stop_and_read_ground_truth()} - before
 
     assert killed, "the killer thread found the two workers"
     assert took < 45, f"the point ended by itself ({took:.1f} s)"
@@ -110,8 +109,7 @@ def test_duration_point_on_workers_keeps_the_streams_running_at_the_end(tmp_path
             duration_s=2.0,
         )
         s = run_point(p, tmp_path / "p", workers=2)
-        time.sleep(1.5)  # the ground truth is flushed at least once a second
-        served = {d["id"] for d in sim.read_ground_truth()}
+        served = {d["id"] for d in sim.stop_and_read_ground_truth()}
     recs = read_parquet(tmp_path / "p" / "records.parquet").to_pylist()
     assert {r["request_id"] for r in recs} == served
     assert all(r["error_class"] is None and r["completion_tokens"] == 160 for r in recs)

@@ -35,48 +35,65 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("SERVESWEEP_SGLANG_CACHE", Path(tempfile.gettempdir()) / "servesweep-sglang"))
 # the `openai` release each SGLang wheel pins (Requires-Dist: openai==...)
 OPENAI_PIN = {"0.5.11": "2.6.1", "0.5.23": "2.8.0"}
+# what SGLang's OpenAI serving modules need for real on their import path (attrs: `managers/io_struct.py`)
 SERVING_EXTRA = ["attrs"]
+VERSIONS = tuple(OPENAI_PIN)
+
+
+def cache_root() -> Path:
+    """Where the suite keeps what it installs: `$SERVESWEEP_CACHE_DIR` (the Makefile points it at the project's
+    `.cache/`; `make test-cold` at a new empty folder), else the project's `.cache/`. Never a fixed name under /tmp
+    that two checkouts would share."""
+    return Path(os.environ.get("SERVESWEEP_CACHE_DIR") or REPO / ".cache")
+
+
+def _pins(version: str) -> list[str]:
+    return [f"openai=={OPENAI_PIN[version]}", "pydantic", "msgspec", "orjson", "fastapi"]
 
 
 def install(version: str) -> Path:
-    """The target folder holding sglang==version (no deps) and the light packages, installed once and cached."""
-    target = CACHE / f"protocol-{version}"
+    """The folder holding sglang==version (no deps), the light packages its protocol and HTTP validation need and
+    SERVING_EXTRA, installed once and cached (`make test` installs it before pytest starts).
+
+    Race-free across pytest-xdist workers and checkouts: the first caller installs into a fresh temporary folder
+    beside the target, under a file lock, and renames it into place when complete; the others wait on the lock and
+    then find the finished folder. A folder is complete only when its `.complete` stamp holds what it was installed
+    with, so a change of pins installs anew, and nobody ever sees a half-installed folder (the old race:
+    `pip install --upgrade --target` of one worker replaced packages while another imported them)."""
+    import fcntl
+    import shutil
+
+    want = json.dumps({"sglang": version, "light": _pins(version), "extra": SERVING_EXTRA})
+    root = cache_root() / "sglang-protocol"
+    target = root / f"protocol-{version}"
     stamp = target / ".complete"
-    if stamp.exists():
+    if stamp.is_file() and stamp.read_text() == want:
         return target
-    pip = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--disable-pip-version-check",
-        "--target",
-        str(target),
-    ]
-    subprocess.run([*pip, "--no-deps", f"sglang=={version}"], check=True)
-    light = [f"openai=={OPENAI_PIN[version]}", "pydantic", "msgspec", "orjson", "fastapi"]
-    subprocess.run([*pip, "--upgrade", *light], check=True)
-    stamp.write_text(version)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"protocol-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when this process dies
+        if stamp.is_file() and stamp.read_text() == want:
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".protocol-{version}-", dir=root))
+        try:
+            pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(tmp)]
+            subprocess.run([*pip, "--no-deps", f"sglang=={version}"], check=True)
+            subprocess.run([*pip, *_pins(version)], check=True)
+            subprocess.run([*pip, "--no-deps", *SERVING_EXTRA], check=True)
+            (tmp / ".complete").write_text(want)
+            if target.exists():  # an older or unfinished install: nobody holds it, we hold the lock
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
 def install_serving(version: str) -> Path:
-    """`install(version)` plus what SGLang's OpenAI serving modules need for real on their import path (attrs:
-    `managers/io_struct.py`), into the same folder, once."""
-    target = install(version)
-    stamp = target / ".serving-complete"
-    if not stamp.exists():
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target),
-             "--no-deps", *SERVING_EXTRA],
-            check=True,
-        )  # fmt: skip
-        stamp.write_text(version)
-    return target
+    """Kept for the callers' names: `install` now installs the serving extras too, in the same atomic step."""
+    return install(version)
 
 
 class SGLangReference:
@@ -493,4 +510,8 @@ def _serve(target: str, scripts: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2])
+    if sys.argv[1:2] == ["--install"]:  # `make test`, before pytest starts: every version the tests use
+        for v in sys.argv[2:] or VERSIONS:
+            print(f"SGLang {v} protocol reference: {install(v)}")
+    else:
+        _serve(sys.argv[1], sys.argv[2])

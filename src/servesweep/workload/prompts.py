@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from servesweep.files import write_atomic
+from servesweep.files import cache_root, write_atomic
 from servesweep.workload.pool import (
     DEFAULT_NONCE_DIGITS,
     ENDPOINTS,
@@ -56,7 +56,8 @@ from servesweep.workload.tokenizer import (
 )
 
 FORMAT_VERSION = 3  # bump when the text a seed gives changes
-DEFAULT_CACHE_DIR = Path("~/.cache/servesweep/prompts")
+
+DEFAULT_CACHE_DIR = cache_root() / "prompts"  # read at import: a process's environment is set before it starts
 
 _BANK_SEED = 20261129
 _BANK_PER_TOPIC = 1500
