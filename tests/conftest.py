@@ -7,6 +7,10 @@ import sys
 
 import pytest
 
+# The in-Locust session (gevent patched, Locust's runner driven in process) is its own pytest process:
+# `pytest tests/inlocust` (make test-fast and make test run it). Collected here, its conftest would patch this one.
+collect_ignore = ["inlocust"]
+
 
 @pytest.fixture(autouse=True)
 def _no_gevent_in_the_test_process(request):
