@@ -3,6 +3,7 @@
 One real Locust master (web UI) with one real worker process against the emulator: a run started from the form
 with custom LLM parameters, the live LLM tab checked against the per-request records, the user count changed
 while running, the per-step CSV downloaded; then a step ramp chosen in the form, and bad ramp input refused.
+(A step ramp from the command line of one process with the UI, no browser: tests/inlocust/test_step_ramp.py.)
 """
 
 from __future__ import annotations
@@ -526,65 +527,3 @@ def test_sketch_relative_error_bound_and_merge_is_exact():
         exact = srt[int(q * (values.size - 1))]  # the order statistic the sketch looks up
         assert abs(whole.quantile(q) - exact) <= Sketch.ALPHA * exact * 1.0001, q
     assert Sketch().quantile(0.5) is None
-
-
-def test_local_runner_step_ramp_from_the_command_line(tmp_path):
-    """No workers: one Locust process with the UI, the ramp chosen by --load-shape, --autostart/--autoquit;
-    an emulator that refuses or breaks some requests, so errors by class show."""
-    faults = ["--sim-fault-rate", "429=0.1,500=0.05,disconnect=0.05", "--sim-seed", "3"]
-    with start_sim([*SIM_ARGS, *faults], log_path=tmp_path / "sim.log") as sim:
-        _local_runner_step_ramp(sim, tmp_path)
-
-
-def _local_runner_step_ramp(sim, tmp_path):
-    port = free_port()
-    ui = f"http://127.0.0.1:{port}"
-    cmd = [
-        sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "llm.py"), "--host", sim.base_url,
-        "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "--autoquit", "4", "-s", "3",
-        "--load-shape", "step-ramp", "--ramp-steps", "2,1", "--ramp-hold", "2",
-        "--prompt-tokens", "300", "--output-tokens", "16", "--slo", "ttft<=40ms",
-        "--records", str(tmp_path / "records.parquet"), "--steps-csv", str(tmp_path / "steps.csv"),
-    ]  # fmt: skip
-    log = tmp_path / "locust.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        live = None
-        while proc.poll() is None:  # poll the live JSON until the shape has stopped the test
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                state = _get_json(ui + "/stats/requests")["state"]
-                live = _get_json(ui + "/servesweep/live.json")
-            except OSError:
-                time.sleep(0.3)
-                continue
-            if state == "stopped":
-                break
-            time.sleep(0.3)
-        assert live is not None and live["shape"] == "StepRamp", log.read_text()[-3000:]
-        assert proc.wait(30) == 1, log.read_text()[-3000:]  # Locust: 1 when any request failed
-    finally:
-        _kill(proc)
-    records = read_parquet(tmp_path / "records.parquet")
-    s = summarize(records, slos="ttft<=40ms")
-    snap = live["live"]
-    assert snap["requests"]["ok"] == s["requests"]["ok"] > 10
-    assert snap["requests"]["failed"] == s["requests"]["failed"] > 0
-    assert snap["errors"] == s["failures"] and set(s["failures"]) <= {
-        "http_429",
-        "http_5xx",
-        "connection_reset",
-        "no_done",
-    }
-    assert snap["output_tokens"] == s["output_tokens"] == 16 * s["requests"]["ok"]
-    assert snap["goodput"]["requests"] == s["goodput"]["requests"]
-    lat = latencies(records)
-    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        for q in ("p50", "p90", "p99"):
-            want = order_stat(lat[key], float(q[1:]) / 100)
-            assert close(snap["latency"][key][q], want, Sketch.ALPHA * 1.0001), (key, q)
-    steps = list(csv.DictReader((tmp_path / "steps.csv").open()))
-    assert [int(r[LOAD_COLUMNS[0]]) for r in steps] == [2, 1]
-    check_steps(steps, live["steps"], records, failures=True)

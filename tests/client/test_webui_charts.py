@@ -107,13 +107,26 @@ def test_the_web_ui_draws_live_and_per_step_charts(ui):
 
             page.locator("#servesweep-charts-button").click()
             frame = page.frame_locator("#servesweep-charts-panel iframe")
-            time.sleep(HOLD_S + 3)  # into the second step
+            # into the second step (its users run), then until each live series has 3 points (sampled every 2 s)
+            deadline = time.monotonic() + HOLD_S + 20
+            while _get_json(ui + "/stats/requests")["user_count"] != STEPS[1]:
+                assert time.monotonic() < deadline, "the ramp never reached its second step"
+                time.sleep(0.3)
             expect(frame.locator("#c-ttft path").first).to_be_attached()
-            live = {c: _paths(frame, c) for c in ("ttft", "itl", "tps", "flight")}
+
+            def enough(live):
+                return (
+                    live["ttft"].get("p50", 0) >= 3
+                    and live["ttft"].get("p99", 0) >= 3
+                    and live["itl"].get("p99", 0) >= 3
+                    and live["tps"].get("output tok/s (last 10 s)", 0) >= 3
+                    and live["flight"].get("streams in flight", 0) >= 3
+                )
+
+            while not enough(live := {c: _paths(frame, c) for c in ("ttft", "itl", "tps", "flight")}):
+                assert time.monotonic() < deadline, live
+                time.sleep(0.5)
             page.screenshot(path=str(ARTIFACTS / "webui-charts-live.png"))
-            assert live["ttft"]["p50"] >= 3 and live["ttft"]["p99"] >= 3, live
-            assert live["itl"]["p99"] >= 3 and live["tps"]["output tok/s (last 10 s)"] >= 3, live
-            assert live["flight"]["streams in flight"] >= 3, live
 
             _wait_state(ui, "stopped", 40)  # the shape ends the test after its last step
             expect(frame.locator("#steps tbody tr")).to_have_count(len(STEPS), timeout=15_000)
