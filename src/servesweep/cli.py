@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "prom": ("servesweep.observe.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
     "observe": ("servesweep.observe.stack", "command", "A standing Prometheus (+ Grafana) that sees every run: up, down, status."),
     "gate": ("servesweep.results.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
+    "sglang-cpu": ("servesweep.sglang.cpu.cli", "command", "Real SGLang on this CPU with a tiny offline model: install, model, serve."),
 }
 
 
