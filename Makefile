@@ -2,8 +2,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Every cache servesweep and its tests make lives here (prompt pools, SGLang's protocol code for the conformance
+# tests, the real-SGLang environment): `make test-cold` points it at a new empty folder.
+export SERVESWEEP_CACHE_DIR ?= $(CURDIR)/.cache
+# Three pytest workers, one test file each at a time (files share fixtures and servers): the suite is mostly real
+# processes waiting on each other (emulators streaming at real time, Ansible over SSH, Prometheus scrapes), so three
+# workers on two cores finish sooner than two; timing assertions stay robust to that load (docs: no timing tails).
+PYTEST_WORKERS ?= 3
 
-.PHONY: demo test lint system-deps clean
+.PHONY: demo test test-fast test-cold test-deps lint system-deps sglang-cpu-env sglang-cpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,12 +28,35 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Three pytest workers, one test file each at a time (files share fixtures and servers): the suite is mostly real
-# processes waiting on each other (emulators streaming at real time, Ansible over SSH, Prometheus scrapes), so three
-# workers on two cores finish sooner than two; timing assertions stay robust to that load (docs: no timing tails).
-test: $(STAMP) system-deps
+# Real SGLang on this CPU (its own venv under $(SERVESWEEP_CACHE_DIR)/sglang-cpu, rebuilt when its pins change).
+sglang-cpu-env: $(STAMP)
+	$(PY) -m servesweep.cli sglang-cpu install
+
+# Start real SGLang on this machine's CPU with a tiny offline model (127.0.0.1:30000; Ctrl-C stops it).
+sglang-cpu: sglang-cpu-env
+	$(PY) -m servesweep.cli sglang-cpu serve
+
+# Everything the tests need from outside, installed before pytest starts (so no two pytest workers ever install
+# into the same folder at once): Debian packages, SGLang's protocol code per version, the real-SGLang environment.
+test-deps: $(STAMP) system-deps sglang-cpu-env
+	$(PY) tests/sim/sglang_reference.py --install
+
+# The whole suite: what CI runs. The in-Locust session (tests/inlocust, gevent allowed) runs on its own.
+test: test-deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -n 3 --dist loadfile --durations=30
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/inlocust
+
+# Under a minute, no process started (tests/conftest.py refuses them): pure functions, schemas, parsers, planners,
+# and the locustfile's logic driven in-process.
+test-fast: $(STAMP)
+	SERVESWEEP_TEST_TIER=fast $(VENV)/bin/pytest -q -p no:cacheprovider -m fast
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" tests/inlocust
+
+# `make test` on a fresh clone of HEAD with every cache the suite makes pointed at a new empty folder (HOME, TMPDIR,
+# XDG and pip caches, SERVESWEEP_CACHE_DIR): run it before each submission; what a warm machine hides shows here.
+test-cold:
+	bash scripts/test-cold.sh
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .cache

@@ -8,6 +8,8 @@ import pytest
 
 from servesweep.files import atomic_path, write_atomic
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 
 def test_write_replaces_whole_file_and_leaves_no_temp(tmp_path):
     p = tmp_path / "sub" / "manifest.json"

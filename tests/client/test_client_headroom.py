@@ -3,7 +3,11 @@ loop woke up late (p99 above 20 ms), flags the point as measured by a saturated 
 
 from __future__ import annotations
 
+import pytest
+
 from servesweep.results.summary import CPU_SATURATED_PCT, LOOP_LAG_SATURATED_MS, client_headroom
+
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
 
 
 def _client(name, cpu_s, wall_s, lags, role=None):

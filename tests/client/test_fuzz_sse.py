@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,6 +103,7 @@ def test_any_stream_gives_a_record_not_an_exception(lines):
         assert is_token_line(ln) in (True, False)
 
 
+@pytest.mark.fast
 def test_a_good_stream_and_its_broken_variants():
     tok = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":%d}}'
     good = [tok % 1, tok % 3, b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}', b"data: [DONE]"]

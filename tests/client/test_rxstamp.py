@@ -19,6 +19,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from servesweep.client.rxstamp import RxClock, stamp_socket
 from servesweep.config.point import LoadPoint
@@ -35,6 +36,7 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     return client, server
 
 
+@pytest.mark.fast
 def test_late_reader_gets_the_arrival_time_not_the_read_time():
     client, server = _pair()
     clock = RxClock()
@@ -65,6 +67,7 @@ def test_late_reader_gets_the_arrival_time_not_the_read_time():
         server.close()
 
 
+@pytest.mark.fast
 def test_nothing_read_means_no_clock():
     clock = RxClock()
     assert clock.rx_clock() is None and clock.read_lag_ns() is None
@@ -259,6 +262,7 @@ def test_requests_leave_when_their_send_stamp_says(tmp_path):
     assert np.percentile(lead_ms, 90) < 1.0, np.percentile(lead_ms, [50, 90, 99])
 
 
+@pytest.mark.fast
 def test_parse_stream_pauses_between_slices_and_parses_alike():
     """The Locust user parses a finished stream in slices (pause=gevent.sleep between them) so that other streams
     get read; the record is the same as with one pass."""

@@ -6,6 +6,8 @@ import pytest
 
 from servesweep.client.sse import classify_status, parse_stream
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 ROLE = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
 REASON = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'
 CONTENT = b'data: {"id":"5f3c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n'

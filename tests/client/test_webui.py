@@ -476,6 +476,7 @@ def _synthetic_records(n: int, seed: int = 1) -> list[dict]:
     return rows
 
 
+@pytest.mark.fast
 def test_live_aggregate_merged_across_workers_matches_the_summary():
     import msgpack
 
@@ -511,6 +512,7 @@ def test_live_aggregate_merged_across_workers_matches_the_summary():
     assert close(snap["latency"]["decode_tps"]["mean"], s["decode_tokens_per_s"]["mean"], 1e-9)
 
 
+@pytest.mark.fast
 def test_sketch_relative_error_bound_and_merge_is_exact():
     rng = np.random.default_rng(7)
     values = rng.lognormal(3.0, 2.0, 20_000)  # 4 decades, as TTFT ms spans under load

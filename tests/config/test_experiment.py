@@ -9,6 +9,8 @@ import pytest
 
 from servesweep.config.experiment import ExperimentError, human_int, load_experiment, parse_experiment
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """\

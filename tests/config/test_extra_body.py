@@ -10,6 +10,8 @@ import pytest
 from servesweep.config.experiment import ExperimentError, parse_experiment
 from servesweep.config.point import LoadPoint
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 YAML = """\
 name: demo
 sglang_version: 0.5.23

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -94,18 +95,21 @@ def test_inserted_keys_are_accepted_or_named(line, key, value):
     _check("\n".join(lines) + "\n")
 
 
+@pytest.mark.fast
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=300))
 def test_arbitrary_text_never_crashes_the_parser(text):
     _check(text)
 
 
+@pytest.mark.fast
 @settings(max_examples=150, deadline=None)
 @given(cut=st.integers(min_value=0, max_value=len(GOOD)), junk=st.text(max_size=10))
 def test_truncated_or_spliced_files(cut, junk):
     _check(GOOD[:cut] + junk + GOOD[cut:] if junk else GOOD[:cut])
 
 
+@pytest.mark.fast
 def test_one_clear_message_per_problem_with_key_and_line():
     text = GOOD.replace("concurrency: [1, 4]", "concurrency: [1, four]").replace("retries: 1", "retries: -2")
     text = text.replace("requests: 2", "requests: 2\n  requestz: 3")
@@ -121,6 +125,7 @@ def test_one_clear_message_per_problem_with_key_and_line():
     assert len(got) == 3, got
 
 
+@pytest.mark.fast
 def test_yaml_syntax_error_names_its_line():
     try:
         parse_experiment(GOOD.replace("  gpu: H200", "  gpu: [H200"), "fuzz.yaml")

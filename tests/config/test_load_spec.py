@@ -13,6 +13,7 @@ from servesweep.config.point import LoadPoint
 BASE = {"base_url": "http://127.0.0.1:30000", "concurrency": 4, "prompt_tokens": 3000, "output_tokens": 64}
 
 
+@pytest.mark.fast
 def test_defaults_and_derived_values():
     p = LoadPoint(**BASE, requests=10)
     assert p.first_token_s == 900 and p.cache_bust and p.endpoint == "chat"
@@ -40,12 +41,14 @@ def test_defaults_and_derived_values():
         ({"bogus": 1}, "bogus"),
     ],
 )
+@pytest.mark.fast
 def test_bad_fields_are_named(change, field):
     with pytest.raises(ValidationError) as e:
         LoadPoint(**{**BASE, "requests": 5, **change})
     assert field in str(e.value)
 
 
+@pytest.mark.fast
 def test_a_point_needs_a_stop_rule():
     with pytest.raises(ValidationError, match="requests or duration_s"):
         LoadPoint(**BASE)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import click
+import pytest
 
 from servesweep.config.experiment import POINT_SCALARS, Load, WorkloadSpec
 from servesweep.config.point import GROUPS, SURFACES, LoadPoint, knobs
@@ -54,6 +55,7 @@ def _form_actions() -> list:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.fast
 def test_every_knob_has_a_group_help_and_cli_name():
     ks = knobs()
     assert ks and all(k.group in GROUPS and k.help and k.cli.startswith("--") for k in ks)
@@ -64,6 +66,7 @@ def test_every_knob_has_a_group_help_and_cli_name():
             assert k.default is True and k.cli.startswith("--no-"), f"{k.name}: a flag switches off a default"
 
 
+@pytest.mark.fast
 def test_cli_options_are_the_table():
     opts = _cli_options()
     for k in knobs("cli"):
@@ -104,6 +107,7 @@ def test_form_parameters_are_the_table_grouped_ramp_first():
     assert ours - knob_clis - ramp == {"--slo"}, "the form's only run setting is --slo"
 
 
+@pytest.mark.fast
 def test_yaml_load_keys_are_the_table():
     fields = Load.model_fields
     for k in knobs("yaml"):
@@ -133,6 +137,7 @@ def test_yaml_load_keys_are_the_table():
     assert set(POINT_SCALARS) <= set(fields) and set(POINT_SCALARS) <= set(LoadPoint.model_fields)
 
 
+@pytest.mark.fast
 def test_the_yaml_sets_every_timeout():
     ld = Load(concurrency=[1], requests=1, connect_s="5s", first_token_s="2m", stall_s=30, total_s="1h")
     f = ld.point_fields("single")

@@ -104,6 +104,7 @@ def test_wrong_or_missing_key_is_a_clear_error(keyed_sim, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.fast
 def test_bad_input_names_the_option(tmp_path):
     cases = [
         (["--concurrency", "1,0"], "--concurrency"),

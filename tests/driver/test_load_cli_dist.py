@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from servesweep.sim.launch import start_sim
 
 KEY = "sk-test-servesweep-keyfile-41d2"
@@ -101,6 +103,7 @@ def test_rate_sweep_with_workers_and_a_key_file(tmp_path):
         assert float(r[2]) == round(p["arrivals"]["rate_rps"], 2)
 
 
+@pytest.mark.fast
 def test_worker_host_options_are_checked_before_any_load(tmp_path):
     from click.testing import CliRunner
 

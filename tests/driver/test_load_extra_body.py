@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from servesweep.driver.load import command
@@ -41,6 +42,7 @@ def test_extra_body_n2_records_two_choices_per_request(tmp_path):
         assert row["completion_tokens"] == 2 * OUT
 
 
+@pytest.mark.fast
 def test_bad_extra_body_names_the_option(tmp_path):
     base = ["--base-url", "http://127.0.0.1:9", "--requests", "1", "--out", str(tmp_path / "runs")]
     for value, words in [

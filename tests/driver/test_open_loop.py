@@ -81,6 +81,7 @@ def test_constant_rate_is_evenly_spaced_and_the_lag_shows_when_the_cap_binds(sim
     assert s["ttft_from_scheduled_ms"]["p50"] > s["ttft_ms"]["p50"] + 50
 
 
+@pytest.mark.fast
 def test_schedules_are_seeded_deterministic_and_split_exactly():
     a = Arrivals("poisson", 100.0, seed=3, index=1, count=2).offsets_s(2000)
     assert a == Arrivals("poisson", 100.0, seed=3, index=1, count=2).offsets_s(2000), "same seed, same slots"

@@ -25,6 +25,7 @@ def _cli(*args: str, timeout: int = 400) -> tuple[int, str]:
     return run_servesweep(*args, timeout=timeout)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("path", [A6000, RTX], ids=["a6000", "rtxpro6000"])
 def test_search_examples_plan_a_start_and_fewer_probes_than_the_grid(path):
     r = CliRunner().invoke(plan_command, [str(path), "--json"])
@@ -39,6 +40,7 @@ def test_search_examples_plan_a_start_and_fewer_probes_than_the_grid(path):
         assert 1 <= s["probes"] <= s["grid_points"] / 2 and s["calls"] >= s["probes"] and s["seconds"] > 0
 
 
+@pytest.mark.fast
 def test_search_block_errors_name_their_line():
     text = A6000.read_text()
     bad = text.replace("decode_tokens_per_s_p50>=30,", "decode_tokens_per_s_p42>=30,")

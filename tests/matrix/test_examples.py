@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 from support import run_servesweep
@@ -47,6 +48,7 @@ def _points(plan: dict) -> dict[str, dict]:
     return {p["id"]: p for c in plan["configs"] for p in c["points"]}
 
 
+@pytest.mark.fast
 def test_a6000_plan_reports_context_memory_spec_reset_and_long_prefill():
     plan = _plan(A6000)
     pts = _points(plan)
@@ -97,6 +99,7 @@ def test_a6000_plan_reports_context_memory_spec_reset_and_long_prefill():
     assert plan["within_budget"] and not any(p["code"] == "over_budget" for p in plan["pitfalls"])
 
 
+@pytest.mark.fast
 def test_context_above_the_model_maximum_names_the_override_variable(tmp_path):
     d = yaml.safe_load(A6000.read_text())
     d["load"]["prompt_tokens"] = [1000, 300000]
@@ -109,6 +112,7 @@ def test_context_above_the_model_maximum_names_the_override_variable(tmp_path):
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in ctx["message"]
 
 
+@pytest.mark.fast
 def test_rtxpro_plan_reports_kv_head_replication_spec_reset_prefill_and_budget():
     plan = _plan(RTX)
     pts = _points(plan)
@@ -147,6 +151,7 @@ def test_rtxpro_plan_reports_kv_head_replication_spec_reset_prefill_and_budget()
     assert kept < plan["total_s"] and plan["total_s"] - sum(pts[i]["est_s"] for i in cut) <= 7200 + 1
 
 
+@pytest.mark.fast
 def test_dflash_draft_is_a_small_drafter_so_tp1_on_96gb_starts(tmp_path):
     """Defect: DFLASH at TP1 on an RTX PRO 6000 was refused "Not enough memory" (draft sized as the target)."""
     plan = _plan(RTX)
@@ -176,6 +181,7 @@ def test_dflash_draft_is_a_small_drafter_so_tp1_on_96gb_starts(tmp_path):
     assert hardware.dflash_draft_params(arch, tmp_path) == 2 * (attn + 3 * 5120 * 17408) + 3 * 5120 * 5120
 
 
+@pytest.mark.fast
 def test_a6000_state_slot_cap_follows_the_documented_derivation():
     """Defect check: TP2 NEXTN on 2× A6000 resolves max_running_requests from the GDN state slots (sglang.md §7).
 
@@ -368,6 +374,7 @@ def test_rtxpro_dry_run_completes_on_the_emulator(tmp_path):
             assert "--speculative-draft-model-path" in argv
 
 
+@pytest.mark.fast
 def test_ddtree_of_the_forked_build_accepts_more_tokens_per_step_as_its_budget_grows():
     """The emulator takes DDTREE only when declared (--sim-extra-spec-algorithms) and draws accept lengths from the
     per-budget model: 16 → 4.4, 32 → 5.0, 64 → 5.5 tokens per verify step (docs/examples/qwen36-27b-rtxpro6000.md)."""

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from support import SERVESWEEP
 from support import start_servesweep as start
 from test_reliability_server import cleanup, manifest, run_dir_of
@@ -142,6 +143,7 @@ def test_a_server_that_exits_at_once_fails_its_configuration_with_its_log(tmp_pa
     assert all(p["status"] == "server_failed" for p in m["points"].values())
 
 
+@pytest.mark.fast
 def test_the_plan_of_a_generic_server_skips_sglang_arithmetic_and_says_so():
     text = textwrap.dedent(
         """\

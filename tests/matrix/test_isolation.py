@@ -13,6 +13,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 import yaml
 from packed_experiment import EXPERIMENT
 
@@ -81,6 +82,7 @@ def test_a_packed_run_measures_its_isolation_and_compare_refuses_packed_vs_alone
     )  # packed vs packed: compared; the alone twins are not matrix points
 
 
+@pytest.mark.fast
 def test_the_isolation_result_is_exported_with_a_flag_label():
     class R:
         metrics = ClientMetrics("r1")

@@ -11,6 +11,8 @@ import pytest
 
 from servesweep.matrix.placement import GpuHost, Job, pick_gpus, schedule, validate_host
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 HALVES = ((0, 1, 2, 3), (4, 5, 6, 7))
 
 

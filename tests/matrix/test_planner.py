@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 from click.testing import CliRunner
 
 from servesweep.config.experiment import parse_experiment
 from servesweep.matrix.planner import command, make_plan, plan_json
+
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
 
 PARAMS = 26_895_319_040  # Qwen3.6-27B, counted from its config (embeddings + 64 layers + LM head)
 

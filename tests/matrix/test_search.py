@@ -112,6 +112,7 @@ def assert_int_within(cap, true: float, step: int = 1) -> None:
 # ---------------------------------------------------------------- statistics
 
 
+@pytest.mark.fast
 def test_minimum_samples_per_statistic():
     assert min_samples(slo("x", "ttft", "p99", "<=", 1)) == 100  # one observation beyond the 99th percentile
     assert min_samples(slo("x", "ttft", "p99.9", "<=", 1)) == 1000
@@ -120,6 +121,7 @@ def test_minimum_samples_per_statistic():
     assert min_samples(slo("x", "error_rate", None, "<=", 0.01)) == 20
 
 
+@pytest.mark.fast
 def test_judge_needs_the_interval_clear_of_the_threshold():
     spec = conc_spec()
     rng = np.random.default_rng(1)
@@ -148,6 +150,7 @@ def test_judge_needs_the_interval_clear_of_the_threshold():
     assert judge(err, server(5, 400), [err], spec, rng).verdict == "pass"
 
 
+@pytest.mark.fast
 def test_slos_of_the_grammars_in_use_adapt():
     from servesweep.results import summary
 
@@ -163,6 +166,7 @@ def test_slos_of_the_grammars_in_use_adapt():
         search(Server(), [[as_slo(unified.parse_slos("ttft<=2s")[0])]], conc_spec())
 
 
+@pytest.mark.fast
 def test_pooled_itl_and_goodput_are_judged():
     rng = np.random.default_rng(5)
     n, gaps = 200, 20
@@ -197,6 +201,7 @@ def test_pooled_itl_and_goodput_are_judged():
 # ---------------------------------------------------------------- accuracy
 
 
+@pytest.mark.fast
 def test_concurrency_axis_lands_within_one_step():
     server = Server(sigma=0.2)
     true = server.ttft_capacity(0.99, 500.0)  # 26.4
@@ -212,6 +217,7 @@ def test_concurrency_axis_lands_within_one_step():
     )
 
 
+@pytest.mark.fast
 def test_rate_axis_lands_within_its_relative_resolution():
     server = Server(a=50.0, b=200.0, mu=10.0, sigma=0.2)
     true = server.ttft_capacity(0.99, 500.0)  # 9.37 req/s
@@ -240,6 +246,7 @@ def speed_tiers() -> dict[str, list[Slo]]:
     }
 
 
+@pytest.mark.fast
 def test_tiers_in_one_search_share_probes():
     tiers = speed_tiers()
     server = Server(sigma=0.1, c0=1.2, c1=0.5)  # true capacities 64.3, 17.6, 4.3
@@ -256,6 +263,7 @@ def test_tiers_in_one_search_share_probes():
     print(f"\n3 tiers: {joint.probes_used} probes in one search, {separate} in three")
 
 
+@pytest.mark.fast
 def test_doubled_step_time_gives_about_half_the_capacity():
     tier = {"t": [slo("tpot_p50<=41ms", "tpot", "p50", "<=", 41.0)]}
     caps = []
@@ -270,6 +278,7 @@ def test_doubled_step_time_gives_about_half_the_capacity():
 # ---------------------------------------------------------------- statistics in the loop, budget
 
 
+@pytest.mark.fast
 def test_an_undecided_probe_asks_for_more_requests():
     # at the start load the median TTFT is 1.5 % under the threshold: 20 requests cannot tell, more can
     server = Server(sigma=0.3)
@@ -289,6 +298,7 @@ def test_an_undecided_probe_asks_for_more_requests():
     assert at10.at_cap and at10.result.n == 160
 
 
+@pytest.mark.fast
 def test_budget_stops_the_search_and_reports_the_bracket():
     server = Server(sigma=0.2)
     res = search(server, {"t": [TTFT_P99]}, conc_spec(start=1, max_probes=3))
@@ -327,6 +337,7 @@ def test_at_most_half_the_points_of_the_equivalent_grid():
     assert all(p <= g / 2 for _, _, p, g in figures), figures
 
 
+@pytest.mark.fast
 def test_grid_points_at_the_resolution():
     assert len(grid_points(conc_spec(upper=64))) == 64
     g = grid_points(SearchSpec(axis="rate", start=1.0, lower=1.0, upper=2.0, rel=0.05))
@@ -337,6 +348,7 @@ def test_grid_points_at_the_resolution():
 # ---------------------------------------------------------------- per GPU, frontier
 
 
+@pytest.mark.fast
 def test_per_gpu_normalisation():
     assert gpu_count(tp=2, dp=2) == 4 and gpu_count(tp=8, pp=2) == 16
     assert gpu_count(tp=4, gpus=8) == 8  # the launcher's stated count wins

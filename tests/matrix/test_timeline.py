@@ -8,6 +8,7 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -36,6 +37,7 @@ def _variant(tmp_path: Path, **changes) -> Path:
     return p
 
 
+@pytest.mark.fast
 def test_the_8_gpu_example_plans_packed_well_under_serial():
     code, out = _plan(str(EXAMPLE), "--json")
     assert code == 0, out
@@ -80,6 +82,7 @@ def test_hosts_gpus_and_halves_come_from_the_inventory(tmp_path):
     assert packed["placements"][0]["port"] == 31000
 
 
+@pytest.mark.fast
 def test_parallel_false_and_max_parallel(tmp_path):
     serial = json.loads(_plan(str(_variant(tmp_path, parallel=False)), "--json")[1])["packed"]
     _no_overlap(serial["placements"])

@@ -126,6 +126,7 @@ def test_committed_json_equals_generated():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.fast
 def test_check_detects_a_stale_file(tmp_path):
     for name, d in build_all().items():
         (tmp_path / name).write_text(render(d))
@@ -136,6 +137,7 @@ def test_check_detects_a_stale_file(tmp_path):
     assert check(tmp_path) == [str(tmp_path / "live.json")]
 
 
+@pytest.mark.fast
 def test_every_named_metric_exists():
     ours = exporter_families()
     for name, d in build_all().items():
@@ -147,6 +149,7 @@ def test_every_named_metric_exists():
                     assert family_of(metric, ours), f"{name} / {e['title']}: the exporter has no {metric}"
 
 
+@pytest.mark.fast
 def test_dashboards_cover_what_users_watch():
     d = build_all()
     live = {m for e in expressions(d["live.json"]) for m in metric_names(e["expr"])}
@@ -185,6 +188,7 @@ def test_dashboards_cover_what_users_watch():
 _DIV = re.compile(r"\s/\s")
 
 
+@pytest.mark.fast
 def test_every_ratio_is_guarded():
     """Division by a rate that is 0 when idle gives NaN/Inf: every denominator is clamp_min(...) or filtered > 0."""
     for name, d in build_all().items():
@@ -196,6 +200,7 @@ def test_every_ratio_is_guarded():
                 )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", sorted(build_all()))
 def test_json_is_well_formed(name):
     d = json.loads((DASH_DIR / name).read_text())
@@ -226,6 +231,7 @@ def test_json_is_well_formed(name):
                 cells.add((x, y))
 
 
+@pytest.mark.fast
 def test_provisioning_points_at_the_generated_dashboards():
     prov = (ROOT / "grafana/provisioning/dashboards/servesweep.yaml").read_text()
     compose = (ROOT / "exporters/docker-compose.yml").read_text()

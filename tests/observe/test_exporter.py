@@ -79,6 +79,7 @@ def _fed(chunk_tokens=True) -> tuple[ClientMetrics, list[dict]]:
     return m, recs
 
 
+@pytest.mark.fast
 def test_counts_by_outcome_and_class_and_tokens():
     m, recs = _fed()
     f = _families(m)
@@ -100,6 +101,7 @@ def test_counts_by_outcome_and_class_and_tokens():
     assert info == 1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("chunk_tokens", [True, False])
 def test_histogram_means_equal_the_point_summary(chunk_tokens):
     """Histogram _sum/_count is the exact mean: it must equal summary.py's mean for every latency, so the live view
@@ -124,6 +126,7 @@ def test_histogram_means_equal_the_point_summary(chunk_tokens):
     assert itl_count == (12 * 11 if chunk_tokens else 12 * 8)
 
 
+@pytest.mark.fast
 def test_buckets_cover_1ms_to_10min_and_are_cumulative():
     assert LATENCY_BUCKETS[0] == 0.001 and LATENCY_BUCKETS[-1] == 600.0
     assert list(LATENCY_BUCKETS) == sorted(set(LATENCY_BUCKETS))
@@ -140,6 +143,7 @@ def test_buckets_cover_1ms_to_10min_and_are_cumulative():
     assert dict(buckets)[0.03] == 0 and dict(buckets)[0.075] == 12
 
 
+@pytest.mark.fast
 def test_summary_gauges_kept_after_point_finished():
     m, recs = _fed()
     s = summarize(to_table(recs))
@@ -169,6 +173,7 @@ def test_promtool_check_metrics_is_clean():
     assert r.stdout.strip() == b"" and r.stderr.strip() == b"", r.stdout + r.stderr  # no lint warnings either
 
 
+@pytest.mark.fast
 def test_serves_on_loopback_and_users_from_a_callable():
     m, _ = _fed()
     n = {"users": 3}
@@ -184,6 +189,7 @@ def test_serves_on_loopback_and_users_from_a_callable():
         m.stop()
 
 
+@pytest.mark.fast
 def test_bad_input_is_named():
     m = ClientMetrics("run-a")
     with pytest.raises(ValueError, match="no point_started\\('p9'\\)"):

@@ -373,6 +373,7 @@ def test_pushgateway_push_is_scraped(world):
     assert float(r["value"][1]) == 123.5
 
 
+@pytest.mark.fast
 def test_backfill_reads_orchestrator_run_folders(tmp_path):
     """A `servesweep run` folder: axes come from the manifest's configuration flags and labels and the point's
     LoadPoint; the summary's own result fields (e.g. its output_tokens total) never become labels."""
@@ -409,6 +410,7 @@ def test_backfill_reads_orchestrator_run_folders(tmp_path):
     assert ttft == {"p50": 0.01, "p90": 0.02, "p99": 0.03, "mean": 0.012}
 
 
+@pytest.mark.fast
 def test_promconfig_errors_name_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=r"servers\[1\]: target must be host:port"):
         write_targets(tmp_path, "r1", servers=["127.0.0.1:30000", "http://10.0.0.1:30000"])
@@ -448,6 +450,7 @@ def test_exporter_entry_point_pushes_a_finished_run(world):
         assert math.isclose(float(row["value"][1]), s["ttft_ms"]["p99"] / 1e3, rel_tol=1e-9)
 
 
+@pytest.mark.fast
 def test_a_server_metrics_path_other_than_metrics_becomes_prometheus_reserved_label(tmp_path):
     write_targets(
         tmp_path,

@@ -186,6 +186,7 @@ def test_promtool_accepts_the_generated_config_and_target_files(root):
     assert not list(lay.targets.glob(".*"))  # no temporary file left behind
 
 
+@pytest.mark.fast
 def test_register_targets_rejects_what_prometheus_would_not_read(root, monkeypatch):
     with pytest.raises(ValueError, match="reads only"):
         register_targets("other", ["127.0.0.1:1"], {"run_id": "r"}, root=root)
@@ -202,6 +203,7 @@ def test_register_targets_rejects_what_prometheus_would_not_read(root, monkeypat
     assert p.parent == (root / "elsewhere" / "targets").resolve() and json.loads(p.read_text()) == []
 
 
+@pytest.mark.fast
 def test_grafana_provisioning_names_prometheus_and_every_dashboard(root):
     lay = Layout(stack_dir(root))
     paths = stack.provision_grafana(lay, "http://127.0.0.1:19090")

@@ -389,14 +389,17 @@ def _flagged(texts):
     return [(label, degenerate(t)[1]) for label, t in texts if degenerate(t)[0]]
 
 
+@pytest.mark.fast
 def test_healthy_answers_are_never_degenerate():
     assert _flagged(enumerate(HEALTHY)) == []
 
 
+@pytest.mark.fast
 def test_reference_manual_is_never_degenerate():
     assert _flagged(enumerate(reference_texts())) == []
 
 
+@pytest.mark.fast
 def test_stdlib_code_false_positive_rate():
     """0 of 300 windows flagged here (and 0 of 2,500 at tuning time); allow one in case another Python's stdlib
     has a data table."""
@@ -404,6 +407,7 @@ def test_stdlib_code_false_positive_rate():
     assert len(_flagged(windows)) <= 1, _flagged(windows)
 
 
+@pytest.mark.fast
 def test_degenerate_corpus_is_always_caught():
     corpus = degenerate_corpus()
     assert len(corpus) == 14 * (1 + 4 * len(COVERS))
@@ -421,10 +425,12 @@ def test_degenerate_corpus_is_always_caught():
         "",
     ],
 )
+@pytest.mark.fast
 def test_short_texts_are_never_degenerate(text):
     assert degenerate(text)[0] is False
 
 
+@pytest.mark.fast
 def test_each_reason_names_its_measure():
     loop = "The answer is" + " lambda" * 200
     ok, reasons, m = degenerate(loop)
@@ -437,6 +443,7 @@ def test_each_reason_names_its_measure():
     assert ok and [r.split(":")[0] for r in reasons] == ["repeated lines"]
 
 
+@pytest.mark.fast
 def test_measures_on_known_texts():
     m = measures("a b c " * 50)
     assert (
@@ -461,6 +468,7 @@ def test_thresholds_have_margin_on_healthy_text():
     assert max(looped) < answers.LOOP_MIN_SHARE
 
 
+@pytest.mark.fast
 def test_degenerate_rate():
     assert degenerate_rate([HEALTHY[8], HEALTHY[9], "The answer is" + " lambda" * 300, HEALTHY[11]]) == 0.25
     assert math.isnan(degenerate_rate([]))
@@ -491,6 +499,7 @@ def test_degenerate_rate():
         "falcon-4812 falcon-4812 falcon-4812",
     ],
 )
+@pytest.mark.fast
 def test_needle_right(answer):
     assert score_needle(answer, "falcon-4812")
 
@@ -513,21 +522,25 @@ def test_needle_right(answer):
         "lambda lambda lambda lambda",
     ],
 )
+@pytest.mark.fast
 def test_needle_wrong(answer):
     assert not score_needle(answer, "falcon-4812")
 
 
+@pytest.mark.fast
 def test_needle_expected_must_be_a_code():
     with pytest.raises(ValueError, match="WORD-DIGITS"):
         score_needle("falcon-4812", "falcon")
 
 
+@pytest.mark.fast
 def test_final_answer_strips_reasoning():
     assert final_answer("<think>a</think>b<think>c</think>d").split() == ["b", "d"]
     assert final_answer("reasoning</think>answer") == "answer"
     assert final_answer("no reasoning") == "no reasoning"
 
 
+@pytest.mark.fast
 def test_needle_accuracy():
     pairs = [
         ("falcon-4812", "falcon-4812"),
@@ -542,6 +555,7 @@ def test_needle_accuracy():
 # ---------------------------------------------------------------- speculative vs autoregressive
 
 
+@pytest.mark.fast
 def test_answer_mismatch_rate_lists():
     ar = ["falcon-4812 The code is stated once.", "river-1234 It is in the middle.", "a b c d"]
     spec = ["falcon-4812  The code is stated once.\n", "river-1234 It is near the end.", "a b c d"]
@@ -551,6 +565,7 @@ def test_answer_mismatch_rate_lists():
     assert r["prefix_agreement"] == pytest.approx((1 + 3 / 6 + 1) / 3)
 
 
+@pytest.mark.fast
 def test_answer_mismatch_rate_mappings_and_errors():
     r = answer_mismatch_rate({"p1": "x y", "p2": "x", "p3": "z"}, {"p1": "x y", "p2": "y", "p9": "q"})
     assert r["n"] == 2 and r["mismatch_rate"] == 0.5 and r["prefix_agreement"] == 0.5

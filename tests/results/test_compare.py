@@ -293,6 +293,7 @@ def test_metric_option_and_errors(runs, tmp_path):
     assert r.returncode == 2 and "no matching points" in r.stderr
 
 
+@pytest.mark.fast
 def test_weighted_percentile_equals_numpy_on_the_expanded_sample():
     rng = np.random.default_rng(3)
     for _ in range(200):
@@ -304,6 +305,7 @@ def test_weighted_percentile_equals_numpy_on_the_expanded_sample():
         assert weighted_percentile(v, w, q) == pytest.approx(float(np.percentile(np.repeat(v, w), q)))
 
 
+@pytest.mark.fast
 def test_metric_names():
     assert metric("output_tok_s").name == "output_tokens_per_s"
     assert metric("ttft_p99").higher_is_better is False

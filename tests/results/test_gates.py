@@ -208,6 +208,7 @@ def test_evaluate_records_for_locust(runs):
         evaluate_records(table, ["ttft_p99 <= fast"])
 
 
+@pytest.mark.fast
 def test_slo_grammar():
     assert parse_slo("ttft_p99<=2s").value == 2000 and parse_slo("ttft_p99<=2s").metric.name == "ttft_p99"
     assert parse_slo("itl_p50<=30ms").value == 30 and parse_slo("itl_p50 <= 30").value == 30

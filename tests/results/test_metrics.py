@@ -12,6 +12,8 @@ from test_summary import MS, rec  # the same hand-made record
 from servesweep.results import metrics
 from servesweep.results.records import to_table
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 
 def test_one_request_functions():
     assert metrics.ttft(150 * MS, 100 * MS) == 50.0

@@ -16,6 +16,8 @@ from servesweep.results.pergpu import (
     with_per_gpu_changes,
 )
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 
 def test_gpu_count_of_configurations_and_points():
     assert flags_gpus({"tp_size": 4, "dp_size": 2}) == 8 and flags_gpus({}) == 1

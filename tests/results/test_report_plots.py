@@ -113,6 +113,7 @@ def test_no_tick_labels_overlap(figures):
         assert _overlaps(fig) == [], fig.axes[0].get_title()
 
 
+@pytest.mark.fast
 def test_itl_log_axis_labels_do_not_overlap():
     """Gaps from 5 to 150 ms (a log axis over 1.5 decades, where matplotlib labels minor ticks)."""
     import numpy as np

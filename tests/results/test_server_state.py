@@ -72,6 +72,7 @@ def exposition(
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.fast
 def test_one_exposition_combines_label_sets_max_for_usage_sum_over_dp_ranks_for_counts():
     got = read_exposition(exposition())
     assert got["sglang:token_usage"] == 0.5  # the busiest rank's pool
@@ -84,6 +85,7 @@ def test_one_exposition_combines_label_sets_max_for_usage_sum_over_dp_ranks_for_
     assert "sglang:time_to_first_token_seconds_bucket" not in got  # only what server_state reads is kept
 
 
+@pytest.mark.fast
 def test_a_point_gauges_mean_and_max_counters_increase_over_the_samples():
     samples = [
         (10.0, exposition(usage=(0.1, 0.0), running=(1, 0), gen=(100, 20))),
@@ -107,6 +109,7 @@ def test_a_point_gauges_mean_and_max_counters_increase_over_the_samples():
     assert server_state(restart)["counters"]["generation_tokens"] == 50
 
 
+@pytest.mark.fast
 def test_a_point_of_hours_keeps_a_few_numbers_not_its_samples():
     """Field scale: the sampler reduces each sample at once. 10x a long point (a 3-hour soak at 1/s is 10,800
     samples; here 108,000): the accumulator's memory stays flat and its figures equal the ones computed from the
@@ -138,6 +141,7 @@ def test_a_point_of_hours_keeps_a_few_numbers_not_its_samples():
         snap(i - 1)["sglang:generation_tokens_total"] if i % 40_000 else 0) for i in range(1, n))  # fmt: skip
 
 
+@pytest.mark.fast
 def test_mamba_usage_only_for_a_server_with_a_mamba_pool():
     # SGLang writes mamba_usage 0 for every model; without the pool's size (before 0.5.23) a 0 throughout means none
     flat = [
@@ -149,6 +153,7 @@ def test_mamba_usage_only_for_a_server_with_a_mamba_pool():
     assert server_state(idle_hybrid)["gauges"]["mamba_usage"] == {"mean": 0.0, "max": 0.0}
 
 
+@pytest.mark.fast
 def test_other_servers_give_no_server_state():
     vllm = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3.0\n"
     with pytest.raises(NotSGLang):
@@ -201,6 +206,7 @@ class _FakeServer:
         ),
     ],
 )
+@pytest.mark.fast
 def test_the_sampler_sends_the_key_and_gives_up_on_a_server_without_sglang_metrics(
     monkeypatch, status, body, why
 ):
@@ -228,6 +234,7 @@ def test_the_sampler_sends_the_key_and_gives_up_on_a_server_without_sglang_metri
     assert state is None and why in note and "sk-sampler-secret" not in note
 
 
+@pytest.mark.fast
 def test_a_metrics_endpoint_that_hangs_ten_times_the_timeout_never_holds_the_point():
     """Field scale, compressed: each /metrics answer takes 10x the sampler's timeout (2 s against 0.2 s). Every
     request is cut at the timeout and retried at the next interval (a timeout is transient), stopping takes about

@@ -8,6 +8,8 @@ from servesweep.config.slo import parse_slos
 from servesweep.results.records import read_parquet, to_table, write_parquet
 from servesweep.results.summary import check_slos, summarize
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 MS = 1_000_000
 
 

@@ -48,6 +48,7 @@ def _namespace_value(ns: Any, dest: str) -> Any:
     return json.loads(json.dumps(getattr(ns, dest), default=str))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_option_string_with_a_valid_value_parses_in_the_emulator_as_in_sglangs_parser(version):
     raw = flags.load_table(version)
@@ -65,6 +66,7 @@ def test_every_option_string_with_a_valid_value_parses_in_the_emulator_as_in_sgl
     assert n == raw["counts"]["option_strings"] and n > {"0.5.11": 380, "0.5.23": 550}[version]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_flag_passes_experiment_validation_and_renders_back_to_the_same_value(version):
     t = flags.table(version)
@@ -87,6 +89,7 @@ def test_every_flag_passes_experiment_validation_and_renders_back_to_the_same_va
         assert _namespace_value(ns, field) == want, (field, argv)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("version", VERSIONS)
 def test_reserved_flags_are_refused(version):
     problems: list = []
@@ -110,6 +113,7 @@ def _resolve(parser, option: str) -> tuple[str, Any]:
     return ("unknown", None) if action is None else ("unique", action.dest)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("version", VERSIONS)
 def test_prefixes_and_ambiguities_match_sglangs_parser(version):
     t = flags.table(version)
@@ -131,6 +135,7 @@ def test_prefixes_and_ambiguities_match_sglangs_parser(version):
     assert counts["unique"] > 4000 and counts["ambiguous"] > 700
 
 
+@pytest.mark.fast
 def test_known_prefix_and_rename_cases():
     # the emulator fails as SGLang fails: --cuda-graph-max-bs is ambiguous on 0.5.23, exact on 0.5.11
     assert flags.table("0.5.11").lookup("cuda_graph_max_bs").field == "cuda_graph_max_bs"
@@ -146,6 +151,7 @@ def test_known_prefix_and_rename_cases():
     assert flags.flag_in("tensor_parallel_size", "0.5.23").field == "tp_size"  # an alias
 
 
+@pytest.mark.fast
 def test_render_argv_uses_each_versions_option_strings():
     f = {
         "tp_size": 2,
@@ -194,6 +200,7 @@ def _problems(version: str, base: str) -> list[str]:
     return []
 
 
+@pytest.mark.fast
 def test_validation_follows_each_versions_types_and_choices():
     assert _problems("0.5.23", "context_length: 32K") == [
         "e.yaml:7: server.base.context_length: expected an integer, got '32K'"
@@ -285,6 +292,7 @@ def test_an_experiment_with_flags_the_emulator_does_not_model_completes_its_dry_
     assert saved["server_info"]["sim_unmodeled_flags"] == ["disable_custom_all_reduce", "enable_dp_attention"]
 
 
+@pytest.mark.fast
 def test_tables_ship_for_every_emulated_version():
     assert flags.table_versions() == (
         "0.5.9",

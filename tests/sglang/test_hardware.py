@@ -16,6 +16,8 @@ from servesweep.sglang.hardware import (
     state_slot_bytes,
 )
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 

@@ -155,6 +155,7 @@ def test_cached_pieces_equal_the_reference_byte_for_byte(tokenizers, prompts, mo
     assert cases > 1000
 
 
+@pytest.mark.fast
 def test_answer_retokenizes_to_its_piece_count(tokenizers, prompts):
     """The client's count (re-tokenizing the streamed answer) is the server's: one piece per token."""
     tok = tokenizers["qwen3.6"]
@@ -170,6 +171,7 @@ def test_answer_retokenizes_to_its_piece_count(tokenizers, prompts):
                 assert t.blob[: t.offsets[n]].decode() == "".join(t.words)
 
 
+@pytest.mark.fast
 def test_tokens_of_non_ascii_words_equal_the_reference(tokenizers):
     """Pieces that split a multi-byte character (byte-level BPE) decode as the reference does (U+FFFD)."""
     words = [
@@ -187,6 +189,7 @@ def test_tokens_of_non_ascii_words_equal_the_reference(tokenizers):
                 assert answer_stream._tokens(w, tok) == _tokens_reference(w, tok)
 
 
+@pytest.mark.fast
 def test_a_needle_with_non_ascii_digits_streams_whole_bytes(tokenizers, prompts):
     """A prompt whose needle code has Arabic-Indic digits: the emulator does not take it for a code (before the fix
     `\\d` matched it, its multi-byte characters were split into U+FFFD pieces and the offsets, counted in

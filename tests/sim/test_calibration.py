@@ -14,6 +14,8 @@ import pytest
 from servesweep.sglang.hardware import resolve_server
 from servesweep.sim.engine import Engine, EngineRequest
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 FIELD = {1: 73.5, 2: 137.7, 4: 207.1}  # aggregate output tok/s (per request at concurrency 1)
 
 ARGS = {

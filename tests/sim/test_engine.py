@@ -53,6 +53,7 @@ def ttft_of(eng: Engine, prompt: int) -> float:
     return r.first_token_time - r.queue_start
 
 
+@pytest.mark.fast
 def test_ttft_grows_with_prompt_length():
     res = resolved()
     t = [ttft_of(Engine(res), n) for n in (500, 4000, 16000, 64000)]
@@ -64,6 +65,7 @@ def test_ttft_grows_with_prompt_length():
     assert eng.stats().counters["prefill_steps"] == 8
 
 
+@pytest.mark.fast
 def test_itl_grows_with_batch_size_and_context():
     def mean_itl(batch, prompt):
         eng = Engine(resolved())
@@ -84,6 +86,7 @@ def test_itl_grows_with_batch_size_and_context():
     assert 0.004 < b1 < 0.012
 
 
+@pytest.mark.fast
 def test_long_prefill_stalls_running_decodes():
     eng = Engine(resolved())
     rec = Recorder(eng)
@@ -101,6 +104,7 @@ def test_long_prefill_stalls_running_decodes():
     assert a.finish_time > b.first_token_time
 
 
+@pytest.mark.fast
 def test_mixed_chunk_keeps_decoding_through_a_long_prefill():
     eng = Engine(resolved(enable_mixed_chunk=True))
     rec = Recorder(eng)
@@ -114,6 +118,7 @@ def test_mixed_chunk_keeps_decoding_through_a_long_prefill():
     assert a.completion_tokens == 400
 
 
+@pytest.mark.fast
 def test_kv_capacity_causes_queueing():
     eng = Engine(resolved(max_total_tokens=5000))
     rec = Recorder(eng)
@@ -139,6 +144,7 @@ def test_kv_capacity_causes_queueing():
     assert waits[-1] > 3 * waits[0]  # the last admitted waited for others to finish
 
 
+@pytest.mark.fast
 def test_retraction_happens_and_all_requests_finish():
     eng = Engine(resolved(max_total_tokens=6000))
     rec = Recorder(eng)
@@ -155,6 +161,7 @@ def test_retraction_happens_and_all_requests_finish():
     assert st.num_used_tokens == 0 or st.num_running_reqs == 0
 
 
+@pytest.mark.fast
 def test_radix_cache_hits_repeated_prompt_not_across_namespaces_and_flush():
     eng = Engine(resolved())
     rec = Recorder(eng)
@@ -180,6 +187,7 @@ def test_radix_cache_hits_repeated_prompt_not_across_namespaces_and_flush():
     assert after.cached_tokens == 0
 
 
+@pytest.mark.fast
 def test_flush_cache_refuses_while_busy():
     eng = Engine(resolved())
     answers = []
@@ -192,6 +200,7 @@ def test_flush_cache_refuses_while_busy():
     assert eng.flush_cache() is True
 
 
+@pytest.mark.fast
 def test_spec_decoding_emits_accept_length_tokens_per_step():
     res = resolve_server(
         {"model_path": "Qwen/Qwen3.6-27B", "speculative_algorithm": "NEXTN", "speculative_num_steps": 3}
@@ -210,6 +219,7 @@ def test_spec_decoding_emits_accept_length_tokens_per_step():
     assert Engine(res).accept_model.mean == pytest.approx(2.75, abs=0.01)
 
 
+@pytest.mark.fast
 def test_eos_stops_early_with_seeded_lengths():
     def lengths(seed):
         eng = Engine(resolved(), seed=seed)
@@ -224,6 +234,7 @@ def test_eos_stops_early_with_seeded_lengths():
     assert any(f == "stop" for _, f in a) and statistics.median(n for n, _ in a) < 500
 
 
+@pytest.mark.fast
 def test_abort_queue_full_and_too_long_input():
     eng = Engine(resolved(max_queued_requests=2, max_running_requests=1))
     rec = Recorder(eng)
@@ -292,6 +303,7 @@ def test_real_time_loop_emits_on_schedule_without_drift():
     assert late[len(late) // 2] < 0.01
 
 
+@pytest.mark.fast
 def test_data_parallel_ranks_multiply_capacity_and_throughput():
     def tput(dp):
         eng = Engine(resolved(dp_size=dp, max_running_requests=16 * dp))

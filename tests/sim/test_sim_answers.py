@@ -28,6 +28,8 @@ from servesweep.sim.answers import (
 from servesweep.sim.faults import Fault
 from servesweep.workload.prompts import build_pool
 
+pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def prompts() -> list[tuple[str, str]]:

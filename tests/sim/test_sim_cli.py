@@ -19,6 +19,7 @@ def run_sim(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.fast
 def test_aliases_prefixes_and_human_ints():
     ns = parse_args(
         ["--model", "Qwen/Qwen3.6-27B", "--tp", "4", "--dp", "2", "--speculative-algo", "nextn",
@@ -50,12 +51,14 @@ def test_integers_sglang_reads_plainly_reject_suffixes():
         assert r.returncode == 2 and f"argument {flag}: invalid int value: '4k'" in r.stderr
 
 
+@pytest.mark.fast
 def test_0_5_11_keeps_tp_size_under_its_field_name():
     """0.5.11's parser stores --tp-size as tensor_parallel_size; ServerArgs.from_cli_args copies it to tp_size."""
     ns = parse_args(["--model-path", "m", "--sim-sglang-version", "0.5.11", "--tp-size", "2", "--dp", "2"])
     assert (ns.tp_size, ns.dp_size) == (2, 2) and not hasattr(ns, "tensor_parallel_size")
 
 
+@pytest.mark.fast
 def test_flags_not_modeled_are_accepted_and_listed():
     ns = parse_args(
         ["--model-path", "m", "--disable-custom-all-reduce", "--enable-dp-attention", "--tp", "2"]
@@ -64,6 +67,7 @@ def test_flags_not_modeled_are_accepted_and_listed():
     assert parse_args(["--model-path", "m", "--tp", "2"]).sim_unmodeled_flags == []
 
 
+@pytest.mark.fast
 def test_version_specific_flag_names():
     # 0.5.12: old names only
     ns = parse_args(
@@ -128,6 +132,7 @@ def test_bad_sim_flags_name_the_problem():
     assert r.returncode == 2 and "no flag table for this SGLang version" in r.stderr
 
 
+@pytest.mark.fast
 def test_fault_parsing_and_seeded_rates():
     assert parse_fault("stall:2.5") == Fault("stall", 2.5)
     assert parse_fault("429") == Fault("429")

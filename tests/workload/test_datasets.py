@@ -74,6 +74,7 @@ def chat_count(prompt, nonce: str) -> int:
     return len(TOK.encode(render_chatml(prompt.render(nonce))))
 
 
+@pytest.mark.fast
 def test_sharegpt_prompts_are_the_first_human_turn_with_exact_counts(sharegpt):
     pool = load_dataset(sharegpt)
     assert len(pool) == 41 and pool.prompt_tokens is None and pool.nonce_digits == 8
@@ -96,6 +97,7 @@ def test_sharegpt_prompts_are_the_first_human_turn_with_exact_counts(sharegpt):
     assert body["messages"][-1]["content"].startswith("12345678\nQuestion 3: ")
 
 
+@pytest.mark.fast
 def test_jsonl_prompt_and_messages_records(jsonl):
     pool = load_dataset(jsonl)
     assert len(pool) == 31
@@ -122,6 +124,7 @@ def test_jsonl_prompt_and_messages_records(jsonl):
     assert all(p.tokens == 20 + len(TOK.encode(p.render("12345678")[0]["content"])) for p in probed)
 
 
+@pytest.mark.fast
 def test_length_filters_and_seeded_sampling(sharegpt):
     everything = load_dataset(sharegpt)
     lengths = sorted(p.tokens for p in everything)
@@ -171,6 +174,7 @@ def test_length_filters_and_seeded_sampling(sharegpt):
         (['{"messages": [{"role": "system", "content": "x"}]}'], r"line 1: 'messages' has no user message"),
     ],
 )
+@pytest.mark.fast
 def test_malformed_jsonl_names_the_line(tmp_path, lines, message):
     p = tmp_path / "bad.jsonl"
     p.write_text("\n".join(lines) + "\n")
@@ -205,6 +209,7 @@ def test_malformed_jsonl_names_the_line(tmp_path, lines, message):
         ("hello", r"neither a JSON list \(ShareGPT\) nor JSON lines"),
     ],
 )
+@pytest.mark.fast
 def test_malformed_sharegpt_names_the_record(tmp_path, content, message):
     p = tmp_path / "bad.json"
     p.write_text(content)
@@ -212,6 +217,7 @@ def test_malformed_sharegpt_names_the_record(tmp_path, content, message):
         load_dataset(p)
 
 
+@pytest.mark.fast
 def test_missing_and_non_utf8_files(tmp_path):
     with pytest.raises(DatasetError, match="nope.json: no such file"):
         load_dataset(tmp_path / "nope.json")

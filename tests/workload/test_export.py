@@ -133,6 +133,7 @@ def test_sglang_loader_reads_exactly_the_pool(pool, tmp_path, sglang_loader):
     assert {r.prompt_len for r in got} == {600 - OVERHEAD}
 
 
+@pytest.mark.fast
 def test_sglang_format_minimal_reader(pool, tmp_path):
     """The same file read as sglang 0.5.23's sample_custom_requests does (sglang/benchmark/datasets/custom.py):
     JSON per line, 'conversations' (or 'conversation'), turn 0 the prompt, 'content' or 'value'; rows of under 2
@@ -152,6 +153,7 @@ def test_sglang_format_minimal_reader(pool, tmp_path):
     assert all(len(TOK.encode(t)) + OVERHEAD == p.tokens for t, p in zip(prompts, pool, strict=True))
 
 
+@pytest.mark.fast
 def test_vllm_format_reader(pool, tmp_path):
     """Read as vLLM's CustomDataset.load_data does (vllm-project/vllm vllm/benchmarks/datasets/custom.py, commit
     237145e: pd.read_json(path, lines=True), a 'prompt' column required, rows as dicts). vLLM itself needs its GPU
@@ -166,6 +168,7 @@ def test_vllm_format_reader(pool, tmp_path):
         export_pool(pool, "vllm", tmp_path / "pool.json")
 
 
+@pytest.mark.fast
 def test_nonces_distinct_and_exact_lengths(pool):
     texts = list(prompt_texts(pool, 7))
     assert len({t[: pool.nonce_digits] for t in texts}) == len(pool)
@@ -173,6 +176,7 @@ def test_nonces_distinct_and_exact_lengths(pool):
     assert all(NONCE_SLOT not in t for t in texts)
 
 
+@pytest.mark.fast
 def test_refuses_system_messages_and_unknown_format(tmp_path):
     sp = build_pool(600, 2, shared_prefix_tokens=100, template_overhead=OVERHEAD, cache_dir=None)
     with pytest.raises(ValueError, match="system"):
@@ -185,6 +189,7 @@ def test_refuses_system_messages_and_unknown_format(tmp_path):
     ]
 
 
+@pytest.mark.fast
 def test_cli_export(tmp_path):
     out = tmp_path / "p.jsonl"
     r = CliRunner().invoke(

@@ -79,6 +79,7 @@ def test_only_the_first_prompts_are_counted_and_every_prompt_is_exact(tmp_path, 
         assert verify_pool(pool) == {}
 
 
+@pytest.mark.fast
 def test_shared_prefix_pools_count_the_first_prompt_of_every_group(monkeypatch, counted):
     monkeypatch.setattr(prompts, "_CANARY_TOKENS", 1)
     tok = load_tokenizer()
@@ -102,6 +103,7 @@ def test_a_tokenizer_that_does_not_add_up_is_caught_and_every_prompt_repaired(tm
     assert server_counts(tok, pool) == [3000] * 5
 
 
+@pytest.mark.fast
 def test_prompts_verify_counts_every_prompt_and_names_the_ones_off(tmp_path):
     from servesweep.workload.prompts import command
 
@@ -185,6 +187,7 @@ def test_a_cached_pool_is_read_without_loading_the_tokenizer(tmp_path):
         f"a backslash \\ and the slot {NONCE_SLOT}",
     ],
 )
+@pytest.mark.fast
 def test_request_bodies_are_utf8_json_split_at_the_nonce(content):
     obj = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4}
     want = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode().split(_SLOT_BYTES)
@@ -195,6 +198,7 @@ def test_request_bodies_are_utf8_json_split_at_the_nonce(content):
     assert got == content.replace(NONCE_SLOT, nonce)
 
 
+@pytest.mark.fast
 def test_a_prompt_with_two_nonce_slots_is_an_error():
     obj = {"prompt": f"{NONCE_SLOT} and {NONCE_SLOT}"}
     with pytest.raises(ValueError, match="holds the nonce slot 2 times"):

@@ -52,6 +52,7 @@ def pools(cache_dir):
     }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("key", [(3000, 0), (3000, 7), (30000, 1), (100000, 2)])
 def test_chat_prompts_have_the_exact_length_with_any_nonce(pools, key):
     target = key[0]
@@ -63,6 +64,7 @@ def test_chat_prompts_have_the_exact_length_with_any_nonce(pools, key):
         assert server_count(p, nonce) == target
 
 
+@pytest.mark.fast
 def test_prompts_are_varied_text_with_a_needle_and_a_closing_question(pools):
     pool = pools[(30000, 1)]
     texts = [p.render("12345678")[0]["content"] for p in pool]
@@ -84,6 +86,7 @@ def test_prompts_are_varied_text_with_a_needle_and_a_closing_question(pools):
     assert len(words) > 800
 
 
+@pytest.mark.fast
 def test_completions_and_overridden_overhead_are_exact(cache_dir):
     pool = build_pool(3000, 4, seed=3, endpoint="completions", cache_dir=cache_dir)
     for p in pool:
@@ -98,6 +101,7 @@ def test_completions_and_overridden_overhead_are_exact(cache_dir):
     assert all(1 + len(TOK.encode(p.render("12345678"))) == 3000 for p in pool)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_short_prompts_are_exact_too(endpoint):
     """Any N: short prompts (no room for a needle) are a sentence or a few, still exactly N tokens."""
@@ -111,6 +115,7 @@ def test_short_prompts_are_exact_too(endpoint):
             assert all(p.answer is None for p in pool)
 
 
+@pytest.mark.fast
 def test_k_digit_nonce_is_k_tokens_for_the_default_tokenizer():
     # Qwen's pre-tokenizer splits digits one per token, whatever surrounds them.
     for d in "0123456789":
@@ -127,6 +132,7 @@ def test_k_digit_nonce_is_k_tokens_for_the_default_tokenizer():
         assert server_count(pool[0], next(nonces).decode()) == 3000
 
 
+@pytest.mark.fast
 def test_two_requests_from_one_prompt_differ_from_the_first_user_token(pools):
     p = pools[(3000, 0)][0]
     nonces = Nonces(8)
@@ -144,6 +150,7 @@ def test_two_requests_from_one_prompt_differ_from_the_first_user_token(pools):
     assert next(Nonces(8)) != next(Nonces(8)) or next(Nonces(8)) != next(Nonces(8))
 
 
+@pytest.mark.fast
 def test_body_parts_build_requests_fast_and_right(pools):
     pool = pools[(3000, 0)]
     head, tail = pool[0].body_parts("qwen", 256, extra={"ignore_eos": True, "stream": True})
@@ -175,6 +182,7 @@ def test_body_parts_build_requests_fast_and_right(pools):
         build_pool(3000, 1, endpoint="completions", cache_dir=None)[0].body_parts("m", 1, endpoint="chat")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 def test_shared_prefix_groups_share_exactly_p_tokens(endpoint):
     P, G = 1500, 3
@@ -201,6 +209,7 @@ def test_shared_prefix_groups_share_exactly_p_tokens(endpoint):
         build_pool(3000, 2, shared_prefix_tokens=3000, cache_dir=None)
 
 
+@pytest.mark.fast
 def test_same_seed_same_bytes_other_seed_other_bytes(pools):
     a = build_pool(3000, 16, seed=0, cache_dir=None)  # rebuilt from nothing, not from the module's cache
     assert [x.body_parts("m", 8) for x in a] == [x.body_parts("m", 8) for x in pools[(3000, 0)]]
@@ -244,6 +253,7 @@ def test_same_bytes_in_other_processes_whatever_their_hash_seed():
     assert digests == {hashlib.sha256(b"".join(h + t for h, t in here.bodies("m", 8))).hexdigest()}
 
 
+@pytest.mark.fast
 def test_disk_cache_hit_and_corrupt_file_rebuilt(tmp_path):
     t0 = time.perf_counter()
     first = build_pool(30000, 4, seed=9, cache_dir=tmp_path)
@@ -275,6 +285,7 @@ def test_disk_cache_hit_and_corrupt_file_rebuilt(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.fast
 def test_bad_arguments_name_the_parameter():
     for kw, msg in [
         (dict(prompt_tokens=0, n=1), "prompt_tokens=0"),
@@ -425,6 +436,7 @@ def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
         assert max(hits[:2]) <= 30 and hits[2:] == [2000] * 4, (endpoint, hits)
 
 
+@pytest.mark.fast
 def test_prompts_command_warms_the_cache_and_checks_datasets(tmp_path):
     from click.testing import CliRunner
 
@@ -454,6 +466,7 @@ def test_prompts_command_warms_the_cache_and_checks_datasets(tmp_path):
     assert r.exit_code == 2 and "give --prompt-tokens N" in r.output
 
 
+@pytest.mark.fast
 def test_cache_keeps_to_its_size_cap_dropping_the_least_recently_used(tmp_path, monkeypatch):
     monkeypatch.setenv(
         "SERVESWEEP_PROMPT_CACHE_MB", "0.15"

@@ -104,6 +104,7 @@ def test_consecutive_requests_differ_from_the_first_user_token():
     assert all(b.startswith(head) and b.endswith(tail) for b in bodies)
 
 
+@pytest.mark.fast
 def test_output_dist_parsing_and_seeded_draws():
     d = parse_output_dist("lognormal:mean=512,sigma=0.5")
     assert (d.kind, d.a, d.b) == ("lognormal", 512, 0.5)
@@ -134,6 +135,7 @@ def test_output_dist_parsing_and_seeded_draws():
     assert c != a
 
 
+@pytest.mark.fast
 def test_bad_workload_settings_name_the_field():
     base = {
         "base_url": "http://127.0.0.1:1",
@@ -155,6 +157,7 @@ def test_bad_workload_settings_name_the_field():
             LoadPoint(**base, **kw)
 
 
+@pytest.mark.fast
 def test_no_ignore_eos_leaves_it_out_of_every_endpoint():
     for endpoint in ("chat", "completions", "generate"):
         p = LoadPoint(
@@ -395,6 +398,7 @@ def test_headless_point_serves_live_client_metrics(sim, tmp_path):
     assert len(set(seen)) > 1, f"the count grew while the point ran: {sorted(set(seen))}"
 
 
+@pytest.mark.fast
 def test_record_buffer_columns_since():
     from servesweep.results.records import RecordBuffer
 
