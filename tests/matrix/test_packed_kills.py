@@ -98,7 +98,7 @@ def test_sigterm_stops_every_placements_server_and_resume_finishes(tmp_path):
         finished: dict[str, dict] = {}
         _check_consistent(run_dir, finished)  # the points done before the signal, kept byte for byte
         proc = start(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "resume.log")
-        assert proc.wait(timeout=300) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+        assert proc.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text()[-3000:]
         _check_consistent(run_dir, finished)
         m = _check_done_once(run_dir)
         assert _servers_alive(srv) == []
@@ -120,7 +120,7 @@ def test_random_sigkills_of_a_packed_run_then_resume_finish_every_point_exactly_
             args = ["run", "--resume", str(run_dir)] if run_dir else ["run", str(exp), "--out", str(runs)]
             proc = start([*args, "--max-parallel", "2"], tmp_path, tmp_path / f"cycle{cycle}.log")
             if cycle == CYCLES:
-                rc = proc.wait(timeout=300)
+                rc = proc.wait(timeout=600)
                 break
             phase = rng.choice(["start", "point", "point", "finish"])
             kill_at = _wait_for_phase(proc, runs, run_dir, phase, rng)

@@ -108,7 +108,7 @@ def test_random_sigkills_then_resume_finish_every_point_exactly_once(tmp_path):
             args = ["run", "--resume", str(run_dir)] if run_dir else ["run", str(exp), "--out", str(runs)]
             proc = start(args, tmp_path, tmp_path / f"cycle{cycle}.log")
             if cycle == CYCLES:
-                rc = proc.wait(timeout=300)
+                rc = proc.wait(timeout=600)
                 break
             # a random moment of a random phase: while Python or Ansible starts, while a point streams, or right
             # as a point is finished (its folder renamed, the manifest rewritten)
