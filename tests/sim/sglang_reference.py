@@ -203,6 +203,8 @@ def _validation_app(protocol, http_server: Path, serve: bool = False):
     funcs = [n for n in tree.body if isinstance(n, ast.AsyncFunctionDef | ast.FunctionDef)]
     keep = [f for f in funcs if f.name in handlers or f.name in routes]
     for f in keep:
+        if f.decorator_list:  # a decorated function's code starts at its first decorator: keep that line
+            f.lineno = f.decorator_list[0].lineno
         f.decorator_list = []
         if (
             f.name in routes and not serve

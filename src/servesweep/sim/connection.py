@@ -47,12 +47,15 @@ def head(
         b"HTTP/1.1 %d %s\r\ndate: %s\r\nserver: uvicorn\r\n"
         % (status, _REASON.get(status, "").encode(), _date.get())
     ]
+    # uvicorn's order: content-length, the app's headers (content type, then `vary: Origin` from the CORS
+    # middleware SGLang installs with allow_origins=["*"]: on every answer), transfer-encoding last
     if length is not None:
         parts.append(b"content-length: %d\r\n" % length)
-    else:
-        parts.append(b"transfer-encoding: chunked\r\n")
     if content_type:
         parts.append(b"content-type: " + content_type + b"\r\n")
+    parts.append(b"vary: Origin\r\n")
+    if length is None:
+        parts.append(b"transfer-encoding: chunked\r\n")
     for k, v in extra or ():
         parts.append(f"{k}: {v}\r\n".encode("latin-1"))
     parts.append(b"\r\n")

@@ -20,6 +20,7 @@ sliding-window models, routing keys, DSpark's capped verify window. `utilization
 
 from __future__ import annotations
 
+import os
 import time
 
 from prometheus_client.core import GaugeMetricFamily
@@ -150,6 +151,8 @@ def collect(metrics, state: GaugeState):
     v = values(metrics, state)
     lab = metrics.sched_labels
     for name in family_names(metrics.v):
-        g = GaugeMetricFamily("sglang:" + name, HELP[name], labels=list(lab))
-        g.add_metric(list(lab.values()), float(v[name]))
+        # real SGLang 0.5.23 writes num_paused_reqs with a pid label, as num_retracted_reqs (seen on its /metrics)
+        extra = {"pid": str(os.getpid())} if name == "num_paused_reqs" else {}
+        g = GaugeMetricFamily("sglang:" + name, HELP[name], labels=[*lab, *extra])
+        g.add_metric([*lab.values(), *extra.values()], float(v[name]))
         yield g

@@ -331,12 +331,14 @@ class SimMetrics:
         for phase, val in graph.items() if isinstance(graph, dict) else [("decode", graph)]:
             g.add_metric([*self.sched_labels.values(), phase], float(val or 0))
         yield g
-        s = GaugeMetricFamily(
-            "sglang:startup_time_seconds",
-            HELP["startup_time_seconds"],
-            labels=[*self.sched_labels, "phase"],
-        )
-        s.add_metric([*self.sched_labels.values(), "load_weights"], float(self.args.sim_load_time))
+        # SGLang's tokenizer manager writes it (labels model_name, engine_type and phase, no ranks), one sample per
+        # start-up phase it timed; the emulator's start-up is its --sim-load-time, KV allocation takes no time
+        lab = {k: self.sched_labels[k] for k in ("engine_type", "model_name")}
+        s = GaugeMetricFamily("sglang:startup_time_seconds", HELP["startup_time_seconds"], labels=[*lab, "phase"])
+        load = float(self.args.sim_load_time)
+        for phase, val in (("load_weight", load), ("kv_cache_allocation", 0.0), ("scheduler_e2e", load),
+                           ("tokenizer_e2e", load)):  # fmt: skip
+            s.add_metric([*lab.values(), phase], val)
         yield s
 
     def _tokenizer_metrics(self):
@@ -373,10 +375,21 @@ class SimMetrics:
         for (ep, code, meth), val in self.http_responses.items():
             hs.add_metric([ep, code, meth], float(val))
         yield hs
-        yield GaugeMetricFamily(
-            "sglang:http_requests_active", HELP["http_requests_active"], value=self.active_fn()
+        # SGLang's HTTP middleware keeps one gauge per (endpoint, method) it has seen; the emulator knows how
+        # many generation requests are in flight, not on which endpoint: they are counted on the first
+        # generation endpoint seen, every other endpoint reads 0
+        ha = GaugeMetricFamily(
+            "sglang:http_requests_active", HELP["http_requests_active"], labels=["endpoint", "method"]
         )
+        active = float(self.active_fn())
+        for ep, meth in self.http_requests:
+            gen = active and ep in GENERATION_ENDPOINTS
+            ha.add_metric([ep, meth], active if gen else 0.0)
+            active = 0.0 if gen else active
+        yield ha
 
+
+GENERATION_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/generate")
 
 # every name a 0.5.23 scrape must hold, with its type (tests check against this and the reference)
 EXPECTED_0_5_23 = {

@@ -34,6 +34,29 @@ log = logging.getLogger("servesweep.sim")
 # ====================================================================== the application
 
 
+# ServerArgs fields of 0.5.23 that no flag sets (so no flag table has them), as real SGLang shows them in
+# /server_info for a plain model (its watermark keys redacted by SGLang itself)
+SERVER_ARGS_WITHOUT_FLAGS = {
+    "_radix_eviction_policy_explicitly_set": False,
+    "_speculative_draft_quantization_explicitly_set": False,
+    "_swa_full_tokens_ratio_explicitly_set": False,
+    "aux_hidden_state_capture": None,
+    "custom_sigquit_handler": None,
+    "enable_cp_tp_group_sharing": False,
+    "grpc_worker_threads": 4,
+    "speculative_boundary_reduction": "rs+rsv",
+    "stat_loggers": None,
+    "uses_mamba_radix_cache": False,
+    "watermark_context_window": 4,
+    "watermark_default_enabled": False,
+    "watermark_enforce_all": False,
+    "watermark_key": "<redacted>",
+    "watermark_key_b": "<redacted>",
+    "watermark_max_probability": 1.0,
+    "watermark_mixing_probability": 0.5,
+}
+
+
 def _version(v: str) -> tuple[int, ...]:
     """'0.5.15.post1' -> (0, 5, 15, 1), '0.5.23' -> (0, 5, 23, 0), for ordering versions. The parser (sim/cli.py)
     has checked the form; parsed here so that the server does not import its own command line."""
@@ -250,6 +273,20 @@ class SimApp:
         }
         args.update(r.args)
         args["served_model_name"] = self.served_model_name
+        # keys of the command line that are not ServerArgs fields: `--config` (a file of flags, read before
+        # parsing) and, from 0.5.15 on, the start-up arithmetic's cuda_graph_max_bs (the field is
+        # cuda_graph_max_bs_decode there); and ServerArgs fields that no flag sets, with the values real SGLang
+        # 0.5.23 shows for a plain model (checked against the running server: tests/sglang_cpu/test_vs_emulator.py)
+        args.pop("config", None)
+        version = _version(self.args.sim_sglang_version)
+        if version >= (0, 5, 15):
+            args.pop("cuda_graph_max_bs", None)
+        if version >= (0, 5, 23):
+            for k, v in SERVER_ARGS_WITHOUT_FLAGS.items():
+                args.setdefault(k, v)
+            args["uses_mamba_radix_cache"] = bool(getattr(r, "state_slots", 0)) and not args.get(
+                "disable_radix_cache"
+            )
         if args.get("api_key"):
             args["api_key"] = "<redacted>"  # SGLang shows it; the emulator does not repeat secrets
         if r.spec_algorithm:
@@ -264,13 +301,26 @@ class SimApp:
         )
         if r.spec_algorithm and st.spec_accept_length:
             internal["avg_spec_accept_length"] = st.spec_accept_length
+        startup = self.start_wall
+        if version >= (0, 5, 23):
+            # 0.5.23's scheduler reports its start-up phases (seconds) and its decode CUDA graphs; the emulator's
+            # start-up is --sim-load-time, and it captures no graphs
+            load = float(self.args.sim_load_time)
+            graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
+                                    "draft_extend"), 0.0)  # fmt: skip
+            phases = {"load_weight": load, "kv_cache_allocation": 0.0, "scheduler_e2e": load, "cuda_graph": graphs}
+            graph = (r.memory_usage or {}).get("graph") if isinstance(r.memory_usage, dict) else None
+            internal.update(startup_time=phases, decode_cuda_graph_bs=[],
+                            decode_cuda_graph_memory_gb=float((graph or {}).get("decode", 0.0) or 0.0))  # fmt: skip
+            startup = {**phases, "tokenizer_e2e": load}  # the tokenizer manager adds its own phase
+            internal.pop("custom_sigquit_handler", None)  # a launcher field the scheduler's copy lacks
         out = dict(args)
         out.update(
             launch_command=self.args.launch_command,
             status="ready" if self.ready else "starting",
             max_total_num_tokens=r.max_total_num_tokens,
             max_req_input_len=r.max_req_input_len,
-            startup_time=self.start_wall,
+            startup_time=startup,
             hicache_object_layout=None,
             kv_events=None,
             internal_states=[internal] * max(1, r.dp_size),
@@ -314,7 +364,9 @@ class SimApp:
             b"requests, the operation will not be performed.)\n"
         )
         ok = self.engine.flush_cache()
-        conn.respond(req, 200 if ok else 400, body, TEXT)
+        # SGLang answers a plain Response: no content type; a refused flush (anything running or waiting) has
+        # the scheduler's empty message, so http_server.py's "Flush cache failed.\n"
+        conn.respond(req, 200 if ok else 400, body if ok else b"Flush cache failed.\n", None)
         return 200 if ok else 400
 
     def h_abort(self, conn, req):

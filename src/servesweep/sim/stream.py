@@ -241,7 +241,9 @@ class GenerationStream:
                 parts.append(fmt.content(cb, usage))
             payload = b"".join(parts)
         elif kind == "completion":
-            usage = b',"usage":' + P.dumps(self._usage(completion)) if self.continuous else b""
+            # serving_completions.py's per-chunk usage passes no cached tokens (0.5.11 and 0.5.23): its
+            # prompt_tokens_details is null even with --enable-cache-report (chat's carries them)
+            usage = b',"usage":' + P.dumps(self._usage(completion, cached=False)) if self.continuous else b""
             if finished and ereq is not None and ereq.finish_reason != "abort":
                 payload = self.fmt.last(cb, ereq.finish_reason, self._matched(ereq), usage)
             else:
@@ -296,14 +298,14 @@ class GenerationStream:
     def _matched(self, ereq):
         return self.app.eos_id if ereq.finish_reason == "stop" else None
 
-    def _usage(self, completion: int) -> dict:
-        cached = self.ereq.cached_tokens if self.ereq is not None else 0
+    def _usage(self, completion: int, cached: bool = True) -> dict:
+        tokens = self.ereq.cached_tokens if self.ereq is not None else 0
         return P.usage_dict(
             self.prompt_tokens,
             completion,
-            cached,
+            tokens,
             self.reasoning,
-            cache_report=self.cache_report,
+            cache_report=self.cache_report and cached,
             details=self.app.version >= P.USAGE_DETAILS_SINCE,
         )
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 SOURCE = "/sgl-workspace/sglang/python/sglang/srt/entrypoints/http_server.py"
 
-# (function, line of its `async def`) of SGLang's OpenAI routes, per version (entrypoints/http_server.py)
+# (function, line) of SGLang's OpenAI routes, per version (entrypoints/http_server.py): the line of the route's
+# first decorator (`@app.post(...)`), which is where Python starts a decorated function's code and so what FastAPI
+# prints (checked against the running 0.5.23 server: tests/sglang_cpu/test_vs_emulator.py)
 ROUTES = {
     (0, 5, 11): {
-        "/v1/completions": ("openai_v1_completions", 1483),
-        "/v1/chat/completions": ("openai_v1_chat_completions", 1491),
+        "/v1/completions": ("openai_v1_completions", 1482),
+        "/v1/chat/completions": ("openai_v1_chat_completions", 1490),
     },
     (0, 5, 23): {
-        "/v1/completions": ("openai_v1_completions", 1861),
-        "/v1/chat/completions": ("openai_v1_chat_completions", 1871),
+        "/v1/completions": ("openai_v1_completions", 1860),
+        "/v1/chat/completions": ("openai_v1_chat_completions", 1870),
     },
 }
 
