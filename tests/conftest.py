@@ -3,9 +3,15 @@
 The pytest process must never import Locust or gevent: gevent's monkey-patching would leak into every later test,
 and ansible-runner hangs in a patched process. Tests that need Locust run it in a subprocess."""
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
+
+# Caches the tests build (SGLang's protocol code, SGLang's CPU venv, prompt pools) go to the project's .cache/ also
+# when pytest is started without make (the Makefile exports the same); `make test-cold` points it elsewhere.
+os.environ.setdefault("SERVESWEEP_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache"))
 
 # The in-Locust session (gevent patched, Locust's runner driven in process) is its own pytest process:
 # `pytest tests/inlocust` (make test-fast and make test run it). Collected here, its conftest would patch this one.
@@ -26,13 +32,12 @@ def _no_gevent_in_the_test_process(request):
 # SERVESWEEP_TEST_TIER=fast. In that tier nothing may start a process: every way Python starts one raises here, so
 # a test marked `fast` that starts an emulator, Locust or Ansible fails at once and names itself, and the tier stays
 # under a minute as the suite grows. Checked for the whole session (module- and session-scoped fixtures too).
-FAST_TIER = __import__("os").environ.get("SERVESWEEP_TEST_TIER") == "fast"
+FAST_TIER = os.environ.get("SERVESWEEP_TEST_TIER") == "fast"
 
 
 def pytest_configure(config):
     if not FAST_TIER:
         return
-    import os
     import subprocess
 
     def refuse(*args, **kwargs):

@@ -285,16 +285,19 @@ class _Tracker:
 
     def sample(self) -> None:
         try:
-            tops = [c for c in self.me.children() if self._is_top(c)]
+            # One pass over the process table per sample (ppid of every process): psutil's children() scans the
+            # whole table on each call, and a sample used three scans per playbook process tree. This runs at
+            # every ansible event (about 100 a playbook) on a controller that also runs Locust.
+            kids = _children_map()
+            tops = [c for c in kids.get(self.me.pid, []) if self._is_top(c)]
             new = []
             for top in tops:
                 self.sessions.setdefault(top.pid, _ctime(top))
-                kids = top.children(recursive=True)
-                for k in top.children():
+                for k in kids.get(top.pid, []):
                     self.sessions.setdefault(
                         k.pid, _ctime(k)
                     )  # a task worker: setsid made its pid its session
-                for p in [top, *kids]:
+                for p in [top, *_descendants(kids, top)]:
                     try:
                         sid = os.getsid(p.pid)
                     except (ProcessLookupError, PermissionError):
@@ -355,6 +358,73 @@ class _Tracker:
         if self.owned is not None and self.refs:
             self.owned.remove(list(self.refs.values()))
         return n
+
+
+def _children_map() -> dict[int, list[psutil.Process]]:
+    """parent pid -> its child processes, from one pass over the process table: on Linux one read of
+    /proc/<pid>/stat per process (psutil's process_iter reads it twice), psutil objects only for what the caller
+    looks at."""
+    table = _ppid_table()
+    return _LazyKids(table)
+
+
+class _LazyKids(dict):
+    """`_children_map`'s answer: psutil.Process objects made on first look, per parent."""
+
+    def __init__(self, table: dict[int, list[int]]):
+        super().__init__()
+        self.table = table
+
+    def get(self, ppid, default=None):
+        if ppid not in self:
+            procs = []
+            for pid in self.table.get(ppid, []):
+                try:
+                    procs.append(psutil.Process(pid))
+                except psutil.Error:
+                    pass
+            self[ppid] = procs
+        return dict.get(self, ppid, default)
+
+
+def _ppid_table() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        names = None
+    if names is None or not os.path.exists("/proc/self/stat"):  # not Linux: psutil's way
+        for p in psutil.process_iter(["ppid"]):
+            if p.info.get("ppid") is not None:
+                out.setdefault(p.info["ppid"], []).append(p.pid)
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            ppid = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])  # after "pid (comm) state"
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def _descendants(kids: dict[int, list[psutil.Process]], top: psutil.Process) -> list[psutil.Process]:
+    """Every process below `top` in `kids` (psutil's children(recursive=True), from the one table): a child
+    started before its parent is a reused pid of an older process, not a descendant."""
+    out, todo, seen = [], [top], {top.pid}
+    while todo:
+        parent = todo.pop()
+        born = _ctime(parent)
+        for c in kids.get(parent.pid, []):
+            if c.pid in seen or _ctime(c) < born:
+                continue
+            seen.add(c.pid)
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def _ctime(p: psutil.Process) -> float:
