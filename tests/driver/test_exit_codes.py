@@ -79,6 +79,7 @@ def test_a_healthy_point_exits_0_and_its_probes_abort_nothing(sim, tmp_path):
     assert s["failure_check"] == {
         "pass": True,
         "message": None,
+        "warning": None,
         "top_error": None,
         "max_failure_rate": 0.0,
     }

@@ -46,6 +46,10 @@ _FOREVER = 3.0e7  # seconds: "no duration of our own"
 # 4: the process that started this one (servesweep load/run, or the local master) is gone.
 EXIT_FAILURES = 3
 EXIT_PARENT_GONE = 4
+# --max-failure-rate's default: config.experiment.DEFAULT_MAX_FAILURE_RATE, the one `servesweep load` and
+# `run` use (a copy: importing that module costs every Locust process 0.3 s;
+# tests/driver/test_failure_default.py sees both doors name the same threshold).
+DEFAULT_MAX_FAILURE_RATE = 0.01
 
 # Who this process's parent is, to notice when it dies (ppid changes: the orphan is re-parented). Recorded when
 # Locust imports this file: in the process servesweep (or a shell) started, before `--processes` forks its workers,
@@ -126,9 +130,11 @@ def _run_arguments(parser) -> None:
     opt(
         "--max-failure-rate",
         type=_failure_rate,
-        default=None,
-        help="headless: exit 3 when more than this share of the measured requests failed (0.05 or 5%%); "
-        "given, it replaces Locust's exit-code-on-error rule. Always: exit 3 when no request succeeded",
+        default=DEFAULT_MAX_FAILURE_RATE,
+        help="headless: exit 3 when more than this share of the measured requests failed (0.05 or 5%%; "
+        + f"default {DEFAULT_MAX_FAILURE_RATE:.0%}".replace("%", "%%")  # argparse %-formats the help
+        + "; 100%% turns it off); any failure within it is a warning and exits 0 (it replaces Locust's "
+        "exit-code-on-error rule). Always: exit 3 when no request succeeded",
     )
     # The web UI module registers --metrics-port (and installs the exporter) itself.
     if "servesweep.client.webui" not in sys.modules:
@@ -154,7 +160,10 @@ RUN_OPTIONS = (
 
 def _failure_rate(text: str) -> float:
     t = str(text).strip()
-    v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    try:
+        v = float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")  # named below, as an out-of-range share is
     if not 0.0 <= v <= 1.0:
         raise argparse.ArgumentTypeError(f"--max-failure-rate {text}: a share from 0 to 1 (or 0% to 100%)")
     return v
@@ -965,8 +974,13 @@ def failure_verdict(
     if max_failure_rate is not None and n_failed / n > max_failure_rate:
         return True, (
             f"servesweep: FAILED: {n_failed / n:.1%} of the requests failed, above --max-failure-rate "
-            f"{max_failure_rate:.1%}: {line}"
+            f"{max_failure_rate:.1%} (100% turns the check off): {line}"
         )
+    if n_failed:
+        # within the threshold, and still said loudly: the exit status alone would hide these
+        limit = "none" if max_failure_rate is None else f"{max_failure_rate:.1%}"
+        share = f"{n_failed / n:.1%} of the requests failed"
+        return False, f"servesweep: WARNING: {share} (within --max-failure-rate {limit}): {line}"
     return False, f"servesweep: {line}"
 
 
@@ -982,5 +996,6 @@ def _failure_gate(environment, opts) -> None:
     if failed:
         environment.process_exit_code = EXIT_FAILURES
     elif rate is not None and environment.process_exit_code is None:
-        # Within --max-failure-rate: Locust's any-failure rule (--exit-code-on-error) does not apply.
+        # Within --max-failure-rate (always set: it has a default): Locust's any-failure rule
+        # (--exit-code-on-error) does not apply, so plain Locust exits as `servesweep load` does.
         environment.process_exit_code = 0

@@ -324,6 +324,12 @@ POINT_SCALARS = (
 )
 
 
+# A point fails its check (exit 3 of `servesweep load`, `servesweep run`, headless Locust) when more than this
+# share of its measured requests failed: strict enough that CI notices a broken server, loose enough that one
+# stray error in a few hundred requests does not fail a job (it is still warned about).
+DEFAULT_MAX_FAILURE_RATE = 0.01
+
+
 class Load(_Strict):
     """The experiment's load: section. Its keys are LoadPoint's knobs (config/point.py), by the same names and
     defaults; the axes are lists of the knob's values (`rate` for rate_rps), the workload knobs live in
@@ -365,11 +371,12 @@ class Load(_Strict):
     stall_s: float = Field(120.0, gt=0, description="longest gap between chunks after the first token")
     total_s: float = Field(3600.0, gt=0, description="longest whole request")
     workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
-    max_failure_rate: float | None = Field(
-        None,
+    max_failure_rate: float = Field(
+        DEFAULT_MAX_FAILURE_RATE,
         ge=0,
         le=1,
-        description="exit 3 when a done point's failed share is above this (a point with 0 successes always does)",
+        description="exit 3 when a done point's failed share is above this (0.05 or '5%'; 1 or '100%': "
+        "off; a point with 0 successes always does); any failure below it is a warning",
     )
 
     @model_validator(mode="before")
@@ -397,6 +404,17 @@ class Load(_Strict):
                 except ValueError:
                     out.append(x)
             v = out
+        return v
+
+    @field_validator("max_failure_rate", mode="before")
+    @classmethod
+    def _share(cls, v):
+        # '5%' as on the command line (--max-failure-rate); a number stays for the range check to judge
+        if isinstance(v, str) and v.strip().endswith("%"):
+            try:
+                return float(v.strip()[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"{v!r} is not a share like 0.05 or '5%'") from None
         return v
 
     @field_validator("concurrency", "prompt_tokens", "output_tokens")

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from servesweep.config.experiment import DEFAULT_MAX_FAILURE_RATE
 from servesweep.config.point import Knob, LoadPoint, check_arrival, knobs, parse_seconds
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
 from servesweep.results.table import results_table, table_notes
@@ -124,9 +125,10 @@ _RUN_OPTIONS = [
     ),
     click.option(
         "--max-failure-rate",
-        default=None,
-        help="exit 3 when a point's failed share of measured requests is above this (0.05 or 5%); a point with 0 "
-        "successes always does",
+        default=f"{DEFAULT_MAX_FAILURE_RATE:.0%}",
+        show_default=True,
+        help="exit 3 when a point's failed share of measured requests is above this (0.05 or 5%; 100%: "
+        "off); a point with 0 successes always does; any failure below it is a warning on stderr",
     ),
     click.option(
         "--metrics-port", type=click.IntRange(min=0), default=0, help="serve live client metrics here"
@@ -193,6 +195,8 @@ def parse_rate_limit(text: str | None, what: str) -> float | None:
     if text is None:
         return None
     t = str(text).strip()
+    if not t:
+        raise click.BadParameter("empty: give a share like 0.05 or 5% (100%: no check)", param_hint=what)
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
@@ -250,7 +254,7 @@ class _Run:
     api_key: str | None
     worker_hosts: dict | None
     opts: dict[str, Any]  # the run-level options as click gave them
-    max_rate: float | None
+    max_rate: float
 
 
 def _check_options(opts: dict[str, Any]) -> _Run:
@@ -513,6 +517,7 @@ def _progress_bar(prog, p: LoadPoint, watch=None) -> Callable[[dict], None]:
 def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
     """The table (or JSON), the notes, and the exit status: 3 failures above the threshold, 1 an SLO breached."""
     from rich.console import Console
+    from rich.markup import escape
 
     if run.opts["as_json"]:
         run_id = run_dir.name
@@ -525,9 +530,20 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
         out.print(f"results: {run_dir}")
     for line in table_notes(summaries):
         err.print(line)
+    # Any failed request is said, even within --max-failure-rate: a green CI job should not hide a few 500s.
+    for s in summaries:
+        if warning := s["failure_check"].get("warning"):
+            err.print(f"[bold yellow]WARNING: {escape(warning)}[/]", highlight=False, soft_wrap=True)
     failed = [s["failure_check"]["message"] for s in summaries if not s["failure_check"]["pass"]]
     for msg in failed:
-        err.print(f"[red]failed: {msg}[/]")
+        err.print(f"[red]failed: {escape(msg)}[/]", highlight=False, soft_wrap=True)
+    if failed:
+        err.print(
+            f"exit 3: {len(failed)} point(s) failed the failure check (--max-failure-rate "
+            f"{run.max_rate:.1%}; 100% allows any share short of no success at all)",
+            highlight=False,
+            soft_wrap=True,
+        )
     slo_fail = [s for s in summaries if any(not c["pass"] for c in s.get("slos", []))]
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")

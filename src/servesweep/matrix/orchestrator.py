@@ -594,15 +594,25 @@ class Runner:
 
             if unfinished(self.m.data):
                 return 1
-        over = [
-            fc["message"]
+        checks = [
+            fc
             for p in self.m.points.values()
-            if p["status"] == mf.DONE
-            and (fc := (p.get("result") or {}).get("failure_check"))
-            and not fc["pass"]
+            if p["status"] == mf.DONE and (fc := (p.get("result") or {}).get("failure_check"))
         ]
+        # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
+        # 500s. (.get: a point finished before failure checks had warnings has none.)
+        for fc in checks:
+            if fc["pass"] and fc.get("warning"):
+                click.secho(f"WARNING: {fc['warning']}", err=True, fg="yellow", bold=True)
+        over = [fc["message"] for fc in checks if not fc["pass"]]
         for msg in over:
             click.echo(f"failed: {msg}", err=True)
+        if over:
+            click.echo(
+                f"exit 3: {len(over)} point(s) failed the failure check (load.max_failure_rate "
+                f"{self.exp.load.max_failure_rate:.1%}; 1.0 allows any share short of no success at all)",
+                err=True,
+            )
         return 3 if over else 0
 
     # -- live client metrics (docs/observability.md) --
