@@ -18,8 +18,8 @@ first-token + 4 x stall + 60 s): 1440 s with the defaults; each stream stays bou
 measured, not dropped; an explicit -s (even 0) is kept. A master with -t ends like a servesweep duration point (its
 workers finish their streams and ship every record first). Exit codes (docs/reports.md, "Exit codes"): 3 when no
 measured request succeeded (it says why, and with 0 records why there are none) or when the failed share is above
---max-failure-rate (0.05 or 5%; given, it replaces Locust's --exit-code-on-error rule); 1 an SLO breach or, without
---max-failure-rate, Locust's own rule (any failure). A process servesweep started (--point-json) stops within about a
+--max-failure-rate (default 1%, 100% turns the share check off; it replaces Locust's --exit-code-on-error rule); a
+failure within it is a WARNING line and exit 0; 1 an SLO breach. A process servesweep started (--point-json) stops within about a
 second, exit 4, when its parent dies, and so do the workers Locust's --processes forked when their master dies.
 """
 

@@ -24,7 +24,7 @@ from servesweep.client import stats_rows
 from servesweep.client.feed import take_records
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
-from servesweep.config.point import Knob, LoadPoint, knob_values, knobs
+from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, Knob, LoadPoint, knob_values, knobs
 from servesweep.files import write_atomic
 from servesweep.results.records import write_parquet
 
@@ -46,10 +46,6 @@ _FOREVER = 3.0e7  # seconds: "no duration of our own"
 # 4: the process that started this one (servesweep load/run, or the local master) is gone.
 EXIT_FAILURES = 3
 EXIT_PARENT_GONE = 4
-# --max-failure-rate's default: config.experiment.DEFAULT_MAX_FAILURE_RATE, the one `servesweep load` and
-# `run` use (a copy: importing that module costs every Locust process 0.3 s;
-# tests/driver/test_failure_default.py sees both doors name the same threshold).
-DEFAULT_MAX_FAILURE_RATE = 0.01
 
 # Who this process's parent is, to notice when it dies (ppid changes: the orphan is re-parented). Recorded when
 # Locust imports this file: in the process servesweep (or a shell) started, before `--processes` forks its workers,

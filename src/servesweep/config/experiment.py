@@ -27,7 +27,13 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 from servesweep.config.answers import Answers
-from servesweep.config.point import check_arrival, check_extra_body, parse_seconds, seconds_alias
+from servesweep.config.point import (
+    DEFAULT_MAX_FAILURE_RATE,
+    check_arrival,
+    check_extra_body,
+    parse_seconds,
+    seconds_alias,
+)
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
@@ -324,10 +330,6 @@ POINT_SCALARS = (
 )
 
 
-# A point fails its check (exit 3 of `servesweep load`, `servesweep run`, headless Locust) when more than this
-# share of its measured requests failed: strict enough that CI notices a broken server, loose enough that one
-# stray error in a few hundred requests does not fail a job (it is still warned about).
-DEFAULT_MAX_FAILURE_RATE = 0.01
 
 
 class Load(_Strict):

@@ -24,6 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from servesweep.config.output_dist import parse_output_dist
 
+# A point fails its check (exit 3 of `servesweep load`, `servesweep run`, headless Locust) when more than this
+# share of its measured requests failed: strict enough that CI notices a broken server, loose enough that one
+# stray error in a few hundred requests does not fail a job (it is still warned about).
+DEFAULT_MAX_FAILURE_RATE = 0.01
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _POINT_ID = re.compile(r"^[A-Za-z0-9._=-]{1,120}$")
 # Headers that carry secrets; they must come through api_key_env, never through the point (which is written to disk).

@@ -14,8 +14,14 @@ from typing import Any
 
 import click
 
-from servesweep.config.experiment import DEFAULT_MAX_FAILURE_RATE
-from servesweep.config.point import Knob, LoadPoint, check_arrival, knobs, parse_seconds
+from servesweep.config.point import (
+    DEFAULT_MAX_FAILURE_RATE,
+    Knob,
+    LoadPoint,
+    check_arrival,
+    knobs,
+    parse_seconds,
+)
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
 from servesweep.results.table import results_table, table_notes
 from servesweep.target.probes import ProbeLog, resolve_point

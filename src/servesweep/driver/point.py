@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from servesweep.config.experiment import DEFAULT_MAX_FAILURE_RATE
-from servesweep.config.point import LoadPoint
+from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, LoadPoint
 from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
