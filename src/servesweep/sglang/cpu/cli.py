@@ -101,7 +101,9 @@ def serve_cmd(host: str, port: int, startup_timeout: float, sglang_args: tuple[s
 
     _install()
     model = _model()
-    # SIGTERM to this command stops the server the same way Ctrl-C does (the finally block below)
+    # Ctrl-C and SIGTERM both stop the server (the finally block below). SIGINT is set explicitly: a shell
+    # starting this command in the background leaves SIGINT ignored, and Python then never raises on it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     srv = launch.start_server(
         model=model, host=host, port=port, extra_args=list(sglang_args), log_path="-",

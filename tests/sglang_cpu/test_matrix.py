@@ -1,0 +1,292 @@
+"""The matrix path on real SGLang 0.5.23 (CPU, tiny random model): `servesweep run` drives the shipped examples
+through the Ansible role, exactly as a user would after `servesweep sglang-cpu experiment`.
+
+Two runs serve every check (a server start costs 25-80 s here):
+- `examples/sglang-cpu.yaml`, serial: three configurations that differ in flags SGLang reports back
+  (max_running_requests + chunked_prefill_size, schedule_policy + context_length), two concurrencies each, needle
+  probes; SGLang is SIGKILLed under one point (classified, restarted, the point run again); then `servesweep gate`.
+- `examples/sglang-cpu-search.yaml`, packed (`--max-parallel 2`): two servers side by side, a `search:` block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from support import run_servesweep
+from support import start_servesweep as start
+
+from servesweep.sglang.cpu.cli import render_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+KILLED = "s02-small-batch.chat-p800-o32-c4"  # the queueing point: 6 requests through 2 slots, the longest
+
+
+def _experiment(example: str, tmp: Path, sglang_cpu_env) -> Path:
+    data = yaml.safe_load(render_experiment((ROOT / "examples" / example).read_text()))
+    data["launcher"]["workdir"] = str(tmp / "srv")  # the test's own pidfiles and logs, not /tmp/servesweep-server
+    f = tmp / example
+    f.write_text(yaml.safe_dump(data, sort_keys=False))
+    return f
+
+
+def _manifest(run_dir: Path | None) -> dict | None:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()) if run_dir else None
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _run_dir(runs: Path) -> Path | None:
+    dirs = [d for d in runs.glob("*") if (d / "manifest.json").exists()] if runs.exists() else []
+    return dirs[0] if dirs else None
+
+
+def _live_server_pids(srv: Path) -> list[int]:
+    pids = []
+    for f in srv.glob("*/server.pid"):
+        try:
+            pid = int(f.read_text())
+        except ValueError:
+            continue
+        if psutil.pid_exists(pid):
+            pids.append(pid)
+    return pids
+
+
+def _cleanup(proc: subprocess.Popen | None, srv: Path) -> None:
+    """What a failed test left: the orchestrator's session, then the servers its pidfiles name (their groups)."""
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    for pid in _live_server_pids(srv):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _done_requests(run_dir: Path, point_id: str) -> int:
+    """Requests the point's Locust process has completed so far: its live counters, in the folder the point runs
+    in until it is renamed to its id (driver/point.py)."""
+    try:
+        f = run_dir / f".tmp-{point_id}" / ".work" / "progress.json"
+        return int(json.loads(f.read_text()).get("completed", 0))
+    except (FileNotFoundError, ValueError, AttributeError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory, sglang_cpu_env):
+    tmp = tmp_path_factory.mktemp("serial")
+    exp = _experiment("sglang-cpu.yaml", tmp, sglang_cpu_env)
+    runs, srv = tmp / "runs", tmp / "srv"
+    t0 = time.monotonic()
+    proc = start(["run", str(exp), "--out", str(runs)], tmp, tmp / "run.log")
+    run_dir, killed = None, None
+    try:
+        deadline = time.monotonic() + 1500
+        while proc.poll() is None and time.monotonic() < deadline:
+            run_dir = run_dir or _run_dir(runs)
+            m = _manifest(run_dir)
+            p = (m or {}).get("points", {}).get(KILLED)
+            # SIGKILL the server's whole group once the point's first requests are back: mid-point, streams open
+            if killed is None and p and p["status"] == "running" and _done_requests(run_dir, KILLED) >= 1:
+                pids = _live_server_pids(srv)
+                assert len(pids) == 1, f"one server should run in a serial run: {pids}"
+                os.killpg(pids[0], signal.SIGKILL)
+                killed = pids[0]
+            time.sleep(0.2)
+        rc = proc.wait(timeout=max(1, deadline - time.monotonic()))
+        wall = time.monotonic() - t0
+        log = (tmp / "run.log").read_text()
+        assert killed is not None, f"the point {KILLED} never ran with a request done:\n{log[-4000:]}"
+        yield {"rc": rc, "log": log, "run_dir": run_dir, "killed": killed, "srv": srv, "wall_s": wall}
+    finally:
+        _cleanup(proc, srv)
+
+
+@pytest.fixture(scope="module")
+def packed_run(tmp_path_factory, sglang_cpu_env, serial_run):
+    # after the serial run (not beside it): three SGLang servers at once would starve two cores
+    tmp = tmp_path_factory.mktemp("packed")
+    exp = _experiment("sglang-cpu-search.yaml", tmp, sglang_cpu_env)
+    runs, srv = tmp / "runs", tmp / "srv"
+    t0 = time.monotonic()
+    proc = start(["run", str(exp), "--out", str(runs), "--max-parallel", "2"], tmp, tmp / "run.log")
+    both_up = False
+    try:
+        deadline = time.monotonic() + 1200
+        while proc.poll() is None and time.monotonic() < deadline:
+            both_up = both_up or len(_live_server_pids(srv)) == 2
+            time.sleep(0.5)
+        rc = proc.wait(timeout=max(1, deadline - time.monotonic()))
+        log = (tmp / "run.log").read_text()
+        yield {"rc": rc, "log": log, "run_dir": _run_dir(runs), "both_up": both_up, "srv": srv,
+               "wall_s": time.monotonic() - t0}
+    finally:
+        _cleanup(proc, srv)
+
+
+# -------------------------------------------------------------------------------------------------- serial run
+
+
+@pytest.mark.timeout(1800)
+def test_the_run_finishes_every_point(serial_run):
+    assert serial_run["rc"] == 0, serial_run["log"][-4000:]
+    m = _manifest(serial_run["run_dir"])
+    assert sorted(m["configs"]) == ["s01-default", "s02-small-batch", "s03-lpm-2k"]
+    points = m["points"]
+    assert len(points) == 6 and all(p["status"] == "done" for p in points.values()), {
+        k: p["status"] for k, p in points.items()
+    }
+    assert {p["concurrency"] for p in points.values()} == {1, 4}
+    assert _live_server_pids(serial_run["srv"]) == [], "the run left a server running"
+
+
+@pytest.mark.timeout(1800)
+def test_each_configuration_is_what_sglang_reports(serial_run):
+    """Each restart's flags, read back from the real /server_info and /v1/models (the role's verification found
+    no mismatch, and the values are the asked ones, not SGLang's defaults)."""
+    run_dir = serial_run["run_dir"]
+    want = {
+        "s01-default": {"max_running_requests": None, "chunked_prefill_size": 4096, "schedule_policy": "fcfs",
+                        "context_length": 4096},
+        "s02-small-batch": {"max_running_requests": 2, "chunked_prefill_size": 512, "schedule_policy": "fcfs",
+                            "context_length": 4096},
+        "s03-lpm-2k": {"max_running_requests": None, "chunked_prefill_size": 4096, "schedule_policy": "lpm",
+                       "context_length": 2048},
+    }
+    m = _manifest(run_dir)
+    pids = set()
+    for cid, expected in want.items():
+        info = json.loads((run_dir / "servers" / cid / "server_info.json").read_text())
+        si = info["server_info"]
+        assert {k: si[k] for k in expected} == expected, cid
+        assert info["models"]["data"][0]["max_model_len"] == expected["context_length"], cid
+        assert si["version"] == "0.5.23" and si["device"] == "cpu"
+        assert m["configs"][cid]["server"]["mismatches"] == [], cid
+        pids.add(m["configs"][cid]["server"]["pid"])
+    # the two-slot server ran at most 2 requests at once, the default one more (what SGLang's scheduler did)
+    small = json.loads((run_dir / "s02-small-batch.chat-p800-o32-c4" / "summary.json").read_text())
+    default = json.loads((run_dir / "s01-default.chat-p800-o32-c4" / "summary.json").read_text())
+    assert small["server_state"]["gauges"]["num_running_reqs"]["max"] <= 2
+    assert small["server_state"]["gauges"]["num_queue_reqs"]["max"] >= 1
+    assert default["server_state"]["gauges"]["num_queue_reqs"]["max"] == 0
+    assert len(pids) == 3, "each configuration had its own server process"
+
+
+@pytest.mark.timeout(1800)
+def test_records_prompt_tokens_exact_by_the_servers_count(serial_run):
+    run_dir = serial_run["run_dir"]
+    for pid in _manifest(run_dir)["points"]:
+        t = pq.read_table(run_dir / pid / "records.parquet").to_pandas()
+        ok = t[t["error_class"].isna()]
+        assert len(ok) == 6, pid
+        # usage.prompt_tokens is SGLang's count of the templated prompt; the pool sized it with the model's tokenizer
+        assert (ok["prompt_tokens"] == 800).all(), (pid, ok["prompt_tokens"].tolist())
+        assert (ok["completion_tokens"] == 32).all(), (pid, ok["completion_tokens"].tolist())
+        s = json.loads((run_dir / pid / "summary.json").read_text())
+        # the server's own counters over the point agree with the records
+        assert s["server_state"]["counters"]["prompt_tokens"] >= 6 * 800 - 1, pid
+
+
+@pytest.mark.timeout(1800)
+def test_report_server_state_from_the_real_metrics(serial_run):
+    run_dir = serial_run["run_dir"]
+    md = (run_dir / "report.md").read_text()
+    sections = md.split("### Server state")[1:]
+    assert len(sections) == 3, "one Server state table per configuration"
+    rows = []
+    for sec in sections:
+        table = sec.split("\n\n", 2)[1]  # the table follows the heading's blank line
+        assert "not recorded" not in table
+        rows += [ln.split("|")[1:-1] for ln in table.splitlines() if ln.startswith("| chat")]
+    assert len(rows) == 6, sections
+    # samples > 0 and the token usage a real KV pool showed while 800-token prompts ran
+    assert all(int(r[-1]) > 0 for r in rows), rows
+    assert all(float(r[6]) > 0 for r in rows), rows
+
+
+@pytest.mark.timeout(1800)
+def test_sigkill_mid_point_is_classified_restarted_and_retried(serial_run):
+    run_dir, log = serial_run["run_dir"], serial_run["log"]
+    m = _manifest(run_dir)
+    p = m["points"][KILLED]
+    assert p["status"] == "done" and p["attempts"] == 2, p
+    cfg = m["configs"]["s02-small-batch"]
+    assert [c["point"] for c in cfg["crashes"]] == [KILLED], cfg.get("crashes")
+    assert cfg["restarts"] == 1 and cfg["status"] == "done", cfg
+    aside = run_dir / "crashed" / f"{KILLED}.1"
+    assert "sglang" in (aside / "server.log").read_text().lower()
+    assert "crashed" in log and "retrying" in log, log[-3000:]
+    assert str(serial_run["killed"]) != cfg["server"]["pid"], "the retry ran on a new server"
+    s = json.loads((run_dir / KILLED / "summary.json").read_text())
+    assert s["requests"]["ok"] == 6 and s["requests"]["failed"] == 0
+
+
+@pytest.mark.timeout(1800)
+def test_answers_fail_loudly_while_the_load_figures_stay(serial_run):
+    """The random model cannot find a needle: 0 % at every configuration, in the console and the report; its
+    greedy answers are a flood of one character, which servesweep's degeneration check flags; the load points
+    still measured."""
+    from servesweep.results.answers import degenerate
+
+    run_dir, log = serial_run["run_dir"], serial_run["log"]
+    for cid in ("s01-default", "s02-small-batch", "s03-lpm-2k"):
+        probes = json.loads((run_dir / "answers" / f"{cid}.json").read_text())
+        length = probes["lengths"]["800"]
+        assert length["n"] == 2 and length["needle_accuracy"] == 0.0, (cid, length)
+        for probe in probes["probes"]:
+            assert probe["error"] is None and probe["correct"] is False, probe
+            assert degenerate(probe["answer"])[0], repr(probe["answer"][:200])
+        assert f"needle {cid} @ 800 tokens" in log
+    answers = md_section((run_dir / "report.md").read_text(), "## Answers")
+    rows = [ln for ln in answers.splitlines() if ln.startswith("| s0")]
+    assert len(rows) == 3 and all("| 0/2 |" in r for r in rows), answers
+    for pid in _manifest(run_dir)["points"]:
+        s = json.loads((run_dir / pid / "summary.json").read_text())
+        assert s["output_tokens_per_s"] > 0 and s["ttft_ms"]["p50"] > 0, pid
+
+
+def md_section(md: str, heading: str) -> str:
+    assert heading in md, md[:2000]
+    return md.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.timeout(1800)
+def test_gate_on_the_result(serial_run):
+    run_dir = serial_run["run_dir"]
+    rc, out = run_servesweep("gate", str(run_dir), timeout=120)
+    assert rc == 0, out  # the experiment's own SLOs (loose: a shared CPU)
+    rc, out = run_servesweep("gate", str(run_dir), "--slo", "ttft_p50<=1ms", timeout=120)
+    assert rc == 1, out  # and it can fail: no CPU prefill of 800 tokens takes 1 ms
+
+
+# -------------------------------------------------------------------------------------------------- packed run
+
+
+@pytest.mark.timeout(2400)
+def test_packed_run_with_a_search_on_real_sglang(packed_run):
+    assert packed_run["rc"] == 0, packed_run["log"][-4000:]
+    assert packed_run["both_up"], "the two servers never ran side by side"
+    run_dir = packed_run["run_dir"]
+    m = _manifest(run_dir)
+    assert sorted(pl["config"] for pl in m["packing"]["placements"]) == ["s01-default", "s02-two-slots"]
+    for cid, slots in (("s01-default", None), ("s02-two-slots", 2)):
+        si = json.loads((run_dir / "servers" / cid / "server_info.json").read_text())["server_info"]
+        assert si["max_running_requests"] == slots, cid
+    cap = json.loads((run_dir / "capacity.json").read_text())
+    assert sorted(r["config"] for r in cap["rows"]) == ["s01-default", "s02-two-slots"], cap["rows"]
+    for r in cap["rows"]:
+        assert r["probes"] >= 1 and r["tier"] == "interactive", r
+        assert r["capacity"] is not None or r["stop"] == "lower_bound", r
+    assert _live_server_pids(packed_run["srv"]) == [], "the packed run left a server running"
