@@ -649,7 +649,20 @@ class Engine:
         c = self._chunked
         if c is not None:
             left = c._need - c._fill
-            n = min(left, rem_chunk)
+            # SGLang's available_chunk_tokens (prefill_budget.py, one pool): the chunk within what is left of the
+            # KV budget, a full chunk when none is left (a continuation must progress to release its KV) ...
+            budget = min(rem_chunk, int(rem_total))
+            if budget <= 0:
+                budget = rem_chunk
+            # ... and never more than the pool holds now (SGLang's allocator would have nothing more to give; the
+            # emulator used to take the whole chunk regardless): the decode step retracts to make room, and the
+            # chunk waits for it
+            room = free + evictable
+            if self.running and room < min(left, budget):
+                budget = room // page * page
+                if budget <= 0:
+                    return None
+            n = min(left, budget)
             if n < left:
                 n = max(page, n // page * page)
             self._alloc_tokens(c, n)
@@ -667,7 +680,12 @@ class Engine:
 
         while self.waiting and active < self._mrr and rem_chunk > 0:
             r = self.waiting[0]
+            locked = self._locked_tokens
             prefix = self._match(r) if (self._radix and r._fill == 0) else r._fill
+            # schedule_policy.py add_one_req: "rem_total_tokens may decrease after the lock acquisition": the
+            # matched prefix was evictable and is now locked (a retracted request finds its own prompt in the
+            # cache); without this the emulator admitted it into KV it did not have (token_usage 1.05)
+            rem_total -= self._locked_tokens - locked
             extend = r._need - prefix
             max_new_left = max(0, min(r.max_new_tokens - r.completion_tokens, CLIP_MAX_NEW_TOKENS))
             total = -(-extend // page) * page + max_new_left  # page-aware: the extend occupies whole pages
