@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from gtwait import ground_truth_so_far
 
 from servesweep.sim.launch import start_sim
 
@@ -99,7 +98,7 @@ def test_worker_without_host_and_every_record_at_the_end(sim, tmp_path):
     # every request the worker sent (the emulator saw it under its X-Request-Id) is in the master's file
     sent = {
         d["id"]
-        for d in ground_truth_so_far(sim)
+        for d in sim.ground_truth_so_far()
         if d.get("prompt_tokens")
         and abs(d["prompt_tokens"] - 400) <= 3
         and d["endpoint"] == "/v1/completions"

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from gtwait import ground_truth_so_far
 
 from servesweep.sim.launch import start_sim
 
@@ -42,7 +41,7 @@ def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
     """Request ids (X-Request-Id) whose stream the emulator finished, of the requests with this prompt length."""
     return {
         d["id"]
-        for d in ground_truth_so_far(sim)
+        for d in sim.ground_truth_so_far()
         if d.get("prompt_tokens")
         and abs(d["prompt_tokens"] - prompt_tokens) <= 3
         and d.get("status") == 200

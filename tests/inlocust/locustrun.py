@@ -9,11 +9,8 @@ exit status by main's rule, quit event). Only the process around it is left out,
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.request
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -141,37 +138,11 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, period: fl
         time.sleep(period)
 
 
-def ground_truth_so_far(sim, timeout: float = 15.0) -> list[dict]:
-    """Every ground-truth line of the requests that ended before this call. The emulator buffers its lines and
-    flushes them in order about once a second: send one more request and wait for its line, instead of sleeping
-    a flush period and hoping."""
-    mark = f"gt-barrier-{uuid.uuid4().hex}"
-    body = json.dumps({"model": sim_model(sim), "prompt": "barrier", "max_tokens": 1}).encode()
-    req = urllib.request.Request(
-        sim.base_url + "/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json", "X-Request-Id": mark},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        r.read()
-
-    def lines():
-        got = sim.read_ground_truth()
-        return got if any(d["id"] == mark for d in got) else None
-
-    return [d for d in wait_until(lines, timeout, "the emulator flushed its ground truth") if d["id"] != mark]
-
-
-def sim_model(sim) -> str:
-    with urllib.request.urlopen(sim.base_url + "/v1/models", timeout=10) as r:
-        return json.load(r)["data"][0]["id"]
-
-
 def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
     """Request ids (X-Request-Id) whose stream the emulator finished, of the requests with this prompt length."""
     return {
         d["id"]
-        for d in ground_truth_so_far(sim)
+        for d in sim.ground_truth_so_far()
         if d.get("prompt_tokens")
         and abs(d["prompt_tokens"] - prompt_tokens) <= 3
         and d.get("status") == 200

@@ -52,6 +52,32 @@ class SimProcess:
             raise RuntimeError("this emulator was started without ground_truth=")
         return read_ground_truth(self.ground_truth_path)
 
+    def ground_truth_so_far(self, timeout: float = 15.0) -> list[dict]:
+        """Every ground-truth line of the requests that ended before this call, with the emulator still running.
+        Lines are flushed in order about once a second: one more request (a barrier, left out of the answer) and a
+        wait for its line, instead of sleeping through a flush period and hoping."""
+        import json
+        import uuid
+
+        mark = f"gt-barrier-{uuid.uuid4().hex}"
+        with urllib.request.urlopen(self.base_url + "/v1/models", timeout=10) as r:
+            model = json.load(r)["data"][0]["id"]
+        req = urllib.request.Request(
+            self.base_url + "/v1/completions",
+            data=json.dumps({"model": model, "prompt": "barrier", "max_tokens": 1}).encode(),
+            headers={"Content-Type": "application/json", "X-Request-Id": mark},
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.read_ground_truth()
+            if any(d.get("id") == mark for d in got):
+                return [d for d in got if d.get("id") != mark]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the emulator's ground truth lacks the barrier request after {timeout} s")
+            time.sleep(0.05)
+
     def stop_and_read_ground_truth(self, timeout: float = 5.0) -> list[dict]:
         """Stop the emulator and return its whole ground truth: it writes every buffered line at exit, so this
         needs no wait for the once-a-second flush (a test asks for this instead of sleeping past a flush)."""
