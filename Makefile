@@ -41,11 +41,14 @@ sglang-cpu: sglang-cpu-env
 test-deps: $(STAMP) system-deps sglang-cpu-env
 	$(PY) tests/sim/sglang_reference.py --install
 
-# The whole suite: what CI runs. The in-Locust session (tests/inlocust, gevent allowed) runs on its own.
+# The whole suite: what CI runs. Three sessions: the package's tests on pytest workers; the in-Locust session
+# (tests/inlocust, gevent allowed); the real-SGLang tier (tests/sglang_cpu) in one process after them, so its
+# servers (~3.6 GB each, at most two at once) are shared between its files and do not compete with the rest.
 test: test-deps
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=30 --ignore=tests/sglang_cpu
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/inlocust
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/sglang_cpu
 
 # Under a minute, no process started (tests/conftest.py refuses them): pure functions, schemas, parsers, planners,
 # and the locustfile's logic driven in-process.
