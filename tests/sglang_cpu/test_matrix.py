@@ -1,11 +1,12 @@
 """The matrix path on real SGLang 0.5.23 (CPU, tiny random model): `servesweep run` drives the shipped examples
 through the Ansible role, exactly as a user would after `servesweep sglang-cpu experiment`.
 
-Two runs serve every check (a server start costs 25-80 s here):
+Three runs serve every check (a server start costs 25-80 s here):
 - `examples/sglang-cpu.yaml`, serial: three configurations that differ in flags SGLang reports back
   (max_running_requests + chunked_prefill_size, schedule_policy + context_length), two concurrencies each, needle
   probes; SGLang is SIGKILLed under one point (classified, restarted, the point run again); then `servesweep gate`.
-- `examples/sglang-cpu-search.yaml`, packed (`--max-parallel 2`): two servers side by side, a `search:` block.
+- then, side by side: its first two configurations packed (`--max-parallel 2`: two servers at once), and
+  `examples/sglang-cpu-search.yaml` (a `search:` block on one configuration).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 KILLED = "s02-small-batch.chat-p800-o32-c4"  # the queueing point: 6 requests through 2 slots, the longest
 
 
-def _experiment(example: str, tmp: Path, sglang_cpu_env) -> Path:
+def _experiment(example: str, tmp: Path, edit=None) -> Path:
     data = yaml.safe_load(render_experiment((ROOT / "examples" / example).read_text()))
     data["launcher"]["workdir"] = str(tmp / "srv")  # the test's own pidfiles and logs, not /tmp/servesweep-server
+    if edit is not None:
+        edit(data)
     f = tmp / example
     f.write_text(yaml.safe_dump(data, sort_keys=False))
     return f
@@ -87,7 +90,7 @@ def _done_requests(run_dir: Path, point_id: str) -> int:
 @pytest.fixture(scope="module")
 def serial_run(tmp_path_factory, sglang_cpu_env):
     tmp = tmp_path_factory.mktemp("serial")
-    exp = _experiment("sglang-cpu.yaml", tmp, sglang_cpu_env)
+    exp = _experiment("sglang-cpu.yaml", tmp)
     runs, srv = tmp / "runs", tmp / "srv"
     t0 = time.monotonic()
     proc = start(["run", str(exp), "--out", str(runs)], tmp, tmp / "run.log")
@@ -114,26 +117,45 @@ def serial_run(tmp_path_factory, sglang_cpu_env):
         _cleanup(proc, srv)
 
 
+def _packed(data: dict) -> None:
+    """The serial example's first two configurations, without needle probes, one concurrency: packed run."""
+    data["name"] = "sglang-cpu-packed"
+    data["server"]["bundles"] = data["server"]["bundles"][:2]
+    data["answers"] = {"needle_probes": False}
+    data["load"]["concurrency"] = [2]
+
+
 @pytest.fixture(scope="module")
-def packed_run(tmp_path_factory, sglang_cpu_env, serial_run):
-    # after the serial run (not beside it): three SGLang servers at once would starve two cores
-    tmp = tmp_path_factory.mktemp("packed")
-    exp = _experiment("sglang-cpu-search.yaml", tmp, sglang_cpu_env)
-    runs, srv = tmp / "runs", tmp / "srv"
-    t0 = time.monotonic()
-    proc = start(["run", str(exp), "--out", str(runs), "--max-parallel", "2"], tmp, tmp / "run.log")
-    both_up = False
+def later_runs(tmp_path_factory, sglang_cpu_env, serial_run):
+    """The packed run and the search run at once (three servers; after the serial run, not beside it)."""
+    runs = {}
+    tmp = tmp_path_factory.mktemp("later")
+    for name, example, edit, extra in (
+        ("packed", "sglang-cpu.yaml", _packed, ["--max-parallel", "2"]),
+        ("search", "sglang-cpu-search.yaml", None, []),
+    ):
+        d = tmp / name
+        d.mkdir()
+        exp = _experiment(example, d, edit)
+        proc = start(["run", str(exp), "--out", str(d / "runs"), *extra], d, d / "run.log")
+        runs[name] = {"proc": proc, "dir": d, "srv": d / "srv", "t0": time.monotonic(), "most_servers": 0}
     try:
-        deadline = time.monotonic() + 1200
-        while proc.poll() is None and time.monotonic() < deadline:
-            both_up = both_up or len(_live_server_pids(srv)) == 2
+        deadline = time.monotonic() + 1500
+        while time.monotonic() < deadline and any(r["proc"].poll() is None for r in runs.values()):
+            for r in runs.values():
+                r["most_servers"] = max(r["most_servers"], len(_live_server_pids(r["srv"])))
+                if r["proc"].poll() is not None and "wall_s" not in r:
+                    r["wall_s"] = time.monotonic() - r["t0"]
             time.sleep(0.5)
-        rc = proc.wait(timeout=max(1, deadline - time.monotonic()))
-        log = (tmp / "run.log").read_text()
-        yield {"rc": rc, "log": log, "run_dir": _run_dir(runs), "both_up": both_up, "srv": srv,
-               "wall_s": time.monotonic() - t0}
+        for r in runs.values():
+            r["rc"] = r["proc"].wait(timeout=max(1, deadline - time.monotonic()))
+            r.setdefault("wall_s", time.monotonic() - r["t0"])
+            r["log"] = (r["dir"] / "run.log").read_text()
+            r["run_dir"] = _run_dir(r["dir"] / "runs")
+        yield runs
     finally:
-        _cleanup(proc, srv)
+        for r in runs.values():
+            _cleanup(r["proc"], r["srv"])
 
 
 # -------------------------------------------------------------------------------------------------- serial run
@@ -211,9 +233,10 @@ def test_report_server_state_from_the_real_metrics(serial_run):
         assert "not recorded" not in table
         rows += [ln.split("|")[1:-1] for ln in table.splitlines() if ln.startswith("| chat")]
     assert len(rows) == 6, sections
-    # samples > 0 and the token usage a real KV pool showed while 800-token prompts ran
-    assert all(int(r[-1]) > 0 for r in rows), rows
-    assert all(float(r[6]) > 0 for r in rows), rows
+    assert all(int(r[-1]) > 0 for r in rows), rows  # samples of the real /metrics during every point
+    # SGLang sets its gauges when it logs (each prefill batch, every 40 decode steps), so one point's samples may
+    # all read an idle state; over the run the KV pool's use shows (800-token prompts in a 16,384-token pool)
+    assert max(float(r[6]) for r in rows) >= 0.04, rows
 
 
 @pytest.mark.timeout(1800)
@@ -271,22 +294,37 @@ def test_gate_on_the_result(serial_run):
     assert rc == 1, out  # and it can fail: no CPU prefill of 800 tokens takes 1 ms
 
 
-# -------------------------------------------------------------------------------------------------- packed run
+# ------------------------------------------------------------------------------------------ packed and search
 
 
 @pytest.mark.timeout(2400)
-def test_packed_run_with_a_search_on_real_sglang(packed_run):
-    assert packed_run["rc"] == 0, packed_run["log"][-4000:]
-    assert packed_run["both_up"], "the two servers never ran side by side"
-    run_dir = packed_run["run_dir"]
-    m = _manifest(run_dir)
-    assert sorted(pl["config"] for pl in m["packing"]["placements"]) == ["s01-default", "s02-two-slots"]
-    for cid, slots in (("s01-default", None), ("s02-two-slots", 2)):
-        si = json.loads((run_dir / "servers" / cid / "server_info.json").read_text())["server_info"]
+def test_packed_run_two_real_servers_side_by_side(later_runs):
+    r = later_runs["packed"]
+    assert r["rc"] == 0, r["log"][-4000:]
+    assert r["most_servers"] == 2, "the two servers never ran side by side"
+    m = _manifest(r["run_dir"])
+    assert sorted(pl["config"] for pl in m["packing"]["placements"]) == ["s01-default", "s02-small-batch"]
+    assert len({pl["port"] for pl in m["packing"]["placements"]}) == 2
+    for cid, slots in (("s01-default", None), ("s02-small-batch", 2)):
+        si = json.loads((r["run_dir"] / "servers" / cid / "server_info.json").read_text())["server_info"]
         assert si["max_running_requests"] == slots, cid
-    cap = json.loads((run_dir / "capacity.json").read_text())
-    assert sorted(r["config"] for r in cap["rows"]) == ["s01-default", "s02-two-slots"], cap["rows"]
-    for r in cap["rows"]:
-        assert r["probes"] >= 1 and r["tier"] == "interactive", r
-        assert r["capacity"] is not None or r["stop"] == "lower_bound", r
-    assert _live_server_pids(packed_run["srv"]) == [], "the packed run left a server running"
+        assert m["configs"][cid]["server"]["mismatches"] == [], cid
+    assert all(p["status"] == "done" for p in m["points"].values()), m["points"]
+    assert any(p_id.endswith("-alone") for p_id in m["points"]), "no isolation sample after the packed phase"
+    assert _live_server_pids(r["srv"]) == [], "the packed run left a server running"
+
+
+@pytest.mark.timeout(2400)
+def test_search_block_finds_a_capacity_on_real_sglang(later_runs):
+    r = later_runs["search"]
+    assert r["rc"] == 0, r["log"][-4000:]
+    cap = json.loads((r["run_dir"] / "capacity.json").read_text())
+    assert [row["config"] for row in cap["rows"]] == ["s01"], cap["rows"]
+    row = cap["rows"][0]
+    assert row["tier"] == "interactive" and 1 <= row["probes"] <= 2, row
+    # TTFT p95 <= 20 s holds at the start (2) on any machine that runs this: a capacity, bracketed
+    assert row["capacity"] is not None and row["capacity"] >= 2, row
+    lo, hi = row["bracket"]
+    assert lo <= row["capacity"] and (hi is None or hi > lo), row
+    assert "Capacity" in (r["run_dir"] / "report.md").read_text()
+    assert _live_server_pids(r["srv"]) == []
