@@ -465,3 +465,19 @@ def test_emulator_capacity_matches_a_fine_grid(tmp_path):
         assert abs(t.capacity - true[name]) <= 1, (name, t.capacity, true[name])
     assert took < 60.0
     assert res.probes_used <= res.grid_points / 2
+
+
+def test_a_search_with_max_parallel_is_refused_before_anything_runs(tmp_path):
+    """A packed run of an experiment with a `search:` block ran nothing and exited 1 with an empty table (the
+    real-SGLang tier found it): now exit 2 with a line naming the file, the block and the option, no run folder."""
+    import subprocess
+    import sys
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "qwen36-27b-a6000-tp2-search.yaml"
+    r = subprocess.run(
+        [sys.executable, "-m", "servesweep.cli", "run", str(src), "--max-parallel", "2", "--out", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "search:" in r.stderr and "--max-parallel 2" in r.stderr and str(src) in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

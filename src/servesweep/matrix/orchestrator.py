@@ -1248,6 +1248,16 @@ def command(
         except ExperimentError as e:
             click.echo(str(e), err=True)
             sys.exit(2)
+        if exp.search is not None and (max_parallel or 1) > 1:
+            # The packed scheduler places a configuration's pending points; a search's probes are decided one by
+            # one as it goes, so a packed run of a search ran nothing and exited 1 with an empty table (found by the
+            # real-SGLang tier, tests/sglang_cpu/test_matrix.py). Refused until packing runs searches.
+            click.echo(
+                f"{file}: search: a capacity search runs one configuration at a time; --max-parallel "
+                f"{max_parallel} cannot pack it (run without --max-parallel, or several runs side by side)",
+                err=True,
+            )
+            sys.exit(2)
         if dry_run:
             exp = shrink_for_dry_run(exp)
             console.print(
