@@ -11,5 +11,5 @@ Modules and files:
 - `stand_in/sgl_kernel/`: the pure-torch stand-in for SGLang's CPU kernel package (put on the server's PYTHONPATH)
 - `cli`: the `servesweep sglang-cpu` command
 
-Imports nothing of servesweep outside `servesweep.sglang` (the bottom layer).
+Imports nothing of servesweep outside `servesweep.sglang` but `servesweep.files` (the layer below).
 """

@@ -1,6 +1,6 @@
 """SGLang's own virtual environment for the CPU tier: where it lives, whether it is installed, how it is built.
 
-Layout (every path under `cache_dir()`, i.e. `$SERVESWEEP_CACHE_DIR`, default `~/.cache/servesweep`):
+Layout (every path under `cache_dir()`, i.e. `$SERVESWEEP_CACHE_DIR`, default `$XDG_CACHE_HOME/servesweep` or `~/.cache/servesweep`):
 
     sglang-cpu/venv/                                   SGLang 0.5.23 and its pins (requirements.txt)
     sglang-cpu/venv/.servesweep-requirements.sha256    stamp: sha256 of requirements.txt + the sglang pin
@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from servesweep.files import cache_root
+
 # sglang itself goes in with --no-deps: its wheel declares CUDA-only requirements (flashinfer, sglang-kernel,
 # nvidia-*) that do not install or do not import on a CPU machine; requirements.txt holds what it really needs.
 SGLANG_PIN = "sglang==0.5.23"
@@ -42,9 +44,8 @@ class InstallError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """The project's cache root: `$SERVESWEEP_CACHE_DIR`, or `~/.cache/servesweep` when unset."""
-    value = os.environ.get("SERVESWEEP_CACHE_DIR", "").strip()
-    return Path(value).expanduser().resolve() if value else Path.home() / ".cache" / "servesweep"
+    """servesweep's cache root (`servesweep.files.cache_root`: `$SERVESWEEP_CACHE_DIR`, else the XDG cache)."""
+    return cache_root().resolve()
 
 
 def tier_dir() -> Path:
