@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from support import run_servesweep
 
@@ -63,3 +64,24 @@ def test_spec_diverge_gives_a_mismatch_between_the_speculative_and_autoregressiv
     assert all(
         a != s and a.split()[:8] == s.split()[:8] for a, s in zip(answers[ar], answers[spec], strict=True)
     )
+
+
+@pytest.mark.fast
+def test_probe_lines_name_degenerate_answers_and_prompts_too_short_for_a_needle():
+    """What the real-SGLang tier's random model showed: greedy answers that are floods scored only as wrong, and
+    300-token prompts (no room for a needle) printed as a bare `- (0/0)`."""
+    from servesweep.matrix.answer_probes import _by_length, length_line
+
+    flood = "the the the " * 40
+    probes = [
+        {"prompt_tokens": 800, "expected": "4812", "answer": "The code is 4812.", "correct": True},
+        {"prompt_tokens": 800, "expected": "4812", "answer": flood, "correct": False},
+        {"prompt_tokens": 300, "expected": None, "answer": flood, "correct": None},
+    ]
+    d = _by_length(probes)
+    assert d["800"] | {} == {"n": 2, "correct": 1, "failed": 0, "no_needle": 0, "degenerate": 1,
+                             "needle_accuracy": 0.5}  # fmt: skip
+    assert d["300"]["n"] == 0 and d["300"]["no_needle"] == 1 and d["300"]["degenerate"] == 1
+    assert "50% (1/2, 1 degenerate answers)" in length_line("s01", "800", d["800"])
+    line = length_line("s01", "300", d["300"])
+    assert "- (0/0" in line and "300-token prompts are too short to hide one" in line, line

@@ -268,6 +268,8 @@ def test_answers_fail_loudly_while_the_load_figures_stay(serial_run):
         probes = json.loads((run_dir / "answers" / f"{cid}.json").read_text())
         length = probes["lengths"]["800"]
         assert length["n"] == 2 and length["needle_accuracy"] == 0.0, (cid, length)
+        assert length["degenerate"] == 2, (cid, length)  # the probes' own answers judged, and counted
+        assert f"needle {cid} @ 800 tokens: 0% (0/2, 2 degenerate answers)" in log, cid
         for probe in probes["probes"]:
             assert probe["error"] is None and probe["correct"] is False, probe
             assert degenerate(probe["answer"])[0], repr(probe["answer"][:200])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from servesweep.config.experiment import Experiment
 from servesweep.results import manifest as mf
-from servesweep.results.answers import score_needle
+from servesweep.results.answers import degenerate, score_needle
 from servesweep.results.needle import is_speculative, probe_path
 from servesweep.results.store import write_json_atomic
 from servesweep.target import http
@@ -113,7 +113,13 @@ def run_probes(
 def _by_length(probes: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for p in probes:
-        d = out.setdefault(str(p["prompt_tokens"]), {"n": 0, "correct": 0, "failed": 0, "no_needle": 0})
+        d = out.setdefault(
+            str(p["prompt_tokens"]), {"n": 0, "correct": 0, "failed": 0, "no_needle": 0, "degenerate": 0}
+        )
+        # the probe's answer judged like every load request's (a random model's greedy answers are floods a
+        # needle score alone does not name)
+        if p.get("answer") and degenerate(p["answer"])[0]:
+            d["degenerate"] += 1
         # a prompt too short to hide a needle: its answer still compares (speculative vs autoregressive)
         if p["expected"] is None:
             d["no_needle"] += 1
@@ -144,11 +150,20 @@ def probe_configuration(
     m.configs[config_id]["needle_accuracy"] = {k: v["needle_accuracy"] for k, v in data["lengths"].items()}
     m.save()
     for length, v in data["lengths"].items():
-        acc = v["needle_accuracy"]
-        shown = "-" if acc is None else f"{acc:.0%}"
-        color = "green" if acc == 1 else "red" if acc is not None and acc < 0.5 else "yellow"
-        fails = f", {v['failed']} failed" if v["failed"] else ""
-        event(f"  [{color}]needle {config_id} @ {length} tokens: {shown} ({v['correct']}/{v['n']}{fails})[/]")
+        event(length_line(config_id, length, v))
+
+
+def length_line(config_id: str, length: str, v: dict) -> str:
+    """The console's line for one prompt length of a configuration's probes (rich markup)."""
+    acc = v["needle_accuracy"]
+    shown = "-" if acc is None else f"{acc:.0%}"
+    color = "green" if acc == 1 else "red" if acc is not None and acc < 0.5 else "yellow"
+    fails = f", {v['failed']} failed" if v["failed"] else ""
+    if v.get("degenerate"):
+        fails += f", {v['degenerate']} degenerate answers"
+    if not v["n"] and v.get("no_needle"):  # say why there is no score, instead of a bare "- (0/0)"
+        fails += f"; no needle: {length}-token prompts are too short to hide one (docs/answers.md)"
+    return f"  [{color}]needle {config_id} @ {length} tokens: {shown} ({v['correct']}/{v['n']}{fails})[/]"
 
 
 def needle_into_summary(summary: dict, folder: Path, run_dir: Path, config_id: str) -> None:
