@@ -65,8 +65,11 @@ def _chat_requests(sim) -> tuple[int, int]:
             r'^sglang:http_requests_total\{[^}]*endpoint="/v1/chat/completions"[^}]*\} (\S+)$', text, re.M
         )
     )
-    active = re.search(r"^sglang:http_requests_active(?:\{[^}]*\})? (\S+)$", text, re.M)
-    return int(total), int(float(active.group(1))) if active else 0
+    # one line per endpoint and method (as SGLang 0.5.23 labels it): the requests in flight are their sum
+    active = sum(
+        float(m.group(1)) for m in re.finditer(r"^sglang:http_requests_active(?:\{[^}]*\})? (\S+)$", text, re.M)
+    )
+    return int(total), int(active)
 
 
 def _alive(pid: int) -> bool:
