@@ -30,9 +30,9 @@ def old_sample(me: psutil.Process) -> None:
 
 
 def new_sample(me: psutil.Process) -> None:
-    kids = ansible._children_map()
-    for top in kids.get(me.pid, []):
-        kids.get(top.pid)
+    kids = ansible._ProcessTable()
+    for top in kids.children(me.pid):
+        kids.children(top.pid)
         ansible._descendants(kids, top)
 
 

@@ -128,3 +128,16 @@ def byte_level_bpe(path: Path, corpus: list[str], *, vocab_size: int, split_digi
     tk.train_from_iterator(corpus, trainer)
     tk.save(str(path))
     return str(path)
+
+
+def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
+    """Request ids (X-Request-Id) whose stream the emulator finished, of the requests with this prompt length
+    (used by both test sessions: tests/client and tests/inlocust)."""
+    return {
+        d["id"]
+        for d in sim.ground_truth_so_far()
+        if d.get("prompt_tokens")
+        and abs(d["prompt_tokens"] - prompt_tokens) <= 3
+        and d.get("status") == 200
+        and d.get("completion_tokens")
+    }

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from support import completed_by_emulator
 
 from servesweep.sim.launch import start_sim
 
@@ -35,18 +36,6 @@ def sim(tmp_path_factory):
         log_path=d / "sim.log",
     ) as s:
         yield s
-
-
-def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
-    """Request ids (X-Request-Id) whose stream the emulator finished, of the requests with this prompt length."""
-    return {
-        d["id"]
-        for d in sim.ground_truth_so_far()
-        if d.get("prompt_tokens")
-        and abs(d["prompt_tokens"] - prompt_tokens) <= 3
-        and d.get("status") == 200
-        and d.get("completion_tokens")
-    }
 
 
 def _free_port() -> int:

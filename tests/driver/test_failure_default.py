@@ -30,18 +30,24 @@ FAULTY = ["--sim-fault-rate", "500=0.7", "--sim-seed", "1"]
 ONE_IN_200 = ["--sim-fault-rate", "500=0.005", "--sim-seed", "4"]
 
 
-def load(base_url: str, tmp_path: Path, *extra: str, requests: int = 10, concurrency: int = 2):
+def servesweep(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`servesweep ARGS` in `tmp_path`, its own session, stdout and stderr apart (the tests read which says what)."""
     return subprocess.run(
-        [*SERVESWEEP, "load", "--base-url", base_url, "--concurrency", str(concurrency)]
-        + ["--requests", str(requests), "--prompt-tokens", "100", "--output-tokens", "4"]
-        + ["--out", str(tmp_path / "runs"), *extra],
+        [*SERVESWEEP, *args],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         cwd=tmp_path,
         env={**os.environ, "COLUMNS": "200"},
         start_new_session=True,
     )
+
+
+def load(base_url: str, tmp_path: Path, *extra: str, requests: int = 10, concurrency: int = 2):
+    return servesweep(
+        tmp_path, "load", "--base-url", base_url, "--concurrency", str(concurrency), "--requests", str(requests),
+        "--prompt-tokens", "100", "--output-tokens", "4", "--out", str(tmp_path / "runs"), *extra, timeout=240,
+    )  # fmt: skip
 
 
 def only_summary(tmp_path: Path) -> dict:
@@ -162,15 +168,7 @@ def test_run_above_the_default_exits_3(tmp_path):
         """
     exp.write_text(head + textwrap.dedent(body))
     assert "max_failure_rate" not in exp.read_text()
-    r = subprocess.run(
-        [*SERVESWEEP, "run", str(exp), "--out", str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "200"},
-        start_new_session=True,
-    )
+    r = servesweep(tmp_path, "run", str(exp), "--out", str(tmp_path / "runs"))
     out = (r.stdout + r.stderr)[-3000:]
     (run,) = (tmp_path / "runs").iterdir()
     (p,) = json.loads((run / "manifest.json").read_text())["points"].values()

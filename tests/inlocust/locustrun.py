@@ -138,13 +138,3 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, period: fl
         time.sleep(period)
 
 
-def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
-    """Request ids (X-Request-Id) whose stream the emulator finished, of the requests with this prompt length."""
-    return {
-        d["id"]
-        for d in sim.ground_truth_so_far()
-        if d.get("prompt_tokens")
-        and abs(d["prompt_tokens"] - prompt_tokens) <= 3
-        and d.get("status") == 200
-        and d.get("completion_tokens")
-    }

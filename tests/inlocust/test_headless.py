@@ -13,7 +13,8 @@ import csv
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from locustrun import LocalRun, completed_by_emulator
+from locustrun import LocalRun
+from support import completed_by_emulator
 
 from servesweep.client.locustfile import failure_verdict
 

@@ -91,17 +91,12 @@ def install(version: str) -> Path:
     return target
 
 
-def install_serving(version: str) -> Path:
-    """Kept for the callers' names: `install` now installs the serving extras too, in the same atomic step."""
-    return install(version)
-
-
 class SGLangReference:
     """The child process for one SGLang version."""
 
     def __init__(self, version: str):
         self.version = version
-        target = install_serving(version)
+        target = install(version)
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", __file__, str(target), str(REPO / "scripts")],
             stdin=subprocess.PIPE,

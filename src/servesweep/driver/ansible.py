@@ -288,12 +288,12 @@ class _Tracker:
             # One pass over the process table per sample (ppid of every process): psutil's children() scans the
             # whole table on each call, and a sample used three scans per playbook process tree. This runs at
             # every ansible event (about 100 a playbook) on a controller that also runs Locust.
-            kids = _children_map()
-            tops = [c for c in kids.get(self.me.pid, []) if self._is_top(c)]
+            kids = _ProcessTable()
+            tops = [c for c in kids.children(self.me.pid) if self._is_top(c)]
             new = []
             for top in tops:
                 self.sessions.setdefault(top.pid, _ctime(top))
-                for k in kids.get(top.pid, []):
+                for k in kids.children(top.pid):
                     self.sessions.setdefault(
                         k.pid, _ctime(k)
                     )  # a task worker: setsid made its pid its session
@@ -360,31 +360,24 @@ class _Tracker:
         return n
 
 
-def _children_map() -> dict[int, list[psutil.Process]]:
-    """parent pid -> its child processes, from one pass over the process table: on Linux one read of
-    /proc/<pid>/stat per process (psutil's process_iter reads it twice), psutil objects only for what the caller
-    looks at."""
-    table = _ppid_table()
-    return _LazyKids(table)
+class _ProcessTable:
+    """Who is whose child, from one pass over the process table (`_ppid_table`); psutil.Process objects are made
+    only for the parents asked about, once each."""
 
+    def __init__(self) -> None:
+        self.table = _ppid_table()
+        self._made: dict[int, list[psutil.Process]] = {}
 
-class _LazyKids(dict):
-    """`_children_map`'s answer: psutil.Process objects made on first look, per parent."""
-
-    def __init__(self, table: dict[int, list[int]]):
-        super().__init__()
-        self.table = table
-
-    def get(self, ppid, default=None):
-        if ppid not in self:
+    def children(self, ppid: int) -> list[psutil.Process]:
+        if ppid not in self._made:
             procs = []
             for pid in self.table.get(ppid, []):
                 try:
                     procs.append(psutil.Process(pid))
                 except psutil.Error:
-                    pass
-            self[ppid] = procs
-        return dict.get(self, ppid, default)
+                    pass  # gone since the table was read
+            self._made[ppid] = procs
+        return self._made[ppid]
 
 
 def _ppid_table() -> dict[int, list[int]]:
@@ -411,14 +404,14 @@ def _ppid_table() -> dict[int, list[int]]:
     return out
 
 
-def _descendants(kids: dict[int, list[psutil.Process]], top: psutil.Process) -> list[psutil.Process]:
+def _descendants(kids: _ProcessTable, top: psutil.Process) -> list[psutil.Process]:
     """Every process below `top` in `kids` (psutil's children(recursive=True), from the one table): a child
     started before its parent is a reused pid of an older process, not a descendant."""
     out, todo, seen = [], [top], {top.pid}
     while todo:
         parent = todo.pop()
         born = _ctime(parent)
-        for c in kids.get(parent.pid, []):
+        for c in kids.children(parent.pid):
             if c.pid in seen or _ctime(c) < born:
                 continue
             seen.add(c.pid)
