@@ -85,6 +85,7 @@ SLOWEST_FIRST = [
     "tests/matrix/test_reliability_disk.py",
     "tests/matrix/test_examples.py",
     "tests/matrix/test_search.py",
+    "tests/matrix/test_unexpected_error.py",
 ]
 
 

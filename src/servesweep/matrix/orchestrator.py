@@ -533,6 +533,7 @@ class Runner:
             self._adopt_and_clean()
             self._start_exporter()
             self.m.data["status"] = "running"
+            self.m.data.pop("error", None)  # a resumed run's previous stop
             self.m.data.setdefault("resumed", [])
             self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
             self.m.save()
@@ -580,6 +581,11 @@ class Runner:
                 f"finished points are kept; fix it, then resume with  servesweep run --resume {self.run_dir}"
             )
             return 4
+        except Exception as e:
+            # A bug (ours or a library's): its traceback follows, but the server is not left running on its GPUs
+            # and the manifest does not claim a running run (found on the real-SGLang tier: an orphaned server)
+            self._on_unexpected_error(e)
+            raise
         finally:
             for sig, h in old.items():
                 signal.signal(sig, h)
@@ -733,6 +739,26 @@ class Runner:
                 changed = True
         if changed:
             self.m.save()
+
+    def _on_unexpected_error(self, e: Exception) -> None:
+        """The run stops on an exception no handler expects: points in flight go back to pending, the manifest
+        says why, the server is stopped through the role (unless --keep-server), and the console says how to
+        resume. Nothing here may hide `e`: its own failures are reported and swallowed."""
+        what = f"{type(e).__name__}: {e}"
+        try:
+            self.m.data["error"] = what
+            self._mark_interrupted()
+        except Exception as save_error:  # noqa: BLE001 - the manifest of the last save stays, whole
+            click.echo(f"could not save the manifest: {save_error}", err=True)
+        click.echo(
+            f"servesweep stopped on an unexpected error ({what}); finished points are kept; resume with  "
+            f"servesweep run --resume {self.run_dir}",
+            err=True,
+        )
+        try:
+            self._stop_server_quietly()
+        except Exception as stop_error:  # noqa: BLE001
+            click.echo(f"could not stop the server: {stop_error}", err=True)
 
     def _mark_interrupted(self) -> None:
         for p in self.m.points.values():
