@@ -29,6 +29,7 @@ def exposition(
     mamba_pool=True,
     gen=(100, 20),
     retracted: float | None = None,
+    queue_time: tuple[tuple[float, float], ...] | None = None,
 ) -> str:
     """SGLang's exposition with two DP ranks (dp_rank label on the scheduler's families), its exact names and label
     sets: num_retracted_reqs with its pid label, the tokenizer counters per is_streaming (0.5.20+)."""
@@ -69,6 +70,14 @@ def exposition(
     fam("sglang:num_aborted_requests_total", "counter", [('engine_type="unified",model_name="qwen"', 0.0)])
     fam("sglang:time_to_first_token_seconds", "histogram", [])
     lines.append(f'sglang:time_to_first_token_seconds_bucket{{le="0.1",{LABELS}}} 3.0')
+    # the scheduler's histogram per DP rank, ((sum, count) per rank): from its first observation
+    if queue_time is not None:
+        fam("sglang:queue_time_seconds", "histogram", [])
+        for i, (total, n) in enumerate(queue_time):
+            lab = f'dp_rank="{i}",{LABELS}'
+            lines.append(f'sglang:queue_time_seconds_bucket{{le="+Inf",{lab}}} {float(n)}')
+            lines.append(f"sglang:queue_time_seconds_sum{{{lab}}} {float(total)}")
+            lines.append(f"sglang:queue_time_seconds_count{{{lab}}} {float(n)}")
     return "\n".join(lines) + "\n"
 
 
@@ -103,10 +112,39 @@ def test_a_point_gauges_mean_and_max_counters_increase_over_the_samples():
     assert g["swa_token_usage"] is None  # always written as 0 by SGLang; no SWA pool here
     c = st["counters"]
     # the retraction counter appeared mid-point (absent = 0 in SGLang's multiprocess mode)
-    assert c == {"retracted_requests": 5, "aborted_requests": 0, "prompt_tokens": 0, "generation_tokens": 600}
+    assert c == {"retracted_requests": 5, "aborted_requests": 0, "prompt_tokens": 0, "generation_tokens": 600,
+                 "queue_time_s": 0, "queue_time_count": 0}  # fmt: skip
     # a server restarted mid-point: the counter starts again from 0, and its new count is added
     restart = [samples[0], (11.0, exposition(gen=(30, 0))), (12.0, exposition(gen=(50, 0)))]
     assert server_state(restart)["counters"]["generation_tokens"] == 50
+
+
+@pytest.mark.fast
+def test_queue_time_over_a_point_from_the_schedulers_histogram():
+    """sglang:queue_time_seconds (one observation per request, at its first forward): its _sum's and _count's
+    increase over the point, the DP ranks' summed; absent before the first request (multiprocess mode: 0); a
+    restart mid-point counts its new observations from 0."""
+    got = read_exposition(exposition(queue_time=((1.5, 3), (0.25, 2))))
+    assert got["sglang:queue_time_seconds_sum"] == 1.75 and got["sglang:queue_time_seconds_count"] == 5
+    assert "sglang:queue_time_seconds_bucket" not in got
+    # --enable-metrics-for-all-schedulers: each TP rank of a DP rank observes the same requests (max, not sum)
+    tp_rank1 = LABELS.replace('tp_rank="0"', 'tp_rank="1"')
+    tp1 = exposition(queue_time=((1.5, 3),)) + f'sglang:queue_time_seconds_sum{{dp_rank="0",{tp_rank1}}} 1.5\n'
+    assert read_exposition(tp1)["sglang:queue_time_seconds_sum"] == 1.5
+
+    samples = [
+        (0.0, exposition()),  # before the point's first request: no observation yet, no series
+        (1.0, exposition(queue_time=((0.5, 2), (0.0, 1)))),
+        (2.0, exposition(queue_time=((4.5, 4), (0.5, 2)))),
+    ]
+    c = server_state(samples)["counters"]
+    assert c["queue_time_s"] == pytest.approx(5.0) and c["queue_time_count"] == 6
+    # the server restarted between the samples: its new histogram (1.25 s over 2 requests) adds to the 5.0 s before
+    restart = [*samples, (3.0, exposition(queue_time=((1.0, 1), (0.25, 1))))]
+    c = server_state(restart)["counters"]
+    assert c["queue_time_s"] == pytest.approx(6.25) and c["queue_time_count"] == 8
+    # a server whose exposition never has the family (an older SGLang, no request yet): 0, the key kept
+    assert server_state([(0.0, exposition()), (1.0, exposition())])["counters"]["queue_time_s"] == 0
 
 
 @pytest.mark.fast
@@ -275,7 +313,7 @@ def test_a_point_against_a_hybrid_model_records_the_servers_state_and_the_report
     (retractions); Qwen3.6's running requests hold mamba state slots."""
     from servesweep.config.point import LoadPoint
     from servesweep.driver.point import run_point
-    from servesweep.results.report import write_report
+    from servesweep.results.report import queue_s_per_request, write_report
     from servesweep.sim.launch import start_sim
 
     monkeypatch.setenv("SS_TEST_KEY", "sk-emulator-secret")
@@ -331,6 +369,9 @@ def test_a_point_against_a_hybrid_model_records_the_servers_state_and_the_report
     assert cells["token usage max"] == f"{g['token_usage']['max']:.2f}"
     assert cells["running max"] == str(g["num_running_reqs"]["max"])
     assert cells["queue max"] == str(g["num_queue_reqs"]["max"])
+    # the mean queue time per request from the histogram's increase (the emulator does not observe it yet: "-")
+    per_req = queue_s_per_request(st)
+    assert cells["queue s/req"] == ("-" if per_req is None else f"{per_req:.2f}")
     assert cells["retractions"] == str(c["retracted_requests"])
     assert cells["mamba usage max"] == f"{g['mamba_usage']['max']:.2f}"
     assert cells["samples"] == str(st["samples"])

@@ -1,7 +1,8 @@
 """Real SGLang 0.5.23 on this CPU: it starts with the CPU flags, answers what servesweep reads (/health,
 /get_server_info, a streamed chat with usage, /metrics), touches no sgl_kernel helper the stand-in lacks, and
 SIGTERM to its launcher stops it and every process it started. One server serves the whole file (the last test
-stops it)."""
+stops it): test_vs_emulator.py's, the CPU flags with `enable_cache_report` (the tier runs this file after that one,
+conftest.FILE_ORDER), so no server starts for this file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 
 import psutil
 import requests
+from test_vs_emulator import FLAGS  # the server test_vs_emulator.py started (conftest.FILE_ORDER)
 from tokenizers import Tokenizer
 
 import servesweep.sglang.cpu.env as cpu_env
@@ -37,7 +39,7 @@ def _stream_chat(url: str, content: str, max_tokens: int) -> list[dict]:
 
 
 def test_health_server_info_and_stream(sglang_server, sglang_cpu_env):
-    srv = sglang_server()
+    srv = sglang_server(FLAGS)
     assert requests.get(srv.base_url + "/health", timeout=30).status_code == 200
     info = requests.get(srv.base_url + "/get_server_info", timeout=30).json()
     assert info["version"] == cpu_env.SGLANG_VERSION
@@ -74,7 +76,7 @@ def test_no_unimplemented_sgl_kernel_helper_is_called(sglang_server):
     the reason, so a new SGLang that reaches for another helper fails here."""
     from test_stand_in import stand_in_lists
 
-    srv = sglang_server()
+    srv = sglang_server(FLAGS)
     _stream_chat(srv.base_url, "one more request through prefill and decode", max_tokens=8)
     implemented, not_needed = stand_in_lists()
     lines = set(srv.record_path.read_text().split("\n")) - {""} if srv.record_path.exists() else set()
@@ -87,7 +89,7 @@ def test_no_unimplemented_sgl_kernel_helper_is_called(sglang_server):
 
 
 def test_sigterm_stops_the_server_and_its_children(sglang_server):
-    srv = sglang_server()
+    srv = sglang_server(FLAGS)
     leader = psutil.Process(srv.pid)
     family = [leader, *leader.children(recursive=True)]
     names = {p.name() for p in family}

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,14 +68,27 @@ COLUMNS = (
     ("error_rate", "error rate %", "error_rate", "%", 2),
     ("degenerate_rate", "degenerate %", "degenerate_rate", "%", 1),
 )
+
+
+def queue_s_per_request(state: dict | None) -> float | None:
+    """The mean time a request of the point waited in SGLang's queue (sglang:queue_time_seconds' increase over
+    the point: its sum / its count); None without the counters or without a request measured."""
+    c = (state or {}).get("counters") or {}
+    s, n = c.get("queue_time_s"), c.get("queue_time_count")
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (s, n))
+    return s / n if ok and n > 0 else None
+
+
 # the server's own state during each point (summary.json server_state, results/server_state.py):
-# (key, header, where in server_state, decimals); mamba usage only where some point of the section has it
+# (key, header, where in server_state or a function of it, decimals); mamba usage only where some point of the
+# section has it
 SERVER_STATE_COLUMNS = (
     ("utilization_mean", "utilization mean", ("gauges", "utilization", "mean"), 2),
     ("utilization_max", "utilization max", ("gauges", "utilization", "max"), 2),
     ("token_usage_max", "token usage max", ("gauges", "token_usage", "max"), 2),
     ("running_max", "running max", ("gauges", "num_running_reqs", "max"), 0),
     ("queue_max", "queue max", ("gauges", "num_queue_reqs", "max"), 0),
+    ("queue_s_per_req", "queue s/req", queue_s_per_request, 2),
     ("retractions", "retractions", ("counters", "retracted_requests"), 0),
     ("mamba_usage_max", "mamba usage max", ("gauges", "mamba_usage", "max"), 2),
 )
@@ -83,7 +97,9 @@ NO_STATE = "—"
 SERVER_STATE_NOTE = (
     "The server's own gauges and counters from its Prometheus /metrics, sampled about once a second while each "
     "point ran: usage and utilization as fractions (mean and max over the samples), running and queued requests "
-    "at most, retractions during the point (SGLang up to 0.5.23 leaves utilization at 0: nothing sets the "
+    "at most, the mean time a request waited in the server's queue before its first forward (from SGLang's "
+    "queue-time histogram: every request of the point, not a sample), retractions during the point (SGLang up "
+    "to 0.5.23 leaves utilization at 0: nothing sets the "
     "running-request cap it divides by). SGLang sets these gauges when it logs (each prefill batch, every 40 decode "
     f"steps by default), so a point of a few seconds may read a stale state. {NO_STATE}: not recorded (a run "
     "folder written before servesweep "
@@ -178,8 +194,11 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
     )
 
 
-def server_state_value(state: dict | None, path: tuple[str, ...]) -> float | None:
-    """A number of a point's server_state (None: not recorded, or the server does not have it)."""
+def server_state_value(state: dict | None, path: tuple[str, ...] | Callable) -> float | None:
+    """A number of a point's server_state (None: not recorded, or the server does not have it); `path`: the keys
+    to it, or a function of the whole server_state."""
+    if callable(path):
+        return path(state) if state is not None else None
     v = state
     for k in path:
         v = v.get(k) if isinstance(v, dict) else None

@@ -8,7 +8,9 @@ label sets (one per DP rank, or per scheduler process with `--enable-metrics-for
 are combined as follows: usages and utilization (fractions of one pool) take the max over every label set, the
 busiest rank; counts of requests are summed over `dp_rank` (each DP rank has its own requests) after the max within
 one rank (its TP/PP/EP ranks report the same batch); counters are summed over every label set (`is_streaming`,
-`dp_rank`, ... partition the requests).
+`dp_rank`, ... partition the requests), except the scheduler's queue-time histogram (`sglang:queue_time_seconds`,
+its `_sum` and `_count`: one observation per request, when it leaves the waiting queue for its first forward),
+whose label sets are ranks only: the max within a DP rank, summed over DP ranks, like the counts of requests.
 
 SGLang runs prometheus_client in multiprocess mode: a labelled family has no sample until it is first set, so a
 counter absent from an SGLang exposition counts as 0 (`sglang:num_retracted_requests_total` appears with the first
@@ -44,7 +46,14 @@ COUNTERS: dict[str, str] = {
     "aborted_requests": "sglang:num_aborted_requests_total",
     "prompt_tokens": "sglang:prompt_tokens_total",
     "generation_tokens": "sglang:generation_tokens_total",
+    # the time requests spent in SGLang's waiting queue (arrival at the scheduler to its first forward), and how
+    # many requests it measured (each one that reached its first forward, a wait of 0 s included)
+    "queue_time_s": "sglang:queue_time_seconds_sum",
+    "queue_time_count": "sglang:queue_time_seconds_count",
 }
+# counters whose label sets are the scheduler's ranks (every TP/PP rank of a DP rank observes the same requests
+# with --enable-metrics-for-all-schedulers): combined like the counts of requests, not summed over label sets
+PER_RANK_COUNTERS = {"sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count"}
 # counters followed but not shown in server_state: prefix-cache hits (the shared_prefix check and agent points read
 # them through StateAccumulator.increase)
 TRACKED: dict[str, str] = {**COUNTERS, "cached_tokens": "sglang:cached_tokens_total"}
@@ -76,7 +85,7 @@ def read_exposition(text: str) -> dict[str, float]:
                 by_name.setdefault(s.name, []).append((s.labels, float(s.value)))
     if not any_sglang:
         raise NotSGLang("/metrics holds no sglang:* series (another server, or --enable-metrics is off)")
-    counters = set(COUNTERS.values())
+    counters = set(COUNTERS.values()) - PER_RANK_COUNTERS
     maxed = {name for name, how in GAUGES.values() if how == "max"}
     out: dict[str, float] = {}
     for name, rows in by_name.items():
@@ -84,7 +93,7 @@ def read_exposition(text: str) -> dict[str, float]:
             out[name] = sum(v for _, v in rows)
         elif name in maxed:
             out[name] = max(v for _, v in rows)
-        else:  # counts of requests and pool sizes: the max within a DP rank, summed over DP ranks
+        else:  # counts of requests, pool sizes, queue time: the max within a DP rank, summed over DP ranks
             ranks: dict[str, float] = {}
             for labels, v in rows:
                 r = labels.get("dp_rank", "")
