@@ -7,7 +7,7 @@ its own wait: nothing of servesweep is installed there, so servesweep.target.htt
 out of reach.
 Prints one JSON object: how long the liveness path (SGLang's /model_info, answers before warmup) and the health path
 (ready) took, and the documents by name under "info". The API key, if any, comes from the environment
-(SERVESWEEP_API_KEY), never from the command line.
+(SERVESWEEP_API_KEY) or a 0600 file (--api-key-file), never from the command line.
 Exit 0 ready, 3 the server exited, 4 timed out, 5 a required info document failed (--info-required; without it a
 failing document is recorded as {"error": ...}: a generic server's /v1/models may answer 500).
 """
@@ -22,8 +22,11 @@ import urllib.error
 import urllib.request
 
 
+API_KEY = os.environ.get("SERVESWEEP_API_KEY")
+
+
 def _request(url):
-    key = os.environ.get("SERVESWEEP_API_KEY")
+    key = API_KEY
     return urllib.request.Request(url, headers={"Authorization": "Bearer " + key} if key else {})
 
 
@@ -85,7 +88,12 @@ def main():
     p.add_argument("--liveness-path", default="", help="answers before the server is ready (SGLang: /model_info)")
     p.add_argument("--info", action="append", default=[], metavar="NAME=PATH", help="a document to read once ready")
     p.add_argument("--info-required", action="store_true", help="a failing document fails the probe (exit 5)")
+    p.add_argument("--api-key-file", help="the bare API key (the role's 0600 secret.key)")
     args = p.parse_args()
+    if args.api_key_file:
+        global API_KEY
+        with open(args.api_key_file) as f:
+            API_KEY = f.read().rstrip("\n")  # as the shell's "$(cat secret.key)" read it
     info_paths = [tuple(x.split("=", 1)) for x in args.info]
     t0 = time.monotonic()
     out = {"liveness_after_s": None, "health_after_s": None, "polls": 0, "info": {}}
