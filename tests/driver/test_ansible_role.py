@@ -176,6 +176,66 @@ def test_server_that_exits_at_start_has_its_log_captured(server):
     assert "server log: " + str(server.results / "server.log") in r.error()
 
 
+# A generic server that ignores SIGTERM and spawns a child in its group that does too: only the role's SIGKILL of
+# the whole group (after the bounded graceful wait) ends them.
+STUBBORN = """
+import http.server, signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])
+open('child.pid', 'w').write(str(child.pid))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'ok')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_group_that_ignores_sigterm_is_killed_and_a_stop_writes_nothing(server):
+    stub = server.tmp / "stubborn.py"
+    stub.write_text(STUBBORN)
+    generic = {
+        "sglang_server_command": ["{python}", str(stub), "{port}"],
+        "sglang_server_verify": False,
+        "sglang_server_stop_timeout": 2,
+    }
+    a = server.apply(**generic)
+    assert a.ok, a.error()
+    pid = server.pid()
+    child = int((server.workdir / "child.pid").read_text())
+    assert pid and _alive(pid) and _alive(child) and os.getpgid(child) == pid
+    (server.workdir / "launch.sh").unlink()  # a stop renders no launch script
+    t0 = time.monotonic()
+    b = server.apply(sglang_server_state="stopped", **generic)
+    assert b.ok, b.error()
+    assert time.monotonic() - t0 < 60
+    deadline = time.monotonic() + 10
+    while (_alive(pid) or _alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid) and not _alive(child)  # SIGKILLed, the whole group
+    assert not (server.workdir / "server.pid").exists() and not (server.workdir / "launch.sh").exists()
+    assert b.stats["changed"].get("localhost", 0) == 1, b.stats
+    again = server.apply(sglang_server_state="stopped", **generic)  # nothing recorded is alive: nothing to do
+    assert again.ok and again.stats["changed"].get("localhost", 0) == 0, again.stats
+
+
+def test_a_port_held_by_a_stranger_is_refused_and_the_stranger_lives(server):
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", server.port))
+        stranger.listen()
+        r = server.apply(sglang_server_flags={"tp_size": 1})
+        assert not r.ok
+        err = r.error()
+        assert f"port {server.port} on localhost is held by a process this role did not start" in err, err
+        assert "failed in task 'Stop the recorded server and start the new one" in err, err
+        assert server.pid() is None  # nothing started, nothing recorded
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass  # the stranger still holds it
+
+
 def _rendered(r, task: str) -> str:
     out = []
     for ev in r_events(r):
