@@ -6,8 +6,10 @@ Three runs serve every check (a server start costs 25-80 s here):
   reports back (the defaults; max_running_requests + chunked_prefill_size + schedule_policy + context_length), two
   concurrencies each, needle probes; SGLang is SIGKILLed under one point (classified, restarted, the point run
   again): three server starts; then `servesweep gate`.
-- then, side by side: its two configurations packed (`--max-parallel 2`: two servers at once), and
-  `examples/sglang-cpu-search.yaml` (a `search:` block on one configuration).
+- beside it, started just before: `examples/sglang-cpu-search.yaml` (a `search:` block on one configuration; one
+  server of its own, so two run at once at most while the serial run runs).
+- then its two configurations packed (`--max-parallel 2`: two servers at once, each started, then each restarted
+  alone for the isolation sample).
 """
 
 from __future__ import annotations
@@ -88,8 +90,47 @@ def _done_requests(run_dir: Path, point_id: str) -> int:
         return 0
 
 
+def _start_run(tmp: Path, name: str, example: str, edit=None, extra: tuple[str, ...] = ()) -> dict:
+    """`servesweep run` of one example in its own folder, in the background."""
+    d = tmp / name
+    d.mkdir()
+    exp = _experiment(example, d, edit)
+    proc = start(["run", str(exp), "--out", str(d / "runs"), *extra], d, d / "run.log")
+    return {"proc": proc, "dir": d, "srv": d / "srv", "t0": time.monotonic(), "most_servers": 0}
+
+
+def _watch(r: dict) -> None:
+    r["most_servers"] = max(r["most_servers"], len(_live_server_pids(r["srv"])))
+    if r["proc"].poll() is not None and "wall_s" not in r:
+        r["wall_s"] = time.monotonic() - r["t0"]
+
+
+def _finish(r: dict, deadline: float) -> dict:
+    """Wait for the run (its servers counted meanwhile); its exit status, log, folder and wall time."""
+    while time.monotonic() < deadline and r["proc"].poll() is None:
+        _watch(r)
+        time.sleep(0.5)
+    _watch(r)
+    if "rc" not in r:
+        r["rc"] = r["proc"].wait(timeout=max(1, deadline - time.monotonic()))
+        r.setdefault("wall_s", time.monotonic() - r["t0"])
+        r["log"] = (r["dir"] / "run.log").read_text()
+        r["run_dir"] = _run_dir(r["dir"] / "runs")
+    return r
+
+
 @pytest.fixture(scope="module")
-def serial_run(tmp_path_factory, sglang_cpu_env):
+def search_started(tmp_path_factory, sglang_cpu_env):
+    """The search run, started before the serial run and beside it (two servers at once: one each)."""
+    r = _start_run(tmp_path_factory.mktemp("search"), "search", "sglang-cpu-search.yaml")
+    try:
+        yield r
+    finally:
+        _cleanup(r["proc"], r["srv"])
+
+
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory, sglang_cpu_env, search_started):
     tmp = tmp_path_factory.mktemp("serial")
     exp = _experiment("sglang-cpu.yaml", tmp)
     runs, srv = tmp / "runs", tmp / "srv"
@@ -99,6 +140,7 @@ def serial_run(tmp_path_factory, sglang_cpu_env):
     try:
         deadline = time.monotonic() + 1500
         while proc.poll() is None and time.monotonic() < deadline:
+            _watch(search_started)
             run_dir = run_dir or _run_dir(runs)
             m = _manifest(run_dir)
             p = (m or {}).get("points", {}).get(KILLED)
@@ -127,36 +169,18 @@ def _packed(data: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def later_runs(tmp_path_factory, sglang_cpu_env, serial_run):
-    """The packed run and the search run at once (three servers; after the serial run, not beside it)."""
-    runs = {}
-    tmp = tmp_path_factory.mktemp("later")
-    for name, example, edit, extra in (
-        ("packed", "sglang-cpu.yaml", _packed, ["--max-parallel", "2"]),
-        ("search", "sglang-cpu-search.yaml", None, []),
-    ):
-        d = tmp / name
-        d.mkdir()
-        exp = _experiment(example, d, edit)
-        proc = start(["run", str(exp), "--out", str(d / "runs"), *extra], d, d / "run.log")
-        runs[name] = {"proc": proc, "dir": d, "srv": d / "srv", "t0": time.monotonic(), "most_servers": 0}
+def packed_run(tmp_path_factory, sglang_cpu_env, serial_run, search_started):
+    """The packed run, after the serial run (two servers of its own, the search run's too if it still runs)."""
+    r = _start_run(tmp_path_factory.mktemp("packed"), "packed", "sglang-cpu.yaml", _packed, ("--max-parallel", "2"))
     try:
-        deadline = time.monotonic() + 1500
-        while time.monotonic() < deadline and any(r["proc"].poll() is None for r in runs.values()):
-            for r in runs.values():
-                r["most_servers"] = max(r["most_servers"], len(_live_server_pids(r["srv"])))
-                if r["proc"].poll() is not None and "wall_s" not in r:
-                    r["wall_s"] = time.monotonic() - r["t0"]
-            time.sleep(0.5)
-        for r in runs.values():
-            r["rc"] = r["proc"].wait(timeout=max(1, deadline - time.monotonic()))
-            r.setdefault("wall_s", time.monotonic() - r["t0"])
-            r["log"] = (r["dir"] / "run.log").read_text()
-            r["run_dir"] = _run_dir(r["dir"] / "runs")
-        yield runs
+        yield _finish(r, time.monotonic() + 1500)
     finally:
-        for r in runs.values():
-            _cleanup(r["proc"], r["srv"])
+        _cleanup(r["proc"], r["srv"])
+
+
+@pytest.fixture(scope="module")
+def search_run(search_started, serial_run):
+    return _finish(search_started, time.monotonic() + 1500)
 
 
 # -------------------------------------------------------------------------------------------------- serial run
@@ -320,8 +344,8 @@ def test_gate_on_the_result(serial_run):
 
 
 @pytest.mark.timeout(2400)
-def test_packed_run_two_real_servers_side_by_side(later_runs):
-    r = later_runs["packed"]
+def test_packed_run_two_real_servers_side_by_side(packed_run):
+    r = packed_run
     assert r["rc"] == 0, r["log"][-4000:]
     assert r["most_servers"] == 2, "the two servers never ran side by side"
     m = _manifest(r["run_dir"])
@@ -337,8 +361,8 @@ def test_packed_run_two_real_servers_side_by_side(later_runs):
 
 
 @pytest.mark.timeout(2400)
-def test_search_block_finds_a_capacity_on_real_sglang(later_runs):
-    r = later_runs["search"]
+def test_search_block_finds_a_capacity_on_real_sglang(search_run):
+    r = search_run
     assert r["rc"] == 0, r["log"][-4000:]
     cap = json.loads((r["run_dir"] / "capacity.json").read_text())
     assert [row["config"] for row in cap["rows"]] == ["s01"], cap["rows"]
