@@ -21,7 +21,6 @@ import time
 import urllib.error
 import urllib.request
 
-
 API_KEY = os.environ.get("SERVESWEEP_API_KEY")
 
 
