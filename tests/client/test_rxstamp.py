@@ -160,9 +160,12 @@ def test_slowed_client_keeps_chunk_arrivals_exact(tmp_path):
         assert len(writes) == len(r["chunk_ns"])
         err.extend(np.subtract(r["chunk_ns"], writes))
         first_err.append(r["first_token_ns"] - writes[0])
-        # ... and the headers and the end are stamped on arrival too (the emulator stamps just after its write)
-        assert abs(r["headers_ns"] - g["headers_ns"]) < 5e6
-        assert abs(r["end_ns"] - g["end_ns"]) < 5e6
+        # ... and the headers and the end are stamped on arrival too. The emulator stamps these just after its write,
+        # so on a loaded machine a preemption between write and stamp puts the truth late (the client's stamp up to
+        # 8 ms early was seen under the full suite): late by the read lag is the failure this checks, strictly.
+        for key in ("headers_ns", "end_ns"):
+            late_ms = (r[key] - g[key]) / 1e6
+            assert -50.0 < late_ms < 5.0, (key, late_ms)
     err_ms = np.asarray(err) / 1e6
     first_ms = np.asarray(first_err) / 1e6
     # ... yet the recorded arrivals are the kernel's: far below the lag (the emulator stamps just before its write;

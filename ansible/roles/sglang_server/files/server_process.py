@@ -102,7 +102,11 @@ def start(a, actions):
         raise Failure(
             f"port {a.port} on {a.host} is held by a process this role did not start (no live pidfile in "
             f"{a.workdir}); stop it or choose another port")
-    with open(os.path.join(a.workdir, "server.log"), "wb") as log:
+    # 0600: SGLang logs its server args at start, the API key among them (0.5.23 redacts only watermark keys)
+    log_path = os.path.join(a.workdir, "server.log")
+    if os.path.exists(log_path):
+        os.chmod(log_path, 0o600)  # an older run's log, created with the default mode
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
         # its own session (the pid is the group's id, what stop signals); SIGHUP ignored as under nohup
         p = subprocess.Popen(["nohup", "sh", os.path.join(a.workdir, "launch.sh")], cwd=a.workdir,
                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

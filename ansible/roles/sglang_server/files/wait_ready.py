@@ -6,13 +6,17 @@ Run on the server's host by the sglang_server role (one task instead of four kee
 its own wait: nothing of servesweep is installed there, so servesweep.target.http (the parent's one HTTP helper) is
 out of reach.
 Prints one JSON object: how long the liveness path (SGLang's /model_info, answers before warmup) and the health path
-(ready) took, and the documents by name under "info". The API key, if any, comes from the environment
-(SERVESWEEP_API_KEY) or a 0600 file (--api-key-file), never from the command line.
+(ready) took, the documents by name under "info" and, with --log-lines N, the last N lines of the server's log under
+"log" (its file, journal or container log), so the role needs no task of its own to bring the log back. The API key,
+if any, comes from the environment (SERVESWEEP_API_KEY) or a 0600 file (--api-key-file), never from the command line,
+and is replaced by "<redacted>" wherever it appears in what is printed: SGLang 0.5.23 shows its api_key in
+/server_info and logs it among its server_args at start. --log-only prints only the log (after a crash, a failed start).
 Exit 0 ready, 3 the server exited, 4 timed out, 5 a required info document failed (--info-required; without it a
 failing document is recorded as {"error": ...}: a generic server's /v1/models may answer 500).
 """
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -22,6 +26,50 @@ import urllib.error
 import urllib.request
 
 API_KEY = os.environ.get("SERVESWEEP_API_KEY")
+REDACTED = "<redacted>"
+LOG_MAX_BYTES = 1 << 20  # the lines kept are the last ones; a chatty server's startup log stays bounded
+
+
+def scrub(value, secret):
+    """The value with every occurrence of the secret replaced, in every string of a JSON document."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED)
+    if isinstance(value, list):
+        return [scrub(v, secret) for v in value]
+    if isinstance(value, dict):
+        return {scrub(k, secret): scrub(v, secret) for k, v in value.items()}
+    return value
+
+
+def read_log(args):
+    """The last --log-lines lines of the server's log: its file (process launcher), journal or container log."""
+    n = args.log_lines
+    if args.systemd_unit:
+        cmd = ["journalctl", "-u", args.systemd_unit, "-n", str(n), "--no-pager"]
+    elif args.docker_container:
+        cmd = ["docker", "logs", "--tail", str(n), args.docker_container]
+    else:
+        try:
+            with open(args.log_file, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - LOG_MAX_BYTES))
+                lines = collections.deque(f, maxlen=n)
+        except OSError as e:
+            return f"(no server log: {e})"
+        return b"".join(lines).decode("utf-8", "replace")
+    try:
+        r = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(no server log: {' '.join(cmd)}: {e})"
+    return (r.stdout + r.stderr)[-LOG_MAX_BYTES:].decode("utf-8", "replace")
+
+
+def emit(out, args):
+    if args.log_lines > 0:
+        out["log"] = read_log(args)
+    print(json.dumps(scrub(out, API_KEY)))
 
 
 def _request(url):
@@ -88,11 +136,17 @@ def main():
     p.add_argument("--info", action="append", default=[], metavar="NAME=PATH", help="a document to read once ready")
     p.add_argument("--info-required", action="store_true", help="a failing document fails the probe (exit 5)")
     p.add_argument("--api-key-file", help="the bare API key (the role's 0600 secret.key)")
+    p.add_argument("--log-lines", type=int, default=0, help="bring back the last N lines of the server's log")
+    p.add_argument("--log-file", default="server.log", help="the process launcher's log (relative to the cwd)")
+    p.add_argument("--log-only", action="store_true", help="only read the log (no readiness wait)")
     args = p.parse_args()
     if args.api_key_file:
         global API_KEY
         with open(args.api_key_file) as f:
             API_KEY = f.read().rstrip("\n")  # as the shell's "$(cat secret.key)" read it
+    if args.log_only:
+        emit({}, args)
+        return 0
     info_paths = [tuple(x.split("=", 1)) for x in args.info]
     t0 = time.monotonic()
     out = {"liveness_after_s": None, "health_after_s": None, "polls": 0, "info": {}}
@@ -108,18 +162,18 @@ def main():
                 except (OSError, ValueError) as e:
                     if args.info_required:
                         out["error"] = f"{path} failed after {args.health_path} answered 200: {e}"
-                        print(json.dumps(out))
+                        emit(out, args)
                         return 5
                     out["info"][key] = {"error": f"{path}: {e}"}
-            print(json.dumps(out))
+            emit(out, args)
             return 0
         if not alive(args):
             out["error"] = f"the server process exited before {args.health_path} answered 200"
-            print(json.dumps(out))
+            emit(out, args)
             return 3
         if time.monotonic() - t0 > args.timeout:
             out["error"] = f"{args.health_path} did not answer 200 within {args.timeout:g} s"
-            print(json.dumps(out))
+            emit(out, args)
             return 4
         time.sleep(args.interval)
 
