@@ -472,6 +472,9 @@ class Runner:
             "sglang_server_extra_spec_algorithms": L.extra_spec_algorithms,
             "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
             "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
+            # a started server's info and log are written here from the role's set_stats (_save_server_files):
+            # three module runs fewer per start; a failed start's log the role still writes itself
+            "sglang_server_results_on_success": False,
             "sglang_server_startup_timeout": int(L.startup_timeout_s),
             # never adopt a server that is already up (a killed run's leftover may be mid-point or wedged): the
             # role stops it through its pidfile and starts a fresh one
@@ -857,6 +860,7 @@ class Runner:
             self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
             return False
         self.server_up = True
+        self._save_server_files(cid, server, res.artifact_data.get("sglang_server_log"))
         c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
         if server and server.get("facts"):
             self.m.data["hosts"][server.get("host", "?")] = server["facts"]
@@ -867,6 +871,14 @@ class Runner:
             f"{ready.get('health_after_s', '?')} s, role {res.duration_s:.1f} s)"
         )
         return True
+
+    def _save_server_files(self, cid: str, server: dict | None, log: str | None) -> None:
+        """servers/<cid>/server_info.json and server.log of a started server, as the role would write them."""
+        folder = self.run_dir / "servers" / cid
+        folder.mkdir(parents=True, exist_ok=True)
+        if server is not None:
+            (folder / "server_info.json").write_text(json.dumps(server, indent=4) + "\n")
+        (folder / "server.log").write_text((log or "") + "\n")
 
     def _run_point(self, cid: str, pid: str) -> bool:
         """Run one point of configuration `cid` into its folder; False when it failed (the run goes on)."""

@@ -287,8 +287,8 @@ class SimApp:
             args["uses_mamba_radix_cache"] = bool(getattr(r, "state_slots", 0)) and not args.get(
                 "disable_radix_cache"
             )
-        if args.get("api_key"):
-            args["api_key"] = "<redacted>"  # SGLang shows it; the emulator does not repeat secrets
+        # api_key stays: SGLang 0.5.23 shows it here (only the watermark keys are redacted), so the emulator does
+        # too, and a run against it catches a key copied unredacted into results (the role's probe redacts it)
         if r.spec_algorithm:
             args["speculative_algorithm"] = r.spec_algorithm
         st = self.engine.stats()
@@ -863,6 +863,9 @@ def run_server(args) -> int:
     app.loop = loop
     for line in resolved.log_lines:
         log.info(line)
+    # SGLang 0.5.23 logs its server args at start, api_key included (entrypoints/engine.py redacts only the
+    # watermark keys): the same line here, so a server log copied into results unredacted shows the key
+    log.info(f"server_args={{'model_path': {args.model_path!r}, 'api_key': {getattr(args, 'api_key', None)!r}}}")
     if args.sim_unmodeled_flags:
         log.info(f"servesweep sim: accepted, not modeled: {', '.join(args.sim_unmodeled_flags)}")
 
