@@ -72,6 +72,7 @@ def one(adir: Path, tmp: Path, state: str, port: int, n: int, gather: bool) -> d
         "sglang_server_flags": {"tp_size": 1, "context_length": 4096},
         "sglang_server_workdir": str(tmp / "server"),
         "sglang_server_results_dir": str(tmp / "results"),
+        "sglang_server_results_on_success": False,  # the orchestrator writes them from the stats (ignored before)
         "sglang_server_startup_timeout": 120,
         "sglang_server_stop_timeout": 20,
         "sglang_server_force_restart": state == "started",

@@ -59,6 +59,7 @@ def test_a_key_in_a_packed_run_reaches_every_server_and_leaks_into_no_artifact(t
         str(runs),
         "--max-parallel",
         "2",
+        "--no-isolation-sample",  # the key reaches the packed servers; no second start of each for the twins
     ]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
@@ -82,6 +83,9 @@ def test_a_key_in_a_packed_run_reaches_every_server_and_leaks_into_no_artifact(t
         assert "SS_PACKED_KEY" not in json.loads(c.read_text())["env"]
     assert key not in text
     assert len(scans) > 20 and not hits, hits[:1]
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert m["packing"]["isolation_sample"] is False and not [p for p in m["points"].values() if p.get("isolation_of")]
+    assert "isolation sample off" in text
     files = [f for f in run_dir.rglob("*") if f.is_file()]
     leaked = [str(f) for f in files if key.encode() in f.read_bytes()]
     assert not leaked, leaked

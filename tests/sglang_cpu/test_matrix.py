@@ -2,14 +2,14 @@
 through the Ansible role, exactly as a user would after `servesweep sglang-cpu experiment`.
 
 Three runs serve every check (a server start costs 25-80 s here):
-- `examples/sglang-cpu.yaml`, serial: two configurations that differ in every flag they set, each one SGLang
-  reports back (the defaults; max_running_requests + chunked_prefill_size + schedule_policy + context_length), two
-  concurrencies each, needle probes; SGLang is SIGKILLed under one point (classified, restarted, the point run
-  again): three server starts; then `servesweep gate`.
+- `examples/sglang-cpu.yaml`, serial: three configurations that differ in every flag they set, each one SGLang
+  reports back (the defaults; twice max_running_requests + chunked_prefill_size + schedule_policy +
+  context_length), two concurrencies each, needle probes; SGLang is SIGKILLed under one point (classified,
+  restarted, the point run again): four server starts; then `servesweep gate`.
 - beside it, started just before: `examples/sglang-cpu-search.yaml` (a `search:` block on one configuration; one
-  server of its own, so two run at once at most while the serial run runs).
-- then its two configurations packed (`--max-parallel 2`: two servers at once, each started, then each restarted
-  alone for the isolation sample).
+  server of its own, so two run at once at most while the serial run runs), with an API key: real SGLang shows
+  its api_key in /server_info and logs it at start, and nothing of the run folder may hold it.
+- then two of its configurations packed (`--max-parallel 2 --no-isolation-sample`: two servers at once).
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ from servesweep.sglang.cpu.cli import render_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLED = "s02-small-batch.chat-p800-o32-c4"  # the queueing point: 6 requests through 2 slots, the longest
+KEY_ENV = "SS_TIER_API_KEY"
+SEARCH_KEY = "sk-tier-" + os.urandom(12).hex()  # the search run's server key: found nowhere in its run folder
+
+
+def _with_key(data: dict) -> None:
+    data["launcher"]["api_key_env"] = KEY_ENV
 
 
 def _experiment(example: str, tmp: Path, edit=None) -> Path:
@@ -90,12 +96,14 @@ def _done_requests(run_dir: Path, point_id: str) -> int:
         return 0
 
 
-def _start_run(tmp: Path, name: str, example: str, edit=None, extra: tuple[str, ...] = ()) -> dict:
+def _start_run(
+    tmp: Path, name: str, example: str, edit=None, extra: tuple[str, ...] = (), env: dict | None = None
+) -> dict:
     """`servesweep run` of one example in its own folder, in the background."""
     d = tmp / name
     d.mkdir()
     exp = _experiment(example, d, edit)
-    proc = start(["run", str(exp), "--out", str(d / "runs"), *extra], d, d / "run.log")
+    proc = start(["run", str(exp), "--out", str(d / "runs"), *extra], d, d / "run.log", env=env)
     return {"proc": proc, "dir": d, "srv": d / "srv", "t0": time.monotonic(), "most_servers": 0}
 
 
@@ -122,7 +130,9 @@ def _finish(r: dict, deadline: float) -> dict:
 @pytest.fixture(scope="module")
 def search_started(tmp_path_factory, sglang_cpu_env):
     """The search run, started before the serial run and beside it (two servers at once: one each)."""
-    r = _start_run(tmp_path_factory.mktemp("search"), "search", "sglang-cpu-search.yaml")
+    r = _start_run(
+        tmp_path_factory.mktemp("search"), "search", "sglang-cpu-search.yaml", _with_key, env={KEY_ENV: SEARCH_KEY}
+    )
     try:
         yield r
     finally:
@@ -171,7 +181,11 @@ def _packed(data: dict) -> None:
 @pytest.fixture(scope="module")
 def packed_run(tmp_path_factory, sglang_cpu_env, serial_run, search_started):
     """The packed run, after the serial run (two servers of its own, the search run's too if it still runs)."""
-    r = _start_run(tmp_path_factory.mktemp("packed"), "packed", "sglang-cpu.yaml", _packed, ("--max-parallel", "2"))
+    # no isolation sample: each server restarted alone (two more SGLang starts) is the emulator tests' to check
+    r = _start_run(
+        tmp_path_factory.mktemp("packed"), "packed", "sglang-cpu.yaml", _packed,
+        ("--max-parallel", "2", "--no-isolation-sample"),
+    )
     try:
         yield _finish(r, time.monotonic() + 1500)
     finally:
@@ -190,9 +204,9 @@ def search_run(search_started, serial_run):
 def test_the_run_finishes_every_point(serial_run):
     assert serial_run["rc"] == 0, serial_run["log"][-4000:]
     m = _manifest(serial_run["run_dir"])
-    assert sorted(m["configs"]) == ["s01-default", "s02-small-batch"]
+    assert sorted(m["configs"]) == ["s01-default", "s02-small-batch", "s03-eight-slot"]
     points = m["points"]
-    assert len(points) == 4 and all(p["status"] == "done" for p in points.values()), {
+    assert len(points) == 6 and all(p["status"] == "done" for p in points.values()), {
         k: p["status"] for k, p in points.items()
     }
     assert {p["concurrency"] for p in points.values()} == {1, 4}
@@ -209,6 +223,8 @@ def test_each_configuration_is_what_sglang_reports(serial_run):
                         "context_length": 4096},
         "s02-small-batch": {"max_running_requests": 2, "chunked_prefill_size": 512, "schedule_policy": "lpm",
                             "context_length": 2048},
+        "s03-eight-slot": {"max_running_requests": 8, "chunked_prefill_size": 1024, "schedule_policy": "lof",
+                           "context_length": 3072},
     }
     m = _manifest(run_dir)
     pids = set()
@@ -220,7 +236,7 @@ def test_each_configuration_is_what_sglang_reports(serial_run):
         assert si["version"] == "0.5.23" and si["device"] == "cpu"
         assert m["configs"][cid]["server"]["mismatches"] == [], cid
         pids.add(m["configs"][cid]["server"]["pid"])
-    assert len(pids) == 2, "each configuration had its own server process"
+    assert len(pids) == 3, "each configuration had its own server process"
 
 
 @pytest.mark.timeout(1800)
@@ -270,13 +286,13 @@ def test_report_server_state_from_the_real_metrics(serial_run):
     run_dir = serial_run["run_dir"]
     md = (run_dir / "report.md").read_text()
     sections = md.split("### Server state")[1:]
-    assert len(sections) == 2, "one Server state table per configuration"
+    assert len(sections) == 3, "one Server state table per configuration"
     rows = []
     for sec in sections:
         table = sec.split("\n\n", 2)[1]  # the table follows the heading's blank line
         assert "not recorded" not in table
         rows += [ln.split("|")[1:-1] for ln in table.splitlines() if ln.startswith("| chat")]
-    assert len(rows) == 4, sections
+    assert len(rows) == 6, sections
     assert all(int(r[-1]) > 0 for r in rows), rows  # samples of the real /metrics during every point
     # SGLang sets its gauges when it logs (each prefill batch, every 40 decode steps), so one point's samples may
     # all read an idle state; over the run the KV pool's use shows (800-token prompts in a 16,384-token pool)
@@ -308,7 +324,7 @@ def test_answers_fail_loudly_while_the_load_figures_stay(serial_run):
     from servesweep.results.answers import degenerate
 
     run_dir, log = serial_run["run_dir"], serial_run["log"]
-    for cid in ("s01-default", "s02-small-batch"):
+    for cid in ("s01-default", "s02-small-batch", "s03-eight-slot"):
         probes = json.loads((run_dir / "answers" / f"{cid}.json").read_text())
         length = probes["lengths"]["800"]
         assert length["n"] == 2 and length["needle_accuracy"] == 0.0, (cid, length)
@@ -320,7 +336,7 @@ def test_answers_fail_loudly_while_the_load_figures_stay(serial_run):
         assert f"needle {cid} @ 800 tokens" in log
     answers = md_section((run_dir / "report.md").read_text(), "## Answers")
     rows = [ln for ln in answers.splitlines() if ln.startswith("| s0")]
-    assert len(rows) == 2 and all("| 0/2 |" in r for r in rows), answers
+    assert len(rows) == 3 and all("| 0/2 |" in r for r in rows), answers
     for pid in _manifest(run_dir)["points"]:
         s = json.loads((run_dir / pid / "summary.json").read_text())
         assert s["output_tokens_per_s"] > 0 and s["ttft_ms"]["p50"] > 0, pid
@@ -356,7 +372,8 @@ def test_packed_run_two_real_servers_side_by_side(packed_run):
         assert si["max_running_requests"] == slots, cid
         assert m["configs"][cid]["server"]["mismatches"] == [], cid
     assert all(p["status"] == "done" for p in m["points"].values()), m["points"]
-    assert any(p_id.endswith("-alone") for p_id in m["points"]), "no isolation sample after the packed phase"
+    assert not any(p_id.endswith("-alone") for p_id in m["points"]), "--no-isolation-sample ran twins"
+    assert len(m["points"]) == 2
     assert _live_server_pids(r["srv"]) == [], "the packed run left a server running"
 
 
@@ -374,3 +391,20 @@ def test_search_block_finds_a_capacity_on_real_sglang(search_run):
     assert lo <= row["capacity"] and (hi is None or hi > lo), row
     assert "Capacity" in (r["run_dir"] / "report.md").read_text()
     assert _live_server_pids(r["srv"]) == []
+
+
+@pytest.mark.timeout(2400)
+def test_the_api_key_real_sglang_shows_and_logs_reaches_no_result(search_run):
+    """SGLang 0.5.23 shows its api_key in /server_info and logs it among its server args at start (only its
+    watermark keys are redacted): the role's probe redacts both before they reach the run folder. Found by this
+    tier: the emulator had hidden the key itself, so its secret tests could not see the copy."""
+    r = search_run
+    assert r["rc"] == 0, r["log"][-4000:]
+    info = json.loads((r["run_dir"] / "servers" / "s01" / "server_info.json").read_text())
+    assert info["server_info"]["api_key"] == "<redacted>", "SGLang no longer shows its key: update the docs"
+    assert "<redacted>" in (r["run_dir"] / "servers" / "s01" / "server.log").read_text()
+    files = [f for f in r["run_dir"].rglob("*") if f.is_file()]
+    assert len(files) > 10
+    leaked = [str(f) for f in files if SEARCH_KEY.encode() in f.read_bytes()]
+    assert not leaked, leaked
+    assert SEARCH_KEY not in r["log"]

@@ -1239,13 +1239,26 @@ def _flush_cache(url: str, api_key: str | None) -> bool:
     "shows the timeline); default 1: one after another.",
 )
 @click.option(
+    "--isolation-sample/--no-isolation-sample",
+    default=True,
+    show_default=True,
+    help="With --max-parallel: run the first point of each packed configuration again alone after the packed phase "
+    "(one more server start per configuration) and report packed vs alone; --no-isolation-sample skips it.",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="The same matrix on the emulator here: every configuration, the ends of each load axis, one request per "
     "user, 8-token outputs; proves the pipeline.",
 )
 def command(
-    file: str | None, resume: str | None, out: str, keep_server: bool, max_parallel: int | None, dry_run: bool
+    file: str | None,
+    resume: str | None,
+    out: str,
+    keep_server: bool,
+    max_parallel: int | None,
+    isolation_sample: bool,
+    dry_run: bool,
 ) -> None:
     """Run an experiment matrix (or --resume one)."""
     from rich.console import Console
@@ -1306,6 +1319,8 @@ def command(
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
         if max_parallel:
             m.data["max_parallel"] = max_parallel
+        if not isolation_sample:
+            m.data["isolation_sample"] = False  # a resume keeps the choice (matrix/packed.py)
     runner = Runner(m, console=console, keep_server=keep_server)
     try:
         rc = runner.run()

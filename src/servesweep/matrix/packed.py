@@ -70,7 +70,11 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
         for p in runner.m.points.values():
             if p["config_id"] == cid and p["status"] not in mf.FINISHED:
                 p.update(status=mf.SERVER_FAILED, reason=f"not placed: {why}")
-    add_samples(runner.m, packing)  # the isolation sample: re-run alone after the packed phase
+    if runner.m.data.get("isolation_sample", True):
+        add_samples(runner.m, packing)  # the isolation sample: re-run alone after the packed phase
+    else:
+        packing["isolation_sample"] = False
+        runner.event("isolation sample off (--no-isolation-sample): packed points are not checked against alone")
     runner.m.save()
     return packing
 
