@@ -19,7 +19,9 @@ from servesweep.config.experiment import Experiment, ExperimentError, PointSpec,
 from servesweep.matrix.timeline import attach_schedule, packed_json, print_packed
 
 # Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
-ANSIBLE_RUN_S = 10.0  # one role run: ~2 s to the first task, ~0.5 s per task, readiness polls
+# one role start: ~1.5 s to the first task, 4 module/script tasks, readiness polls (bench/bench_role.py: 5.5 s on an
+# idle localhost; over SSH and under load more)
+ANSIBLE_RUN_S = 7.0
 EMULATOR_LOAD_S = 2.0  # the emulator's simulated load + warmup, tokenizer and pool set-up
 SGLANG_FIXED_START_S = 90.0  # SGLang process start, CUDA graph capture, warmup (excluding weight loading)
 WEIGHT_LOAD_BYTES_PER_S = 2.0e9  # weights read from local disk/page cache per GPU
