@@ -27,6 +27,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Real SGLang on this CPU (its own venv under $(SERVESWEEP_CACHE_DIR)/sglang-cpu, rebuilt when its pins change).
 sglang-cpu-env: $(STAMP)
@@ -46,6 +47,7 @@ test-deps: $(STAMP) system-deps sglang-cpu-env
 # servers (~3.6 GB each, at most two at once) are shared between its files and do not compete with the rest.
 test: test-deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --ignore=tests/sglang_cpu
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/inlocust
 	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/sglang_cpu

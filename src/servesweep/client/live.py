@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from servesweep.results import metrics
+
+if TYPE_CHECKING:
+    from gevent import Greenlet
 
 LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "ttft_ms": "TTFT ms",
@@ -213,7 +217,7 @@ class LiveStats:
         if first is not None:
             ttft = metrics.ttft(first, sent)
             sk["ttft_ms"].add_one(ttft)
-        ch = rec.get("chunk_ns") or ()
+        ch: Sequence[int] = rec.get("chunk_ns") or ()
         tpot = math.nan
         max_itl = 0.0
         if len(ch) > 1:
@@ -374,7 +378,7 @@ class Headroom:
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # the first call only primes the counter
         self._lags: list[float] = []
-        self._greenlet = None
+        self._greenlet: Greenlet | None = None
 
     def start(self) -> None:
         import gevent

@@ -34,7 +34,7 @@ log = logging.getLogger("servesweep")
 
 # Percentiles from 1 ms buckets instead of Locust's coarse ones (10 ms below 1 s, 1 s above 10 s). Bucketing
 # happens where the value is logged, so every process that loads this file must patch it.
-locust.stats.bucket_response_time = lambda rt: int(round(rt))
+locust.stats.bucket_response_time = lambda response_time: int(round(response_time))
 stats_rows.install()  # the LLM TTFT/E2E rows stay out of the Aggregated row
 
 _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
@@ -508,9 +508,10 @@ def _hard_exit(environment) -> None:
 
 
 class _MasterState:
-    def __init__(self, point: LoadPoint, buffer) -> None:
-        self.point = point
+    def __init__(self, point: LoadPoint | None, buffer) -> None:
+        self.point = point  # None: a master started without --host (the web UI's form gives it)
         self.buffer = buffer
+        self.sampler: Sampler | None = None  # the master's headroom sampler, from the test start
         self.clients = Clients()
         self.drained: set[str] = set()  # workers that finished their streams and shipped every record
 
@@ -715,11 +716,12 @@ def _start(environment, **_kw) -> None:
         import gevent
 
         # The master merges every record: its CPU is what limits many workers.
-        ctx.sampler = Sampler(environment.runner)
-        gevent.spawn(ctx.sampler.run)
-        d = ctx.point.duration_s if ctx.point is not None else None
-        if d is not None and d < _FOREVER and opts is not None and opts.headless:
-            gevent.spawn_later(ctx.point.warmup_s + d, _end_distributed, environment)
+        ctx.sampler = sampler = Sampler(environment.runner)
+        gevent.spawn(sampler.run)
+        pt = ctx.point
+        d = pt.duration_s if pt is not None else None
+        if pt is not None and d is not None and d < _FOREVER and opts is not None and opts.headless:
+            gevent.spawn_later(pt.warmup_s + d, _end_distributed, environment)
     if isinstance(ctx, LoadContext):
         ctx.closing = False  # a new start in the web UI after a stop
         ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
@@ -746,8 +748,8 @@ def _prepare(environment, ctx: LoadContext) -> None:
         return
     ctx.prepared = True
     _split(environment, ctx, time.monotonic_ns())
-    ctx.sampler = Sampler(environment.runner)
-    gevent.spawn(ctx.sampler.run)
+    ctx.sampler = sampler = Sampler(environment.runner)
+    gevent.spawn(sampler.run)
     status_dir = os.environ.get(_STATUS_DIR_ENV)
     if status_dir:
         gevent.spawn(_status_loop, ctx, Path(status_dir) / f"{os.getpid()}.json")
@@ -787,7 +789,10 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
         index, count = 0, 1
     elif p.requests is not None and count > 1:
         ctx.budget = split_budget(p.requests, index, count)
+    loop = "closed loop"
     if p.arrival != "closed":
+        assert p.rate_rps is not None  # LoadPoint: an open loop has a rate
+        loop = f"{p.arrival} at {p.rate_rps / count:g}/s"
         if p.duration_s is not None and p.duration_s < _FOREVER:
             ctx.end_ns = ctx.end_ns or now + int((p.warmup_s + p.duration_s) * 1e9)
         # The schedule starts when the first user asks for a slot: slots that came while Locust was still spawning
@@ -807,7 +812,7 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
         index,
         count,
         ctx.share(),
-        f"{p.arrival} at {p.rate_rps / count:g}/s" if p.arrival != "closed" else "closed loop",
+        loop,
     )
 
 

@@ -20,6 +20,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
 from greenlet import getcurrent  # gevent's own greenlets; importing it patches nothing
 
@@ -61,8 +62,9 @@ class RxClock:
         self.lag_ns = 0
         self.user_reads = 0
         self.drained = True  # the last read returned less than it asked for: wait before the next one
-        self._classes: dict[type, type] = {}
-        self._timers: dict[float, object] = {}  # socket timeout (s) -> loop timer (repeat = timeout)
+        # socket class -> its stamping subclass, built at run time (class attributes _rx_clock, _rx_kernel)
+        self._classes: dict[type, Any] = {}
+        self._timers: dict[float, Any] = {}  # socket timeout (s) -> gevent loop timer (repeat = timeout)
 
     def wait_readable(self, sock, timeout: float | None) -> None:
         """Block this greenlet until `sock` (a gevent socket) is readable; TimeoutError after `timeout` seconds
@@ -125,7 +127,7 @@ def kernel_stamps_supported(sock: socket.socket) -> bool:
 def stamp_socket(sock: socket.socket, clock: RxClock) -> bool:
     """Make every `recv` on `sock` stamp `clock`. Idempotent (pooled sockets come back); returns True when the
     stamps come from the kernel."""
-    base = type(sock)
+    base: Any = type(sock)  # one of ours carries _rx_clock and _rx_kernel
     if getattr(base, "_rx_clock", None) is clock:  # already ours (the pool handed it out before)
         return base._rx_kernel
     cls = clock._classes.get(base)
@@ -134,6 +136,7 @@ def stamp_socket(sock: socket.socket, clock: RxClock) -> bool:
         cls = _kernel_class(base, clock) if kernel else _user_class(base, clock)
         clock._classes[base] = cls
     if cls._rx_kernel:
+        assert SO_TIMESTAMPNS is not None  # kernel_stamps_supported
         try:
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         except OSError:
@@ -142,7 +145,7 @@ def stamp_socket(sock: socket.socket, clock: RxClock) -> bool:
     return cls._rx_kernel
 
 
-def _kernel_class(base: type, clock: RxClock) -> type:
+def _kernel_class(base: type[socket.socket], clock: RxClock) -> Any:
     mono = time.monotonic_ns
     wall = time.time_ns
     unpack = _TIMESPEC.unpack_from
@@ -197,7 +200,7 @@ def _kernel_class(base: type, clock: RxClock) -> type:
     )
 
 
-def _user_class(base: type, clock: RxClock) -> type:
+def _user_class(base: type[socket.socket], clock: RxClock) -> Any:
     base_recv = base.recv
     mono = time.monotonic_ns
 

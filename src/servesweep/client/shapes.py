@@ -19,8 +19,12 @@ import io
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from locust import LoadTestShape
+
+if TYPE_CHECKING:
+    from gevent import Greenlet
 
 log = logging.getLogger("servesweep")
 
@@ -109,7 +113,7 @@ class StepLog:
 
     def __init__(self) -> None:
         self.steps: list[Step] = []
-        self._greenlet = None
+        self._greenlet: Greenlet | None = None
         self._runner = None
 
     @property
@@ -217,6 +221,9 @@ class StepSummarizer:
     """
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._buf = None
         self._rows = 0
         self._tables: list = []
@@ -229,7 +236,7 @@ class StepSummarizer:
         from servesweep.results.records import columns_to_table
 
         if buf is not self._buf:
-            self.__init__()
+            self._clear()
             self._buf = buf
         cols, n = buf.columns_since(self._rows)
         if n > self._rows:

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import gevent
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
@@ -36,6 +37,9 @@ from servesweep.config.point import LoadPoint
 from servesweep.results.records import RecordBuffer
 from servesweep.workload.arrivals import Arrivals
 
+if TYPE_CHECKING:
+    from servesweep.workload.build import AgentSpec
+
 
 class LLMFailure(Exception):
     """What Locust's failure table shows: the error class only (a bounded set, so its error dict stays small)."""
@@ -56,7 +60,7 @@ class LoadContext:
     path: str
     nonce_format: str = "digits"  # the pool's (prompts.nonce_scheme): "spaced" puts a space before each digit
     output_tokens: list[int] | None = None  # per body: its max_tokens (None: the point's output_tokens)
-    agent: object | None = None  # workloads.AgentSpec: users run agent sessions instead of single requests
+    agent: AgentSpec | None = None  # users run agent sessions instead of single requests
     sessions_started: int = 0
     buffer: RecordBuffer = field(default_factory=RecordBuffer)
     measure_start_ns: int = 0  # requests scheduled before this are warmup
@@ -66,6 +70,7 @@ class LoadContext:
     on_budget_done: Callable[[], None] | None = None  # None: runner.quit (workers ship records first)
     closing: bool = False  # the master ended the point: send nothing more, let running streams finish
     prepared: bool = False  # the locustfile gave it its share, sampler and status file (at test start)
+    sampler: object | None = None  # the locustfile's headroom Sampler (set at test start)
     in_flight: int = 0  # requests sent and not ended yet
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
@@ -273,6 +278,7 @@ class LLMUser(FastHttpUser):
         from servesweep.workload.build import AgentSession
 
         spec = ctx.agent
+        assert spec is not None  # an agent point's context
         sid = uuid.uuid4().hex[:16]
         sess = AgentSession.start(spec, ctx.sessions_started, ctx.next_nonce(), sid)
         ctx.sessions_started += 1
@@ -341,25 +347,27 @@ class LLMUser(FastHttpUser):
                 # the response's body buffer), note how far the body reached and the read's stamp. Nothing else:
                 # the lines are cut after the stream, each with the stamp of the read that completed it, exactly as
                 # readline would have stamped them (readline cost two Python calls and a copy per event).
-                body = resp._body_buffer  # geventhttpclient's; the parser appends in place, nothing deletes
-                reached = [len(body)]
+                buf = resp._body_buffer  # geventhttpclient's; the parser appends in place, nothing deletes
+                reached = [len(buf)]
                 stamps = [rx.ns]  # what the buffer holds now came with the latest read
                 feed = resp.feed
                 sock = resp._sock  # None when the whole message came with the headers (released)
                 block = resp.block_size
                 try:
-                    if sock is None and not resp.message_complete:
-                        raise HTTPConnectionClosed("connection closed.")
-                    while not resp.message_complete:
-                        data = sock.recv(block)
-                        feed(data)  # b"" (peer closed): completes a read-to-close body or raises Incomplete
-                        if not data and not resp.message_complete:
+                    if sock is None:
+                        if not resp.message_complete:
                             raise HTTPConnectionClosed("connection closed.")
-                        reached.append(len(body))
-                        stamps.append(rx.ns)
+                    else:
+                        while not resp.message_complete:
+                            data = sock.recv(block)
+                            feed(data)  # b"" (peer closed): completes a read-to-close body or raises Incomplete
+                            if not data and not resp.message_complete:
+                                raise HTTPConnectionClosed("connection closed.")
+                            reached.append(len(buf))
+                            stamps.append(rx.ns)
                     end_ns = rx.ns
                 finally:  # also after a stall or a reset: the lines that came are kept
-                    cut_lines(body, reached, stamps, rx.ns, lines, times)
+                    cut_lines(buf, reached, stamps, rx.ns, lines, times)
         except _TotalTimeout:
             rec["error_class"], rec["error_message"] = (
                 "timeout_total",
@@ -392,7 +400,7 @@ class LLMUser(FastHttpUser):
                 resp.release()
         if rec.get("error_class") is None or lines:
             err = rec.get("error_class")
-            msg = rec.get("error_message")
+            err_msg = rec.get("error_message")
             try:
                 parse_stream(lines, times, rec, pause=gevent.sleep)  # yields between slices (client/sse.py)
             except Exception as e:  # noqa: BLE001 - parse_stream never raises by design; if it does, keep the record
@@ -401,7 +409,7 @@ class LLMUser(FastHttpUser):
                     short(f"parse: {type(e).__name__}: {e}"),
                 )
             if err is not None:  # a transport failure wins over what the partial stream says
-                rec["error_class"], rec["error_message"] = err, msg
+                rec["error_class"], rec["error_message"] = err, err_msg
 
     def _report(self, ctx: LoadContext, rec: dict) -> None:
         """Locust's own stats: the POST row is E2E; LLM rows TTFT and E2E so the CSV/HTML/UI show them."""

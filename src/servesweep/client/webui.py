@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from locust import events
 
@@ -36,6 +37,9 @@ from servesweep.client import shapes
 from servesweep.client.live import LATENCIES, Headroom, LiveStats
 from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
+
+if TYPE_CHECKING:
+    from servesweep.client.user import LoadContext
 
 log = logging.getLogger("servesweep")
 
@@ -91,7 +95,7 @@ class LiveState:
         self.via_context = False
         self.requested = None  # the LoadPoint the process's context was built for (before resolving)
         self._pulled = 0
-        self._pulled_ctx = None
+        self._pulled_ctx: LoadContext | None = None
         self.summarizer = shapes.StepSummarizer()
         self._steps_cache: tuple[float, float, list[dict]] | None = None  # (when, seconds it took, rows)
 

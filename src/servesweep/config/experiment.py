@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,7 @@ from servesweep.sglang.flags import (
 )
 
 ENDPOINTS = ("chat", "completions", "generate")
+Endpoint = Literal["chat", "completions", "generate"]
 LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", "rate")
 # launcher.command placeholders: what servesweep fills in (the key files are 0600 files on the server's host)
 PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
@@ -271,6 +273,10 @@ class Server(_Strict):
     env_axes: dict[str, list[str | int | float | bool]] = Field(default_factory=dict)
 
 
+def _chat_only() -> list[Endpoint]:
+    return ["chat"]
+
+
 WORKLOAD_KINDS = ("synthetic", "shared_prefix", "dataset", "agent")
 BUILTIN_WORKLOADS = ("single", "chat")  # single-shot synthetic prompts, no settings needed
 
@@ -346,9 +352,7 @@ class Load(_Strict):
     worker_hosts: WorkerHosts | None = None
     prompt_tokens: list[int] = Field(default_factory=lambda: [2000], min_length=1)
     output_tokens: list[int] = Field(default_factory=lambda: [256], min_length=1)
-    endpoint: list[Literal["chat", "completions", "generate"]] = Field(
-        default_factory=lambda: ["chat"], min_length=1
-    )
+    endpoint: list[Endpoint] = Field(default_factory=_chat_only, min_length=1)
     workload: list[str] = Field(
         default_factory=lambda: ["single"],
         min_length=1,
@@ -630,8 +634,9 @@ class Experiment(_Strict):
         dropped: list[tuple[PointSpec, int]] = []
         ld = self.load
         named = ld.workload_axis
+        rates: Sequence[float | None] = ld.rate or [None]
         for wl, ep, p, o, c, r in itertools.product(
-            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, ld.rate or [None]
+            ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, rates
         ):
             # with only the built-in workload, ids and the `workload` label name the endpoint alone (short ids)
             head = f"{wl}-{ep}" if named else ep
@@ -811,7 +816,7 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
     return exp
 
 
-def _first_failing_line(text: str, exc: type) -> int:
+def _first_failing_line(text: str, exc: type[BaseException]) -> int:
     """The first line whose inclusion makes the YAML reader raise `exc` (the reader gives no position for these)."""
     lines = text.splitlines(keepends=True)
     for n in range(1, len(lines) + 1):
@@ -879,7 +884,7 @@ _TYPE_WORDS = {
 _LIST_OF = {"concurrency": "integers", "prompt_tokens": "integers", "output_tokens": "integers"}
 
 
-def _translate(err: dict) -> tuple[tuple, str]:
+def _translate(err: Mapping[str, Any]) -> tuple[tuple, str]:
     loc, typ, inp = tuple(err["loc"]), err["type"], err.get("input")
     if typ == "extra_forbidden":
         parent_fields = _fields_at(loc[:-1])

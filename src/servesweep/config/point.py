@@ -528,6 +528,7 @@ def knobs(surface: str | None = None) -> list[Knob]:
         if not isinstance(extra, dict) or "cli" not in extra:
             continue
         kind, choices, optional = _kind(name, f.annotation)
+        where = extra.get("elsewhere")  # knob()'s {surface: where}, as JSON schema extra
         k = Knob(
             name=name,
             cli=str(extra["cli"]),
@@ -537,7 +538,7 @@ def knobs(surface: str | None = None) -> list[Knob]:
             kind=kind,
             choices=choices,
             optional=optional,
-            elsewhere=tuple(dict(extra.get("elsewhere") or {}).items()),
+            elsewhere=tuple((str(s), str(w)) for s, w in where.items()) if isinstance(where, dict) else (),
         )
         if surface is None or k.on(surface):
             out.append(k)

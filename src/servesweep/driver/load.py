@@ -217,7 +217,7 @@ def _interrupted(state: dict, e: Interrupted) -> None:
     partial records of the point it interrupted, say so, exit 128 + signum."""
     from servesweep.results.store import write_manifest
 
-    err = click.get_text_stream("stderr")
+    err = sys.stderr  # (click.get_text_stream is deprecated since Click 8.5 and goes in 9.0)
     name = signal.Signals(e.signum).name
     run_dir, manifest, current = state.get("run_dir"), state.get("manifest"), state.get("current")
     lines = [f"servesweep load: stopped by {name}; the load generator is stopped"]
@@ -260,7 +260,7 @@ class _Run:
     api_key: str | None
     worker_hosts: dict | None
     opts: dict[str, Any]  # the run-level options as click gave them
-    max_rate: float
+    max_rate: float | None  # --max-failure-rate; None: no limit
 
 
 def _check_options(opts: dict[str, Any]) -> _Run:
@@ -293,7 +293,7 @@ def _check_options(opts: dict[str, Any]) -> _Run:
     return _Run(
         fields=fields,
         levels=parse_concurrency(opts.pop("concurrency_text")),
-        rates=parse_rates(rate_text) if rate_text is not None else [None],
+        rates=[*parse_rates(rate_text)] if rate_text is not None else [None],
         base_url=opts.pop("base_url"),
         api_key=_api_key(opts.pop("api_key_file"), fields),
         worker_hosts=_worker_hosts(opts),
@@ -308,6 +308,7 @@ def _api_key(api_key_file: Path | None, fields: dict[str, Any]) -> str | None:
     from servesweep.config.secrets import SecretError, env_key, hold_key, read_key_file
 
     name = fields["api_key_env"]
+    key: str | None
     if api_key_file is not None:
         if name is not None:
             raise click.BadParameter(
@@ -423,7 +424,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         f"model {first.model}; chat template overhead {first.template_overhead} tokens; "
         f"per-chunk usage {'yes' if first.continuous_usage else 'no'}; results in {run_dir}"
     )
-    manifest = {
+    manifest: dict[str, Any] = {
         "run_id": run_id,
         "kind": "load",
         "base_url": base_url,

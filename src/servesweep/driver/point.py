@@ -327,7 +327,7 @@ def _locust_argv(point: LoadPoint, work: Path, workers: int, remote: dict | None
     """The Locust command: a master for the worker hosts' workers, else a local run (workers: --processes)."""
     if handle is None:
         return locust_command(point, work, workers=workers)
-
+    assert remote is not None  # a remote handle exists only for worker hosts
     return master_command(
         point,
         work,

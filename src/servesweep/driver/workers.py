@@ -275,7 +275,7 @@ def account(
         if not wu:
             received[w] = received.get(w, 0) + 1
     missing_ids = set(_MISSING.findall(master_log or ""))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for w in workers:
         issued = int((w.status or {}).get("issued", 0))
         got = received.pop(w.identity, 0)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from servesweep.config.experiment import Experiment
 from servesweep.results import manifest as mf
@@ -81,7 +82,7 @@ def run_probes(
 
     a = exp.answers
     model = _model(base_url, exp, api_key)
-    jobs = []
+    jobs: list[tuple[dict[str, Any], dict]] = []
     for length, out_tokens in sorted(lengths.items()):
         pool = build_pool(
             length, a.probes_per_length, tokenizer=exp.model.tokenizer, seed=a.seed, cache_bust=False

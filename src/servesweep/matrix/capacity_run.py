@@ -221,7 +221,7 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
                 "binding": tr.binding,
                 "probes": tr.probes_used,
                 "load_unit": load_unit(t["workload"], result.axis),
-                "at_capacity": _at(by_load.get(tr.capacity), gpus) | _sessions_at(runner, sid, t, tr.capacity),
+                "at_capacity": _at(by_load.get(tr.capacity) if tr.capacity is not None else None, gpus) | _sessions_at(runner, sid, t, tr.capacity),
             }
         )
     points = [p.__dict__ for p in frontier_points(cid, gpus, result)]

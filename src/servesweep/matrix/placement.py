@@ -145,7 +145,7 @@ def schedule(
 
 def _start_what_fits(queue, hosts, free_at, running, t, max_parallel) -> list[Placement]:
     """Start, in queue order, every job that fits onto GPUs free at time t (removed from the queue)."""
-    started = []
+    started: list[Placement] = []
     for job in list(queue):
         if max_parallel is not None and len(running) + len(started) >= max_parallel:
             break

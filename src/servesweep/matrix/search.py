@@ -107,11 +107,9 @@ def as_slo(obj: Any) -> Slo:
 
 
 def parse_tier(spec: str | Sequence[str]) -> list[Slo]:
-    """SLO text in servesweep's grammar to Slos: config/slo.py's parser when present, else results/summary.py's."""
-    try:
-        from servesweep.config.slo import parse_slos
-    except ImportError:  # before the grammar was unified
-        from servesweep.results.summary import parse_slos  # type: ignore[no-redef]
+    """SLO text in servesweep's grammar to Slos (config/slo.py's parser)."""
+    from servesweep.config.slo import parse_slos
+
     return [as_slo(s) for s in parse_slos(spec if isinstance(spec, str) else list(spec))]
 
 
@@ -408,6 +406,7 @@ def judge(slo: Slo, r: ProbeResult, tier: Sequence[Slo], cfg: SearchSpec, rng) -
     if not math.isfinite(est):  # nothing measured (every request failed): no load is carried here
         return Judgement(slo.text, est, lo, hi, int(n), "fail")
     worst, best = (hi, lo) if slo.upper_limit else (lo, hi)
+    verdict: Literal["pass", "fail", "undecided"]
     if n < min_samples(slo):
         verdict = "undecided"
     elif slo.holds(worst):
@@ -604,6 +603,7 @@ class _Search:
         if lo is None and hi is None:
             return s.clamp(s.start)
         if hi is None:
+            assert lo is not None  # one side at least is known
             x = s.clamp(lo * s.factor)
             return x if x > lo else s.clamp(lo + 1)
         if lo is None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
@@ -40,6 +40,9 @@ from servesweep.results.capacity import load_capacity
 from servesweep.results.pergpu import LABEL as GPU_LABEL
 from servesweep.results.pergpu import point_gpus
 from servesweep.results.runfolder import SUMMARY, PointInfo, iso_unix, load_run
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 PREFIX = "servesweep_"
 
@@ -207,7 +210,7 @@ class ClientMetrics(Collector):
         self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
         self._frontier: list[dict] = []  # ... and its frontier: every probe, the Pareto points marked
         self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
-        self._server = None
+        self._server: WSGIServer | None = None
         self.registry.register(self)
 
     # -- the API the load generator and orchestrator call --
@@ -406,12 +409,13 @@ def isolation_family(run_id: str, iso: Mapping[str, Any]) -> GaugeMetricFamily:
     return g
 
 
-def _path(d: Mapping, path: tuple[str, ...]):
+def _path(d: Mapping, path: tuple[str, ...]) -> Any:
+    v: Any = d
     for k in path:
-        if not isinstance(d, Mapping):
+        if not isinstance(v, Mapping):
             return None
-        d = d.get(k)
-    return d
+        v = v.get(k)
+    return v
 
 
 def _finite(v) -> float | None:
@@ -427,7 +431,9 @@ def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]
     out: dict[str, float] = {}
     for name, keys in _LATENCY_KEYS.items():
         block = next((summary[k] for k in keys if isinstance(summary.get(k), Mapping)), None)
-        for stat in LATENCY_STATS if block else ():
+        if not block:
+            continue
+        for stat in LATENCY_STATS:
             v = _finite(block.get(stat))
             if v is not None:
                 out[f"{name}/{stat}"] = v / 1e3
@@ -548,8 +554,8 @@ class _PointFamilies:
                 self.latencies[name].add_metric([*lv, stat], v)
             else:
                 self.scalars[key].add_metric(lv, v)
-        for err, n in sorted(p.failures_by_class.items()):
-            self.failures.add_metric([*lv, err], n)
+        for err, failed in sorted(p.failures_by_class.items()):
+            self.failures.add_metric([*lv, err], failed)
 
     def all(self) -> list:
         """Every family, in exposition order."""
@@ -698,6 +704,7 @@ def _point_times(p: PointInfo) -> tuple[float, float]:
     if start is None:
         start, end = iso_unix(p.entry.get("started")), iso_unix(p.entry.get("finished"))
     if end is None:
+        assert p.dir is not None  # a done point (Run.done_points) has its folder
         end = (p.dir / SUMMARY).stat().st_mtime
     if start is None:
         start = end - float(s.get("window_s") or 0)

@@ -207,9 +207,12 @@ def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
         den = float(np.dot(w[has], s.prompt[has]))
         return float(np.dot(w[has], s.cached[has])) / den if has.any() and den > 0 else math.nan
     if base == "degenerate_rate":
-        has = ~np.isnan(s.degenerate) if s.degenerate is not None else np.zeros(s.n, bool)
+        deg = s.degenerate
+        if deg is None:  # not judged: no request counts
+            return math.nan
+        has = ~np.isnan(deg)
         den = float(w[has].sum())
-        return float(np.dot(w[has], s.degenerate[has])) / den if den > 0 else math.nan
+        return float(np.dot(w[has], deg[has])) / den if den > 0 else math.nan
     raise KeyError(base)
 
 

@@ -148,7 +148,7 @@ class Verdict:
         root = ET.Element("testsuites", name="servesweep gate")
         root.append(suite)
         for k in ("tests", "failures", "errors", "skipped"):
-            root.set(k, suite.get(k))
+            root.set(k, suite.attrib[k])
         ET.indent(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

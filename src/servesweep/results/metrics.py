@@ -56,7 +56,7 @@ def has_chunk_tokens(chunk_ns: Sequence[int], chunk_tokens: Sequence[int] | None
 
 def first_chunk_tokens(chunk_ns: Sequence[int], chunk_tokens: Sequence[int] | None):
     """Tokens of the first chunk: from `chunk_tokens` when reported, else 1 (docs/metrics.md, TPOT)."""
-    return chunk_tokens[0] if has_chunk_tokens(chunk_ns, chunk_tokens) else 1
+    return chunk_tokens[0] if chunk_tokens is not None and has_chunk_tokens(chunk_ns, chunk_tokens) else 1
 
 
 def itl_per_token(
@@ -66,7 +66,7 @@ def itl_per_token(
     tokens of the later chunk, counted once per token (SGLang's definition); gaps before a 0-token chunk are left
     out. Without per-chunk tokens each gap carries the request's mean `(completion_tokens − 1) / gaps` and counts
     once; none when `completion_tokens` is unknown or ≤ 1. `gaps` from `itl_gaps` (any unit)."""
-    if has_chunk_tokens(chunk_ns, chunk_tokens):
+    if chunk_tokens is not None and has_chunk_tokens(chunk_ns, chunk_tokens):
         k = np.asarray(chunk_tokens[1:], dtype=np.int64)
         keep = k > 0
         return gaps[keep] / k[keep], k[keep]

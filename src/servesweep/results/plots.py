@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless, before anything imports a backend
 
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
@@ -24,7 +25,7 @@ _counter = itertools.count()
 _MARKERS = "osD^v<>ph*"
 
 
-def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(6.4, 3.9), layout="constrained")
     ax = fig.add_subplot()
     ax.set_title(title, fontsize=11)

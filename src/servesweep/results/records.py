@@ -35,7 +35,7 @@ ERROR_CLASSES = (
     "client_error",  # anything else raised in the client (a bug of ours, kept visible)
 )
 
-SCHEMA = pa.schema(
+_FIELDS: list[pa.Field] = (
     [
         pa.field("request_id", pa.string(), nullable=False),  # uuid hex, sent as X-Request-Id
         pa.field("point_id", pa.string(), nullable=False),
@@ -77,6 +77,7 @@ SCHEMA = pa.schema(
         pa.field("choice_completion_tokens", pa.list_(pa.int32())),  # n > 1: per choice, when the server said
     ]
 )
+SCHEMA = pa.schema(_FIELDS)
 COLUMNS = tuple(SCHEMA.names)
 # columns a records file written before they existed may lack: read as nulls
 LATER_COLUMNS = ("choices", "lead_choice", "choice_completion_tokens")

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 import click
 
@@ -75,14 +76,21 @@ def queue_s_per_request(state: dict | None) -> float | None:
     the point: its sum / its count); None without the counters or without a request measured."""
     c = (state or {}).get("counters") or {}
     s, n = c.get("queue_time_s"), c.get("queue_time_count")
-    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (s, n))
-    return s / n if ok and n > 0 else None
+    if not (_number(s) and _number(n)):
+        return None
+    return s / n if n > 0 else None
+
+
+def _number(v: object) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 # the server's own state during each point (summary.json server_state, results/server_state.py):
 # (key, header, where in server_state or a function of it, decimals); mamba usage only where some point of the
 # section has it
-SERVER_STATE_COLUMNS = (
+# (key, header, the keys to the value in server_state or a function of server_state, decimals)
+StateColumn = tuple[str, str, tuple[str, ...] | Callable[[dict | None], float | None], int]
+SERVER_STATE_COLUMNS: tuple[StateColumn, ...] = (
     ("utilization_mean", "utilization mean", ("gauges", "utilization", "mean"), 2),
     ("utilization_max", "utilization max", ("gauges", "utilization", "max"), 2),
     ("token_usage_max", "token usage max", ("gauges", "token_usage", "max"), 2),
@@ -172,7 +180,9 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
 
     import pyarrow.parquet as pq
 
-    t = pq.read_table(p.records_path, columns=["warmup", "error_class"])
+    records = p.records_path
+    assert records is not None  # point_sample read them
+    t = pq.read_table(records, columns=["warmup", "error_class"])
     classes = [
         e
         for e, w in zip(t.column("error_class").to_pylist(), t.column("warmup").to_pylist(), strict=True)

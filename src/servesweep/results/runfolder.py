@@ -166,6 +166,7 @@ def _matrix_points(path: Path, raw: dict) -> list[PointInfo]:
         d = path / (p.get("dir") or pid) if p.get("dir") or done else None  # a done point's folder: its id
         summary = None
         if done:
+            assert d is not None  # a done point has its folder
             if not (d / SUMMARY).is_file():
                 raise RunError(f"{path}: point {pid} is done but its folder has no {SUMMARY}")
             summary = read_json(d / SUMMARY, "summary")

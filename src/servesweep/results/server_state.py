@@ -154,6 +154,7 @@ class StateAccumulator:
     def result(self, interval_s: float | None = None) -> dict | None:
         if not self.n:
             return None
+        assert self.first_t is not None and self.last_t is not None  # set by the first add()
         span = self.last_t - self.first_t
         gauges: dict[str, dict | None] = {}
         for key, (_name, how) in GAUGES.items():

@@ -356,11 +356,11 @@ def versions_with(name: str) -> list[str]:
 class _TableAction(argparse.Action):
     """Replays one of SGLang's own action classes from its table row, without their deprecation warnings."""
 
-    def __init__(self, option_strings, dest, row=None, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, option_strings, dest, row=None, **kwargs):
         self.row = row or {}
         super().__init__(option_strings, dest, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(self, parser, namespace, values, option_string=None):
         kind = self.row["action"]
         extra = self.row.get("extra") or {}
         if kind == "store_true":
@@ -385,7 +385,7 @@ class _TableAction(argparse.Action):
 class _RaisingParser(argparse.ArgumentParser):
     """A parser whose errors raise FlagError (argparse's message) instead of printing usage and exiting."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise FlagError(message)
 
 

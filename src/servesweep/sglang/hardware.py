@@ -796,6 +796,7 @@ def _resolve_spec_budget(r: _Resolution) -> None:
 
 def _eagle_budget(r: _Resolution, steps: Any, topk: Any, draft: Any) -> tuple[int, int, int]:
     """EAGLE-style budgets: the defaults fill what is not given; with top-k 1 the draft is steps + 1."""
+    assert r.spec is not None  # called for a speculative algorithm only
     d_steps, d_topk, d_draft = _spec_defaults(r.spec, r.arch)
     if steps is None and topk is None and draft is None:
         steps, topk, draft = d_steps, d_topk, d_draft

@@ -112,7 +112,9 @@ def greedy_eos_seed(body: dict, ids) -> int | None:
     """A greedy request's (temperature 0) seed for its EOS draw, from its prompt's tokens: the same prompt gets
     the same answer length on every server (the speculative bundle's answers compare with the autoregressive
     one's); None for sampled requests, which draw from the engine's generator."""
-    sp = body.get("sampling_params") if isinstance(body.get("sampling_params"), dict) else body
+    sp = body.get("sampling_params")
+    if not isinstance(sp, dict):
+        sp = body
     if sp.get("temperature") != 0:
         return None
     return hash((len(ids), tuple(ids[-256:])))  # a tuple of ints hashes the same in every process

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from servesweep.sglang import flags
 from servesweep.sglang.hardware import RESOLVED_FLAGS
+
+if TYPE_CHECKING:
+    from .faults import Fault
 
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
@@ -58,7 +62,7 @@ def version_tuple(v: str) -> tuple[int, ...]:
     return flags.version_key(v)
 
 
-def _fault_rates(value: str) -> dict[str, float]:
+def _fault_rates(value: str) -> dict[Fault, float]:
     from .faults import parse_fault_rates
 
     try:

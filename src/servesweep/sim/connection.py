@@ -109,10 +109,10 @@ class Connection(asyncio.Protocol):
         "closed",
         "active",
     )
+    transport: asyncio.Transport  # set by connection_made, which asyncio calls before any other callback
 
     def __init__(self, app):
         self.app = app
-        self.transport = None
         self.parser = httptools.HttpRequestParser(self)
         self._url = b""
         self._headers: dict[str, str] = {}

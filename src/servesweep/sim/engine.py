@@ -547,7 +547,7 @@ class Engine:
         for i, r in enumerate(reqs):
             if r._state != _RUNNING:
                 continue  # aborted or retracted while the step ran
-            n = ns[i] if spec else 1
+            n = ns[i] if ns is not None else 1  # (spec)
             r.completion_tokens += n
             total += n
             if spec:

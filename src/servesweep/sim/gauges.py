@@ -106,7 +106,7 @@ class GaugeState:
     """What the gauges need between scrapes (the busy time at the previous scrape, for fwd_occupancy)."""
 
     def __init__(self) -> None:
-        self.last = None  # (wall seconds, engine busy seconds) at the previous scrape
+        self.last: tuple[float, float] | None = None  # (wall seconds, engine busy seconds) at the previous scrape
 
 
 def values(metrics, state: GaugeState) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
@@ -99,7 +100,7 @@ class Hist:
 
     __slots__ = ("buckets", "counts", "sum", "count")
 
-    def __init__(self, buckets: list[float]):
+    def __init__(self, buckets: Sequence[float]):
         self.buckets = [float(b) for b in buckets]
         self.counts = [0] * (len(buckets) + 1)
         self.sum = 0.0

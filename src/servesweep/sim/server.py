@@ -301,7 +301,7 @@ class SimApp:
         )
         if r.spec_algorithm and st.spec_accept_length:
             internal["avg_spec_accept_length"] = st.spec_accept_length
-        startup = self.start_wall
+        startup: float | dict = self.start_wall
         if version >= (0, 5, 23):
             # 0.5.23's scheduler reports its start-up phases (seconds) and its decode CUDA graphs; the emulator's
             # start-up is --sim-load-time, and it captures no graphs
@@ -547,8 +547,10 @@ class SimApp:
             raise HttpError(
                 400, P.dumps({"error": {"message": "Either text or input_ids should be provided."}})
             )
-        if isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
-            return self._generate_batch(conn, req, body, text if text is not None else ids)
+        if isinstance(text, list):
+            return self._generate_batch(conn, req, body, text)
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return self._generate_batch(conn, req, body, ids)
         sp = body.get("sampling_params") or {}
         merged = {
             "stream": body.get("stream", False),
@@ -572,6 +574,7 @@ class SimApp:
             conn.respond(req, status, P.error_body(msg, status))
             return status
         if ids is None:
+            assert self.tokenizer is not None and self.loop is not None  # _not_ready() let the request in
             if len(text) > 16384:  # long prompts tokenize off the event loop (tiktoken releases the GIL)
                 fut = self.loop.run_in_executor(None, self.tokenizer.encode, text)
                 fut.add_done_callback(
@@ -610,6 +613,7 @@ class SimApp:
         else:
             max_new = max(1, ctx - n - 1)
         if fault is not None and fault.kind == "slow_first_byte":
+            assert self.loop is not None  # set before the server serves
             self.loop.call_later(fault.arg, self._submit, conn, req, body, kind, ids, max_new, fault, stream)
             return 200
         return self._submit(conn, req, body, kind, ids, max_new, fault, stream)
@@ -661,6 +665,7 @@ class SimApp:
         n = len(items)
         if n == 0:
             raise HttpError(400, P.dumps({"error": {"message": "The batch is empty."}}))
+        assert self.tokenizer is not None  # _not_ready() let the request in
 
         def per(key, default=None):
             v = body.get(key)
@@ -913,7 +918,7 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
 
-        loop = uvloop.new_event_loop()
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

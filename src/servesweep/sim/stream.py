@@ -15,9 +15,13 @@ import time
 import zlib
 from os import write as os_write
 from time import monotonic_ns
+from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .connection import CHUNKED_END, HEX, JSON, head
+
+if TYPE_CHECKING:
+    from .engine import EngineRequest
 
 NON_STREAM_FAULTS = ("disconnect", "error_event", "stall", "malformed")
 
@@ -91,15 +95,19 @@ class GenerationStream:
         self.held_finish = False
         self.done = False
         self.headers_ns = 0
-        self.text_parts: list[str] | None = [] if (kind == "generate" or not stream) else None
+        # str pieces; (reasoning, content) pairs for a non-stream chat
+        self.text_parts: list[Any] | None = [] if (kind == "generate" or not stream) else None
         self.output_ids: list[int] | None = [] if kind == "generate" else None
         self.t_recv = req.recv_ns
         self.client_gone_flag = False
-        self.ereq = None
+        self.ereq: EngineRequest | None = None  # set by the server before the engine has the request
         self.final_written = False
         # the batched /generate (server.BatchGroup) or n > 1 request (choices.ChoiceGroup) it belongs to, its index
-        self.group = None
+        self.group: Any = None  # server.BatchGroup | choices.ChoiceGroup (both import this module)
         self.index = None
+        # the chunk formatter, duck-typed: protocol.ChatChunks, protocol.CompletionChunks, logprobs' wrapper of
+        # either, or None (/generate)
+        self.fmt: Any
         if kind == "chat":
             self.fmt = P.ChatChunks(rid, self.created, model, self.legacy, choice)
         elif kind == "completion":
@@ -342,6 +350,7 @@ class GenerationStream:
         return m
 
     def _generate_obj(self, finished: bool) -> dict:
+        assert self.text_parts is not None  # /generate keeps its text
         obj = {
             "text": "".join(self.text_parts),
             "output_ids": self.output_ids,
@@ -369,6 +378,7 @@ class GenerationStream:
                 return
             self._finish_in_group(e)
             return
+        assert e is not None  # a stream outside a group is finished only through its engine request
         if e is not None and e.finish_reason == "abort" and e.abort_status:
             status = e.abort_status
             msg = e.abort_message or "Aborted"
@@ -468,6 +478,7 @@ class GenerationStream:
 
     def _final_body(self) -> bytes:
         e = self.ereq
+        assert e is not None and self.text_parts is not None  # a finished non-stream request
         comp = e.completion_tokens
         reason = e.finish_reason or "abort"
         if self.kind == "chat":

@@ -8,6 +8,7 @@ bytes go straight into the pre-built SSE chunk.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _WORDS = """
@@ -36,7 +37,7 @@ class WordTable:
     ids: tuple[int, ...]
     words: tuple[str, ...]
     blob: bytes  # the cycle of words, repeated so any window of `span` words is one slice
-    offsets: tuple[int, ...]  # offsets[i] = start of word i in blob (len = 2*n + 1)
+    offsets: Sequence[int]  # a tuple or an array("q"); offsets[i] = start of word i in blob (len = 2*n + 1)
     n: int
 
     def text_bytes(self, start: int, count: int) -> bytes:

@@ -7,7 +7,7 @@ target/http.py: they run in the parent and, monkey-patched, inside a Locust proc
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import api_key_for
@@ -82,7 +82,7 @@ def probe_continuous_usage(point: LoadPoint, log: ProbeLog | None = None) -> boo
     A server that rejects the option (4xx) does not; 429/5xx and connection errors are retried. The stream is read
     to its end (2 tokens), so the request ends as a normal one does: closing it early would count as an abort in
     the server's own metrics (SGLang's num_aborted_requests_total)."""
-    body = {
+    body: dict[str, Any] = {
         "model": point.model,
         "stream": True,
         "max_tokens": 2,
@@ -170,6 +170,8 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
         point.template_overhead is None or point.continuous_usage is None
     ):  # not resolved before: check it once
         check_model(point, log)
+    model = point.model
+    assert model is not None  # given, or fetched above
     if point.template_overhead is None and point.endpoint == "chat":
         tpl_extra = {k: v for k, v in request_extra(point).items() if k == "chat_template_kwargs"}
         upd["template_overhead"] = int(
@@ -177,7 +179,7 @@ def resolve_point(point: LoadPoint, log: ProbeLog | None = None) -> LoadPoint:
                 "probing the chat template overhead",
                 lambda: probe_template_overhead(
                     point.base_url,
-                    point.model,
+                    model,
                     api_key=api_key_for(point),
                     headers=point.headers,
                     endpoint="chat",

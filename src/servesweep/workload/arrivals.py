@@ -71,7 +71,9 @@ class Arrivals:
     def offsets_s(self, n: int) -> list[float]:
         """The next n slots in seconds from the start (for tests and previews; moves the schedule on)."""
         out = [self.next_ns() for _ in range(n)]
-        return [(t - self.start_ns) / 1e9 for t in out]
+        start = self.start_ns
+        assert start is not None  # set by the first next_ns()
+        return [(t - start) / 1e9 for t in out]
 
 
 def split_budget(total: int, index: int, count: int) -> int:

@@ -78,6 +78,7 @@ def _pool(point: LoadPoint, endpoint: str):
     if point.workload == "dataset":
         from servesweep.workload.datasets import load_dataset
 
+        assert point.dataset is not None  # LoadPoint's check: the dataset workload needs a file
         return load_dataset(
             point.dataset,
             n=point.pool_size,
@@ -119,7 +120,7 @@ def build_workload(point: LoadPoint) -> Workload:
     if point.model is None:
         raise ValueError("build_workload: the point has no model yet; resolve it first (load.resolve_point)")
     if point.workload == "agent":
-        return _build_agent(point)
+        return _build_agent(point, point.model)
     pool_endpoint = "completions" if point.endpoint == "generate" else point.endpoint
     pool = _pool(point, pool_endpoint)
     lengths = output_lengths(point, len(pool), [p.output_tokens for p in pool.prompts])
@@ -135,7 +136,7 @@ def build_workload(point: LoadPoint) -> Workload:
 # ---------------------------------------------------------------- agent sessions
 
 
-def _build_agent(point: LoadPoint) -> Workload:
+def _build_agent(point: LoadPoint, model: str) -> Workload:
     from servesweep.workload.prompts import build_pool
 
     sessions = max(1, min(64, point.concurrency * 2))
@@ -172,7 +173,7 @@ def _build_agent(point: LoadPoint) -> Workload:
         first_turns=[{"messages": p.messages, "nonce_digits": p.nonce_digits} for p in first.prompts],
         tool_results=tools,
         extra=extra,
-        model=point.model,
+        model=model,
         output_tokens=point.output_tokens,
         turns=point.session_turns,
         cap=point.context_cap_tokens,
@@ -181,7 +182,7 @@ def _build_agent(point: LoadPoint) -> Workload:
         nonce_format=first.nonce_format,
     )
     # bodies: the first turn of each session, for callers that only look at sizes; sessions build their own.
-    bodies = [p.body_parts(point.model, point.output_tokens, "chat", extra) for p in first.prompts]
+    bodies = [p.body_parts(model, point.output_tokens, "chat", extra) for p in first.prompts]
     digits = int(first.nonce_digits) if point.cache_bust else 0
     return Workload(bodies, digits, first.nonce_format, PATHS["chat"], [point.output_tokens] * sessions, spec)
 

@@ -269,7 +269,6 @@ def _make_prompt(record: _Record, endpoint: str, k: int, nonce_fmt: str) -> Prom
     is set once counted. A stray slot character in the record's text is dropped."""
     msgs, txt, ref, _ = record
     slot = NONCE_SLOT + "\n" if k else ""
-    nonce_kw = {"nonce_digits": k, "nonce_format": nonce_fmt}
     out_tokens = ref if isinstance(ref, int) else None  # a reference text is counted once chosen
     if endpoint == "chat":
         if msgs is None:
@@ -277,9 +276,11 @@ def _make_prompt(record: _Record, endpoint: str, k: int, nonce_fmt: str) -> Prom
         msgs = [{**m, "content": m["content"].replace(NONCE_SLOT, "")} for m in msgs]
         u = next(j for j, m in enumerate(msgs) if m["role"] == "user")
         msgs[u] = {**msgs[u], "content": slot + msgs[u]["content"]}
-        return Prompt("chat", 0, messages=msgs, output_tokens=out_tokens, **nonce_kw)
+        return Prompt(
+            "chat", 0, messages=msgs, output_tokens=out_tokens, nonce_digits=k, nonce_format=nonce_fmt
+        )
     text = slot + (txt or "").replace(NONCE_SLOT, "")
-    return Prompt("completions", 0, text=text, output_tokens=out_tokens, **nonce_kw)
+    return Prompt("completions", 0, text=text, output_tokens=out_tokens, nonce_digits=k, nonce_format=nonce_fmt)
 
 
 def _choose(

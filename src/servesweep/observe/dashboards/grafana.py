@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -43,7 +46,7 @@ class Layout:
 def target(
     expr: str, legend: str = "", *, ref: str = "A", instant: bool = False, table: bool = False
 ) -> dict:
-    t = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto"}
+    t: dict[str, Any] = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto"}
     if instant or table:
         t.update(instant=True, range=False)
     else:
@@ -195,7 +198,7 @@ def query_var(name: str, query: str, *, label: str = "", multi: bool = True, inc
 
 
 def dashboard(uid: str, title: str, panels: list[dict], variables: list[dict], *, desc: str,
-              annotations: list[dict] = (), time_from: str = "now-1h", refresh: str = "") -> dict:  # fmt: skip
+              annotations: Sequence[dict] = (), time_from: str = "now-1h", refresh: str = "") -> dict:  # fmt: skip
     builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
                "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}  # fmt: skip
     return {

@@ -63,7 +63,7 @@ def build() -> dict:
                         [g.target(a, table=True), g.target(b, table=True)],
                         x="concurrency", y_unit=unit, series_by="prompt_tokens", x_label="concurrency",
                         y_label=title), w=12, h=8)  # fmt: skip
-    cmp_targets = []
+    cmp_targets: list[dict] = []
     rename = {}
     units = {}
     for title, metric, stat, unit in COMPARE:
