@@ -110,6 +110,17 @@ def test_truncated_or_spliced_files(cut, junk):
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("junk", ["0\x85\x85", "x\u2028", "a\x1bb"])
+def test_a_line_break_or_control_character_in_a_key_stays_one_problem_line(junk):
+    # found by test_truncated_or_spliced_files (cut=0, junk='0\x85\x85'): YAML reads U+0085 as part of the key,
+    # Python's splitlines breaks the message there, and the problem's line lost its 'file:line:' head
+    _check(junk + GOOD)
+    with pytest.raises(ExperimentError) as e:
+        parse_experiment(junk + GOOD, "fuzz.yaml")
+    assert all(c.isprintable() for c in str(e.value).replace("\n", "")), repr(str(e.value))
+
+
+@pytest.mark.fast
 def test_one_clear_message_per_problem_with_key_and_line():
     text = GOOD.replace("concurrency: [1, 4]", "concurrency: [1, four]").replace("retries: 1", "retries: -2")
     text = text.replace("requests: 2", "requests: 2\n  requestz: 3")

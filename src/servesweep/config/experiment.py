@@ -777,6 +777,12 @@ def load_experiment(path: str | Path) -> Experiment:
     return parse_experiment(text, str(path))
 
 
+def _printable(text: str) -> str:
+    """One line of an error whatever a key holds: a control character or a line break (U+0085, U+2028, ...) in a
+    key is shown escaped, as in Python's repr, so each problem stays one 'file:line: message' line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment:
     yaml = YAML(typ="rt")
     try:
@@ -811,7 +817,7 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
         _check_semantics(exp, problems)
     if problems:
         lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
-        raise ExperimentError([f"{filename}:{n}: {key}: {msg}" for n, key, msg in lines])
+        raise ExperimentError([f"{filename}:{n}: {_printable(key)}: {_printable(msg)}" for n, key, msg in lines])
     assert exp is not None
     return exp
 
