@@ -16,7 +16,6 @@ failing document is recorded as {"error": ...}: a generic server's /v1/models ma
 """
 
 import argparse
-import collections
 import json
 import os
 import subprocess
@@ -43,6 +42,21 @@ def scrub(value, secret):
     return value
 
 
+def tail_lines(data, n, cut):
+    """The last n whole lines of data (bytes), from its last LOG_MAX_BYTES only: when that cut a line in two (cut:
+    data is the end of something longer), its first part is dropped, so no line comes back broken (a broken line
+    could hold a fragment of the API key that the redaction does not recognise)."""
+    if len(data) > LOG_MAX_BYTES:
+        data, cut = data[-LOG_MAX_BYTES:], True
+    if cut:
+        _, sep, rest = data.partition(b"\n")
+        data = rest if sep else b""
+        if not data:
+            return f"(the log's last line is longer than {LOG_MAX_BYTES} bytes: not brought back)\n"
+    lines = data.splitlines(keepends=True)[-n:] if n > 0 else []
+    return b"".join(lines).decode("utf-8", "replace")
+
+
 def read_log(args):
     """The last --log-lines lines of the server's log: its file (process launcher), journal or container log."""
     n = args.log_lines
@@ -53,17 +67,16 @@ def read_log(args):
     else:
         try:
             with open(args.log_file, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - LOG_MAX_BYTES))
-                lines = collections.deque(f, maxlen=n)
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - LOG_MAX_BYTES))
+                return tail_lines(f.read(LOG_MAX_BYTES), n, size > LOG_MAX_BYTES)
         except OSError as e:
             return f"(no server log: {e})"
-        return b"".join(lines).decode("utf-8", "replace")
     try:
         r = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"(no server log: {' '.join(cmd)}: {e})"
-    return (r.stdout + r.stderr)[-LOG_MAX_BYTES:].decode("utf-8", "replace")
+    return tail_lines(r.stdout + r.stderr, n, False)
 
 
 def emit(out, args):
