@@ -10,13 +10,19 @@ export SERVESWEEP_CACHE_DIR ?= $(CURDIR)/.cache
 # workers on two cores finish sooner than two; timing assertions stay robust to that load (docs: no timing tails).
 PYTEST_WORKERS ?= 3
 
-.PHONY: demo test test-fast test-cold test-deps lint system-deps sglang-cpu-env sglang-cpu clean
+.PHONY: bytecode demo test test-fast test-cold test-deps lint system-deps sglang-cpu-env sglang-cpu clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip setuptools wheel
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# The package's bytecode, written once: the suite starts about two thousand Python processes (Locust, the emulator,
+# the CLI) and, where PYTHONDONTWRITEBYTECODE is set, each would compile servesweep's modules again (0.07 s of CPU
+# per Locust process; BENCHMARKS.md). A source edited later is compiled again at import, as always.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q src
 
 # Debian packages the tests need (real Prometheus, sshd, Chromium ...). Needs root; CI runs it via .ci/run.
 system-deps:
@@ -45,7 +51,7 @@ test-deps: $(STAMP) system-deps sglang-cpu-env
 # The whole suite: what CI runs. Three sessions: the package's tests on pytest workers; the in-Locust session
 # (tests/inlocust, gevent allowed); the real-SGLang tier (tests/sglang_cpu) in one process after them, so its
 # servers (~3.6 GB each, at most two at once) are shared between its files and do not compete with the rest.
-test: test-deps
+test: test-deps bytecode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --ignore=tests/sglang_cpu
@@ -54,7 +60,7 @@ test: test-deps
 
 # Under a minute, no process started (tests/conftest.py refuses them): pure functions, schemas, parsers, planners,
 # and the locustfile's logic driven in-process.
-test-fast: $(STAMP)
+test-fast: $(STAMP) bytecode
 	SERVESWEEP_TEST_TIER=fast $(VENV)/bin/pytest -q -p no:cacheprovider -m fast
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" tests/inlocust
 

@@ -24,12 +24,12 @@ from test_reliability_server import cleanup, manifest, run_dir_of, start
 CYCLES = int(os.environ.get("SERVESWEEP_PACKED_KILL_CYCLES", "1"))
 
 
-def _experiment(tmp: Path) -> Path:
+def _experiment(tmp: Path, tp_sizes=(1, 4, 8), concurrency=(1, 2, 3)) -> Path:
     exp = json.loads(json.dumps(EXPERIMENT))
     exp["name"] = "packed-kills"
     exp["launcher"].update(workdir=str(tmp / "srv"), stop_timeout_s=20)
-    exp["server"]["axes"] = {"tp_size": [1, 4, 8]}
-    exp["load"].update(concurrency=[1, 2, 3], requests=REQUESTS)
+    exp["server"]["axes"] = {"tp_size": list(tp_sizes)}
+    exp["load"].update(concurrency=list(concurrency), requests=REQUESTS)
     f = tmp / "exp.yaml"
     f.write_text(yaml.safe_dump(exp))
     return f
@@ -48,11 +48,11 @@ def _servers_alive(srv: Path) -> list[int]:
     return alive
 
 
-def _check_done_once(run_dir: Path) -> dict:
+def _check_done_once(run_dir: Path, points: int = 9, twins: int = 3) -> dict:
     m = manifest(run_dir)
-    twins = [p for p in m["points"].values() if p.get("isolation_of")]  # the isolation sample, run alone
-    assert m["status"] == "finished" and len(m["points"]) == 9 + 3 and len(twins) == 3
-    assert len(m["isolation"]["configs"]) == 3
+    alone = [p for p in m["points"].values() if p.get("isolation_of")]  # the isolation sample, run alone
+    assert m["status"] == "finished" and len(m["points"]) == points + twins and len(alone) == twins
+    assert len(m.get("isolation", {}).get("configs", [])) == twins
     for pid, p in m["points"].items():
         assert p["status"] == "done", (pid, p)
         s = json.loads((run_dir / pid / "summary.json").read_text())
@@ -78,9 +78,11 @@ def _wait_two_streaming(proc, runs: Path, timeout_s: float = 180) -> Path:
 
 
 def test_sigterm_stops_every_placements_server_and_resume_finishes(tmp_path):
-    exp = _experiment(tmp_path)
+    # two configurations, no isolation sample: the signal needs two placements streaming, nothing more (the
+    # random kills below keep three configurations and the isolation sample)
+    exp = _experiment(tmp_path, tp_sizes=(1, 4), concurrency=(1, 2))
     runs, srv = tmp_path / "runs", tmp_path / "srv"
-    args = ["run", str(exp), "--out", str(runs), "--max-parallel", "2"]
+    args = ["run", str(exp), "--out", str(runs), "--max-parallel", "2", "--no-isolation-sample"]
     proc = start(args, tmp_path, tmp_path / "run.log")
     run_dir = None
     try:
@@ -100,7 +102,8 @@ def test_sigterm_stops_every_placements_server_and_resume_finishes(tmp_path):
         proc = start(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "resume.log")
         assert proc.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text()[-3000:]
         _check_consistent(run_dir, finished)
-        m = _check_done_once(run_dir)
+        m = _check_done_once(run_dir, points=4, twins=0)
+        assert m["packing"]["isolation_sample"] is False, "the resume kept the choice"
         assert _servers_alive(srv) == []
     finally:
         cleanup(proc, run_dir, srv)
