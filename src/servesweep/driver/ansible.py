@@ -115,6 +115,12 @@ def run_playbook(
             (pd / "inventory").mkdir()
             (pd / "inventory" / "hosts.ini").write_text(inventory)
         events = _Events(tracker, on_event)
+
+        def cancel_requested() -> bool:
+            # polled about once a second (pexpect_timeout): the moment to record the playbook's processes
+            tracker.sample()
+            return bool(cancel()) if cancel is not None else False
+
         t0 = time.monotonic()
         kwargs: dict[str, Any] = dict(
             private_data_dir=str(pd),
@@ -127,8 +133,7 @@ def run_playbook(
             artifact_dir=str(artifact_dir),
             quiet=True,
             event_handler=events.handle,
-            # polled about once a second (pexpect_timeout): the moment to record the playbook's processes
-            cancel_callback=lambda: tracker.sample() or (bool(cancel()) if cancel is not None else False),
+            cancel_callback=cancel_requested,
             settings={"suppress_env_files": True, "pexpect_timeout": 1},
         )
         cmdline = " ".join(x for x in ("--check" if check else "", "--diff" if diff else "") if x)

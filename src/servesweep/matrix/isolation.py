@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from servesweep.results import manifest as mf
@@ -80,7 +81,9 @@ def _run_alone(lane, interrupted: type[BaseException], todo: list[str]) -> None:
             lane.stop_server()
 
 
-def run_samples(runner, packing: dict[str, Any], interrupted: type[BaseException], lane_cls: type) -> None:
+def run_samples(
+    runner, packing: dict[str, Any], interrupted: type[BaseException], lane_cls: Callable[..., object]
+) -> None:
     """The isolation phase: each configuration's twins alone, one configuration at a time (a thread, so the main
     thread keeps taking signals as during the packed phase), then the analysis into the manifest."""
     for pl in packing["placements"]:

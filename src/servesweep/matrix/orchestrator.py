@@ -24,7 +24,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,8 +35,16 @@ from servesweep.matrix.answer_probes import needle_into_summary, probe_configura
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
+from servesweep.results.packing import is_isolation_sample
 from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
 from servesweep.target import http
+
+if TYPE_CHECKING:  # at run time imported where used: a run that does not need one does not load it
+    from servesweep.driver.ansible import PlaybookResult
+    from servesweep.driver.live import PointWatch
+    from servesweep.matrix.packed import PlacementRecord
+    from servesweep.observe.exporter import ClientMetrics
+    from servesweep.observe.targets import RunTargets
 
 PLAYBOOK = "sglang_server.yml"
 
@@ -372,15 +380,15 @@ class Runner:
         # run stops the ones the interrupted run left (and nothing else)
         self.owned = mf.OwnedProcesses(m.run_dir)
         self.server_up = False
-        self.metrics = None  # servesweep.observe.exporter.ClientMetrics while the run runs (see _start_exporter)
+        self.metrics: ClientMetrics | None = None  # while the run runs (see _start_exporter)
         self.exporter_at: str | None = None
         # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
         self.packed = bool(
             m.data.get("packing")
             or (self.exp.target.managed and self.exp.parallel and (m.data.get("max_parallel") or 1) > 1)
         )
-        self.targets = None  # servesweep.observe.targets.RunTargets: what this run registered for Prometheus
-        self._watch = None  # servesweep.driver.live.PointWatch of the point running
+        self.targets: RunTargets | None = None  # what this run registered for Prometheus
+        self._watch: PointWatch | None = None  # the point running
         # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
         self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
         # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it in
@@ -429,6 +437,7 @@ class Runner:
         from servesweep.driver.ansible import local_inventory
 
         inv = self.exp.target.inventory
+        assert inv is not None  # Ansible runs for a managed target only, which has one (Target._one)
         if inv == "local":
             return local_inventory(self.exp.target.host_group)
         p = Path(inv).expanduser()
@@ -495,7 +504,7 @@ class Runner:
         hide = tuple(n for n in (self.exp.launcher.api_key_env, KEY_ENV) if n)
         return {"secrets": {"sglang_server_api_key": self.api_key}, "hide_env": hide}
 
-    def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None):
+    def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None) -> PlaybookResult:
         from servesweep.driver.ansible import run_playbook
 
         c = self.m.configs[cfg_id]
@@ -543,7 +552,7 @@ class Runner:
             if self.packed:
                 from servesweep.matrix.packed import PackedRun, packing_of
 
-                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted).run()
+                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted, Lane).run()
             else:
                 for cp in self.plan.configs:
                     if self.stop_requested:
@@ -673,7 +682,7 @@ class Runner:
         else:
             targets.server(urlsplit(self.base_url()).netloc, config=cid, metrics_path=path)
 
-    def run_targets(self):
+    def run_targets(self) -> RunTargets:
         """This run's observe.targets.RunTargets, made at first use with the run's exporter registered in it."""
         from servesweep.observe.targets import RunTargets, scrape_address
 
@@ -683,7 +692,7 @@ class Runner:
                 self.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
         return self.targets
 
-    def _point_watch(self, pid: str, head: str):
+    def _point_watch(self, pid: str, head: str) -> PointWatch:
         """The point's live view: the feed's records go to the exporter as they arrive; without a terminal, plain
         progress lines (driver/live.py)."""
         from servesweep.driver.live import PointWatch
@@ -705,6 +714,7 @@ class Runner:
         if self.metrics is None:
             return
         if summary is not None:
+            assert self._watch is not None  # _run_point made the point's watch before it ran the point
             try:
                 from servesweep.results.records import read_parquet
 
@@ -903,10 +913,10 @@ class Runner:
         n_all = sum(v for k, v in counts.items() if k != mf.INFEASIBLE)
         head = f"[{n_done}/{n_all}] {pid}"
         status = self.console.status(f"{head}: starting Locust")
-        self._watch = self._point_watch(pid, head)
+        watch = self._watch = self._point_watch(pid, head)
 
         def progress(d: dict) -> None:
-            self._watch.progress(d)
+            watch.progress(d)
             status.update(
                 f"{head}: {d.get('completed', 0)} done, {d.get('failed', 0)} failed, {d.get('elapsed_s', 0):.0f} s"
             )
@@ -922,7 +932,7 @@ class Runner:
                     worker_hosts=self._worker_hosts(),
                     owned=self.owned,
                     max_failure_rate=ld.max_failure_rate,
-                    on_records=self._watch.records,
+                    on_records=watch.records,
                 )
         except Interrupted:
             self._keep_interrupted(pid, tmp)
@@ -1011,7 +1021,9 @@ class Runner:
 
     def _healthy(self) -> bool:
         """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
-        url = self.base_url() + self.exp.launcher.health_path
+        health_path = self.exp.launcher.health_path
+        assert health_path is not None  # filled with its default by Launcher._server_kind_defaults
+        url = self.base_url() + health_path
         try:
             return http.retrying("health", lambda: http.status("GET", url, timeout=30), _HEALTH_RETRY) == 200
         except http.ServerError:
@@ -1056,7 +1068,7 @@ class Runner:
             from servesweep.matrix.packed import holding, stop_placements
 
             packing = self.m.data["packing"]
-            stop_placements(self, Interrupted, holding(self, packing), outside_run_dir=outside_run_dir)
+            stop_placements(self, Interrupted, Lane, holding(self, packing), outside_run_dir=outside_run_dir)
             return
         cid = next(iter(self.m.configs), None)
         if cid is None:
@@ -1147,6 +1159,115 @@ class Runner:
             from servesweep.results.capacity import print_table
 
             print_table(self.console, self.run_dir)
+
+
+# -- a packed run's lanes: servesweep.matrix.packed runs them (it may not import this module) --
+
+
+class _LaneStatus:
+    """The progress line of a lane: no live display (one per console at most), and the moment a lane's running
+    Locust point notices a stop (Runner._run_point's progress callback updates it about once a second)."""
+
+    def __init__(self, lane: Lane):
+        self.lane = lane
+
+    def __enter__(self) -> _LaneStatus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, text: str) -> None:
+        if self.lane.stop_requested and not self.lane.in_ansible:
+            raise self.lane.interrupted(signal.Signals(self.lane.main.stop_signal).name)
+
+
+class _LaneConsole:
+    """Prints through the run's console, each line prefixed with the placement; status lines are _LaneStatus."""
+
+    is_terminal = False  # lanes print plain progress lines: several live displays cannot share a terminal
+
+    def __init__(self, lane: Lane, console):
+        self.lane, self.console = lane, console
+
+    def status(self, text: str) -> _LaneStatus:
+        return _LaneStatus(self.lane)
+
+    def print(self, *args, **kw) -> None:
+        self.console.print(f"\\[{self.lane.tag}]", *args, **kw)
+
+    def rule(self, text: str = "", **kw) -> None:
+        self.console.print(f"\\[{self.lane.tag}] -- {text}", **kw)
+
+
+class Lane(Runner):
+    """One placement's view of a packed run (servesweep.matrix.packed): the main Runner's state shared
+    (manifest, owned processes, metrics, key), its own server address, port, host and GPUs."""
+
+    def __init__(self, main: Runner, placement: PlacementRecord, interrupted: type[BaseException]):
+        # the main Runner's attributes, not Runner.__init__: the lane shares its manifest, plan and key
+        self.__dict__.update(main.__dict__)
+        self.interrupted = interrupted
+        self.main = main
+        self.placement = placement
+        self.port = int(placement["port"])
+        self.in_ansible = False
+        self.tag = f"{placement['host']}:{placement['gpus']}"
+        self.console = _LaneConsole(self, main.console)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.main.stop_requested
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        if value:
+            self.main.stop_requested = True
+
+    def base_url(self) -> str:
+        return f"http://{self.placement['address']}:{self.port}"
+
+    def _pending(self, cfg_id: str) -> list[str]:
+        # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
+        return [pid for pid in super()._pending(cfg_id) if not is_isolation_sample(self.m.points[pid])]
+
+    def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
+        v = super().role_vars(cfg_id, state)
+        v["sglang_server_hosts"] = self.placement["host"]
+        v["sglang_server_env"] = {**v["sglang_server_env"], "CUDA_VISIBLE_DEVICES": self.placement["gpus"]}
+        return v
+
+    def _write_targets(self, cid: str) -> None:
+        return None  # written once for every placement (PackedRun._write_targets)
+
+    def run_placement(self) -> None:
+        """The configuration's points on this placement's server, then the server stopped (its GPUs freed)."""
+        cid = self.placement["config"]
+        cp = next(c for c in self.plan.configs if c.config.id == cid)
+        labels = {"host": self.placement["host"], "gpus": self.placement["gpus"]}
+        for p in self.m.points.values():
+            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
+                p["point"]["base_url"] = self.base_url()
+                p["point"]["labels"] = {**p["point"].get("labels", {}), **labels}
+        self.m.configs[cid]["placement"] = dict(self.placement)
+        self.m.configs[cid].pop("server_stopped", None)  # from here on this placement may hold a server
+        self.m.save()
+        try:
+            self._run_config(cp)
+        finally:
+            if self.exp.target.managed and not self.keep_server and not self.main.stop_requested:
+                self.stop_server()
+
+    def stop_server(self, artifact_dir: Path | None = None) -> bool:
+        """The role's `stopped` state on this placement's host and port; marks the configuration's server stopped."""
+        cid = self.placement["config"]
+        res = self.ansible(cid, "stopped", f"stopping {cid}", artifact_dir=artifact_dir)
+        if not res.ok:
+            self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
+            return False
+        self.m.configs[cid]["server_stopped"] = True
+        self.m.save()
+        return True
 
 
 def _aside(run_dir: Path, pid: str, attempt: int) -> Path:
@@ -1294,6 +1415,7 @@ def command(
         done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
         console.print(f"resuming {m.data['run_id']}: {done} of {len(m.points)} points already done")
     else:
+        assert file is not None  # exactly one of FILE and --resume (checked above)
         try:
             exp = load_experiment(file)
         except ExperimentError as e:

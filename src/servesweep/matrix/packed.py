@@ -13,19 +13,21 @@ its Ansible run at its next poll; then the main thread stops the server of every
 (stop_placements, all at once), so a Ctrl-C or SIGTERM leaves no server on any GPU. A placement's server that its
 lane stopped is marked (`server_stopped` on its configuration), so a resume after a SIGKILL stops exactly the
 servers the killed run left: those of placements still to run are restarted where they stood (same host, GPUs,
-port, work folder), those of finished placements are stopped before anything starts.
+port, work folder), those of finished placements are stopped before anything starts. `Lane` is declared in
+servesweep.matrix.orchestrator (a Runner subclass): the orchestrator imports this module, which may not import
+it back (pyproject.toml: no import circles), so the orchestrator hands the class in (LaneFactory).
 """
 
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 from servesweep.matrix.isolation import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
@@ -33,6 +35,33 @@ from servesweep.results import manifest as mf
 from servesweep.results.packing import is_isolation_sample
 
 POLL_S = 0.2
+
+
+class PlacementRecord(TypedDict):
+    """One placement as the manifest's `packing` keeps it (packing_of); a resume reads it back unchanged."""
+
+    config: str
+    host: str
+    address: str  # where the load generator reaches the host's servers
+    gpus: str  # the server's CUDA_VISIBLE_DEVICES
+    port: int
+    slot: int  # index in the schedule: names the server (port, work folder)
+    planned_start_s: float
+    planned_end_s: float
+
+
+class PlacementLane(Protocol):
+    """What the scheduler asks of one placement's lane (orchestrator.Lane)."""
+
+    tag: str  # host:gpus
+
+    def run_placement(self) -> None: ...
+
+    def stop_server(self, artifact_dir: Path | None = None) -> bool: ...
+
+
+# orchestrator.Lane: called with (the run's Runner, a PlacementRecord, the run's Interrupted)
+LaneFactory = Callable[..., PlacementLane]
 
 
 def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
@@ -45,7 +74,7 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
         runner.plan, runner.m.data.get("experiment_file"), max_parallel, base_port=runner.port
     )
     hosts = {h.name: h.address or h.name for h in s.hosts}
-    placements = [
+    placements: list[PlacementRecord] = [
         {
             "config": p.config_id,
             "host": p.host,
@@ -85,118 +114,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _LaneStatus:
-    """The progress line of a lane: no live display (one per console at most), and the moment a lane's running
-    Locust point notices a stop (Runner._run_point's progress callback updates it about once a second)."""
-
-    def __init__(self, lane: LaneMixin):
-        self.lane = lane
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
-
-    def update(self, text: str) -> None:
-        if self.lane.stop_requested and not self.lane.in_ansible:
-            raise self.lane.interrupted(signal.Signals(self.lane.main.stop_signal).name)
-
-
-class _LaneConsole:
-    """Prints through the run's console, each line prefixed with the placement; status lines are _LaneStatus."""
-
-    is_terminal = False  # lanes print plain progress lines: several live displays cannot share a terminal
-
-    def __init__(self, lane: LaneMixin, console):
-        self.lane, self.console = lane, console
-
-    def status(self, text: str) -> _LaneStatus:
-        return _LaneStatus(self.lane)
-
-    def print(self, *args, **kw) -> None:
-        self.console.print(f"\\[{self.lane.tag}]", *args, **kw)
-
-    def rule(self, text: str = "", **kw) -> None:
-        self.console.print(f"\\[{self.lane.tag}] -- {text}", **kw)
-
-
-class LaneMixin:
-    """One placement's view of the run, mixed into the orchestrator's Runner class (lane_type): the Runner's state
-    shared (manifest, owned processes, metrics, key), its own server address, port, host and GPUs."""
-
-    def __init__(self, main, placement: dict[str, Any], interrupted: type[BaseException]):
-        self.__dict__.update(main.__dict__)
-        self.interrupted = interrupted
-        self.main = main
-        self.placement = placement
-        self.port = int(placement["port"])
-        self.in_ansible = False
-        self.tag = f"{placement['host']}:{placement['gpus']}"
-        self.console = _LaneConsole(self, main.console)
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.main.stop_requested
-
-    @stop_requested.setter
-    def stop_requested(self, value: bool) -> None:
-        if value:
-            self.main.stop_requested = True
-
-    def base_url(self) -> str:
-        return f"http://{self.placement['address']}:{self.port}"
-
-    def _pending(self, cfg_id: str) -> list[str]:
-        # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
-        return [pid for pid in super()._pending(cfg_id) if not is_isolation_sample(self.m.points[pid])]
-
-    def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
-        v = super().role_vars(cfg_id, state)
-        v["sglang_server_hosts"] = self.placement["host"]
-        v["sglang_server_env"] = {**v["sglang_server_env"], "CUDA_VISIBLE_DEVICES": self.placement["gpus"]}
-        return v
-
-    def _write_targets(self, cid: str) -> None:
-        return None  # written once for every placement (PackedRun._write_targets)
-
-    def run_placement(self) -> None:
-        """The configuration's points on this placement's server, then the server stopped (its GPUs freed)."""
-        cid = self.placement["config"]
-        cp = next(c for c in self.plan.configs if c.config.id == cid)
-        labels = {"host": self.placement["host"], "gpus": self.placement["gpus"]}
-        for p in self.m.points.values():
-            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
-                p["point"]["base_url"] = self.base_url()
-                p["point"]["labels"] = {**p["point"].get("labels", {}), **labels}
-        self.m.configs[cid]["placement"] = dict(self.placement)
-        self.m.configs[cid].pop("server_stopped", None)  # from here on this placement may hold a server
-        self.m.save()
-        try:
-            self._run_config(cp)
-        finally:
-            if self.exp.target.managed and not self.keep_server and not self.main.stop_requested:
-                self.stop_server()
-
-    def stop_server(self, artifact_dir: Path | None = None) -> bool:
-        """The role's `stopped` state on this placement's host and port; marks the configuration's server stopped."""
-        cid = self.placement["config"]
-        res = self.ansible(cid, "stopped", f"stopping {cid}", artifact_dir=artifact_dir)
-        if not res.ok:
-            self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
-            return False
-        self.m.configs[cid]["server_stopped"] = True
-        self.m.save()
-        return True
-
-
-def lane_type(runner_type: type) -> type:
-    return type("Lane", (LaneMixin, runner_type), {})
-
-
-def holding(runner, packing: dict[str, Any]) -> list[dict[str, Any]]:
+def holding(runner, packing: dict[str, Any]) -> list[PlacementRecord]:
     """The placements that may hold a server: their lane started (this run or a killed one) and did not stop it."""
-    out = []
+    out: list[PlacementRecord] = []
     for pl in packing.get("placements", []):
         c = runner.m.configs.get(pl["config"]) or {}
         if c.get("placement") and not c.get("server_stopped"):
@@ -207,7 +127,8 @@ def holding(runner, packing: dict[str, Any]) -> list[dict[str, Any]]:
 def stop_placements(
     runner,
     interrupted: type[BaseException],
-    placements: list[dict[str, Any]],
+    lane_cls: LaneFactory,
+    placements: list[PlacementRecord],
     *,
     outside_run_dir: bool = False,
 ) -> list[str]:
@@ -216,11 +137,10 @@ def stop_placements(
     results folder each stop's artifacts go to a temporary folder. Returns the placements stopped (host:gpus)."""
     if not placements:
         return []
-    lane_cls = lane_type(type(runner))
     stopped: list[str] = []
     scratch = Path(tempfile.mkdtemp(prefix="servesweep-stop-")) if outside_run_dir else None
 
-    def stop(pl: dict[str, Any]) -> None:
+    def stop(pl: PlacementRecord) -> None:
         lane = lane_cls(runner, pl, interrupted)
         try:
             where = scratch / str(pl["slot"]) if scratch else None
@@ -252,15 +172,17 @@ class PackedRun:
     """Runs the placements: each in a thread once its GPUs are free; the main thread waits, and on a signal (its
     handler raises `interrupted` here) tells every lane to stop and waits for them."""
 
-    def __init__(self, runner, packing: dict[str, Any], interrupted: type[BaseException]):
+    def __init__(
+        self, runner, packing: dict[str, Any], interrupted: type[BaseException], lane_cls: LaneFactory
+    ):
         self.runner = runner
         self.packing = packing
         self.interrupted = interrupted
-        self.lane = lane_type(type(runner))
+        self.lane = lane_cls
         self.threads: dict[int, threading.Thread] = {}
         self.errors: dict[int, BaseException] = {}
 
-    def _todo(self) -> list[dict[str, Any]]:
+    def _todo(self) -> list[PlacementRecord]:
         pending = {
             p["config_id"]
             for p in self.runner.m.points.values()
@@ -268,7 +190,7 @@ class PackedRun:
         }
         return [pl for pl in self.packing["placements"] if pl["config"] in pending]
 
-    def _ready(self, pl: dict[str, Any], todo: list[dict[str, Any]]) -> bool:
+    def _ready(self, pl: PlacementRecord, todo: list[PlacementRecord]) -> bool:
         """Every earlier placement of the plan that shares a GPU of this one has ended."""
         mine = set(pl["gpus"].split(","))
         for other in todo:
@@ -280,7 +202,7 @@ class PackedRun:
                     return False
         return True
 
-    def _lane(self, pl: dict[str, Any]) -> None:
+    def _lane(self, pl: PlacementRecord) -> None:
         try:
             self.lane(self.runner, pl, self.interrupted).run_placement()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
@@ -292,7 +214,7 @@ class PackedRun:
         slots = {pl["slot"] for pl in todo}
         left = [pl for pl in holding(self.runner, self.packing) if pl["slot"] not in slots]
         if left and self.runner.exp.target.managed and not self.runner.keep_server:
-            stop_placements(self.runner, self.interrupted, left)
+            stop_placements(self.runner, self.interrupted, self.lane, left)
         self._write_targets()
         limit = self.packing.get("max_parallel")
         try:

@@ -570,7 +570,7 @@ def _tp_over_kv_heads(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | No
     if not over:
         return None
     arch = over[0].resolved.arch
-    per_tp = {}
+    per_tp: dict[int, dict[str, Any]] = {}  # tp_size -> the KV figures of its first configuration
     for cp in live:
         rs = cp.resolved
         per_tp.setdefault(
