@@ -60,9 +60,13 @@ test: test-deps bytecode
 
 # Under a minute, no process started (tests/conftest.py refuses them): pure functions, schemas, parsers, planners,
 # and the locustfile's logic driven in-process.
+# The two sessions run side by side (the in-Locust one mostly waits on its short real-time runs); its output follows.
 test-fast: $(STAMP) bytecode
-	SERVESWEEP_TEST_TIER=fast $(VENV)/bin/pytest -q -p no:cacheprovider -m fast
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" tests/inlocust
+	@log=$$(mktemp); \
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" tests/inlocust > $$log 2>&1 & inlocust=$$!; \
+	SERVESWEEP_TEST_TIER=fast $(VENV)/bin/pytest -q -p no:cacheprovider -m fast; fast=$$?; \
+	wait $$inlocust; rc=$$?; echo "--- tests/inlocust, run beside it:"; cat $$log; rm -f $$log; \
+	exit $$(( fast != 0 ? fast : rc ))
 
 # `make test` on a fresh clone of HEAD with every cache the suite makes pointed at a new empty folder (HOME, TMPDIR,
 # XDG and pip caches, SERVESWEEP_CACHE_DIR): run it before each submission; what a warm machine hides shows here.
