@@ -28,10 +28,11 @@ from playwright.sync_api import Page, expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.client.live import Sketch
+from servesweep.net import free_port
 from servesweep.results.records import read_parquet
 from servesweep.results.summary import summarize
 from servesweep.results.table import results_table
-from servesweep.sim.launch import free_port, start_sim
+from servesweep.sim.launch import start_sim
 
 LOAD_COLUMNS = [c.header for c in results_table([]).columns]  # `servesweep load`'s table
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from servesweep.sim.launch import free_port, start_sim
+from servesweep.net import free_port
+from servesweep.sim.launch import start_sim
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 
-from servesweep.sim.launch import free_port, start_sim
+from servesweep.net import free_port
+from servesweep.sim.launch import start_sim
 
 pytestmark = pytest.mark.timeout(180)
 

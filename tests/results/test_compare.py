@@ -20,8 +20,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from servesweep.net import free_port
 from servesweep.results.compare import compare_runs, load_run, metric, weighted_percentile
-from servesweep.sim.launch import free_port, start_sim
+from servesweep.sim.launch import start_sim
 
 SIM_BASE = ["--model-path", "Qwen/Qwen3.6-27B", "--context-length", "2048", "--sim-load-time", "0"]
 SLOW = ["--sim-calibration", "bw_eff=0.35"]  # weight streaming at under half the default efficiency

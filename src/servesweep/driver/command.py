@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from servesweep.config.point import LoadPoint
+from servesweep.net import free_port
 
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "client" / "locustfile.py"
 
@@ -50,8 +51,6 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
         # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
         # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
-        from servesweep.sim.launch import free_port
-
         port = str(free_port())
         cmd += ["--master-bind-host", "127.0.0.1", "--master-bind-port", port, "--master-port", port]
     return cmd

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
 from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
+from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
 from servesweep.results.packing import is_isolation_sample
@@ -168,12 +168,6 @@ def _is_disk_error(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in _DISK_ERRNOS
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 DRY_RUN_OUTPUT_TOKENS = 8
 DRY_RUN_SPEEDUP = 20
 
@@ -272,7 +266,7 @@ def create_run(
     plan = make_plan(exp)
     out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
     run_dir = _new_run_dir(out, new_run_id(exp.name))
-    port = exp.target.port if exp.target.port else _free_port()
+    port = exp.target.port if exp.target.port else free_port()
     configs: dict[str, Any] = {}
     points: dict[str, Any] = {}
     for order, cp in enumerate(plan.configs):

@@ -21,7 +21,6 @@ it back (pyproject.toml: no import circles), so the orchestrator hands the class
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any, Protocol, TypedDict
 
 from servesweep.matrix.isolation import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
+from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.packing import is_isolation_sample
 
@@ -80,7 +80,7 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
             "host": p.host,
             "address": hosts[p.host],
             "gpus": p.cuda_visible_devices,
-            "port": (runner.port if p.slot == 0 else _free_port()) if local else p.port,
+            "port": (runner.port if p.slot == 0 else free_port()) if local else p.port,
             "slot": p.slot,
             "planned_start_s": round(p.start_s, 1),
             "planned_end_s": round(p.end_s, 1),
@@ -106,12 +106,6 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
         runner.event("isolation sample off (--no-isolation-sample): packed points are not checked against alone")
     runner.m.save()
     return packing
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def holding(runner, packing: dict[str, Any]) -> list[PlacementRecord]:

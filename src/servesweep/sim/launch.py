@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..net import free_port
 from .groundtruth import read_ground_truth
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class SimProcess:

@@ -17,7 +17,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ...net import free_port
 from ..flags import render_argv
 from . import env as cpu_env
 
@@ -77,12 +77,6 @@ def server_argv(
         str(python or cpu_env.venv_python()), "-m", "sglang.launch_server", "--model-path", str(model),
         *render_argv(flags, cpu_env.SGLANG_VERSION), *(extra_args or []), "--host", host, "--port", str(port),
     ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
