@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# The package's bytecode, written once: the suite starts about two thousand Python processes (Locust, the emulator,
-# the CLI) and, where PYTHONDONTWRITEBYTECODE is set, each would compile servesweep's modules again (0.07 s of CPU
-# per Locust process; BENCHMARKS.md). A source edited later is compiled again at import, as always.
+# The package's bytecode, written once: the suite starts about 500 Python processes that import servesweep (Locust,
+# the emulator, the CLI; process accounting of one run) and, where PYTHONDONTWRITEBYTECODE is set, each would compile
+# its modules again (0.07 s of CPU per Locust process). A source edited later is compiled again at import.
 bytecode: $(STAMP)
 	$(PY) -m compileall -q src
 

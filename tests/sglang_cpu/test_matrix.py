@@ -9,7 +9,8 @@ Three runs serve every check (a server start costs 25-80 s here):
 - beside it, started just before: `examples/sglang-cpu-search.yaml` (a `search:` block on one configuration; one
   server of its own, so two run at once at most while the serial run runs), with an API key: real SGLang shows
   its api_key in /server_info and logs it at start, and nothing of the run folder may hold it.
-- then two of its configurations packed (`--max-parallel 2 --no-isolation-sample`: two servers at once).
+- two of its configurations packed (`--max-parallel 2 --no-isolation-sample`: two servers at once), started as
+  soon as the search run has finished, beside the rest of the serial run (three servers at most: ~11 GB).
 """
 
 from __future__ import annotations
@@ -140,7 +141,26 @@ def search_started(tmp_path_factory, sglang_cpu_env):
 
 
 @pytest.fixture(scope="module")
-def serial_run(tmp_path_factory, sglang_cpu_env, search_started):
+def packed_holder(tmp_path_factory):
+    """Where the serial run's watch puts the packed run it starts (once the search run is done)."""
+    holder: dict = {"tmp": tmp_path_factory.mktemp("packed")}
+    try:
+        yield holder
+    finally:
+        if "run" in holder:
+            _cleanup(holder["run"]["proc"], holder["run"]["srv"])
+
+
+def _start_packed(holder: dict) -> None:
+    # no isolation sample: each server restarted alone (two more SGLang starts) is the emulator tests' to check
+    if "run" not in holder:
+        holder["run"] = _start_run(
+            holder["tmp"], "packed", "sglang-cpu.yaml", _packed, ("--max-parallel", "2", "--no-isolation-sample")
+        )
+
+
+@pytest.fixture(scope="module")
+def serial_run(tmp_path_factory, sglang_cpu_env, search_started, packed_holder):
     tmp = tmp_path_factory.mktemp("serial")
     exp = _experiment("sglang-cpu.yaml", tmp)
     runs, srv = tmp / "runs", tmp / "srv"
@@ -151,6 +171,9 @@ def serial_run(tmp_path_factory, sglang_cpu_env, search_started):
         deadline = time.monotonic() + 1500
         while proc.poll() is None and time.monotonic() < deadline:
             _watch(search_started)
+            if "wall_s" in search_started:
+                _start_packed(packed_holder)  # the search run's server is gone: the packed run's two take its place
+                _watch(packed_holder["run"])  # its servers counted while it runs
             run_dir = run_dir or _run_dir(runs)
             m = _manifest(run_dir)
             p = (m or {}).get("points", {}).get(KILLED)
@@ -179,17 +202,10 @@ def _packed(data: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def packed_run(tmp_path_factory, sglang_cpu_env, serial_run, search_started):
-    """The packed run, after the serial run (two servers of its own, the search run's too if it still runs)."""
-    # no isolation sample: each server restarted alone (two more SGLang starts) is the emulator tests' to check
-    r = _start_run(
-        tmp_path_factory.mktemp("packed"), "packed", "sglang-cpu.yaml", _packed,
-        ("--max-parallel", "2", "--no-isolation-sample"),
-    )
-    try:
-        yield _finish(r, time.monotonic() + 1500)
-    finally:
-        _cleanup(r["proc"], r["srv"])
+def packed_run(sglang_cpu_env, serial_run, search_run, packed_holder):
+    """The packed run: started beside the serial run once the search run finished, else now."""
+    _start_packed(packed_holder)
+    return _finish(packed_holder["run"], time.monotonic() + 1500)
 
 
 @pytest.fixture(scope="module")
