@@ -81,9 +81,12 @@ def test_misspelt_sglang_flag_is_caught_but_fork_flags_pass():
     assert errs == [
         "experiment.yaml:15: server.axes.tp_sise: unknown SGLang flag 'tp_sise' (did you mean 'tp_size'?)"
     ]
-    exp = parse_experiment(
-        _replace("    tp_size: [1, 2]", "    tp_size: [1, 2]\n    ddtree_budget: [16, 32]")
-    )
+    # a forked build's own flag is an error until launcher.extra_flags names it; then it passes through untyped
+    forked = _replace("    tp_size: [1, 2]", "    tp_size: [1, 2]\n    ddtree_budget: [16, 32]")
+    errs = _errors(forked)
+    assert len(errs) == 1 and errs[0].startswith("experiment.yaml:16: server.axes.ddtree_budget: unknown SGLang flag")
+    assert "launcher.extra_flags" in errs[0]
+    exp = parse_experiment(forked.replace("  emulator: true\n", "  emulator: true\n  extra_flags: [ddtree_budget]\n", 1))
     assert {c.flags["ddtree_budget"] for c in exp.server_configs()[0]} == {16, 32}
 
 

@@ -21,7 +21,10 @@ from support import SERVESWEEP, emulator_experiment_head, start_servesweep
 def _experiment(tmp: Path) -> Path:
     f = tmp / "exp.yaml"
     f.write_text(
-        emulator_experiment_head(tmp, "killtest")
+        # no_such_flag: a forked build's flag (launcher.extra_flags), so it passes plan and the server rejects it
+        emulator_experiment_head(tmp, "killtest").replace(
+            "  emulator: true\n", "  emulator: true\n  extra_flags: [no_such_flag]\n", 1
+        )
         + textwrap.dedent(
             """\
               bundles:
@@ -144,10 +147,15 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
         # the configuration that cannot start: recorded with its log, and the run went on to the next
         cfg = next(c for cid, c in m["configs"].items() if cid.endswith("broken"))
         assert cfg["status"] == "failed" and "exited before /health" in cfg["error"]
+        # the decisive line first (the server's argparse error), then the role's message with the log's tail
+        decisive = "servesweep sim: error: unrecognized arguments: --no-such-flag 1"
+        assert cfg["error"].startswith(decisive + " -- "), cfg["error"][:300]
+        assert decisive in " ".join(out.split()), out[-3000:]
         log = Path(cfg["log"])
         assert log.is_file() and "unrecognized arguments: --no-such-flag 1" in log.read_text()
         assert all(
-            p["status"] == "server_failed" and "server did not start" in p["reason"] for p in broken.values()
+            p["status"] == "server_failed" and p["reason"].startswith(f"server did not start: {decisive}")
+            for p in broken.values()
         )
         # resolved server info per configuration, versions, git revision, host facts
         mtp = next(c for cid, c in m["configs"].items() if cid.endswith("mtp"))

@@ -222,7 +222,8 @@ def test_validation_follows_each_versions_types_and_choices():
         "0.5.9", "mamba_radix_cache_strategy: extra_buffer\nspeculative_dflash_block_size: 8"
     ) == [
         "e.yaml:8: server.base.speculative_dflash_block_size: SGLang 0.5.9 has no flag 'speculative_dflash_block_size'"
-        " (SGLang 0.5.11 to 0.5.23 has)"
+        " (added in 0.5.11: SGLang 0.5.11 to 0.5.23 have it; raise sglang_version, or name it in "
+        "launcher.extra_flags for a build of your own that has it)"
     ]
     assert _problems("0.5.23", "disable_custm_all_reduce: true") == [
         "e.yaml:7: server.base.disable_custm_all_reduce: unknown SGLang flag 'disable_custm_all_reduce' "

@@ -52,6 +52,7 @@ SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info",
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_FLAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
 
 
 class ExperimentError(ValueError):
@@ -139,6 +140,10 @@ class Launcher(_Strict):
     extra_spec_algorithms: list[str] = Field(
         default_factory=list, description="speculative algorithms of a fork"
     )
+    extra_flags: list[str] = Field(
+        default_factory=list,
+        description="flags of a patched or forked SGLang build that no flag table knows: passed through untyped",
+    )
     sim_args: dict[str, Any] = Field(default_factory=dict, description="extra --sim-* flags (emulator only)")
     # A generic OpenAI-compatible server (vLLM, transformers serve, ...): its argv template. Unset: SGLang (or the
     # emulator). The defaults of the four settings below depend on it (see _server_kind_defaults).
@@ -166,6 +171,14 @@ class Launcher(_Strict):
     server_api_key_env: str | None = Field(
         None, description="generic server: the env var it reads its API key from (e.g. VLLM_API_KEY)"
     )
+
+    @field_validator("extra_flags")
+    @classmethod
+    def _extra_flags(cls, v):
+        for name in v:
+            if not _FLAG_NAME.match(name):
+                raise ValueError(f"{name!r} is not a flag name (letters, digits, '_' or '-', e.g. ddtree_budget)")
+        return v
 
     @field_validator("api_key_env", "server_api_key_env")
     @classmethod
@@ -216,6 +229,10 @@ class Launcher(_Strict):
         sources = [k for k in ("api_key_env", "api_key_file", "api_key_vault") if getattr(self, k)]
         if len(sources) > 1:
             raise ValueError(f"give at most one of {', '.join('launcher.' + k for k in sources)}")
+        if self.extra_flags and generic:
+            raise ValueError(
+                "launcher.extra_flags is for SGLang: a generic server's (launcher.command) flags are never checked"
+            )
         if self.server_api_key_env and not generic:
             raise ValueError("launcher.server_api_key_env is for a generic server (launcher.command)")
         if generic and self.kind == "docker" and not self.image:

@@ -851,17 +851,22 @@ class Runner:
         res = self.ansible(cid, "started", f"{'restarting' if restart else 'server'} {cid}")
         server = res.artifact_data.get("sglang_server")
         if not res.ok:
+            from rich.markup import escape
+
+            from servesweep.sglang.server_log import decisive_line
+
             log = self.run_dir / "servers" / cid / "server.log"
             self.server_up = False
-            c.update(
-                status="failed", error=res.error(), server=server, log=str(log) if log.exists() else None
-            )
+            # the line that says why (SGLang's argparse `error:` line, a traceback's last line) before the role's
+            # message, whose tail of the log is mostly usage text or stack frames
+            decisive = decisive_line(log.read_text(errors="replace")) if log.is_file() else None
+            error = res.error() if decisive is None else f"{decisive} -- {res.error()}"
+            c.update(status="failed", error=error, server=server, log=str(log) if log.exists() else None)
             for pid in todo:
-                self.m.points[pid].update(
-                    status=mf.SERVER_FAILED, reason=f"server did not start: {res.error()}"
-                )
+                self.m.points[pid].update(status=mf.SERVER_FAILED, reason=f"server did not start: {error}")
             self.m.save()
-            self.event(f"[red]✗ {cid}[/]: {res.error()[:2000]}")
+            head = "" if decisive is None else f"[bold]{escape(decisive)}[/]\n  "
+            self.event(f"[red]✗ {cid}[/]: {head}{escape(res.error()[:2000])}")
             return False
         self.server_up = True
         self._save_server_files(cid, server, res.artifact_data.get("sglang_server_log"))
@@ -1008,7 +1013,7 @@ class Runner:
         r = p["result"]
         self.console.print(
             f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
-            f"ITL p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({took_s:.1f} s)"
+            f"ITL/chunk p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({took_s:.1f} s)"
         )
         if warning := degeneration_warning({**summary, "point_id": pid}):
             self.event(f"[bold red]{warning}[/]")
@@ -1114,8 +1119,8 @@ class Runner:
             "req/s/GPU",
             "TTFT p50",
             "TTFT p99",
-            "ITL p50",
-            "ITL p99",
+            "ITL/chunk p50",  # the gap between chunks, as `servesweep load`'s table (docs/metrics.md)
+            "ITL/chunk p99",
             "fail",
         ):
             t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")

@@ -9,7 +9,10 @@ flags comes from these tables:
 - `normalise_flags`: the check and coercion of an experiment's flags. An experiment names a flag by its field
   (dashes, aliases, unique prefixes and the names of other versions are accepted) and stores it under the name the
   newest table gives it, so one experiment reads the same for every version; the value is typed from the table of
-  the experiment's `sglang_version`.
+  the experiment's `sglang_version`. A name that version's table lacks is an error: another server's flag
+  (`FOREIGN_FLAGS`: vLLM's gpu_memory_utilization is SGLang's mem_fraction_static), a typo (did you mean), a flag
+  of other SGLang versions (added after, removed after); only the names of `launcher.extra_flags` (a patched or
+  forked build's own) pass through untyped.
 """
 
 from __future__ import annotations
@@ -319,9 +322,10 @@ def _rename_classes() -> dict[str, frozenset[str]]:
     return {x: frozenset(c) for c in classes.values() for x in c}
 
 
-def flag_in(name: str, version: str) -> Flag | None:
+def flag_in(name: str, version: str, *, prefix: bool = True) -> Flag | None:
     """The flag `name` sets in SGLang `version`: its field or option string there, else the one field of that
-    version that another version's name for it maps to, else a unique prefix (FlagError when ambiguous)."""
+    version that another version's name for it maps to, else (`prefix`) a unique prefix (FlagError when
+    ambiguous)."""
     t = table(version)
     name = name.replace("-", "_")
     flag = t.lookup(name)
@@ -330,7 +334,7 @@ def flag_in(name: str, version: str) -> Flag | None:
     same = {f for f in _rename_classes().get(name, ()) if f in t.fields}
     if len(same) == 1:
         return t.fields[same.pop()]
-    return t.resolve_prefix(name)
+    return t.resolve_prefix(name) if prefix else None
 
 
 def canonical_name(field: str) -> str:
@@ -637,11 +641,172 @@ def did_you_mean(name: str, options) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def _experiment_flag(raw_key: str, version: str) -> tuple[str, Flag | None, str | None]:
-    """(the name to store, the flag of `version` or None for a forked build's flag, a problem or None)."""
+# --------------------------------------------------------------------------------------------------------------------
+# Other servers' flag names
+
+_VLLM, _TRT, _TGI = "vLLM", "TensorRT-LLM", "TGI"
+
+# A flag of another server (vLLM's `vllm serve`, TensorRT-LLM's `trtllm-serve`, TGI's `text-generation-launcher`)
+# that no SGLang table knows: whose it is, SGLang's equivalents (the first whose every name the configured version has
+# and does not deprecate; a value is part of the setting), and a note. Names SGLang itself accepts are not here:
+# tensor_parallel_size, pipeline_parallel_size, data_parallel_size (SGLang's aliases), vLLM's max_loras (a unique
+# prefix of max_loras_per_batch, the same meaning), dtype, quantization, kv_cache_dtype, trust_remote_code, ...
+FOREIGN_FLAGS: dict[str, tuple[str, tuple[dict[str, Any], ...], str]] = {
+    "gpu_memory_utilization": (_VLLM, ({"mem_fraction_static": None},), ""),
+    "max_model_len": (_VLLM, ({"context_length": None},), ""),
+    "max_num_seqs": (_VLLM, ({"max_running_requests": None},), ""),
+    "max_num_batched_tokens": (
+        _VLLM,
+        ({"chunked_prefill_size": None},),
+        "the tokens of one prefill chunk; max_prefill_tokens bounds a whole prefill batch",
+    ),
+    "enable_prefix_caching": (
+        _VLLM,
+        (),
+        "SGLang caches prefixes by default, in its radix cache: leave it out (disable_radix_cache: true turns it off)",
+    ),
+    "no_enable_prefix_caching": (_VLLM, ({"disable_radix_cache": True},), ""),
+    "enable_chunked_prefill": (
+        _VLLM,
+        (),
+        "SGLang chunks prefills by default: leave it out (chunked_prefill_size sets the chunk, -1 turns it off)",
+    ),
+    "enforce_eager": (
+        _VLLM,
+        (
+            {"cuda_graph_backend_decode": "disabled", "cuda_graph_backend_prefill": "disabled"},
+            {"disable_cuda_graph": True},
+        ),
+        "",
+    ),
+    "block_size": (_VLLM, ({"page_size": None},), ""),
+    "num_speculative_tokens": (
+        _VLLM,
+        ({"speculative_num_steps": None},),
+        "with speculative_eagle_topk 1, speculative_num_draft_tokens is one more",
+    ),
+    "speculative_config": (
+        _VLLM,
+        (),
+        "SGLang's are flags: speculative_algorithm, speculative_draft_model_path, speculative_num_steps, "
+        "speculative_eagle_topk, speculative_num_draft_tokens",
+    ),
+    "tokenizer": (_VLLM, ({"tokenizer_path": None},), ""),
+    "seed": (_VLLM, ({"random_seed": None},), ""),
+    "uvicorn_log_level": (_VLLM, ({"log_level_http": None},), ""),
+    "enable_expert_parallel": (
+        _VLLM,
+        ({"ep_size": None},),
+        "a size, not a switch: e.g. ep_size equal to tp_size",
+    ),
+    "disable_log_requests": (_VLLM, (), "SGLang logs requests only with log_requests: true, so leave it out"),
+    "enable_auto_tool_choice": (_VLLM, (), "SGLang parses tool calls once tool_call_parser is set"),
+    "hf_overrides": (_VLLM, ({"json_model_override_args": None},), ""),
+    "cuda_graph_sizes": (_VLLM, ({"cuda_graph_bs": None},), ""),
+    "swap_space": (
+        _VLLM,
+        (),
+        "SGLang has no CPU swap space (enable_hierarchical_cache keeps evicted KV cache in host memory)",
+    ),
+    "kv_cache_free_gpu_memory_fraction": (
+        _TRT,
+        ({"mem_fraction_static": None},),
+        "TensorRT-LLM's is a share of the memory left after the weights, SGLang's counts the weights too",
+    ),
+    "max_batch_size": (f"{_TRT}'s and {_TGI}", ({"max_running_requests": None},), ""),
+    "max_num_tokens": (
+        _TRT,
+        ({"chunked_prefill_size": None},),
+        "the tokens of one prefill chunk; max_prefill_tokens bounds a whole prefill batch",
+    ),
+    "max_seq_len": (_TRT, ({"context_length": None},), ""),
+    "num_shard": (_TGI, ({"tp_size": None},), ""),
+    "max_input_tokens": (_TGI, ({"context_length": None},), "SGLang bounds prompt and output together"),
+    "max_input_length": (_TGI, ({"context_length": None},), "SGLang bounds prompt and output together"),
+    "max_batch_prefill_tokens": (_TGI, ({"max_prefill_tokens": None},), ""),
+    "max_concurrent_requests": (_TGI, ({"max_running_requests": None},), ""),
+    "max_batch_total_tokens": (_TGI, ({"max_total_tokens": None},), ""),
+    "cuda_memory_fraction": (_TGI, ({"mem_fraction_static": None},), ""),
+    "quantize": (_TGI, ({"quantization": None},), ""),
+    "cuda_graphs": (_TGI, ({"cuda_graph_bs": None},), ""),
+    "model_id": (_TGI, (), "servesweep sets SGLang's model_path from model.path: leave it out"),
+    "hostname": (_TGI, (), "servesweep sets SGLang's host from target.address: leave it out"),
+}
+
+
+def _setting_words(name: str, value: Any) -> str:
+    if value is None:
+        return name
+    return f"{name}: {'true' if value is True else 'false' if value is False else value}"
+
+
+def sglang_equivalent(setting: dict[str, Any], version: str) -> str | None:
+    """A FOREIGN_FLAGS setting under SGLang `version`'s own names ('cuda_graph_bs_decode' for cuda_graph_bs in
+    0.5.23), or None when the version lacks or deprecates one of its flags."""
+    words = []
+    for name, value in setting.items():
+        flag = flag_in(name, version, prefix=False)
+        if flag is None or "Deprecated" in str(flag.row.get("action_class", "")):
+            return None
+        words.append(_setting_words(flag.field, value))
+    return " and ".join(words)
+
+
+def foreign_flag_owner(key: str, version: str) -> str:
+    """Whose flag `key` (a FOREIGN_FLAGS name) is and what SGLang `version` has instead: "vLLM's; SGLang's is
+    mem_fraction_static"."""
+    whose, settings, note = FOREIGN_FLAGS[key]
+    said = next((s for s in (sglang_equivalent(x, version) for x in settings) if s is not None), None)
+    if said is None and settings:  # every equivalent deprecated in this version: name the first anyway
+        said = " and ".join(_setting_words(n, v) for n, v in settings[0].items())
+    text = f"{whose}'s"
+    if said is None:
+        return f"{text}; {note}"
+    text += f"; in SGLang: {said}" if ":" in said else f"; SGLang's is {said}"
+    return text + (f" ({note})" if note else "")
+
+
+def _version_span(vs: list[str]) -> str:
+    """'SGLang 0.5.20 has it', 'SGLang 0.5.20 to 0.5.23 have it'."""
+    return f"SGLang {vs[0]} has it" if len(vs) == 1 else f"SGLang {vs[0]} to {vs[-1]} have it"
+
+
+def _added(before: str, first: str) -> str:
+    """When a flag came, from the last table without it and the first with it: exact for consecutive releases
+    (0.5.9, 0.5.10), a range otherwise (no table between 0.5.15.post1 and 0.5.20)."""
+    b, f = version_key(before), version_key(first)
+    if f[:2] == b[:2] and f[2] == b[2] + 1 and b[3] == f[3] == 0:
+        return f"added in {first}"
+    return f"added after {before}, in {first} at the latest"
+
+
+def _other_versions_problem(raw_key: str, version: str, elsewhere: list[str]) -> str:
+    """A flag some tables have but `version`'s has not: added after it, removed before it, or both."""
+    allv = list(table_versions())
+    here = allv.index(version)
+    newer = [v for v in elsewhere if allv.index(v) > here]
+    older = [v for v in elsewhere if allv.index(v) < here]
+    head = f"SGLang {version} has no flag '{raw_key}'"
+    if newer and not older:
+        added = _added(allv[allv.index(newer[0]) - 1], newer[0])
+        return (
+            f"{head} ({added}: {_version_span(newer)}; raise sglang_version, or name it in "
+            "launcher.extra_flags for a build of your own that has it)"
+        )
+    if older and not newer:
+        return f"{head} (removed after {older[-1]}: {_version_span(older)})"
+    return f"{head} ({_version_span(elsewhere)})"
+
+
+def _experiment_flag(
+    raw_key: str, version: str, extra: frozenset[str] = frozenset(), emulator: bool = False
+) -> tuple[str, Flag | None, str | None]:
+    """(the name to store, the flag of `version` or None for one passed through untyped: a name of
+    launcher.extra_flags, or the emulator's sim_*; a problem or None)."""
     key = raw_key.replace("-", "_")
     try:
-        flag = flag_in(key, version)
+        # another server's name, or a patched build's, is never read as a prefix of one of SGLang's
+        flag = flag_in(key, version, prefix=key not in extra and key not in FOREIGN_FLAGS)
     except FlagError as e:
         return key, None, f"{e} (SGLang {version})"
     if flag is not None:
@@ -653,14 +818,30 @@ def _experiment_flag(raw_key: str, version: str) -> tuple[str, Flag | None, str 
         return name, flag, None
     if key in RESERVED_FLAGS:
         return key, None, f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag"
+    if key in extra:
+        return key, None, None  # a patched or forked build's own flag: passed through untyped
+    if key.startswith("sim_"):
+        if emulator:
+            return key, None, None  # the emulator's own (servesweep sim --sim-*), which checks it itself
+        return key, None, f"'{raw_key}' is an emulator flag (servesweep sim); launcher.emulator is not true"
+    if key in FOREIGN_FLAGS:
+        return key, None, f"not an SGLang flag: {key} is {foreign_flag_owner(key, version)}"
     elsewhere = versions_with(key)
     if elsewhere:
-        span = elsewhere[0] if len(elsewhere) == 1 else f"{elsewhere[0]} to {elsewhere[-1]}"
-        return key, None, f"SGLang {version} has no flag '{raw_key}' (SGLang {span} has)"
+        return key, None, _other_versions_problem(raw_key, version, elsewhere)
     hint = did_you_mean(key, table(version).fields)
     if hint:
         return key, None, f"unknown SGLang flag '{raw_key}'{hint}"
-    return key, None, None  # a forked build's own flag: passed through untyped
+    close = difflib.get_close_matches(key, list(FOREIGN_FLAGS), n=1, cutoff=0.8)
+    if close:
+        owner = foreign_flag_owner(close[0], version)
+        return key, None, f"unknown SGLang flag '{raw_key}' (did you mean '{close[0]}'? that is {owner})"
+    return (
+        key,
+        None,
+        f"unknown SGLang flag '{raw_key}' (SGLang {version} has no such flag; a flag of a patched or forked build: "
+        "name it in launcher.extra_flags)",
+    )
 
 
 def _value_problem(flag: Flag | None, v: Any, plural: bool) -> tuple[Any, str | None]:
@@ -676,7 +857,15 @@ def _value_problem(flag: Flag | None, v: Any, plural: bool) -> tuple[Any, str | 
         return v, f"expected {'a list of ' if plural else ''}{expected(flag, plural)}, got {v!r}"
 
 
-def _fix_flags(d: Any, loc: tuple, is_axis: bool, version: str | None, problems: list) -> Any:
+def _fix_flags(
+    d: Any,
+    loc: tuple,
+    is_axis: bool,
+    version: str | None,
+    problems: list,
+    extra: frozenset[str] = frozenset(),
+    emulator: bool = False,
+) -> Any:
     if not isinstance(d, dict):
         return d
     out: dict[str, Any] = {}
@@ -687,7 +876,7 @@ def _fix_flags(d: Any, loc: tuple, is_axis: bool, version: str | None, problems:
             if key in RESERVED_FLAGS:
                 problem = f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag"
         else:
-            key, flag, problem = _experiment_flag(str(raw_key), version)
+            key, flag, problem = _experiment_flag(str(raw_key), version, extra, emulator)
         if problem is None and key in out:
             problem = f"'{raw_key}' is the same flag as '{key}', given twice"
         if problem is not None:
@@ -717,6 +906,10 @@ def normalise_flags(plain: dict, problems: list) -> dict:
         return plain
     launcher = plain.get("launcher")
     generic = isinstance(launcher, dict) and launcher.get("command") is not None
+    listed = launcher.get("extra_flags") if isinstance(launcher, dict) else None
+    # flags of a patched or forked build (launcher.extra_flags; the schema reports a malformed list)
+    extra = frozenset(x.replace("-", "_") for x in listed if isinstance(x, str)) if isinstance(listed, list) else frozenset()
+    emulator = isinstance(launcher, dict) and launcher.get("emulator") is True
     version = None if generic else plain.get("sglang_version")
     if not generic:
         try:
@@ -731,9 +924,9 @@ def normalise_flags(plain: dict, problems: list) -> dict:
             return plain
     server = dict(server)
     if "base" in server:
-        server["base"] = _fix_flags(server["base"], ("server", "base"), False, version, problems)
+        server["base"] = _fix_flags(server["base"], ("server", "base"), False, version, problems, extra, emulator)
     if "axes" in server:
-        server["axes"] = _fix_flags(server["axes"], ("server", "axes"), True, version, problems)
+        server["axes"] = _fix_flags(server["axes"], ("server", "axes"), True, version, problems, extra, emulator)
     if isinstance(server.get("bundles"), list):
         bundles = []
         for i, b in enumerate(server["bundles"]):
@@ -741,7 +934,7 @@ def normalise_flags(plain: dict, problems: list) -> dict:
                 b = {
                     **b,
                     "flags": _fix_flags(
-                        b["flags"], ("server", "bundles", i, "flags"), False, version, problems
+                        b["flags"], ("server", "bundles", i, "flags"), False, version, problems, extra, emulator
                     ),
                 }
             bundles.append(b)
