@@ -246,15 +246,22 @@ def download_steps(page: Page) -> list[dict[str, str]]:
 
 
 def latencies(table: pa.Table) -> dict[str, np.ndarray]:
-    """TTFT, every chunk gap, TPOT and E2E (ms) of the successful requests, computed here from the records."""
-    out: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "tpot_ms": [], "e2e_ms": []}
+    """TTFT, every chunk gap (ITL per chunk), ITL per token, TPOT and E2E (ms) of the successful requests, computed
+    here from the records."""
+    out: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "itl_per_token_ms": [], "tpot_ms": [], "e2e_ms": []}
     for r in table.to_pylist():
         if r["error_class"] is not None or r["warmup"]:
             continue
         ch = r["chunk_ns"]
         out["ttft_ms"].append((r["first_token_ns"] - r["sent_ns"]) / 1e6)
         out["e2e_ms"].append((r["end_ns"] - r["sent_ns"]) / 1e6)
-        out["itl_ms"].extend((np.diff(np.asarray(ch, dtype=np.float64)) / 1e6).tolist())
+        gaps = np.diff(np.asarray(ch, dtype=np.float64)) / 1e6
+        out["itl_ms"].extend(gaps.tolist())
+        k = r.get("chunk_tokens")
+        if k is not None and len(k) == len(ch):  # each gap over its chunk's tokens, once per token
+            out["itl_per_token_ms"].extend(np.repeat(gaps / np.maximum(k[1:], 1), k[1:]).tolist())
+        elif gaps.size and r["completion_tokens"] > 1:  # the request's mean tokens per gap
+            out["itl_per_token_ms"].extend((gaps / ((r["completion_tokens"] - 1) / gaps.size)).tolist())
         if (
             len(ch) > 1 and r["completion_tokens"] > 1
         ):  # one token per chunk: the emulator without spec decoding
@@ -401,7 +408,8 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
         ("TTFT ms", "ttft_ms"),
         ("E2E ms", "e2e_ms"),
         ("TPOT ms", "tpot_ms"),
-        ("ITL ms", "itl_ms"),
+        ("ITL per chunk ms", "itl_ms"),
+        ("ITL per token ms", "itl_per_token_ms"),
     ):
         for q in ("p50", "p90", "p99"):
             # the order statistic at rank q*(n-1) within the sketch's relative error, plus the UI's 2 decimals

@@ -2,7 +2,7 @@
 
 One real Locust process with the web UI (local runner) against the emulator. A step ramp is chosen in the start
 form: the users field says the ramp drives the users and is read-only. While the ramp runs, the "LLM charts" button
-opens the charts over the UI: the time series of TTFT p50/p99, ITL p99, output tok/s and streams in flight are
+opens the charts over the UI: the time series of TTFT p50/p99, ITL p99 (per chunk and per token), output tok/s and streams in flight are
 SVG paths with several points each. After the ramp, the per-step charts have one point per step with concurrency
 on the x axis (integer ticks) and the step table under them. Locust's Aggregated row counts the real requests only
 (the `LLM TTFT`/`LLM E2E` rows are not requests).
@@ -119,7 +119,8 @@ def test_the_web_ui_draws_live_and_per_step_charts(ui):
                 return (
                     live["ttft"].get("p50", 0) >= 3
                     and live["ttft"].get("p99", 0) >= 3
-                    and live["itl"].get("p99", 0) >= 3
+                    and live["itl"].get("p99 per chunk", 0) >= 3
+                    and live["itl"].get("p99 per token", 0) >= 3
                     and live["tps"].get("output tok/s (last 10 s)", 0) >= 3
                     and live["flight"].get("streams in flight", 0) >= 3
                 )
@@ -132,7 +133,7 @@ def test_the_web_ui_draws_live_and_per_step_charts(ui):
             _wait_state(ui, "stopped", 40)  # the shape ends the test after its last step
             expect(frame.locator("#steps tbody tr")).to_have_count(len(STEPS), timeout=15_000)
             steps = {c: _paths(frame, c) for c in ("sttft", "sitl", "stps")}
-            assert steps == {"sttft": {"p50": 2, "p99": 2}, "sitl": {"p99": 2}, "stps": {"output tok/s": 2}}
+            assert steps == {"sttft": {"p50": 2, "p99": 2}, "sitl": {"p99 per chunk": 2}, "stps": {"output tok/s": 2}}
             xticks = frame.locator("#c-sttft text.xtick").evaluate_all("ts => ts.map(t => t.textContent)")
             assert all(t.isdigit() for t in xticks) and {"2", "4"} <= set(xticks), xticks  # integer concurrency
             concs = frame.locator("#steps tbody tr td:nth-child(2)").all_inner_texts()

@@ -100,5 +100,6 @@ def test_live_views_give_the_summarys_tpot(run):
     for r in rows:
         stats.add_record(r)
     assert np.isclose(stats.sketches["tpot_ms"].mean, s["tpot_ms"]["mean"], rtol=1e-9)
-    _, itl = _latencies(table.to_pydict())
+    assert np.isclose(stats.sketches["itl_per_token_ms"].mean, s["itl_per_token_ms"]["mean"], rtol=1e-9)
+    _, _, itl = _latencies(table.to_pydict())
     assert np.isclose(itl.mean(), s["itl_per_token_ms"]["mean"], rtol=1e-9)

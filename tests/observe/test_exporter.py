@@ -114,7 +114,8 @@ def test_histogram_means_equal_the_point_summary(chunk_tokens):
         ("servesweep_ttft_seconds", "ttft_ms"),
         ("servesweep_e2e_seconds", "e2e_ms"),
         ("servesweep_tpot_seconds", "tpot_ms"),
-        ("servesweep_itl_seconds", "itl_per_token_ms"),
+        ("servesweep_itl_seconds", "itl_ms"),
+        ("servesweep_itl_per_token_seconds", "itl_per_token_ms"),
         ("servesweep_schedule_lag_seconds", "schedule_lag_ms"),
     ]:
         total = _value(f, hist, hist + "_sum", **lab)
@@ -122,8 +123,10 @@ def test_histogram_means_equal_the_point_summary(chunk_tokens):
         assert count > 0, hist
         assert math.isclose(total / count, s[key]["mean"] / 1e3, rel_tol=1e-9), (hist, total / count, s[key])
     # ITL per token counts each token once when the server said how many tokens each chunk carried.
-    itl_count = _value(f, "servesweep_itl_seconds", "servesweep_itl_seconds_count", **lab)
+    itl_count = _value(f, "servesweep_itl_per_token_seconds", "servesweep_itl_per_token_seconds_count", **lab)
     assert itl_count == (12 * 11 if chunk_tokens else 12 * 8)
+    # ITL per chunk counts every gap once.
+    assert _value(f, "servesweep_itl_seconds", "servesweep_itl_seconds_count", **lab) == s["itl_ms"]["n"]
 
 
 @pytest.mark.fast

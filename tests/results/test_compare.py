@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from servesweep.net import free_port
-from servesweep.results.compare import compare_runs, load_run, metric, weighted_percentile
+from servesweep.results.compare import DEFAULT_METRICS, compare_runs, load_run, metric, weighted_percentile
 from servesweep.sim.launch import start_sim
 
 SIM_BASE = ["--model-path", "Qwen/Qwen3.6-27B", "--context-length", "2048", "--sim-load-time", "0"]
@@ -261,8 +261,9 @@ def test_table_and_html_output(runs, tmp_path):
     assert f"html: {html}" in r.stdout
     text = html.read_text()
     assert text.count('data-verdict="worse"') >= 4  # tok/s and ITL p50 at both points at least
-    # two points × the ten default metrics and the per-GPU rows of output tok/s and req/s (results/pergpu.py)
-    assert text.count("<tr data-point=") == 2 * 12
+    # two points × the default metrics and the per-GPU rows of output tok/s and req/s (results/pergpu.py)
+    assert len(DEFAULT_METRICS) == 11  # ITL per token (issue 34) joined the ten
+    assert text.count("<tr data-point=") == 2 * (len(DEFAULT_METRICS) + 2)
     assert "http://" not in text and "https://" not in text and "<script" not in text
 
 

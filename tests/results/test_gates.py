@@ -81,7 +81,7 @@ def test_breach_names_point_value_and_limit(runs, tmp_path):
     assert out.startswith("BREACH ") and "4 of 8 checks failed" in out and "breaks <= 0.001ms" in out
     failed = [c for c in junit(j) if c["outcome"] == "failure"]
     assert sorted(c["classname"] for c in failed) == done_points(runs["fast"])
-    assert all(c["name"] == "itl_p50<=0.001ms" and c["message"].startswith("itl_p50 = ") for c in failed)
+    assert all(c["name"] == "itl_p50<=0.001ms" and c["message"].startswith("itl_p50 (per chunk) = ") for c in failed)
 
 
 def test_slo_values_are_the_records_values(runs):

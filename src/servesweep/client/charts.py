@@ -2,7 +2,7 @@
 the UI itself (the machine running a benchmark is often offline):
 
 - `Series`: the master (or local runner) samples the live figures every SAMPLE_S into a ring of KEEP samples:
-  TTFT p50/p99 and ITL p99 of the requests that finished in the last WINDOW_S, output tok/s (the LLM tab's last
+  TTFT p50/p99 and ITL p99 per chunk and per token (docs/metrics.md) of the requests that finished in the last WINDOW_S, output tok/s (the LLM tab's last
   10 s), streams in flight and users. Read from the process's record buffer (rows since the last sample), never
   per chunk.
 - routes, under --web-base-path: `/servesweep/series.json` (the samples), `/servesweep/charts` (a page: the time
@@ -38,9 +38,11 @@ def _pct(values: list[np.ndarray], q: float) -> float | None:
     return float(np.percentile(v, q)) if v.size else None
 
 
-def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray]:
-    """TTFT (one per successful measured request) and ITL per token (ms) of a batch of rows (results/metrics.py)."""
-    ttft, itl = [], []
+def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT (one per successful measured request), ITL per chunk (every gap between token-bearing chunks) and ITL
+    per token (each gap divided by its chunk's tokens, once per token), in ms, of a batch of rows
+    (results/metrics.py)."""
+    ttft, itl, itl_tok = [], [], []
     names = ("warmup", "error_class", "sent_ns", "first_token_ns", "chunk_ns", "chunk_tokens")
     # the columns of a lead choice's own token count (n > 1); a batch without them reads as one choice each
     lead_names = ("completion_tokens", "choices", "lead_choice", "choice_completion_tokens")
@@ -53,10 +55,16 @@ def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray]:
             continue
         ttft.append(M.ttft(first, sent))
         if chunks is not None and len(chunks) >= 2:
+            gaps = M.itl_gaps(chunks)
+            itl.append(gaps)
             # per-token ITL without per-chunk tokens divides by one answer's tokens (results/metrics.py)
-            values, counts = M.itl_per_token(M.itl_gaps(chunks), chunks, toks, M.lead_tokens(*lead))
-            itl.append(np.repeat(values, counts) if M.has_chunk_tokens(chunks, toks) else values)
-    return np.asarray(ttft, dtype=np.float64), (np.concatenate(itl) if itl else np.empty(0))
+            values, counts = M.itl_per_token(gaps, chunks, toks, M.lead_tokens(*lead))
+            itl_tok.append(np.repeat(values, counts) if M.has_chunk_tokens(chunks, toks) else values)
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.empty(0)
+
+    return np.asarray(ttft, dtype=np.float64), cat(itl), cat(itl_tok)
 
 
 def in_flight(environment) -> int:
@@ -76,7 +84,7 @@ class Series:
 
     def __init__(self) -> None:
         self.samples: deque[dict] = deque(maxlen=KEEP)
-        self._recent: deque[tuple[float, np.ndarray, np.ndarray]] = deque()
+        self._recent: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._seen = 0
         self._buffer = None
 
@@ -91,18 +99,20 @@ class Series:
             if buf is not self._buffer:
                 self._buffer, self._seen = buf, 0
             cols, self._seen = buf.columns_since(self._seen)
-            ttft, itl = _latencies(cols)
-            self._recent.append((now, ttft, itl))
+            ttft, itl, itl_tok = _latencies(cols)
+            self._recent.append((now, ttft, itl, itl_tok))
         while self._recent and self._recent[0][0] <= now - WINDOW_S:
             self._recent.popleft()
         ttfts = [r[1] for r in self._recent]
         itls = [r[2] for r in self._recent]
+        itls_tok = [r[3] for r in self._recent]
         runner = environment.runner
         sample = {
             "t": now,
             "ttft_p50_ms": _pct(ttfts, 50),
             "ttft_p99_ms": _pct(ttfts, 99),
-            "itl_p99_ms": _pct(itls, 99),
+            "itl_p99_ms": _pct(itls, 99),  # per chunk
+            "itl_per_token_p99_ms": _pct(itls_tok, 99),
             "output_tps": output_tps,
             "in_flight": in_flight(environment),
             "users": runner.user_count if runner is not None else 0,

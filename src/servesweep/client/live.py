@@ -6,8 +6,9 @@ merges the deltas in `worker_report`. Everything in a `LiveStats` merges exactly
 bins) except the quantiles, which come from `Sketch`, a log-bucket histogram with a bounded relative error, so the
 master's p50/p90/p99 are those of all requests of all workers within `Sketch.ALPHA`.
 
-Definitions are those of `servesweep.results.summary` (docs/metrics.md): TTFT = first token-bearing chunk - send, ITL = each
-gap between token-bearing chunks, TPOT = (last chunk - first chunk) / (completion tokens - tokens of the first chunk),
+Definitions are those of `servesweep.results.summary` (docs/metrics.md): TTFT = first token-bearing chunk - send, ITL per chunk =
+each gap between token-bearing chunks, ITL per token = each gap divided by the later chunk's tokens, once per token
+(`metrics.itl_per_token`), TPOT = (last chunk - first chunk) / (completion tokens - tokens of the first chunk),
 per-request tok/s = 1000 / TPOT, output tok/s = completion tokens of successful measured requests / (last end - first
 scheduled of measured requests). Warmup records are counted apart and left out, as in the summary.
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 LATENCIES: dict[str, str] = {  # sketch key -> what the UI calls it
     "ttft_ms": "TTFT ms",
-    "itl_ms": "ITL ms",
+    "itl_ms": "ITL per chunk ms",
+    "itl_per_token_ms": "ITL per token ms",
     "tpot_ms": "TPOT ms",
     "e2e_ms": "E2E ms",
     "decode_tps": "per-request tok/s",
@@ -102,6 +104,12 @@ class Sketch:
             bins = self.bins
             for i, c in zip(idx.tolist(), n.tolist(), strict=True):
                 bins[i] = bins.get(i, 0) + c
+
+    def add_counts(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """Value i counted counts[i] times (ITL per token: a chunk gap once per token of its chunk)."""
+        if values.size and int(counts.max()) > 1:
+            values = np.repeat(values, counts)
+        self.add(values)
 
     def merge(self, other: Sketch) -> None:
         for i, c in other.bins.items():
@@ -229,12 +237,16 @@ class LiveStats:
                     itl.add_one(g)
                     max_itl = max(max_itl, g)
                     prev = t
+                gaps = None
             else:
-                gaps = np.diff(np.asarray(ch, dtype=np.float64)) / 1e6
+                gaps = metrics.itl_gaps(ch)
                 itl.add(gaps)
                 max_itl = float(gaps.max())
             # one answer's tokens: with n > 1 the lead choice's (results/metrics.py), not the usage's sum
-            tpot = metrics.tpot(ch, rec.get("chunk_tokens"), metrics.record_lead_tokens(rec))
+            toks, lead = rec.get("chunk_tokens"), metrics.record_lead_tokens(rec)
+            per_token, counts = metrics.itl_per_token(metrics.itl_gaps(ch) if gaps is None else gaps, ch, toks, lead)
+            sk["itl_per_token_ms"].add_counts(per_token, counts)
+            tpot = metrics.tpot(ch, toks, lead)
             if not math.isnan(tpot):
                 sk["tpot_ms"].add_one(tpot)
                 if tpot > 0:

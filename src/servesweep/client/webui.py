@@ -5,13 +5,13 @@ Importing this module (locustfiles/llm.py does) registers it on Locust's `init` 
   a worker ships its delta and headroom with every report, and the master merges them;
 - the master (or local runner) keeps the steps of the test (`shapes.StepLog`), runs the `StepRamp` shape when
   `--load-shape step-ramp` is chosen on the command line or in the start form, and serves:
-  tabs "LLM" (TTFT/ITL/TPOT/E2E/per-request tok/s quantiles, output tok/s, errors by class, goodput and SLO
+  tabs "LLM" (TTFT/ITL per chunk/ITL per token/TPOT/E2E/per-request tok/s quantiles, output tok/s, errors by class, goodput and SLO
   checks of --slo), "LLM clients" (users, CPU and event-loop lag of each process) and "LLM steps" (each step's
   row of `servesweep load`'s table), refreshed by the UI every 2 s while a test runs (through `extended_stats`
   in `/stats/requests`; after a stop, reload the page for the final numbers); `/servesweep/steps.csv` (the
   per-step table, linked from "Download Data"); `/servesweep/live.json` (the same numbers as JSON); and
   `/metrics` (servesweep.observe.exporter) so Prometheus/Grafana see the same run; and the charts (client/charts.py:
-  an "LLM charts" button on the main page opens time series of TTFT, ITL, tok/s and streams in flight, and the
+  an "LLM charts" button on the main page opens time series of TTFT, ITL (per chunk and per token), tok/s and streams in flight, and the
   per-step charts over concurrency with the step table under them).
 - the start form carries the ramp's options and every knob of a load point (config.point.knobs: load shape,
   prompt & output, workload, timeouts, advanced, in that order) and --slo; a run started with other LLM options than the process was built for gets its prompt

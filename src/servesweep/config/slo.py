@@ -7,6 +7,8 @@ An expression is `METRIC OP VALUE[UNIT]`, several separated by commas:
   `tpot_mean`, `decode_tokens_per_s_p50`; LATENCIES × STATS), a scalar of the point (`output_tokens_per_s`,
   `request_rate`, `error_rate`, `cache_hit_ratio`, `degenerate_rate`; SCALARS) or goodput (`goodput_ratio`, `goodput_per_s`;
   GOODPUT). ALIASES holds the other spellings (`output_tok_s`, `output_tps`, ...).
+- `itl` is the gap between token-bearing chunks (ITL per chunk), `itl_per_token` each gap divided by the tokens of
+  its chunk, once per token (ITL per token); QUALIFIERS holds the words every surface labels them with.
 - A latency of PER_REQUEST without a statistic (`ttft<=2s`, `itl<=100ms` for the request's largest gap) is a
   per-request SLO: it says which requests are *good* for goodput and is no check by itself.
 - OP is `<=`, `>=`, `<` or `>`.
@@ -72,6 +74,10 @@ ALIASES = {
     "decode_tok_s": "decode_tokens_per_s",
     "per_request_tok_s": "decode_tokens_per_s",
 }
+# The two inter-token latencies (docs/metrics.md, "ITL: per chunk and per token"): every surface that shows one says
+# which in its label, with these words (CLI table, report, compare, gate, exporter, Grafana, the Locust web UI).
+ITL_PER_CHUNK, ITL_PER_TOKEN = "per chunk", "per token"
+QUALIFIERS: dict[str, str] = {"itl": ITL_PER_CHUNK, "itl_per_token": ITL_PER_TOKEN}
 STATS = ("p50", "p90", "p95", "p99", "mean", "min", "max")
 # The latencies one request can be judged on (goodput), in ms; itl is the request's largest gap.
 PER_REQUEST = ("ttft", "tpot", "e2e", "itl")
@@ -122,6 +128,15 @@ def metric_name(text: str, *, any_percentile: bool = False) -> MetricName:
         raise SLOError(f"metric {text!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
     known = sorted([*SCALARS, *GOODPUT, *ALIASES, *(f"{b}_{'|'.join(STATS)}" for b in LATENCIES)])
     raise SLOError(f"unknown metric {text!r}; known: {', '.join(known)}")
+
+
+def metric_label(m: MetricName) -> str:
+    """The metric's name as compare and gate print it: `itl_p50 (per chunk)`, `itl_per_token_p50 (per token)`;
+    other names as they are."""
+    q = QUALIFIERS.get(m.base)
+    if q is None or (m.stat is None and m.base in PER_REQUEST):
+        return m.name if q is None else f"{m.name} (largest gap {q})"
+    return f"{m.name} ({q})"
 
 
 def _is_percentile(stat: str) -> bool:

@@ -161,7 +161,7 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
 
 
 def _at(rec: ProbeRecord | None, gpus: int) -> dict[str, Any]:
-    """The figures of the probe at a capacity: totals, per GPU, TTFT/ITL p99, per-user speed."""
+    """The figures of the probe at a capacity: totals, per GPU, TTFT p99 and ITL p99 per chunk, per-user speed."""
     if rec is None:
         return {}
     r = rec.result

@@ -47,7 +47,7 @@ GAUGES: dict[str, tuple[str, Any]] = {
     "_request_rate_per_second_per_gpu": ("Successful requests per second per GPU at capacity.",
                                          _at("request_rate_per_gpu")),
     "_ttft_p99_seconds": ("TTFT p99 at capacity, seconds.", _at("ttft_p99_ms", 1e-3)),
-    "_itl_p99_seconds": ("ITL p99 (pooled gaps) at capacity, seconds.", _at("itl_p99_ms", 1e-3)),
+    "_itl_p99_seconds": ("ITL per chunk p99 (pooled gaps between chunks) at capacity, seconds.", _at("itl_p99_ms", 1e-3)),
     "_decode_tokens_per_second_p50": ("Per-request output speed (decode tok/s), median over requests, at capacity.",
                                       _at("decode_tokens_per_s_p50")),
 }  # fmt: skip

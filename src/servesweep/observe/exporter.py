@@ -56,8 +56,10 @@ LATENCY_BUCKETS: tuple[float, ...] = (
 # name -> help; all in seconds, all on LATENCY_BUCKETS.
 HISTOGRAMS: dict[str, str] = {
     "ttft_seconds": "Time to first token: first token-bearing chunk minus send time, per successful request.",
-    "itl_seconds": "Inter-token latency: each gap between token-bearing chunks divided by the chunk's tokens, "
-    "counted once per token (SGLang's definition).",
+    "itl_seconds": "Inter-token latency per chunk: every gap between token-bearing chunks of a successful request "
+    "(summary itl_ms; vLLM bench serve's ITL).",
+    "itl_per_token_seconds": "Inter-token latency per token: each gap between token-bearing chunks divided by the "
+    "later chunk's tokens, counted once per token (summary itl_per_token_ms; sglang:inter_token_latency_seconds).",
     "tpot_seconds": "Time per output token: (last chunk - first chunk) / (completion tokens - tokens of the first chunk), per successful request.",
     "e2e_seconds": "End-to-end latency: end of stream minus send time, per successful request.",
     "schedule_lag_seconds": "Schedule lag: send time minus scheduled time, per request.",
@@ -82,13 +84,15 @@ POINT_LABELS: tuple[str, ...] = ("run_id", "point_id", "model", "config")
 LATENCY_STATS: tuple[str, ...] = ("p50", "p90", "p99", "mean")
 SUMMARY_LATENCIES: dict[str, str] = {
     "ttft": "time to first token",
-    "itl": "inter-token latency (per token)",
+    "itl": "inter-token latency per chunk (gap between token-bearing chunks)",
+    "itl_per_token": "inter-token latency per token (each chunk gap divided by its tokens)",
     "tpot": "time per output token",
     "e2e": "end-to-end latency",
 }
 _LATENCY_KEYS: dict[str, tuple[str, ...]] = {
     "ttft": ("ttft_ms",),
-    "itl": ("itl_per_token_ms", "itl_ms"),
+    "itl": ("itl_ms",),
+    "itl_per_token": ("itl_per_token_ms",),
     "tpot": ("tpot_ms",),
     "e2e": ("e2e_ms",),
 }
@@ -278,8 +282,9 @@ class ClientMetrics(Collector):
             # The definitions of servesweep.results.metrics (docs/metrics.md), so live and final figures agree.
             toks = record.get("chunk_tokens")
             gaps = metrics.itl_gaps(chunks, metrics.NS_PER_S)
+            h["itl_seconds"].many(gaps)
             values, counts = metrics.itl_per_token(gaps, chunks, toks, ntok)
-            h["itl_seconds"].many(values, counts if metrics.has_chunk_tokens(chunks, toks) else None)
+            h["itl_per_token_seconds"].many(values, counts if metrics.has_chunk_tokens(chunks, toks) else None)
             tpot = metrics.tpot(chunks, toks, ntok, metrics.NS_PER_S)
             if not math.isnan(tpot):
                 h["tpot_seconds"].one(tpot)

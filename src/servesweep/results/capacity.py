@@ -29,7 +29,7 @@ HEADER = [
     "tok/s/GPU",
     "req/s/GPU",
     "TTFT p99",
-    "ITL p99",
+    "ITL/chunk p99",
     "binding SLO",
     "probes",
 ]

@@ -23,7 +23,7 @@ from typing import Any
 import click
 import numpy as np
 
-from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_name
+from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_label, metric_name
 from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
@@ -158,6 +158,7 @@ DEFAULT_METRICS = (
     "ttft_p99",
     "itl_p50",
     "itl_p99",
+    "itl_per_token_p50",
     "tpot_p50",
     "e2e_p50",
     "error_rate",
@@ -167,6 +168,11 @@ DEFAULT_METRICS = (
 @dataclass(frozen=True)
 class Metric(MetricName):
     """A metric of config/slo.py's vocabulary, measured on a PointSample."""
+
+    @property
+    def label(self) -> str:
+        """The name as tables print it, saying which ITL (`itl_p50 (per chunk)`; config/slo.py metric_label)."""
+        return metric_label(self)
 
     def value(self, s: PointSample, w: np.ndarray | None = None, cap: int | None = None) -> float:
         """The metric on the sample, each request counted w[i] times (None: once, the observed value); `cap`
@@ -240,6 +246,7 @@ class Change:
     def as_dict(self) -> dict[str, Any]:
         return {
             "metric": self.metric.name,
+            "label": self.metric.label,
             "unit": self.metric.unit,
             "higher_is_better": self.metric.higher_is_better,
             "change_kind": "relative" if self.metric.relative else "absolute",
@@ -467,7 +474,7 @@ def rich_table(rc: RunComparison):
         for i, c in enumerate(pc.changes):
             t.add_row(
                 point_label(pc.a) if i == 0 else "",
-                c.metric.name,
+                c.metric.label,
                 fmt_value(c.a, c.metric.unit),
                 fmt_value(c.b, c.metric.unit),
                 fmt_change(c),

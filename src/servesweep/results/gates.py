@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from servesweep.config.slo import SLO, SLOError, parse_slos
+from servesweep.config.slo import SLO, SLOError, metric_label, parse_slos
 from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
@@ -185,9 +185,10 @@ def check_sample(point: str, s: PointSample, slos: list[SLO]) -> list[CheckResul
         x = slo_value(s, slo, per_request)
         ok = slo.holds(x)
         shown = fmt_value(x, slo.metric.unit)
-        msg = f"{slo.name} = {shown} ({'within' if ok else 'breaks'} {slo.op} {slo.limit_text()})"
+        label = metric_label(slo.metric)  # itl_p50 (per chunk), itl_per_token_p50 (per token)
+        msg = f"{label} = {shown} ({'within' if ok else 'breaks'} {slo.op} {slo.limit_text()})"
         if not math.isfinite(x):
-            msg = f"{slo.name} has no value (no successful request to measure it on)"
+            msg = f"{label} has no value (no successful request to measure it on)"
         out.append(CheckResult(point, slo.text, "slo", ok, shown, msg))
     return out
 
@@ -270,7 +271,7 @@ def evaluate_run(
                 shown = f"{c.delta * 100:+.1f}{kind}" if math.isfinite(c.delta) else "-"
                 breach = c.verdict == "worse" and worse_by > max_regression
                 msg = (
-                    f"{m.name} {shown} vs baseline ({fmt_value(c.a, m.unit)} → {fmt_value(c.b, m.unit)}, "
+                    f"{m.label} {shown} vs baseline ({fmt_value(c.a, m.unit)} → {fmt_value(c.b, m.unit)}, "
                     f"interval [{c.ci[0] * 100:+.1f}, {c.ci[1] * 100:+.1f}]{kind}: {c.verdict}; limit {lim:g}{kind})"
                 )
                 results.append(CheckResult(pc.b.point_id, check, "regression", not breach, shown, msg))

@@ -114,7 +114,7 @@ def itl_distribution(dists: Mapping[str, Sequence[float]], title: str, small_sam
     of fewer than `small_sample` gaps says so in its legend entry."""
     import numpy as np
 
-    fig, ax = _figure(title, "inter-token latency (ms)", "fraction of gaps ≤ x")
+    fig, ax = _figure(title, "ITL per chunk: gap between chunks (ms)", "fraction of gaps ≤ x")
     drawn = 0
     small = False
     for i, (label, vals) in enumerate(dists.items()):

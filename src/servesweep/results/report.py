@@ -62,8 +62,9 @@ COLUMNS = (
     ("decode_tokens_per_s", "per-request tok/s", "decode_tokens_per_s_mean", "", 1),
     ("ttft_p50", "TTFT p50 ms", "ttft_p50", "", 1),
     ("ttft_p99", "TTFT p99 ms", "ttft_p99", "", 1),
-    ("itl_p50", "ITL p50 ms", "itl_p50", "", 2),
-    ("itl_p99", "ITL p99 ms", "itl_p99", "", 2),
+    ("itl_p50", "ITL per chunk p50 ms", "itl_p50", "", 2),
+    ("itl_p99", "ITL per chunk p99 ms", "itl_p99", "", 2),
+    ("itl_per_token_p50", "ITL per token p50 ms", "itl_per_token_p50", "", 2),
     ("tpot_p50", "TPOT p50 ms", "tpot_p50", "", 2),
     ("e2e_p50", "E2E p50 ms", "e2e_p50", "", 1),
     ("error_rate", "error rate %", "error_rate", "%", 2),
@@ -238,7 +239,8 @@ def server_state_table(sec: ConfigSection) -> tuple[list[tuple], list[tuple[Poin
 
 
 def percentile_samples(s) -> dict[str, int]:
-    """How many values each percentile column rests on: requests for TTFT, TPOT and E2E, gaps for ITL."""
+    """How many values each percentile column rests on: requests for TTFT, TPOT and E2E, gaps for ITL per chunk,
+    tokens for ITL per token."""
     out = {}
     for key, _, name, _, _ in COLUMNS:
         m = metric(name) if name else None
@@ -348,8 +350,9 @@ def _add_plots(run: Run, sec: ConfigSection) -> None:
         sec.plots.append(
             (
                 "itl",
-                f"{name}: distribution of inter-token gaps (every gap of every successful request)",
-                plots.itl_distribution(dist, f"{name}: ITL distribution", SMALL_SAMPLE),
+                f"{name}: distribution of ITL per chunk, the gaps between token-bearing chunks (every gap of every "
+                "successful request)",
+                plots.itl_distribution(dist, f"{name}: ITL per chunk distribution", SMALL_SAMPLE),
             )
         )
 
@@ -439,7 +442,8 @@ def _small_rows(sec: ConfigSection) -> bool:
 
 
 SMALL_NOTE = (
-    f"n=…: a percentile from fewer than {SMALL_SAMPLE} values (requests for TTFT, TPOT and E2E; gaps for ITL), "
+    f"n=…: a percentile from fewer than {SMALL_SAMPLE} values (requests for TTFT, TPOT and E2E; gaps for ITL per chunk, "
+    "tokens for ITL per token), "
     "so its tail is not measured: a p99 of 4 requests is their largest value."
 )
 
@@ -646,7 +650,7 @@ def _md_comparison(rc: RunComparison) -> list[str]:
     rows = [
         [
             point_label(pc.a),
-            c.metric.name,
+            c.metric.label,
             fmt_value(c.a, c.metric.unit),
             fmt_value(c.b, c.metric.unit),
             fmt_change(c),

@@ -16,6 +16,8 @@ def _p(summary: dict, metric: str, q: str) -> float | None:
 
 
 def results_table(summaries: list[dict], title: str = "servesweep load"):
+    """ITL/chunk is the gap between token-bearing chunks (summary `itl_ms`), ITL/token each gap divided by its
+    chunk's tokens (`itl_per_token_ms`); docs/metrics.md."""
     from rich.table import Table
 
     t = Table(title=title)
@@ -29,8 +31,9 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "req tok/s",
         "TTFT p50 ms",
         "TTFT p99 ms",
-        "ITL p50 ms",
-        "ITL p99 ms",
+        "ITL/chunk p50 ms",
+        "ITL/chunk p99 ms",
+        "ITL/token p50 ms",
         "ok",
         "failures",
         "prompt Δ%",
@@ -59,6 +62,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             _fmt(_p(s, "ttft_ms", "p99")),
             _fmt(_p(s, "itl_ms", "p50"), ".2f"),
             _fmt(_p(s, "itl_ms", "p99"), ".2f"),
+            _fmt(_p(s, "itl_per_token_ms", "p50"), ".2f"),
             str(s["requests"]["ok"]),
             fails,
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),

@@ -77,7 +77,7 @@
     const line = (name, key) => ({name, pts: s.filter(x => x[key] !== null).map(x => [x.t - t0, x[key]])});
     const opts = {xFmt: v => fmt(v) + " s", integerX: false, xLabel: "seconds since the first sample"};
     draw("ttft", [line("p50", "ttft_p50_ms"), line("p99", "ttft_p99_ms")], opts);
-    draw("itl", [line("p99", "itl_p99_ms")], opts);
+    draw("itl", [line("p99 per chunk", "itl_p99_ms"), line("p99 per token", "itl_per_token_p99_ms")], opts);
     draw("tps", [line("output tok/s (last 10 s)", "output_tps")], opts);
     draw("flight", [line("streams in flight", "in_flight"), line("users", "users")], opts);
     document.getElementById("status").textContent =
@@ -90,7 +90,7 @@
     const line = (name, key) => ({name, pts: rows.map(o => [o.x, num(o.r[key])]).filter(p => p[1] !== null)});
     const opts = {xFmt: v => fmt(v), integerX: true, xLabel: "concurrency (users of the step)"};
     draw("sttft", [line("p50", "TTFT p50 ms"), line("p99", "TTFT p99 ms")], opts);
-    draw("sitl", [line("p99", "ITL p99 ms")], opts);
+    draw("sitl", [line("p99 per chunk", "ITL/chunk p99 ms")], opts);
     draw("stps", [line("output tok/s", "out tok/s")], opts);
     const table = document.getElementById("steps");
     table.tHead.innerHTML = "<tr>" + columns.map(c => `<th>${c}</th>`).join("") + "</tr>";

@@ -20,7 +20,7 @@ CAPACITY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("tok/s per GPU", "_output_tokens_per_second_per_gpu", "short"),
     ("req/s per GPU", "_request_rate_per_second_per_gpu", "reqps"),
     ("TTFT p99", "_ttft_p99_seconds", "s"),
-    ("ITL p99", "_itl_p99_seconds", "s"),
+    ("ITL per chunk p99", "_itl_p99_seconds", "s"),
     ("per-user tok/s p50", "_decode_tokens_per_second_p50", "short"),
     ("probes", "_probes", "short"),
 )

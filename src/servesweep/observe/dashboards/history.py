@@ -21,7 +21,8 @@ def _side(metric: str, run_var: str, stat: str | None = None) -> str:
 COMPARE: tuple[tuple[str, str, str | None, str], ...] = (
     ("output tok/s", "servesweep_point_output_tokens_per_second", None, "short"),
     ("TTFT p99", "servesweep_point_ttft_seconds", "p99", "s"),
-    ("ITL p50", "servesweep_point_itl_seconds", "p50", "s"),
+    ("ITL per chunk p50", "servesweep_point_itl_seconds", "p50", "s"),
+    ("ITL per token p50", "servesweep_point_itl_per_token_seconds", "p50", "s"),
     ("E2E p99", "servesweep_point_e2e_seconds", "p99", "s"),
 )
 

@@ -1,4 +1,4 @@
-"""Live run: client TTFT/ITL/TPOT/E2E, throughput, errors and users beside the SGLang server's own panels."""
+"""Live run: client TTFT/ITL per chunk/ITL per token/TPOT/E2E, throughput, errors and users beside the SGLang server's own panels."""
 
 from __future__ import annotations
 
@@ -22,7 +22,21 @@ def _client_latencies(L: g.Layout) -> None:
     )
     L.add(
         _latency(
-            "Client ITL (per token)", "servesweep_itl_seconds", CLIENT, "Chunk gaps spread over their tokens."
+            "Client ITL per chunk",
+            "servesweep_itl_seconds",
+            CLIENT,
+            "Gap between token-bearing chunks (summary itl_ms, the CLI's ITL/chunk; vLLM's ITL). With speculative "
+            "decoding a chunk carries several tokens: see ITL per token.",
+        ),
+        w=8,
+    )
+    L.add(
+        _latency(
+            "Client ITL per token",
+            "servesweep_itl_per_token_seconds",
+            CLIENT,
+            "Each chunk gap divided by its chunk's tokens, once per token (summary itl_per_token_ms; the "
+            "definition of SGLang's own histogram, beside it in Server ITL per token).",
         ),
         w=8,
     )
@@ -90,7 +104,13 @@ def _server(L: g.Layout) -> None:
         _latency("Server TTFT", "sglang:time_to_first_token_seconds", SERVER, "SGLang's own histogram."), w=8
     )
     L.add(
-        _latency("Server ITL", "sglang:inter_token_latency_seconds", SERVER, "SGLang's own histogram."), w=8
+        _latency(
+            "Server ITL per token",
+            "sglang:inter_token_latency_seconds",
+            SERVER,
+            "SGLang's own histogram: each interval divided by its new tokens, counted once per token.",
+        ),
+        w=8,
     )
     L.add(
         _latency(

@@ -56,7 +56,7 @@ error rate in percentage points.</p>
 {% for pc in rc.points %}{% for c in pc.changes %}
 <tr data-point="{{ pc.b.point_id }}" data-metric="{{ c.metric.name }}" data-verdict="{{ c.verdict }}">
 {% if loop.first %}<td class="l" rowspan="{{ pc.changes|length }}">{{ point_label(pc.a) }}</td>{% endif %}
-<td class="l">{{ c.metric.name }}</td><td>{{ fmt_value(c.a, c.metric.unit) }}</td><td>{{ fmt_value(c.b, c.metric.unit) }}</td>
+<td class="l">{{ c.metric.label }}</td><td>{{ fmt_value(c.a, c.metric.unit) }}</td><td>{{ fmt_value(c.b, c.metric.unit) }}</td>
 <td>{{ fmt_change(c) }}</td><td>{{ fmt_ci(c) }}</td>
 <td class="l verdict-{{ {'better':'better','worse':'worse'}.get(c.verdict, 'noise') }}">{{ c.verdict }}</td></tr>
 {% endfor %}{% endfor %}
