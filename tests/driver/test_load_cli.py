@@ -101,7 +101,7 @@ def test_json_output_and_slo_exit_code(keyed_sim, tmp_path):
 def test_wrong_or_missing_key_is_a_clear_error(keyed_sim, tmp_path):
     args = ["--base-url", keyed_sim.base_url, "--requests", "1", "--out", str(tmp_path / "runs")]
     r = invoke([*args, "--api-key-env", "SS_TEST_KEY"], env={"SS_TEST_KEY": "wrong", "OPENAI_API_KEY": None})
-    assert r.exit_code == 1 and "HTTP 401" in r.output, r.output
+    assert r.exit_code == 2 and "HTTP 401" in r.output, r.output  # could not run (servesweep.exit_codes)
     assert "wrong" not in r.output
     assert not (tmp_path / "runs").exists()
 

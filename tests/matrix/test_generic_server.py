@@ -134,10 +134,11 @@ def test_a_server_that_exits_at_once_fails_its_configuration_with_its_log(tmp_pa
     cmd = '["{python}", "-c", "import sys; print(\'error: unrecognized arguments: --frobnicate\'); sys.exit(2)"]'
     exp = generic_experiment(tmp_path, name="exits", command=cmd)
     rc, out, run_dir = run_to_end(tmp_path, exp, timeout_s=180)
-    assert rc == 1, out[-3000:]
+    assert rc == 2, out[-3000:]  # could not run: no point measured (servesweep.exit_codes)
     m = manifest(run_dir)
     (c,) = m["configs"].values()
     assert c["status"] == "failed"
+    assert c["error"].startswith("error: unrecognized arguments: --frobnicate -- "), c["error"][:300]  # first
     assert "the server process exited before /health answered 200" in c["error"], c["error"]
     assert "unrecognized arguments: --frobnicate" in c["error"], c["error"]  # the log's tail
     assert all(p["status"] == "server_failed" for p in m["points"].values())

@@ -119,7 +119,7 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
             if second.poll() is None:
                 _kill_group(second)
         out = (tmp_path / "second.log").read_text()
-        assert rc == 1, out[-3000:]  # the broken configuration's points are not done
+        assert rc == 2, out[-3000:]  # could not run: the broken configuration's points are not measured
         m = _manifest(run_dir)
         assert m["resumed"] and m["status"] == "finished"
         pts = m["points"]

@@ -91,7 +91,7 @@ def test_resume_under_timeout_stops_only_what_the_interrupted_run_recorded(tmp_p
         r = subprocess.run(
             [*SERVESWEEP, "run", "--resume", str(run_dir)], capture_output=True, text=True, timeout=120
         )
-        assert r.returncode == 1 and "is still running" in r.stderr, r.stdout + r.stderr
+        assert r.returncode == 2 and "is still running" in r.stderr, r.stdout + r.stderr
         assert first.poll() is None and _alive(locust_refs[0]["pid"])
 
         os.kill(first.pid, signal.SIGKILL)  # the orchestrator alone

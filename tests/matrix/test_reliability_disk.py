@@ -38,10 +38,10 @@ def test_unwritable_or_too_small_results_folder_is_refused_before_the_run(tmp_pa
     small = _mount_tmpfs(tmp_path / "small", "1m")
     try:
         r = _run(["run", str(exp), "--out", str(ro / "runs")], tmp_path)
-        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.returncode == 2, r.stdout + r.stderr  # could not run
         assert f"results folder {ro / 'runs'}: cannot create it (Read-only file system)" in r.stderr, r.stderr
         r = _run(["run", str(exp), "--out", str(small)], tmp_path)
-        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.returncode == 2, r.stdout + r.stderr  # could not run
         msg = " ".join(r.stderr.split())
         assert f"results folder {small}: 1.0 MiB free, the run needs about" in msg, msg
         assert "choose another folder with --out" in msg

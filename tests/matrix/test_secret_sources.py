@@ -192,7 +192,7 @@ def test_bad_key_sources_stop_the_run_before_any_server_starts(tmp_path):
             timeout=120,
             env=dict(os.environ, **env),
         )
-        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.returncode == 2, r.stdout + r.stderr  # could not run (servesweep.exit_codes)
         assert want in " ".join(r.stderr.split()), r.stderr
         assert key not in r.stdout + r.stderr and "right-password" not in r.stdout + r.stderr
         assert not (tmp_path / "srv").exists() and not (tmp_path / "runs").exists()

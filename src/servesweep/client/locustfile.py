@@ -25,6 +25,7 @@ from servesweep.client.feed import take_records
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, Knob, LoadPoint, knob_values, knobs
+from servesweep.exit_codes import COULD_NOT_RUN, FAILED_REQUESTS
 from servesweep.files import write_atomic
 from servesweep.results.records import write_parquet
 
@@ -40,12 +41,15 @@ stats_rows.install()  # the LLM TTFT/E2E rows stay out of the Aggregated row
 _STATUS_DIR_ENV = "SERVESWEEP_STATUS_DIR"  # run_point: each process writes <dir>/<pid>.json 4x a second
 _FOREVER = 3.0e7  # seconds: "no duration of our own"
 
-# Exit codes of a headless Locust process, beyond Locust's own (0; 1 with --exit-code-on-error on any failure; 2 an
-# unhandled error) and the SLO gate's (1 breach, 2 could not run). The table: docs/reports.md, "Exit codes".
-# 3: no successful request, or a failure share above --max-failure-rate (plain headless Locust).
+# Exit codes of a headless Locust process (servesweep.exit_codes; the table: docs/reports.md, "Exit codes"): 1 an
+# SLO breached, 2 could not run (bad options, the gate could not run, the server never answered; Locust's own 2 for
+# an unhandled error), 3 no successful request or a failure share above --max-failure-rate (plain headless Locust).
+# Locust's --exit-code-on-error rule (1 on any failure) is replaced by --max-failure-rate.
 # 4: the process that started this one (servesweep load/run, or the local master) is gone.
-EXIT_FAILURES = 3
+EXIT_FAILURES = FAILED_REQUESTS
 EXIT_PARENT_GONE = 4
+# A request that failed so (no response headers, one of these classes) never reached a server that answers.
+_NEVER_ANSWERED = frozenset({"connection_reset", "timeout_connect"})
 
 # Who this process's parent is, to notice when it dies (ppid changes: the orphan is re-parented). Recorded when
 # Locust imports this file: in the process servesweep (or a shell) started, before `--processes` forks its workers,
@@ -173,7 +177,7 @@ def _point_from_options(opts, host: str | None) -> LoadPoint | None:
     if not host:
         if getattr(opts, "worker", False):
             return None
-        raise SystemExit("servesweep: give the server with --host http://HOST:PORT")
+        raise ValueError("give the server with --host http://HOST:PORT")
     fields = knob_values(vars(opts), "form")
     if fields["workload"] not in ("shared_prefix", "agent"):
         fields["shared_prefix_tokens"] = 0  # a value left in the form from another workload
@@ -269,7 +273,8 @@ def _init(environment, **_kw) -> None:
     except (ValueError, RuntimeError, OSError) as e:
         # Locust logs and ignores exceptions of event handlers; without a context the users would only wait.
         log.error("servesweep: cannot start the point: %s", e)
-        raise SystemExit(f"servesweep: {e}") from None
+        print(f"servesweep: COULD NOT RUN: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(COULD_NOT_RUN) from None  # bad input: 2, never 1 (a breach)
     if ctx is not None:
         _use_context(environment, ctx)
     elif isinstance(runner, MasterRunner):
@@ -937,11 +942,20 @@ def _slo_gate(environment, opts) -> None:
         verdict = evaluate_records(ctx.buffer.table(), opts.slo, name=ctx.point.id if ctx.point else "locust")
     except (GateError, ValueError) as e:
         print(f"servesweep: SLO gate could not run: {e}")
-        environment.process_exit_code = 2
+        environment.process_exit_code = COULD_NOT_RUN
         return
     print(verdict.line, flush=True)
     if verdict.exit_code:
         environment.process_exit_code = verdict.exit_code  # 1 breach, 2 could not run
+
+
+def never_answered(table) -> bool:
+    """Every request failed before any response (no headers; refused, reset or timed out connecting): the server
+    is down or the address is wrong, so nothing was measured (exit 2, not 3)."""
+    if table.num_rows == 0:
+        return False
+    classes, headers = table.column("error_class").to_pylist(), table.column("headers_ns").to_pylist()
+    return all(c in _NEVER_ANSWERED and h is None for c, h in zip(classes, headers, strict=True))
 
 
 def failure_verdict(
@@ -955,6 +969,12 @@ def failure_verdict(
     warm = table.column("warmup").to_pylist()
     classes = [c for c, w in zip(table.column("error_class").to_pylist(), warm, strict=True) if not w]
     n, n_warm = len(classes), sum(1 for w in warm if w)
+    if never_answered(table):
+        first = next((m for m in table.column("error_message").to_pylist() if m), "")
+        return True, (
+            f"servesweep: COULD NOT RUN: the server never answered: {table.num_rows} of {table.num_rows} requests "
+            f"failed before a response ({first}); check --host and that the server is up"
+        )
     if n == 0:
         why = f"{n_warm} warmup request(s) finished and no measured one" if n_warm else "no request finished"
         if stop_timeout is not None and stop_timeout <= 0:
@@ -992,10 +1012,11 @@ def _failure_gate(environment, opts) -> None:
     if not getattr(opts, "headless", False) or opts.point_json or ctx is None:
         return
     rate = getattr(opts, "max_failure_rate", None)
-    failed, msg = failure_verdict(ctx.buffer.table(), rate, environment.stop_timeout)
+    table = ctx.buffer.table()
+    failed, msg = failure_verdict(table, rate, environment.stop_timeout)
     print(msg, file=sys.stderr, flush=True)
     if failed:
-        environment.process_exit_code = EXIT_FAILURES
+        environment.process_exit_code = COULD_NOT_RUN if never_answered(table) else EXIT_FAILURES
     elif rate is not None and environment.process_exit_code is None:
         # Within --max-failure-rate (always set: it has a default): Locust's any-failure rule
         # (--exit-code-on-error) does not apply, so plain Locust exits as `servesweep load` does.

@@ -23,6 +23,7 @@ from servesweep.config.point import (
     parse_seconds,
 )
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
+from servesweep.exit_codes import BREACH, FAILED_REQUESTS, CouldNotRun
 from servesweep.results.table import results_table, table_notes
 from servesweep.target.probes import ProbeLog, resolve_point
 
@@ -412,7 +413,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     try:
         first = resolve_point(points[0], probes)
     except (RuntimeError, ValueError, OSError) as e:
-        raise click.ClickException(f"probing {base_url}: {e}") from None
+        raise CouldNotRun(f"probing {base_url}: {e}") from None
     for note in probes.notes:
         err.print(f"[yellow]warning: {note}[/]")
     run_id, run_dir = new_run(run.opts["out_root"])
@@ -467,7 +468,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
                     targets=targets,
                 )
             except (RuntimeError, ValueError, OSError) as e:
-                raise click.ClickException(f"point {p.id}: {e}") from None
+                raise CouldNotRun(f"point {p.id}: {e}") from None
             if watch is not None:
                 watch.finished(s)
             summaries.append(s)
@@ -555,6 +556,6 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")
     if failed:
-        sys.exit(3)  # docs/reports.md, "Exit codes": requests failed above the threshold
+        sys.exit(FAILED_REQUESTS)  # requests failed above the threshold (servesweep.exit_codes)
     if slo_fail:
-        sys.exit(1)  # docs/reports.md, "Exit codes": an SLO breached
+        sys.exit(BREACH)

@@ -30,6 +30,7 @@ import click
 from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, CouldNotRun
 from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.net import free_port
@@ -99,12 +100,12 @@ def estimate_run_bytes(exp: Experiment, *, dry_run: bool = False) -> int:
 
 def preflight_results_dir(folder: Path, need_bytes: int) -> None:
     """Before any server starts: the results folder must exist or be creatable, take a file (written, synced and
-    removed) and have room for the estimate. Raises click.ClickException naming the folder and what is wrong."""
+    removed) and have room for the estimate. Raises CouldNotRun (exit 2) naming the folder and what is wrong."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise click.ClickException(f"results folder {folder}: cannot create it ({e.strerror})") from None
+        raise CouldNotRun(f"results folder {folder}: cannot create it ({e.strerror})") from None
     probe = folder / f".servesweep-write-test-{os.getpid()}"
     try:
         with open(probe, "wb") as f:
@@ -112,14 +113,14 @@ def preflight_results_dir(folder: Path, need_bytes: int) -> None:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise click.ClickException(
+        raise CouldNotRun(
             f"results folder {folder} is not writable ({e.strerror}); choose another with --out"
         ) from None
     finally:
         probe.unlink(missing_ok=True)
     free = shutil.disk_usage(folder).free
     if free < need_bytes:
-        raise click.ClickException(
+        raise CouldNotRun(
             f"results folder {folder}: {_mib(free)} free, the run needs about {_mib(need_bytes)} "
             "(records, summaries, logs); free some space or choose another folder with --out"
         )
@@ -153,7 +154,7 @@ def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str 
             if L.api_key_env
             else ""
         )
-        raise click.ClickException(f"{e}{hint}") from None
+        raise CouldNotRun(f"{e}{hint}") from None
 
 
 def _relative_to(experiment_file: str | None, path: str) -> str:
@@ -178,7 +179,7 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     request per user, short outputs, 2-turn agent sessions and an emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
     before GPU time is booked."""
     if exp.launcher.generic:
-        raise click.ClickException(
+        raise CouldNotRun(
             "--dry-run runs the matrix on the emulator, which takes SGLang's flags; launcher.command (a generic "
             "server) has flags of its own: try the matrix on a small model with the real server instead"
         )
@@ -599,13 +600,20 @@ class Runner:
             self._stop_server_quietly()
         self.print_results()
         self.write_report()
-        if not all(p["status"] in mf.FINISHED for p in self.m.points.values()):
-            return 1
+        not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
+        if not_done:
+            click.echo(
+                f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({', '.join(not_done[:5])}"
+                f"{', ...' if len(not_done) > 5 else ''}; their status and reason in manifest.json)",
+                err=True,
+            )
+            return COULD_NOT_RUN
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import unfinished
 
             if unfinished(self.m.data):
-                return 1
+                click.echo(f"exit {COULD_NOT_RUN}: the capacity search did not finish", err=True)
+                return COULD_NOT_RUN
         checks = [
             fc
             for p in self.m.points.values()
@@ -627,7 +635,22 @@ class Runner:
                 f"{self.exp.load.max_failure_rate:.1%}; 1.0 allows any share short of no success at all)",
                 err=True,
             )
-        return 3 if over else 0
+        if over:
+            return FAILED_REQUESTS
+        # the experiment's slo: at each measured point (a capacity probe's SLOs are the search's to judge)
+        breached = [
+            pid
+            for pid, p in self.m.points.items()
+            if p["status"] == mf.DONE and not p.get("search") and (p.get("result") or {}).get("slos_pass") is False
+        ]
+        if breached:
+            click.echo(
+                f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
+                f"{', '.join(breached[:5])}{', ...' if len(breached) > 5 else ''} (servesweep gate RUN --details)",
+                err=True,
+            )
+            return BREACH
+        return PASS
 
     # -- live client metrics (docs/observability.md) --
 
@@ -645,7 +668,7 @@ class Runner:
         try:
             port = m.serve(ex.host, ex.port)
         except OSError as e:
-            raise click.ClickException(
+            raise CouldNotRun(
                 f"exporter: cannot serve client metrics on {ex.host}:{ex.port} ({e.strerror}); "
                 "set exporter.port to a free port, or exporter.enabled: false"
             ) from None
@@ -1390,10 +1413,10 @@ def command(
         try:
             m = mf.Manifest.load(Path(resume).resolve())
         except (FileNotFoundError, ValueError) as e:
-            raise click.ClickException(str(e)) from None
+            raise CouldNotRun(str(e)) from None
         owner = mf.OwnedProcesses(m.run_dir).previous_owner_alive()
         if owner is not None:
-            raise click.ClickException(
+            raise CouldNotRun(
                 f"run {m.data['run_id']} is still running (servesweep process {owner}): stop it first "
                 f"(kill -TERM {owner}, it then stops its load generator), or wait for it"
             )
@@ -1419,7 +1442,7 @@ def command(
             exp = load_experiment(file)
         except ExperimentError as e:
             click.echo(str(e), err=True)
-            sys.exit(2)
+            sys.exit(COULD_NOT_RUN)
         if exp.search is not None and (max_parallel or 1) > 1:
             # The packed scheduler places a configuration's pending points; a search's probes are decided one by
             # one as it goes, so a packed run of a search ran nothing and exited 1 with an empty table (found by the
@@ -1429,7 +1452,7 @@ def command(
                 f"{max_parallel} cannot pack it (run without --max-parallel, or several runs side by side)",
                 err=True,
             )
-            sys.exit(2)
+            sys.exit(COULD_NOT_RUN)
         if dry_run:
             exp = shrink_for_dry_run(exp)
             console.print(

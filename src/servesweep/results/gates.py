@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from servesweep.config.slo import SLO, SLOError, metric_label, parse_slos
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, PASS
 from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
@@ -38,7 +39,7 @@ from servesweep.results.compare import (
 )
 from servesweep.results.runfolder import Run, RunError, load_run
 
-PASS, BREACH, ERROR = 0, 1, 2
+ERROR = COULD_NOT_RUN  # the gate's name for it (servesweep.exit_codes: one table for load, run, gate, Locust)
 # Regression limits apply to central values by default: with CI-sized runs a p99 rests on a handful of requests,
 # and one scheduling hiccup of the machine moves it. Tails are gated with SLOs or --regression-metric ttft_p99.
 REGRESSION_METRICS = (

@@ -1,0 +1,90 @@
+"""One meaning per exit code for `servesweep load`, `servesweep run`, `servesweep gate` and plain headless Locust
+(issue 34, item 7; servesweep.exit_codes; docs/reports.md "Exit codes"): 0 pass, 1 an SLO breached, 2 could not
+run (server unreachable, bad input), 3 too many failed requests. Real processes, as a CI job runs them; the
+breach (1) and failed-requests (3) codes of load, gate and Locust are checked beside their features
+(tests/driver/test_load_cli.py, tests/results/test_gates.py, tests/client/test_load_locustfile.py,
+tests/inlocust/test_headless.py), the ones here are those that used to be 1 for "could not run"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from support import emulator_experiment_head, run_servesweep
+
+from servesweep import exit_codes
+from servesweep.net import free_port
+
+LOCUSTFILE = Path(__file__).resolve().parents[1] / "locustfiles" / "llm.py"
+
+
+def _closed_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def _locust(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "2", "-r", "2", "-t", "2s"]
+    cmd += ["--prompt-tokens", "200", "--output-tokens", "8", "--records", str(tmp_path / "r.parquet"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True, env=os.environ)
+
+
+def test_the_codes():
+    assert (exit_codes.PASS, exit_codes.BREACH, exit_codes.COULD_NOT_RUN, exit_codes.FAILED_REQUESTS) == (0, 1, 2, 3)
+    assert exit_codes.CouldNotRun("x").exit_code == 2
+
+
+def test_load_against_an_unreachable_server_is_2(tmp_path):
+    url = _closed_url()
+    rc, out = run_servesweep(
+        "load", "--base-url", url, "--requests", "2", "--out", str(tmp_path / "runs"), timeout=120
+    )
+    assert rc == 2, out[-3000:]
+    assert f"Error: probing {url}" in out, out[-3000:]
+    assert not (tmp_path / "runs").exists()  # nothing measured, no empty run folder
+
+
+def test_headless_locust_against_an_unreachable_server_is_2(tmp_path):
+    r = _locust(tmp_path, "--host", _closed_url())
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "servesweep: COULD NOT RUN: the server never answered" in r.stderr, r.stderr[-3000:]
+    assert "check --host" in r.stderr
+
+
+def test_headless_locust_without_a_host_or_with_bad_options_is_2(tmp_path):
+    r = _locust(tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "servesweep: COULD NOT RUN: give the server with --host http://HOST:PORT" in r.stderr, r.stderr[-3000:]
+    r = _locust(tmp_path, "--host", _closed_url(), "--first-token-timeout", "soon")
+    assert r.returncode == 2, r.stderr[-3000:]
+
+
+def test_run_breaching_the_experiments_slo_is_1_and_a_bad_file_2(tmp_path):
+    exp = tmp_path / "slo.yaml"
+    exp.write_text(
+        emulator_experiment_head(tmp_path, "slo", load_time=0.1)
+        + textwrap.dedent(
+            """\
+            load:
+              concurrency: [1]
+              prompt_tokens: [100]
+              output_tokens: 4
+              requests: 2
+            slo:
+              - ttft_p99<=0.001ms
+            """
+        )
+    )
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=300)
+    assert rc == 1, out[-3000:]
+    text = " ".join(out.split())
+    assert "exit 1: an SLO of the experiment breached at 1 point(s)" in text, out[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rc, gate = run_servesweep("gate", str(run_dir), timeout=120)
+    assert rc == 1 and "BREACH" in gate, gate  # the gate says the same of the run
+
+    exp.write_text(exp.read_text().replace("  base: {", "  base: {gpu_memory_utilization: 0.85, "))
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs2"), timeout=120)
+    assert rc == 2 and "gpu_memory_utilization is vLLM's" in out, out[-3000:]
