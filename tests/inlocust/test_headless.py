@@ -130,3 +130,24 @@ def test_max_failure_rate_judges_the_failure_share():
     assert only_warmup[0] is True and "warmup" in only_warmup[1]
     none = failure_verdict(_table([]), None, 0.0)
     assert none[0] is True and "--stop-timeout is 0" in none[1]
+
+
+def test_a_server_that_never_answered_could_not_run():
+    """Every request refused, reset or timed out before any response (the server went away after the start's
+    probe): exit 2, could not run, not 3; one response among them (an HTTP 500) makes it failed requests."""
+    from servesweep.client.locustfile import never_answered
+
+    def table(classes, headers):
+        t = _table(classes)
+        t = t.append_column("headers_ns", pa.array(headers, pa.int64()))
+        msgs = [None if c is None else "ConnectionRefusedError: [Errno 111] Connection refused" for c in classes]
+        return t.append_column("error_message", pa.array(msgs, pa.string()))
+
+    gone = table(["connection_reset", "timeout_connect"], [None, None])
+    assert never_answered(gone)
+    failed, msg = failure_verdict(gone, 0.01)
+    assert failed and msg.startswith("servesweep: COULD NOT RUN: the server never answered: 2 of 2 requests")
+    assert "Connection refused" in msg and "check --host" in msg
+    assert not never_answered(table(["connection_reset", "http_5xx"], [None, 5]))
+    assert not never_answered(table(["connection_reset", None], [None, 5]))
+    assert not never_answered(_table(["connection_reset"]))  # a table without the column: not judged so

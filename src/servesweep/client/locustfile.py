@@ -952,7 +952,7 @@ def _slo_gate(environment, opts) -> None:
 def never_answered(table) -> bool:
     """Every request failed before any response (no headers; refused, reset or timed out connecting): the server
     is down or the address is wrong, so nothing was measured (exit 2, not 3)."""
-    if table.num_rows == 0:
+    if table.num_rows == 0 or "headers_ns" not in table.column_names:
         return False
     classes, headers = table.column("error_class").to_pylist(), table.column("headers_ns").to_pylist()
     return all(c in _NEVER_ANSWERED and h is None for c, h in zip(classes, headers, strict=True))
