@@ -83,6 +83,7 @@ def test_run_breaching_the_experiments_slo_is_1_and_a_bad_file_2(tmp_path):
     assert rc == 1, out[-3000:]
     text = " ".join(out.split())
     assert "exit 1: an SLO of the experiment breached at 1 point(s)" in text, out[-3000:]
+    assert "ITL/chunk p50" in text and "ITL/token p50" in text  # the point line and table say which ITL (item 1)
     (run_dir,) = (tmp_path / "runs").iterdir()
     rc, gate = run_servesweep("gate", str(run_dir), timeout=120)
     assert rc == 1 and "BREACH" in gate, gate  # the gate says the same of the run

@@ -1036,7 +1036,8 @@ class Runner:
         r = p["result"]
         self.console.print(
             f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
-            f"ITL/chunk p50 {_ms(r['itl_p50_ms'])}, {r['failed']} failed ({took_s:.1f} s)"
+            f"ITL/chunk p50 {_ms(r['itl_p50_ms'])}, ITL/token p50 {_ms(r.get('itl_per_token_p50_ms'))}, "
+            f"{r['failed']} failed ({took_s:.1f} s)"
         )
         if warning := degeneration_warning({**summary, "point_id": pid}):
             self.event(f"[bold red]{warning}[/]")
@@ -1144,6 +1145,7 @@ class Runner:
             "TTFT p99",
             "ITL/chunk p50",  # the gap between chunks, as `servesweep load`'s table (docs/metrics.md)
             "ITL/chunk p99",
+            "ITL/token p50",  # the decode speed a speculative configuration's chunk gaps hide
             "fail",
         ):
             t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")
@@ -1168,6 +1170,7 @@ class Runner:
                 _ms(r.get("ttft_p99_ms")),
                 _ms(r.get("itl_p50_ms")),
                 _ms(r.get("itl_p99_ms")),
+                _ms(r.get("itl_per_token_p50_ms")),
                 str(r.get("failed", "-")),
             )
         self.console.print(t)
@@ -1318,6 +1321,7 @@ def _headline(summary: dict) -> dict[str, Any]:
         "ttft_p99_ms": pick("ttft_ms", "p99"),
         "itl_p50_ms": pick("itl_ms", "p50"),
         "itl_p99_ms": pick("itl_ms", "p99"),
+        "itl_per_token_p50_ms": pick("itl_per_token_ms", "p50"),
         "tpot_p50_ms": pick("tpot_ms", "p50"),
         "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
         "failure_check": summary.get("failure_check"),
