@@ -40,7 +40,12 @@ def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
     ar, spec = bundles(m)
     for cid in (ar, spec):
         assert m["configs"][cid]["needle_accuracy"] == {"1000": 1.0, "6000": 0.0}, m["configs"][cid]
-    assert f"needle {ar} @ 6000 tokens: 0% (0/3)" in " ".join(out.split())
+    text = " ".join(out.split())
+    assert f"needle {ar} @ 6000 tokens: 0% (0/3)" in text
+    # what it does while the probes are out, and how far it is (issue 34, item 8)
+    sent = f"{ar}: 6 needle probe(s) at 1,000, 6,000 prompt tokens sent"
+    answered = f"{ar}: 6 of 6 needle probe(s) answered ("
+    assert sent in text and answered in text and text.index(sent) < text.index(answered), out[-3000:]
     for p in m["points"].values():  # fluent and wrong: not degenerate, and every load figure still reported
         assert p["result"]["degenerate_rate"] == 0.0 and p["result"]["output_tokens_per_s"] > 0
         assert p["result"]["needle_accuracy"] == (1.0 if p["prompt_tokens"] == 1000 else 0.0)

@@ -212,15 +212,68 @@ def test_faster_run_is_better_against_slow_baseline(runs):
         assert ch["itl_p50"]["verdict"] == "better"  # lower latency is better: direction-aware
 
 
-def test_run_against_itself_is_within_noise(runs):
+def test_run_against_itself_is_never_better_or_worse(runs):
+    """No change: never better or worse. "within noise" only where the interval shows the change is under
+    --min-effect; where it reaches past it, the requests were too few to tell (issue 34, item 6: 4 requests a
+    point gave [-95%, +1956%] and read "within noise")."""
     rc = compare_json(runs["fast"], runs["fast"])
     assert len(rc["points"]) == 4
+    seen = set()
     for p in rc["points"]:
         for c in p["changes"]:
             assert c["change"] == 0.0
-            assert c["verdict"] == "within noise", c
-            if c["ci_low"] is not None:
-                assert c["ci_low"] <= 0 <= c["ci_high"]
+            if c["ci_low"] is None:
+                assert c["verdict"] == "within noise", c  # a constant metric (error rate 0 in both)
+                continue
+            assert c["ci_low"] <= 0 <= c["ci_high"]
+            wide = max(-c["ci_low"], c["ci_high"]) > rc["settings"]["min_effect"]
+            assert c["verdict"] == ("not enough requests to tell" if wide else "within noise"), c
+            seen.add(c["verdict"])
+    assert "not enough requests to tell" in seen  # a few requests a point: some interval is that wide
+    assert " vs baseline " in rc["summary"] and "4 points" in rc["summary"] and "not enough requests" in rc["summary"]
+    assert sum(rc["counts"].values()) == sum(len(p["changes"]) for p in rc["points"])
+    assert rc["counts"]["worse"] == rc["counts"]["better"] == 0
+
+
+def test_verdicts_at_the_bounds():
+    """The rule on its own: the interval against zero and ±min_effect."""
+    from servesweep.results.compare import verdict
+
+    lat = metric("ttft_p50")  # lower is better
+    assert verdict(lat, 0.10, 0.05, 0.15, 0.02) == "worse"
+    assert verdict(lat, -0.10, -0.15, -0.05, 0.02) == "better"
+    assert verdict(lat, 0.01, 0.005, 0.015, 0.02) == "within noise"  # sure, and small
+    assert verdict(lat, 0.0, -0.015, 0.019, 0.02) == "within noise"  # the interval within ±2%
+    assert verdict(lat, 0.05, -0.95, 19.56, 0.02) == "not enough requests to tell"  # the issue's interval
+    assert verdict(lat, 0.0, -0.01, 0.03, 0.02) == "not enough requests to tell"
+
+
+def test_summary_line_first_compact_mode_and_whole_names_at_80_columns(runs):
+    """What a CI log shows: the summary line first; --compact: it and one line per better/worse change; at 80
+    columns the metric names are whole (they were cut to `output_…`)."""
+    r = servesweep("compare", runs["fast"], runs["slow"])
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert " vs baseline " in first and "2 points" in first and "worse" in first, r.stdout[:500]
+    env = {**os.environ, "COLUMNS": "80"}
+    narrow = subprocess.run(
+        [sys.executable, "-m", "servesweep.cli", "compare", str(runs["fast"]), str(runs["slow"])],
+        capture_output=True, text=True, timeout=240, env=env,
+    )
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    for name in ("output_tokens_per_s", "decode_tokens_per_s_mean", "itl_per_token_p50 (per token)"):
+        assert name in narrow.stdout, narrow.stdout[:3000]
+    assert "…" not in narrow.stdout
+    compact = servesweep("compare", runs["fast"], runs["slow"], "--compact")
+    assert compact.returncode == 0, compact.stderr
+    lines = compact.stdout.splitlines()
+    assert lines[0] == first
+    changed = [line for line in lines[1:] if line.startswith("  WORSE ") or line.startswith("  BETTER ")]
+    rc = compare_json(runs["fast"], runs["slow"])
+    assert len(changed) == rc["counts"]["worse"] + rc["counts"]["better"] > 0
+    assert any(" output_tokens_per_s: " in line and "interval [" in line for line in changed), changed
+    assert len(lines) < len(r.stdout.splitlines()) / 3  # short: no table
 
 
 def test_values_are_the_records_values(runs):

@@ -12,8 +12,9 @@ thinking model's reasoning (its `reasoning_content` and any `<think>` block are 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,19 @@ def _model(base_url: str, exp: Experiment, api_key: str | None) -> str:
         return exp.model.path
 
 
+PROGRESS_EVERY_S = 5.0  # a probe line at most this often while probes are out (one 100k-token probe takes minutes)
+
+
 def run_probes(
-    exp: Experiment, flags: dict, lengths: dict[int, int], base_url: str, api_key: str | None
+    exp: Experiment,
+    flags: dict,
+    lengths: dict[int, int],
+    base_url: str,
+    api_key: str | None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Send the probes of every length (all at once: a few requests) and score them."""
+    """Send the probes of every length (all at once: a few requests) and score them; `progress` gets a line when
+    they go out, then "k of n answered" at most every PROGRESS_EVERY_S, and when the last is in."""
     from servesweep.workload.prompts import build_pool
 
     a = exp.answers
@@ -97,8 +107,18 @@ def run_probes(
             }
             jobs.append(({"id": f"{length}/{i}", "prompt_tokens": length, "expected": prompt.answer}, body))
     url = base_url + "/v1/chat/completions"
+    say = progress or (lambda _line: None)
+    shown = ", ".join(f"{n:,}" for n in sorted(lengths))
+    say(f"{len(jobs)} needle probe(s) at {shown} prompt tokens sent (greedy, up to {a.timeout_s:g} s each)")
+    t0 = last = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as ex:
-        got = list(ex.map(lambda j: _ask(url, j[1], api_key, a.timeout_s), jobs))
+        futures = [ex.submit(_ask, url, body, api_key, a.timeout_s) for _meta, body in jobs]
+        for k, _done in enumerate(as_completed(futures), 1):
+            now = time.monotonic()
+            if k == len(futures) or now - last >= PROGRESS_EVERY_S:
+                say(f"{k} of {len(futures)} needle probe(s) answered ({now - t0:.1f} s)")
+                last = now
+        got = [f.result() for f in futures]
     probes = []
     for (meta, _), g in zip(jobs, got, strict=True):
         ok = g["answer"] is not None and meta["expected"] is not None
@@ -145,7 +165,10 @@ def probe_configuration(
     if not exp.answers.needle_probes or not lengths or path.is_file():
         return
     flags = m.configs[config_id].get("flags") or {}
-    data = {"config_id": config_id, **run_probes(exp, flags, lengths, base_url, api_key)}
+    def progress(line: str) -> None:
+        event(f"  [dim]{config_id}: {line}[/]")
+
+    data = {"config_id": config_id, **run_probes(exp, flags, lengths, base_url, api_key, progress)}
     path.parent.mkdir(exist_ok=True)
     write_json_atomic(path, data)
     m.configs[config_id]["needle_accuracy"] = {k: v["needle_accuracy"] for k, v in data["lengths"].items()}

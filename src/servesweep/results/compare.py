@@ -8,7 +8,10 @@ bootstrap confidence interval. Requests are resampled with replacement, independ
 1,000 resamples by default); pooled values (ITL gaps) follow the request they belong to. Throughput is resampled
 through Little's law (mean concurrency × Σ tokens / Σ request time), which equals Σ tokens / window on the
 observed sample. The verdict is direction-aware: "better"/"worse" when the interval excludes zero and the change is
-at least `min_effect`, else "within noise".
+at least `min_effect`; "within noise" when the change is smaller than `min_effect` and the interval says so too
+(it excludes zero, or lies within ±min_effect); "not enough requests to tell" when the interval includes zero and
+reaches past ±min_effect: the data allow both no change and a change the user cares about (4 requests a point
+give intervals like [-95%, +1956%], which "within noise" would misreport as no change).
 """
 
 from __future__ import annotations
@@ -304,11 +307,17 @@ def bootstrap_changes(
     return out
 
 
+BETTER, WORSE, NOISE, CANNOT_TELL, NA = "better", "worse", "within noise", "not enough requests to tell", "n/a"
+VERDICTS = (WORSE, BETTER, CANNOT_TELL, NOISE, NA)  # the summary line's order: what needs a look first
+
+
 def verdict(m: Metric, delta: float, lo: float, hi: float, min_effect: float) -> str:
-    if lo <= 0 <= hi or abs(delta) < min_effect:
-        return "within noise"
+    if lo <= 0 <= hi:
+        return CANNOT_TELL if max(-lo, hi) > min_effect else NOISE
+    if abs(delta) < min_effect:
+        return NOISE
     up = lo > 0
-    return "better" if up == m.higher_is_better else "worse"
+    return BETTER if up == m.higher_is_better else WORSE
 
 
 @dataclass
@@ -341,10 +350,26 @@ class RunComparison:
     only_b: list[str]
     settings: dict[str, Any]
 
+    def counts(self) -> dict[str, int]:
+        """How many changes got each verdict, in VERDICTS order."""
+        n = {v: 0 for v in VERDICTS}
+        for pc in self.points:
+            for c in pc.changes:
+                n[c.verdict] += 1
+        return n
+
+    def summary_line(self) -> str:
+        """The first line to read: `RUN vs baseline BASE: 12 points, 3 worse, 1 better, 40 not enough requests to
+        tell, 76 within noise` (only the verdicts that occur)."""
+        said = ", ".join(f"{k} {v}" for v, k in self.counts().items() if k)
+        return f"{self.b.run_id} vs baseline {self.a.run_id}: {len(self.points)} points" + (f", {said}" if said else "")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "baseline": str(self.a.path),
             "run": str(self.b.path),
+            "summary": self.summary_line(),
+            "counts": self.counts(),
             "settings": self.settings,
             "points": [p.as_dict() for p in self.points],
             "only_in_baseline": self.only_a,
@@ -468,8 +493,13 @@ def rich_table(rc: RunComparison):
 
     t = Table(title=f"{rc.b.run_id} vs baseline {rc.a.run_id}")
     for col in ("point", "metric", "baseline", "run", "change", "CI", "verdict"):
-        t.add_column(col, justify="left" if col in ("point", "metric", "verdict") else "right")
-    colors = {"better": "green", "worse": "red", "within noise": "dim", "n/a": "yellow"}
+        # metric names and verdicts whole at any width (a CI log's 80 columns cut them to `output_…`)
+        t.add_column(
+            col,
+            justify="left" if col in ("point", "metric", "verdict") else "right",
+            no_wrap=col in ("metric", "verdict"),
+            overflow="fold",
+        )
     for pc in rc.points:
         for i, c in enumerate(pc.changes):
             t.add_row(
@@ -479,10 +509,27 @@ def rich_table(rc: RunComparison):
                 fmt_value(c.b, c.metric.unit),
                 fmt_change(c),
                 fmt_ci(c),
-                f"[{colors[c.verdict]}]{c.verdict}[/]",
+                f"[{COLORS[c.verdict]}]{c.verdict}[/]",
             )
         t.add_section()
     return t
+
+
+COLORS = {BETTER: "green", WORSE: "red", NOISE: "dim", CANNOT_TELL: "yellow", NA: "yellow"}
+
+
+def compact_lines(rc: RunComparison) -> list[str]:
+    """`--compact`, for CI logs: the summary line, then one line per better or worse change; the rest only
+    counted (the summary line has them)."""
+    lines = [rc.summary_line()]
+    for pc in rc.points:
+        for c in pc.changes:
+            if c.verdict in (BETTER, WORSE):
+                lines.append(
+                    f"  {c.verdict.upper()} {point_label(pc.a)} {c.metric.label}: {fmt_value(c.a, c.metric.unit)} -> "
+                    f"{fmt_value(c.b, c.metric.unit)} ({fmt_change(c)}, interval {fmt_ci(c)})"
+                )
+    return lines
 
 
 def compare_html_section(rcs: list[RunComparison]) -> str:
@@ -540,6 +587,11 @@ def parse_fraction(text: str, what: str) -> float:
     help="a change smaller than this is within noise even when its interval excludes zero",
 )
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
+@click.option(
+    "--compact",
+    is_flag=True,
+    help="for CI logs: the summary line and one line per better or worse change, no table",
+)
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option(
     "--allow-packed-vs-alone",
@@ -547,12 +599,15 @@ def parse_fraction(text: str, what: str) -> float:
     is_flag=True,
     help="compare points run packed (servesweep run --max-parallel) with points run alone; refused without it",
 )
-def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out, allow_mixed=False):
+def command(
+    runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out, allow_mixed=False, compact=False
+):
     """Compare runs point by point: RUNS[0] is the baseline, each later run is compared with it.
 
     Points match on configuration and load axes (workload, prompt and output tokens, concurrency). Each metric's
-    change comes with a bootstrap confidence interval from the raw records and a verdict: better, worse or within
-    noise (lower latency and higher tok/s are better)."""
+    change comes with a bootstrap confidence interval from the raw records and a verdict: better, worse, within
+    noise, or not enough requests to tell (lower latency and higher tok/s are better). A summary line comes
+    first."""
     from rich.console import Console
 
     from servesweep.results import capacity
@@ -592,7 +647,12 @@ def command(runs, metric_names, resamples, seed, confidence, min_effect, as_json
     else:
         out = Console()
         for rc in rcs:
-            out.print(rich_table(rc))
+            out.print(rc.summary_line(), highlight=False, soft_wrap=True)
+            if compact:
+                for line in compact_lines(rc)[1:]:
+                    out.print(line, highlight=False, soft_wrap=True, markup=False)
+            else:
+                out.print(rich_table(rc))
             if rc.only_a or rc.only_b:
                 out.print(
                     f"unmatched: baseline only {', '.join(rc.only_a) or '-'}; run only {', '.join(rc.only_b) or '-'}"

@@ -45,9 +45,11 @@ records (records.parquet) with the definitions of docs/metrics.md.</p>
 COMPARE_SECTION = """<section id="comparison">
 {% for rc in comparisons %}
 <h2>Comparison: {{ rc.b.run_id }} vs baseline {{ rc.a.run_id }}</h2>
+<p class="compare-summary"><strong>{{ rc.summary_line() }}</strong></p>
 <p class="muted">{{ rc.points|length }} matching points; {{ rc.settings.resamples }} bootstrap resamples (seed
 {{ rc.settings.seed }}), {{ (rc.settings.confidence * 100)|round(1) }}% intervals, changes under
-{{ (rc.settings.min_effect * 100)|round(1) }}% are within noise. Relative changes are (run − baseline) / baseline;
+{{ (rc.settings.min_effect * 100)|round(1) }}% are within noise, and an interval that includes zero and reaches past
+±{{ (rc.settings.min_effect * 100)|round(1) }}% is "not enough requests to tell". Relative changes are (run − baseline) / baseline;
 error rate in percentage points.</p>
 <table class="compare">
 <thead><tr><th class="l">point</th><th class="l">metric</th><th>baseline</th><th>run</th><th>change</th>
