@@ -150,3 +150,18 @@ def test_fault_parsing_and_seeded_rates():
     assert s1 == s2 and a[0] == s1[0]
     frac = sum(f is not None for f in s1) / len(s1)
     assert 0.38 < frac < 0.62  # 0.5 expected
+
+
+@pytest.mark.fast
+def test_help_shows_servesweeps_options_first_and_a_short_usage():
+    """Issue 34, item 9: `servesweep sim --help` listed SGLang's flags in a 2,800-line usage, servesweep's last."""
+    from servesweep.sim.cli import build_parser
+
+    for version in ("0.5.9", "0.5.23"):
+        lines = build_parser(version).format_help().splitlines()
+        assert lines[0] == f"usage: servesweep sim --model-path PATH [--sim-* options] [SGLang {version} launch_server flags]"
+        ours = lines.index("emulator (servesweep):")
+        sglang = next(i for i, line in enumerate(lines) if line.startswith(f"SGLang {version} launch_server flags"))
+        assert ours < sglang
+        assert ours < next(i for i, line in enumerate(lines) if line.lstrip().startswith("--sim-gpu")) < sglang
+        assert next(i for i, line in enumerate(lines) if "--tp-size" in line) > sglang

@@ -133,6 +133,12 @@ def build_parser(
         default=DEFAULT_SGLANG_VERSION,
         help=f"SGLang version to emulate ({', '.join(flags.table_versions())})",
     )
+    # --help: servesweep's own options first, then SGLang's (hundreds), under a title that says whose; a usage
+    # line that names them instead of listing every flag (it was 2,800 lines, and every argparse error prints it)
+    p._action_groups.remove(s)
+    p._action_groups.insert(0, s)
+    p._optionals.title = f"SGLang {version} launch_server flags (the emulator takes each; docs/emulator.md)"
+    p.usage = f"%(prog)s --model-path PATH [--sim-* options] [SGLang {version} launch_server flags]"
     return p
 
 
