@@ -603,8 +603,8 @@ class Runner:
         not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
         if not_done:
             click.echo(
-                f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({', '.join(not_done[:5])}"
-                f"{', ...' if len(not_done) > 5 else ''}; their status and reason in manifest.json)",
+                f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({_first_ids(not_done)}; their "
+                "status and reason in manifest.json)",
                 err=True,
             )
             return COULD_NOT_RUN
@@ -646,7 +646,7 @@ class Runner:
         if breached:
             click.echo(
                 f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
-                f"{', '.join(breached[:5])}{', ...' if len(breached) > 5 else ''} (servesweep gate RUN --details)",
+                f"{_first_ids(breached)} (servesweep gate RUN --details)",
                 err=True,
             )
             return BREACH
@@ -1330,6 +1330,11 @@ def _headline(summary: dict) -> dict[str, Any]:
 
 def _num(v: float | None, decimals: int) -> str:
     return "-" if v is None else f"{v:,.{decimals}f}"
+
+
+def _first_ids(ids: list[str], n: int = 5) -> str:
+    """The first `n` point ids of an exit line, ', ...' when there are more."""
+    return ", ".join(ids[:n]) + (", ..." if len(ids) > n else "")
 
 
 def _ms(v) -> str:

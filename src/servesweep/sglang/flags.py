@@ -645,6 +645,8 @@ def did_you_mean(name: str, options) -> str:
 # Other servers' flag names
 
 _VLLM, _TRT, _TGI = "vLLM", "TensorRT-LLM", "TGI"
+_PREFILL_CHUNK = "the tokens of one prefill chunk; max_prefill_tokens bounds a whole prefill batch"
+_PROMPT_AND_OUTPUT = "SGLang bounds prompt and output together"
 
 # A flag of another server (vLLM's `vllm serve`, TensorRT-LLM's `trtllm-serve`, TGI's `text-generation-launcher`)
 # that no SGLang table knows: whose it is, SGLang's equivalents (the first whose every name the configured version has
@@ -658,7 +660,7 @@ FOREIGN_FLAGS: dict[str, tuple[str, tuple[dict[str, Any], ...], str]] = {
     "max_num_batched_tokens": (
         _VLLM,
         ({"chunked_prefill_size": None},),
-        "the tokens of one prefill chunk; max_prefill_tokens bounds a whole prefill batch",
+        _PREFILL_CHUNK,
     ),
     "enable_prefix_caching": (
         _VLLM,
@@ -717,12 +719,12 @@ FOREIGN_FLAGS: dict[str, tuple[str, tuple[dict[str, Any], ...], str]] = {
     "max_num_tokens": (
         _TRT,
         ({"chunked_prefill_size": None},),
-        "the tokens of one prefill chunk; max_prefill_tokens bounds a whole prefill batch",
+        _PREFILL_CHUNK,
     ),
     "max_seq_len": (_TRT, ({"context_length": None},), ""),
     "num_shard": (_TGI, ({"tp_size": None},), ""),
-    "max_input_tokens": (_TGI, ({"context_length": None},), "SGLang bounds prompt and output together"),
-    "max_input_length": (_TGI, ({"context_length": None},), "SGLang bounds prompt and output together"),
+    "max_input_tokens": (_TGI, ({"context_length": None},), _PROMPT_AND_OUTPUT),
+    "max_input_length": (_TGI, ({"context_length": None},), _PROMPT_AND_OUTPUT),
     "max_batch_prefill_tokens": (_TGI, ({"max_prefill_tokens": None},), ""),
     "max_concurrent_requests": (_TGI, ({"max_running_requests": None},), ""),
     "max_batch_total_tokens": (_TGI, ({"max_total_tokens": None},), ""),
