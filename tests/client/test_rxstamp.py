@@ -153,28 +153,53 @@ def test_slowed_client_keeps_chunk_arrivals_exact(tmp_path):
     lags_ms = np.array([r["read_lag_ns"] for r in records]) / 1e6
     # The burner made the client late: every request saw reads several ms after their bytes arrived ...
     assert np.median(lags_ms) > 4.0, lags_ms
-    err, first_err = [], []
+    err, first_err, coalesced, n_chunks = [], [], 0, 0
     for r in records:
         g = gt[r["request_id"]]
         writes = [c[0] for c in g["chunks"]]
         assert len(writes) == len(r["chunk_ns"])
-        err.extend(np.subtract(r["chunk_ns"], writes))
-        first_err.append(r["first_token_ns"] - writes[0])
-        # ... and the headers and the end are stamped on arrival too. The emulator stamps these just after its write,
-        # so on a loaded machine a preemption between write and stamp puts the truth late (the client's stamp up to
-        # 8 ms early was seen under the full suite): late by the read lag is the failure this checks, strictly.
-        for key in ("headers_ns", "end_ns"):
-            late_ms = (r[key] - g[key]) / 1e6
+        # A read that finds several segments of one stream carries the LATEST one's stamp (rxstamp's caveat): when
+        # the loaded machine starves the client for longer than a stream's chunk gap, chunk i is stamped with the
+        # arrival of a later chunk j. The stamp is then exact for j, so each stamp is compared with the last write
+        # of this stream at or after i that came before it (a user-space stamp, taken at the read, would be late
+        # by the read lag against every write, and fails the bounds below).
+        later = [*writes, g["end_ns"]]
+        for i, stamp in enumerate(r["chunk_ns"]):
+            j = _latest_write_before(later, i, stamp)
+            coalesced += j > i
+            err.append(stamp - later[j])
+        n_chunks += len(writes)
+        first_err.append(err[-len(writes)])
+        # ... and the headers and the end are stamped on arrival too (the headers read may hold the first chunk).
+        # The emulator stamps these just after its write, so on a loaded machine a preemption between write and
+        # stamp puts the truth late (the client's stamp up to 8 ms early was seen under the full suite): late by the
+        # read lag is the failure this checks, strictly.
+        heads = [g["headers_ns"], *later]
+        for key, stamp, truth in (
+            ("headers_ns", r["headers_ns"], heads[_latest_write_before(heads, 0, r["headers_ns"])]),
+            ("end_ns", r["end_ns"], g["end_ns"]),
+        ):
+            late_ms = (stamp - truth) / 1e6
             assert -50.0 < late_ms < 5.0, (key, late_ms)
     err_ms = np.asarray(err) / 1e6
     first_ms = np.asarray(first_err) / 1e6
+    why = f"{coalesced} of {n_chunks} chunks came in a read with a later chunk of their stream"
     # ... yet the recorded arrivals are the kernel's: far below the lag (the emulator stamps just before its write;
     # on a loaded machine it is sometimes preempted in between, so the bounds leave room for that).
-    assert np.percentile(err_ms, 1) > -1.0, np.percentile(err_ms, 1)
-    assert np.percentile(np.abs(err_ms), 50) < 0.5, np.percentile(err_ms, 50)
-    assert np.percentile(np.abs(err_ms), 90) < 1.0, np.percentile(err_ms, 90)
-    assert np.percentile(np.abs(err_ms), 90) < np.median(lags_ms) / 4
-    assert np.median(np.abs(first_ms)) < 0.5, first_ms
+    assert np.percentile(err_ms, 1) > -1.0, (np.percentile(err_ms, 1), why)
+    assert np.percentile(np.abs(err_ms), 50) < 0.5, (np.percentile(err_ms, 50), why)
+    assert np.percentile(np.abs(err_ms), 90) < 1.0, (np.percentile(err_ms, 90), why)
+    assert np.percentile(np.abs(err_ms), 90) < np.median(lags_ms) / 4, why
+    assert np.median(np.abs(first_ms)) < 0.5, (first_ms, why)
+
+
+def _latest_write_before(writes: list[int], i: int, stamp: int, slack_ns: int = 1_000_000) -> int:
+    """The index of the last of `writes[i:]` written no later than `stamp` (+ `slack_ns` for the emulator's stamp
+    being taken around its write); `i` when even `writes[i]` came after it (then the stamp is early: an error)."""
+    j = i
+    while j + 1 < len(writes) and writes[j + 1] <= stamp + slack_ns:
+        j += 1
+    return j
 
 
 class StampingServer:
