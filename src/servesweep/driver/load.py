@@ -138,7 +138,11 @@ _RUN_OPTIONS = [
         "off); a point with 0 successes always does; any failure below it is a warning on stderr",
     ),
     click.option(
-        "--metrics-port", type=click.IntRange(min=0), default=0, help="serve live client metrics here"
+        "--metrics-port",
+        type=click.IntRange(min=0),
+        default=0,
+        help="serve the run's live client metrics on this port of 127.0.0.1 for the whole run (0: a free port "
+        "when an observe stack is set up, else none); registered in the stack either way",
     ),
     click.option(
         "--sim-args",
@@ -436,7 +440,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     write_manifest(run_dir, manifest)
     state["manifest"] = manifest
     summaries = []
-    targets = _register_targets(run, run_id, base_url)
+    exporter = _RunExporter.start(run, run_id, base_url, err)
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -445,13 +449,15 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         console=err,
         transient=False,
         disable=not err.is_terminal,  # without a terminal: plain lines (driver/live.py)
-    ) as prog, (targets or nullcontext()):
+    ) as prog, (exporter or nullcontext()):
         for p in points:
             state["current"] = p.id
             # the run's probes are counted with its first point; their notes go with every point
             pl = probes if p is points[0] else ProbeLog()
             pl.notes = list(probes.notes)
-            watch = _plain_watch(p, err)
+            watch = _point_watch(p, err, exporter)
+            if exporter is not None:
+                exporter.point_started(p)
             try:
                 s = run_point(
                     p,
@@ -459,18 +465,18 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
                     workers=run.opts["workers"],
                     progress=_progress_bar(prog, p, watch),
                     slos=run.opts["slo"],
-                    metrics_port=run.opts["metrics_port"] or None,
                     worker_hosts=run.worker_hosts,
                     owned=owned,
                     max_failure_rate=run.max_rate,
                     probes=pl,
                     on_records=watch.records if watch is not None else None,
-                    targets=targets,
                 )
             except (RuntimeError, ValueError, OSError) as e:
                 raise CouldNotRun(f"point {p.id}: {e}") from None
             if watch is not None:
                 watch.finished(s)
+            if exporter is not None and watch is not None:
+                exporter.point_finished(p.id, run_dir / p.id, s, watch)
             summaries.append(s)
             manifest["points"].append(
                 {"point_id": p.id, "dir": p.id, "concurrency": p.concurrency, "rate_rps": p.rate_rps}
@@ -482,28 +488,82 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     return summaries
 
 
-def _register_targets(run: _Run, run_id: str, base_url: str):
-    """With --metrics-port: the server's /metrics and (per point, in run_point) the Locust process's exporter go
-    into the observe stack's targets folder under this run's id, for the run's length (observe/targets.py)."""
-    if not run.opts["metrics_port"]:
-        return None
-    from urllib.parse import urlsplit
+class _RunExporter:
+    """`servesweep load`'s client metrics, as `servesweep run`'s (matrix/orchestrator.py): one ClientMetrics for the
+    run in this process, fed from each point's live record feed (each request once) and set to the point's summary
+    at its end, so Live shows the points as they stream and Matrix and History show the run. Served on
+    --metrics-port, else on a free port when an observe stack is set up; registered there with the server's
+    /metrics for the run's length (observe/targets.py). The Locust processes serve nothing themselves."""
 
-    from servesweep.observe.targets import RunTargets
+    def __init__(self, metrics, targets, root: Path) -> None:
+        self.metrics = metrics  # servesweep.observe.exporter.ClientMetrics
+        self.targets = targets  # servesweep.observe.targets.RunTargets
+        self.root = root
+        self.reads_at_finish: int | None = None  # metrics.reads when the last point's summary was set
 
-    targets = RunTargets(run_id, run.opts["out_root"])
-    targets.server(urlsplit(base_url).netloc)
-    return targets
+    @classmethod
+    def start(cls, run: _Run, run_id: str, base_url: str, err) -> "_RunExporter | None":
+        from urllib.parse import urlsplit
+
+        from servesweep.observe.exporter import ClientMetrics
+        from servesweep.observe.stack import stack_present
+        from servesweep.observe.targets import RunTargets
+
+        port, root = run.opts["metrics_port"], run.opts["out_root"]
+        if not port and not stack_present(root):
+            return None
+        metrics = ClientMetrics(run_id)
+        try:
+            bound = metrics.serve("127.0.0.1", port)
+        except OSError as e:
+            raise CouldNotRun(f"--metrics-port {port}: cannot serve client metrics ({e.strerror})") from None
+        targets = RunTargets(run_id, root)
+        targets.exporter(f"127.0.0.1:{bound}")
+        targets.server(urlsplit(base_url).netloc)
+        err.print(f"client metrics (Prometheus): http://127.0.0.1:{bound}/metrics", highlight=False)
+        return cls(metrics, targets, root)
+
+    def point_started(self, p: LoadPoint) -> None:
+        from servesweep.observe.exporter import loadpoint_axes
+
+        self.metrics.point_started(p.id, loadpoint_axes(p))
+
+    def point_finished(self, point_id: str, folder: Path, summary: dict, watch) -> None:
+        """The records the live feed did not carry, then the summary as the point's gauges."""
+        from servesweep.results.records import read_parquet
+
+        try:
+            watch.rest(read_parquet(folder / "records.parquet").to_pylist())
+        except (OSError, ValueError):  # the gauges still come from the summary
+            pass
+        self.metrics.point_finished(point_id, summary)
+        self.reads_at_finish = self.metrics.reads
+
+    def __enter__(self) -> "_RunExporter":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        """Keep serving until the last point's summary was scraped (bounded), then stop and unregister."""
+        from servesweep.observe.targets import last_scrape
+
+        try:
+            if self.reads_at_finish is not None:
+                last_scrape(self.metrics, self.reads_at_finish, self.root)
+        finally:
+            self.metrics.stop()
+            self.targets.close()
 
 
-def _plain_watch(p: LoadPoint, err):
-    """Without a terminal, the point's plain progress lines on stderr (start, every 30 s, end); None with one."""
-    if err.is_terminal:
+def _point_watch(p: LoadPoint, err, exporter: _RunExporter | None):
+    """The point's live view: the feed's records go to the run's exporter; without a terminal, plain progress
+    lines on stderr (start, every 30 s, end). None with a terminal and no exporter."""
+    if err.is_terminal and exporter is None:
         return None
     from servesweep.driver.live import PointWatch
 
     what = f"point {p.id} (concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s)" if p.rate_rps else ")")
-    return PointWatch(p.id, echo=lambda t: err.print(t, markup=False, highlight=False, soft_wrap=True), label=what)
+    echo = None if err.is_terminal else (lambda t: err.print(t, markup=False, highlight=False, soft_wrap=True))
+    return PointWatch(p.id, metrics=exporter.metrics if exporter else None, echo=echo, label=what)
 
 
 def _progress_bar(prog, p: LoadPoint, watch=None) -> Callable[[dict], None]:

@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +215,7 @@ class ClientMetrics(Collector):
         self._frontier: list[dict] = []  # ... and its frontier: every probe, the Pareto points marked
         self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
         self._server: WSGIServer | None = None
+        self.reads = 0  # how many times the metrics were read (scrapes, pushes): see wait_read
         self.registry.register(self)
 
     # -- the API the load generator and orchestrator call --
@@ -383,7 +384,19 @@ class ClientMetrics(Collector):
         """The exposition text (Prometheus text format 0.0.4), as /metrics serves it."""
         return generate_latest(self.registry)
 
+    def wait_read(self, after: int, timeout: float, poll: float = 0.1) -> bool:
+        """Wait until the metrics were read more than `after` times (a scrape since the caller took `reads`), at
+        most `timeout` s; True if they were. A process about to exit calls it so the gauges it set last reach the
+        Prometheus that scrapes it (a short headless run ends before its next scrape otherwise)."""
+        deadline = time.monotonic() + timeout
+        while self.reads <= after:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)  # under Locust's monkey-patching, a gevent sleep: the HTTP server keeps serving
+        return True
+
     def collect(self):  # called by the registry at scrape time
+        self.reads += 1
         with self._lock:
             points = list(self._points.values())
             users = self._users_fn() if self._users_fn else self._users
@@ -716,10 +729,34 @@ def _point_times(p: PointInfo) -> tuple[float, float]:
     return min(start, end), end
 
 
+def _records_point(p: PointInfo) -> tuple[str, PointInfo]:
+    """A bare records file's point (`locust ... --headless --records r.parquet`) as a finished point: its summary
+    computed from the records (as `report` computes its table), its times from the requests' own wall clock, and the
+    run id `<file stem>-<UTC start>` (two runs both written to r.parquet stay two runs in History)."""
+    from servesweep.results.records import read_parquet
+    from servesweep.results.summary import summarize
+
+    assert p.records_path is not None  # a records-kind run's one point names its file
+    table = read_parquet(p.records_path)
+    if table.num_rows == 0:
+        raise ValueError(f"{p.records_path}: the records file holds no request")
+    offset = table.column("mono_to_wall_ns").to_numpy(zero_copy_only=False).astype(np.int64)
+    sent = table.column("sent_ns").to_numpy(zero_copy_only=False).astype(np.int64) + offset
+    ended = table.column("end_ns").to_numpy(zero_copy_only=False).astype(np.int64) + offset
+    start, end = float(sent.min()) / 1e9, float(ended.max()) / 1e9
+    summary = {**summarize(table), **(p.summary or {}), "started_unix": start, "wall_s": end - start}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(start))
+    return f"{p.records_path.stem}-{stamp}", replace(p, summary=summary)
+
+
 def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
     """(run_id, [{"point_id", "axes", "summary", "start", "end"}]) of a run folder's done points
-    (servesweep.results.runfolder.load_run); ValueError naming what cannot be read."""
+    (servesweep.results.runfolder.load_run: run and point folders, and a bare records file, whose summary is
+    computed from its records); ValueError naming what cannot be read."""
     run = load_run(run_dir)
+    if run.kind == "records":
+        run.run_id, point = _records_point(run.points[0])
+        run.points = [point]
     out = []
     for p in run.done_points():
         start, end = _point_times(p)

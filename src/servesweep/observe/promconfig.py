@@ -392,13 +392,13 @@ def _targets(sd_dir, run_id, exporters, servers):
 
 
 @command.command("backfill")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dir", type=click.Path(exists=True))
 @click.option(
     "--out", "out", required=True, type=click.Path(file_okay=False), help="Prometheus data dir (or staging)"
 )
 @click.option("--openmetrics", "om_only", is_flag=True, help="only print the OpenMetrics text")
 def _backfill(run_dir, out, om_only):
-    """Import a finished run folder's summaries into Prometheus blocks (promtool)."""
+    """Import a finished run's summaries (a run or point folder, or a --records file) into Prometheus blocks."""
     if om_only:
         click.echo(run_openmetrics(run_dir), nl=False)
         return

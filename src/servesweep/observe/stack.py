@@ -63,6 +63,9 @@ REPO_DASHBOARDS = Path(__file__).resolve().parents[3] / "grafana" / "dashboards"
 _KEY = re.compile(r"^[A-Za-z0-9._=-]+$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _TARGET = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+# The process that wrote a target file, "host:pid:start time", as a label Prometheus drops after relabelling (every
+# `__` label is), so it never reaches a series; what `sweep_stale` reads to remove a killed process's files.
+OWNER_LABEL = "__servesweep_owner"
 
 
 # ---------------------------------------------------------------- where things live
@@ -126,7 +129,8 @@ def _key(labels: Mapping[str, str], key: str | None) -> str:
 
 
 def _check(job: str, targets: Iterable[str], labels: Mapping) -> tuple[list[str], dict[str, str]]:
-    """Validate what a file_sd group may hold (the same rules as promconfig.write_targets, for any key)."""
+    """Validate what a file_sd group may hold (the same rules as promconfig.write_targets, for any key); the owner
+    label is register_targets' own, never a caller's."""
     if job not in JOBS:
         raise ValueError(f"job {job!r}: the stack's Prometheus reads only {', '.join(JOBS)}")
     ts = list(targets)
@@ -158,12 +162,14 @@ def register_targets(
     labels: put on every target (`run_id`, `config`, ...; `__metrics_path__` for another path). key: the file's
     name part; default `<run_id>-<pid>`, so each registering process owns one file and re-registering replaces it.
     Prometheus reads the change within seconds (inotify), with no restart. An empty target list writes an empty
-    group list, which removes the targets and keeps the file.
+    group list, which removes the targets and keeps the file. The group also carries OWNER_LABEL (this process),
+    so a file whose process was killed is removed by the next registration or `observe` command (sweep_stale).
     """
     labels = dict(labels or {})
     ts, lab = _check(job, targets, labels)
-    groups = [{"targets": ts, "labels": lab}] if ts else []
+    groups = [{"targets": ts, "labels": {**lab, OWNER_LABEL: owner_stamp()}}] if ts else []
     path = targets_dir(root) / f"{job}-{_key(labels, key)}.json"
+    sweep_stale(root)  # each new registration clears what killed processes left
     # 0644: a Prometheus run by another user (Debian's systemd unit, the compose container) must read it.
     return write_atomic(path, json.dumps(groups, indent=2) + "\n", mode=0o644)
 
@@ -187,9 +193,65 @@ def unregister(
         return False
 
 
+def owner_stamp(pid: int | None = None) -> str:
+    """"host:pid:start time" of a process (this one by default): what identifies it across pid reuse."""
+    pid = os.getpid() if pid is None else pid
+    started = _start_time(pid)
+    return f"{socket.gethostname()}:{pid}:{started if started is not None else 0:.2f}"
+
+
+def _owner_gone(stamp: str) -> bool:
+    """True when the owner is a process of this host that no longer runs (its pid is gone or is another process's
+    now). A stamp of another host (a shared folder) is never judged from here."""
+    host, pid_text, started_text = (stamp.rsplit(":", 2) + ["", ""])[:3]
+    try:
+        pid, started = int(pid_text), float(started_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        proc = psutil.Process(pid)
+        now = proc.create_time()
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:  # another user's live process: not ours to judge
+        return False
+    return started > 0 and abs(now - started) >= 0.05
+
+
+def _file_owners(path: Path) -> list[str]:
+    try:
+        groups = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    if not isinstance(groups, list):
+        return []
+    return [g["labels"][OWNER_LABEL] for g in groups if isinstance(g, dict) and OWNER_LABEL in g.get("labels", {})]
+
+
+def sweep_stale(root: str | Path | None = None) -> list[Path]:
+    """Remove the target files whose owning process is gone (killed with SIGKILL, or a host that rebooted), so dead
+    targets do not pile up; returns the files removed. Files without an owner (written by hand, or by an older
+    servesweep) are kept."""
+    tdir = targets_dir(root)
+    gone = []
+    for job in JOBS:
+        for p in sorted(tdir.glob(f"{job}-*.json")):
+            owners = _file_owners(p)
+            if owners and all(map(_owner_gone, owners)):
+                p.unlink(missing_ok=True)
+                gone.append(p)
+    return gone
+
+
 def list_targets(root: str | Path | None = None) -> list[dict]:
-    """[{"file", "job", "targets", "labels"}] of every registered group (a file that does not parse: "error")."""
+    """[{"file", "job", "targets", "labels"}] of every registered group (a file that does not parse: "error"),
+    after removing the files of processes that are gone (sweep_stale); the owner label is left out of `labels`."""
     out = []
+    sweep_stale(root)
     tdir = targets_dir(root)
     for job in JOBS:
         for p in sorted(tdir.glob(f"{job}-*.json")):
@@ -204,15 +266,41 @@ def list_targets(root: str | Path | None = None) -> list[dict]:
                         "file": str(p),
                         "job": job,
                         "targets": g.get("targets", []),
-                        "labels": g.get("labels", {}),
+                        "labels": {k: v for k, v in g.get("labels", {}).items() if k != OWNER_LABEL},
                     }
                 )
     return out
 
 
+def stack_present(root: str | Path | None = None) -> bool:
+    """Whether processes that are not runs (a Locust started by hand) should register here: a stack was set up
+    (its targets folder exists: `observe up` ran, or the compose stack's folder), or $SERVESWEEP_OBSERVE_DIR names
+    one. Without either nothing is written, so a plain `locust -f ...` in any folder leaves no `runs/.observe`."""
+    return bool(os.environ.get(ENV_DIR)) or targets_dir(root).is_dir()
+
+
+def watching_prometheus(root: str | Path | None = None) -> dict | None:
+    """The record of the stack's Prometheus when `observe up` started it and it still runs, else None (no stack,
+    one stopped, or a Prometheus this stack did not start, such as the compose one)."""
+    return running(Layout(stack_dir(root)).record("prometheus"))
+
+
+def scrape_interval_s(root: str | Path | None = None, default: float = 5.0) -> float:
+    """The scrape interval of the stack's generated prometheus.yml, in seconds (`default` when unreadable)."""
+    try:
+        text = Layout(stack_dir(root)).prom_config.read_text()
+    except OSError:
+        return default
+    m = re.search(r"^\s*scrape_interval:\s*['\"]?(\d+(?:\.\d+)?)(ms|s|m|h)\b", text, re.M)
+    if m is None:
+        return default
+    return float(m[1]) * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[m[2]]
+
+
 def backfill(run_dir: str | Path, root: str | Path | None = None) -> list[Path]:
-    """Import a finished run folder into the stack's TSDB (servesweep.observe.promconfig.backfill); returns the
-    new blocks. A stopped Prometheus loads them at `up`; a running one within about a minute."""
+    """Import a finished run folder, point folder or bare records file (what `report` reads) into the stack's TSDB
+    (servesweep.observe.promconfig.backfill); returns the new blocks. A stopped Prometheus loads them at `up`; a
+    running one within about a minute."""
     data = Layout(stack_dir(root)).prom / "data"
     return promconfig.backfill(run_dir, data)
 
@@ -450,6 +538,7 @@ def up(
     None, "started": [names], "hint": text or None}. grafana: a path, None (find on PATH), False (never)."""
     lay = Layout(stack_dir(root))
     changed = write_config(lay, scrape_interval=scrape_interval, pushgateway=pushgateway)
+    sweep_stale(root)
     started: list[str] = []
     prom = running(lay.record("prometheus"))
     if prom is None:
@@ -491,6 +580,7 @@ def status(root: str | Path | None = None) -> dict:
     """{"dir", "targets", "prometheus": record or None, "grafana": ..., "ready": bool, "active": [targets]}.
     active: Prometheus' own view of each target (job, instance, health, lastError) when it runs."""
     lay = Layout(stack_dir(root))
+    sweep_stale(root)
     prom, graf = running(lay.record("prometheus")), running(lay.record("grafana"))
     active: list[dict] = []
     ready = False
@@ -623,10 +713,10 @@ def _targets(root, as_json):
 
 @command.command("backfill")
 @_root_opt
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
 def _backfill(root, run_dirs):
-    """Import finished run folders into the stack's history (promtool; a running Prometheus loads them within
-    about a minute)."""
+    """Import finished runs into the stack's history (promtool; a running Prometheus loads them within about a
+    minute): whatever `report` reads, i.e. run folders, point folders and a headless Locust's --records file."""
     for rd in run_dirs:
         try:
             blocks = backfill(rd, root)

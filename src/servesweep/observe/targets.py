@@ -1,6 +1,7 @@
 """The targets one run registers in the observe stack's one targets folder (observe/stack.py), removed together at
-its end: the run's client-metrics exporter, the Locust process's exporter (`servesweep load --metrics-port`) and the
-server's /metrics. A run registers whether or not a stack is up, so a Prometheus started later finds it.
+its end: the run's client-metrics exporter (`servesweep run`, `servesweep load`), a Locust process's exporter
+(client/exporter.py) and the server's /metrics. A run registers whether or not a stack is up, so a Prometheus
+started later finds it. `last_scrape` keeps an exporter up until its last summary was scraped.
 
     t = RunTargets(run_id, results_root)
     t.exporter("127.0.0.1:9464")                       # servesweep-<run_id>-exporter.json
@@ -10,10 +11,25 @@ server's /metrics. A run registers whether or not a stack is up, so a Prometheus
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servesweep.observe.promconfig import EXPORTER_JOB, SGLANG_JOB
-from servesweep.observe.stack import register_targets, stack_dir, unregister
+from servesweep.observe.stack import (
+    register_targets,
+    scrape_interval_s,
+    stack_dir,
+    unregister,
+    watching_prometheus,
+)
+
+if TYPE_CHECKING:
+    from servesweep.observe.exporter import ClientMetrics
+
+# Prometheus' discovery manager passes file_sd updates on at most every 5 s (docs/observability.md, "Pick-up time").
+DISCOVERY_S = 6.0
 
 # An exporter bound to every address is scraped through loopback (the stack's Prometheus runs on this host).
 _ANY = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}
@@ -86,3 +102,24 @@ class RunTargets:
                 top.rmdir()
         except OSError:  # another process registered meanwhile, or the folder is gone: leave it
             pass
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def last_scrape(
+    metrics: ClientMetrics, after: int, root: str | Path | None = None, echo: Callable[[str], None] = _to_stderr
+) -> bool | None:
+    """Before an exporter stops: wait until the stack's Prometheus has read `metrics` since `after` (its `reads`
+    when the last summary was set), at most the discovery delay plus two scrape intervals, so the summary gauges of
+    a point that ended just before the process reach Prometheus. Only when the Prometheus `observe up` started runs
+    (no other would come: None, no wait). True: scraped; False: not within the bound (`echo` says what to do)."""
+    if watching_prometheus(root) is None:
+        return None
+    bound = DISCOVERY_S + 2 * scrape_interval_s(root)
+    echo(f"servesweep: waiting up to {bound:.0f} s for Prometheus to scrape the last summary")
+    if metrics.wait_read(after, bound):
+        return True
+    echo("servesweep: Prometheus did not scrape it; `servesweep observe backfill` the run (or --records file)")
+    return False

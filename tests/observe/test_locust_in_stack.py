@@ -1,0 +1,183 @@
+"""Locust runs and `servesweep load` reach Grafana with no glue (issue 34 item 2), on real parts: one standing stack
+(`servesweep observe up`, the Debian Prometheus, 1 s scrapes) and one emulator for the whole file, real Locust
+processes started from a folder whose `runs/.observe` is that stack (as a user who ran `observe up` there).
+
+What a user checks, and what was broken before:
+- a headless `locust -f locustfiles/llm.py` is a target of the stack's Prometheus while it runs (there were 0
+  targets), its series are queryable, the Matrix dashboard's query shows its point (the summary gauges were never
+  set), and its target file is gone when it exits;
+- `observe backfill` takes that run's `--records r.parquet`, as `report` and `gate` do (it said "not a servesweep run
+  folder");
+- a web UI Locust registers too, its summary gauges appear after the test stops, and after a SIGKILL its file is
+  removed by the next `observe targets` (stale targets do not pile up);
+- `servesweep load` with no option sets the `servesweep_point_*` gauges of its run in Prometheus (Matrix and History
+  were empty until a backfill).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import SERVESWEEP
+
+from servesweep.net import free_port
+from servesweep.observe import stack
+from servesweep.observe.dashboards import matrix
+from servesweep.observe.dashboards.queries import summ, with_axes
+from servesweep.sim.launch import start_sim
+
+pytestmark = [pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCUSTFILE = str(ROOT / "locustfiles" / "llm.py")
+SIM = ["--model-path", "Qwen/Qwen3.6-27B", "--context-length", "2048", "--sim-load-time", "0"]
+SMALL = ["--prompt-tokens", "100", "--output-tokens", "16"]
+
+
+def _env() -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k != stack.ENV_DIR}, "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A results root `runs` under a working folder, its stack up, and the emulator."""
+    cwd = tmp_path_factory.mktemp("lab")
+    port = free_port()
+    up = subprocess.run([*SERVESWEEP, "observe", "up", "--root", str(cwd / "runs"), "--port", str(port),
+                         "--scrape-interval", "1s", "--no-grafana"],
+                        capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
+    assert up.returncode == 0, up.stdout + up.stderr
+    sim = start_sim(SIM, log_path=cwd / "sim.log")
+    try:
+        yield {"cwd": cwd, "prom": f"http://127.0.0.1:{port}", "sim": sim, "targets": cwd / "runs/.observe/targets"}
+    finally:
+        sim.stop()
+        stack.down(cwd / "runs")
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _query(prom: str, expr: str) -> list[dict]:
+    return _get(f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")["data"]["result"]
+
+
+def _locust_targets(prom: str) -> list[dict]:
+    """Prometheus' own view: the active targets whose run_id is a hand-started Locust's."""
+    active = _get(f"{prom}/api/v1/targets?state=active")["data"]["activeTargets"]
+    return [t for t in active if t["labels"].get("run_id", "").startswith("locust-")]
+
+
+def _until(cond: Callable, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None and not cond()):
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"{what}: not within {timeout:.0f}s\n{tail}")
+        time.sleep(0.3)
+
+
+def _matrix_rows(prom: str, run_id: str) -> list[dict]:
+    """The Matrix dashboard's "Points of the run" query for one column (TTFT p99), as Grafana sends it."""
+    _title, metric, stat, _unit = next(c for c in matrix.COLUMNS if c[0] == "TTFT p99")
+    expr = with_axes(summ(metric, matrix.SEL, stat), matrix.SEL)
+    expr = expr.replace("$run_id", run_id).replace("$model", ".*").replace("$config", ".*")
+    return _query(prom, expr.replace("$__range", "15m"))
+
+
+def _locust(world, log: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "locust", "-f", LOCUSTFILE, "--host", world["sim"].base_url, *SMALL, *args]
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, cwd=world["cwd"], stdout=out, stderr=subprocess.STDOUT, env=_env(),
+                                start_new_session=True)  # fmt: skip
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(world):
+    prom, log = world["prom"], world["cwd"] / "headless.log"
+    records = world["cwd"] / "r.parquet"
+    proc = _locust(world, log, "--headless", "-u", "2", "-r", "2", "-t", "6s", "--records", str(records))
+    try:
+        (target,) = _until(lambda: [t for t in _locust_targets(prom) if t["health"] == "up"], 30,
+                           "the headless Locust as an up target", proc, log)  # fmt: skip
+        run_id = target["labels"]["run_id"]
+        assert "__servesweep_owner" not in target["labels"]  # the owner stamp never reaches a series
+        _until(lambda: _query(prom, f'servesweep_ttft_seconds_count{{run_id="{run_id}"}} > 0'), 30,
+               "its TTFT histogram queryable", proc, log)  # fmt: skip
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        _kill(proc)
+    out = log.read_text()
+    assert "waiting up to" in out and "did not scrape" not in out, out[-2000:]
+    # the summary set at the stop was scraped before the process went: the Matrix dashboard shows the point
+    (row,) = _matrix_rows(prom, run_id)
+    assert float(row["value"][1]) > 0 and row["metric"]["concurrency"] == "2", row
+    assert not list(world["targets"].glob("servesweep-locust-*.json")), "its target file outlived it"
+
+    bf = subprocess.run([*SERVESWEEP, "observe", "backfill", "--root", str(world["cwd"] / "runs"), str(records)],
+                        capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+    assert bf.returncode == 0 and "block(s)" in bf.stdout, bf.stdout + bf.stderr
+    om = subprocess.run([sys.executable, "-m", "servesweep.observe.promconfig", "backfill", str(records), "--out",
+                         str(world["cwd"] / "unused"), "--openmetrics"],
+                        capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
+    assert om.returncode == 0, om.stderr
+    assert 'servesweep_point_ttft_seconds{run_id="r-' in om.stdout and 'stat="p99"' in om.stdout
+
+
+def test_web_ui_locust_registers_shows_its_summary_and_a_sigkill_leaves_no_stale_target(world):
+    prom, log = world["prom"], world["cwd"] / "webui.log"
+    proc = _locust(world, log, "--web-host", "127.0.0.1", "--web-port", str(free_port()), "--autostart",
+                   "-u", "2", "-r", "2", "-t", "4s")  # fmt: skip
+    try:
+        (target,) = _until(lambda: [t for t in _locust_targets(prom) if t["health"] == "up"], 30,
+                           "the web UI Locust as an up target", proc, log)  # fmt: skip
+        run_id = target["labels"]["run_id"]
+        # the test stops after 4 s and the UI stays: its summary gauges are scraped from the live process
+        _until(lambda: _query(prom, f'servesweep_point_requests{{run_id="{run_id}"}} > 0'), 40,
+               "the point's summary gauges", proc, log)  # fmt: skip
+        files = list(world["targets"].glob("servesweep-locust-*.json"))
+        assert len(files) == 1 and proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)  # nothing of the process runs at exit
+        proc.wait(10)
+        assert files[0].exists()
+        listed = subprocess.run([*SERVESWEEP, "observe", "targets", "--root", str(world["cwd"] / "runs")],
+                                capture_output=True, text=True, timeout=30, env=_env())  # fmt: skip
+        assert listed.returncode == 0 and "locust-" not in listed.stdout, listed.stdout
+        assert not files[0].exists(), "a killed Locust's target file stayed"
+    finally:
+        _kill(proc)
+
+
+def test_servesweep_load_sets_the_point_summary_gauges_matrix_reads(world):
+    log = world["cwd"] / "load.log"
+    r = subprocess.run([*SERVESWEEP, "load", "--base-url", world["sim"].base_url, "--concurrency", "2",
+                        "--requests", "8", *SMALL, "--out", str(world["cwd"] / "runs")],
+                       cwd=world["cwd"], stdout=open(log, "wb"), stderr=subprocess.STDOUT, timeout=180,
+                       env=_env())  # fmt: skip
+    out = log.read_text()
+    assert r.returncode == 0, out[-3000:]
+    run_id = next(json.loads(m.read_text())["run_id"] for m in (world["cwd"] / "runs").glob("load-*/manifest.json"))
+    (row,) = _matrix_rows(world["prom"], run_id)
+    assert float(row["value"][1]) > 0, row
+    assert _query(world["prom"], f'servesweep_point_requests{{run_id="{run_id}"}} == 8'), out[-2000:]
+    assert not list(world["targets"].glob(f"*{run_id}*.json")), "the load run's target files outlived it"
