@@ -13,6 +13,12 @@ output, workload, timeouts, advanced; durations here in seconds), all in the web
 --slo (a breach exits 1); --records (at the end). The user count is Locust's -u, the run time its -t.
 Workers (--worker) need no --host: the master sends it.
 
+    python locustfiles/llm.py --help     # Locust's options, then servesweep's, by group
+
+is `locust -f locustfiles/llm.py --help` with servesweep's options listed too: Locust answers --help before it imports
+the locustfile (locust issue 2917), so `locust -f ... --help` lists Locust's own options only. Any other arguments
+run Locust with this file as `locust -f` does.
+
 Headless without -s/--stop-timeout, the streams still running at -t get the point's stop timeout to finish (min(total,
 first-token + 4 x stall + 60 s): 1440 s with the defaults; each stream stays bounded by its own timeouts) and are
 measured, not dropped; an explicit -s (even 0) is kept. A master with -t ends like a servesweep duration point (its
@@ -25,3 +31,12 @@ second, exit 4, when its parent dies, and so do the workers Locust's --processes
 
 from servesweep.client import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)
 from servesweep.client.locustfile import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
+
+if __name__ == "__main__":
+    # Run as a script: the imports above registered servesweep's options, so Locust's --help lists them.
+    import sys
+
+    from locust.main import main
+
+    sys.argv = ["locust", "-f", __file__, *sys.argv[1:]]
+    main()

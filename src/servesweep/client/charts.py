@@ -38,21 +38,30 @@ def _pct(values: list[np.ndarray], q: float) -> float | None:
     return float(np.percentile(v, q)) if v.size else None
 
 
-def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _scheduled_wall_ns(cols: dict[str, list]) -> list[int | None]:
+    """Each row's scheduled time on the wall clock (its process's monotonic clock plus that process's offset)."""
+    sched, offset = cols.get("scheduled_ns") or (), cols.get("mono_to_wall_ns") or ()
+    return [None if s is None or o is None else s + o for s, o in zip(sched, offset, strict=False)]
+
+
+def _latencies(cols: dict[str, list], since_wall_ns: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """TTFT (one per successful measured request), ITL per chunk (every gap between token-bearing chunks) and ITL
     per token (each gap divided by its chunk's tokens, once per token), in ms, of a batch of rows
-    (results/metrics.py)."""
+    (results/metrics.py), counting only the requests scheduled at or after `since_wall_ns` (the test's start)."""
     ttft, itl, itl_tok = [], [], []
     names = ("warmup", "error_class", "sent_ns", "first_token_ns", "chunk_ns", "chunk_tokens")
     # the columns of a lead choice's own token count (n > 1); a batch without them reads as one choice each
     lead_names = ("completion_tokens", "choices", "lead_choice", "choice_completion_tokens")
     rows = len(cols.get("sent_ns", ()))
     leads = zip(*(cols.get(n) or [None] * rows for n in lead_names), strict=True)
-    for (warm, err, sent, first, chunks, toks), lead in zip(
-        zip(*(cols.get(n, ()) for n in names), strict=False), leads, strict=False
+    scheduled = _scheduled_wall_ns(cols) if since_wall_ns else [None] * rows
+    for (warm, err, sent, first, chunks, toks), lead, wall in zip(
+        zip(*(cols.get(n, ()) for n in names), strict=False), leads, scheduled, strict=False
     ):
         if warm or err or sent is None or first is None:
             continue
+        if since_wall_ns and (wall is None or wall < since_wall_ns):
+            continue  # a request of the previous test, finished after it stopped (or shipped late by a worker)
         ttft.append(M.ttft(first, sent))
         if chunks is not None and len(chunks) >= 2:
             gaps = M.itl_gaps(chunks)
@@ -68,15 +77,19 @@ def _latencies(cols: dict[str, list]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def in_flight(environment) -> int:
-    """Streams started and not ended: this process's counters (local runner), or its workers' last reports."""
+    """Streams open now: this process's gauge (local runner), or the sum of the connected workers' gauges as their
+    last reports gave them (a master; webui.LiveState keeps them with each worker's headroom).
+
+    A gauge, not issued - completed: a stream whose user is stopped mid-request is issued and never completed, so
+    that difference grew with every stop and carried into the next test of the session."""
+    live = getattr(environment, "servesweep_live", None)
+    if live is not None and live.is_master:
+        # the connected workers only: one that left keeps its last headroom entry
+        return sum(
+            int(live.headroom.get(cid, {}).get("in_flight") or 0) for cid in environment.runner.clients
+        )
     ctx = getattr(environment, "servesweep", None)
-    clients = getattr(ctx, "clients", None)
-    if clients is not None:  # a master: the workers' counters (every report)
-        entries = [c for c in clients.by_id.values() if c.get("role") != "master"]
-        return max(0, sum(int(c.get("issued", 0)) - int(c.get("completed", 0)) for c in entries))
-    if ctx is not None and hasattr(ctx, "issued"):
-        return max(0, int(ctx.issued) - int(ctx.completed))
-    return 0
+    return max(0, int(getattr(ctx, "in_flight", 0)))
 
 
 class Series:
@@ -87,10 +100,14 @@ class Series:
         self._recent: deque[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = deque()
         self._seen = 0
         self._buffer = None
+        self._since_wall_ns = 0  # the current test's start: older requests are not its own
 
-    def reset(self) -> None:
+    def reset(self, now: float | None = None) -> None:
+        """At a test start: no samples, no recent requests, and none scheduled before now counts (the previous
+        test's last requests reach the buffer after it stopped: a worker ships them up to 3 s later)."""
         self.samples.clear()
         self._recent.clear()
+        self._since_wall_ns = int((time.time() if now is None else now) * 1e9)
 
     def tick(self, environment, output_tps: float | None, now: float | None = None) -> dict:
         now = time.time() if now is None else now
@@ -99,7 +116,7 @@ class Series:
             if buf is not self._buffer:
                 self._buffer, self._seen = buf, 0
             cols, self._seen = buf.columns_since(self._seen)
-            ttft, itl, itl_tok = _latencies(cols)
+            ttft, itl, itl_tok = _latencies(cols, self._since_wall_ns)
             self._recent.append((now, ttft, itl, itl_tok))
         while self._recent and self._recent[0][0] <= now - WINDOW_S:
             self._recent.popleft()

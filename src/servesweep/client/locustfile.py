@@ -78,14 +78,44 @@ def _args(parser) -> None:
     # still running at -t.
     parser.set_defaults(web_host="127.0.0.1", stop_timeout=_NO_STOP_TIMEOUT)
     # The start form lists its parameters in the order they are added: the ramp (with the web UI) and the load
-    # shape first, then each group of the knobs' table (config.point.GROUPS).
+    # shape first, then each group of the knobs' table (config.point.GROUPS); --help lists them under one title
+    # per group.
+    grouped = GroupedArguments(parser)
     if "servesweep.client.webui" in sys.modules:
         from servesweep.client.shapes import add_ramp_arguments
 
-        add_ramp_arguments(parser)
+        add_ramp_arguments(grouped)
     for k in knobs("form"):
-        add_knob_argument(parser, k)
-    _run_arguments(parser)
+        add_knob_argument(grouped, k)
+    _run_arguments(grouped)
+
+
+class GroupedArguments:
+    """A Locust parser's add_argument that puts each option in an argument group named by its help's "[group]"
+    prefix ("servesweep: load shape"; "servesweep: run" without one), so that --help lists servesweep's options
+    by group after Locust's own. Locust's extra keywords (include_in_web_ui, is_secret, ...) exist only on the
+    parser's own add_argument: here they are set on the action as LocustArgumentParser does, so the web UI still
+    finds the option (the groups share the parser's list of actions)."""
+
+    UI_KEYWORDS = {"include_in_web_ui": True, "is_secret": False, "is_required": False, "is_multiple": False}
+
+    def __init__(self, parser) -> None:
+        self.parser = parser
+        # on the parser: the web UI module's options join the same titles
+        self.groups: dict[str, argparse._ArgumentGroup] = parser.__dict__.setdefault("servesweep_groups", {})
+
+    def group(self, help_text: str) -> argparse._ArgumentGroup:
+        title = help_text[1 : help_text.index("]")] if help_text.startswith("[") else "run"
+        if title not in self.groups:
+            self.groups[title] = self.parser.add_argument_group(f"servesweep: {title}")
+        return self.groups[title]
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        ui = {k: kwargs.pop(k, default) for k, default in self.UI_KEYWORDS.items()}
+        action = self.group(kwargs.get("help") or "").add_argument(*args, **kwargs)
+        for k, v in ui.items():
+            setattr(action, k, v)
+        return action
 
 
 def add_knob_argument(parser, k: Knob) -> None:
@@ -563,7 +593,11 @@ class Clients:
                 self.exits[pid] = 128 - code if code < 0 else code  # as a shell says it: SIGKILL is 137
 
     def write(self, path: Path) -> None:
-        write_atomic(path, json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}), durable=False)
+        write_atomic(
+            path,
+            json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}),
+            durable=False,
+        )
 
 
 class Sampler:
@@ -842,7 +876,11 @@ def _progress_loop(ctx: LoadContext, path: Path) -> None:
 
 
 def _write_progress(ctx: LoadContext, path: Path) -> None:
-    write_atomic(path, json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}), durable=False)
+    write_atomic(
+        path,
+        json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}),
+        durable=False,
+    )
 
 
 def _write_records(environment) -> Path | None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,9 @@ log = logging.getLogger("servesweep")
 
 STEPS_CSV_PATH = "/servesweep/steps.csv"
 LIVE_JSON_PATH = "/servesweep/live.json"
+FORM_JSON_PATH = "/servesweep/form.json"
+GROUP_PREFIX = re.compile(r"^\[([^\]]+)\] ")  # "[load shape] ...": the group the locustfile put an option in
+UNGROUPED = "SLO"  # the heading of the form's options without a group (--slo)
 STEPS_REFRESH_S = 5.0  # the steps tab re-summarizes the records at most this often
 
 LLM_TABLE = [
@@ -69,7 +73,7 @@ CLIENTS_TABLE = [
 @events.init_command_line_parser.add_listener
 def _args(parser) -> None:
     # the point's knobs and the ramp are in the start form already (the locustfile adds them, the ramp first)
-    parser.add_argument(
+    _locustfile.GroupedArguments(parser).add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -120,6 +124,8 @@ class LiveState:
                 **self.sampler.take(),
                 "users": runner.user_count,
                 "process": getattr(ctx, "worker", client_id),
+                # streams open now: the master's "streams in flight" chart sums them
+                "in_flight": getattr(ctx, "in_flight", 0),
             },
         }
         self.stats = LiveStats(self.slos)
@@ -159,8 +165,13 @@ class LiveState:
         self.slos = parse_slos(text or "")
 
     def reset(self) -> None:
+        """A new test (or Locust's reset): no numbers of the one before, not even its last requests, which reach
+        the local buffer after the stop and would otherwise be pulled into the new test's first second."""
         self.stats = LiveStats(self.slos)
         self._steps_cache = None
+        buf = getattr(self._pulled_ctx, "buffer", None)
+        if buf is not None:
+            self._pulled = len(buf)
 
     # ------------------------------------------------------------ numbers out
 
@@ -273,7 +284,8 @@ def slo_checks(slos, snap: dict) -> list[dict]:
         if x.stat is not None:
             v = snap["latency"].get(f"{x.metric.base}_ms", {}).get(x.stat)
         else:
-            v = scalars.get(x.name)  # a figure the live snapshot does not keep (cache_hit_ratio ...): no verdict
+            # a figure the live snapshot does not keep (cache_hit_ratio ...): no verdict
+            v = scalars.get(x.name)
         out.append({"slo": x.text, "value": v, "pass": v is not None and x.holds(v)})
     return out
 
@@ -380,6 +392,62 @@ def _form_options(form, opts):
     return Namespace(**d)
 
 
+def camel_case(dest: str) -> str:
+    """An option's name in the start form (Locust's UI camel-cases every key: ramp_steps -> rampSteps)."""
+    return re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), dest)
+
+
+def form_groups(extra_options: dict[str, dict]) -> list[dict]:
+    """The start form's parameters by group, in the order the locustfile added them (the ramp first), each group
+    named by its options' help prefix ("[load shape] ..." under "Load shape"): [{"title", "names": [form names]}]."""
+    groups: dict[str, list[str]] = {}
+    for dest, o in extra_options.items():
+        m = GROUP_PREFIX.match(o.get("help_text") or "")
+        groups.setdefault(m.group(1).capitalize() if m else UNGROUPED, []).append(camel_case(dest))
+    return [{"title": title, "names": names} for title, names in groups.items()]
+
+
+def form_options(extra_options: dict[str, dict], current: dict) -> dict[str, dict]:
+    """The start form's parameters as this process runs them now (the last start's values, which Locust wrote into
+    parsed_options, not the command line's: a reload shows what the last test ran), labels without the group
+    prefix (ui.js shows the groups as headings)."""
+    out = {}
+    for dest, o in extra_options.items():
+        shown = dict(o)
+        if dest in current:
+            shown["default_value"] = current[dest]
+        shown["help_text"] = GROUP_PREFIX.sub("", o.get("help_text") or "")
+        out[dest] = shown
+    return out
+
+
+def _install_form(environment) -> None:
+    """The start form in the order the parameters were added (Flask's JSON sorted them by name), with the values
+    of the last start, and /servesweep/form.json (the groups, for ui.js)."""
+    from flask import jsonify
+    from locust.argument_parser import ui_extra_args_dict
+
+    web_ui = environment.web_ui
+    # the page's template args (Jinja's tojson) and the JSON routes keep their keys' order
+    web_ui.app.jinja_env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    web_ui.app.json.sort_keys = False
+    update = web_ui.update_template_args
+
+    def update_template_args() -> None:
+        update()
+        shown = web_ui.template_args.get("extra_options") or {}
+        web_ui.template_args["extra_options"] = form_options(shown, vars(environment.parsed_options))
+
+    web_ui.update_template_args = update_template_args
+
+    @web_ui.auth_required_if_enabled
+    def form_json():
+        return jsonify({"groups": form_groups(ui_extra_args_dict())})
+
+    base = (getattr(environment.parsed_options, "web_base_path", "") or "").rstrip("/")
+    web_ui.app.add_url_rule(base + FORM_JSON_PATH, "servesweep_form_json", form_json)
+
+
 def _install_web_ui(environment, state: LiveState) -> None:
     """The LLM tabs, the start form's check of the shape and the LLM options, and servesweep's two routes."""
     from flask import jsonify, request
@@ -427,6 +495,7 @@ def _install_web_ui(environment, state: LiveState) -> None:
         return response
 
     _add_routes(environment, state)
+    _install_form(environment)
     _install_charts(environment, state)
 
 

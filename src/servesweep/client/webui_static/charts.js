@@ -30,11 +30,16 @@
     return v.toPrecision(3);
   }
 
+  // A drawable point: both coordinates finite numbers. A step that has just started has "-" cells, a sample of a
+  // quiet window null ones: such points are left out, never allowed to set the axes (NaN would blank the chart).
+  const finite = p => Number.isFinite(p[0]) && Number.isFinite(p[1]);
+
   // series: [{name, pts: [[x, y]...]}]; opts: {xFmt, integerX, xLabel}
   function draw(id, series, opts) {
     const svg = document.getElementById("c-" + id);
     svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
     while (svg.firstChild) svg.removeChild(svg.firstChild);
+    series = series.map(s => ({name: s.name, pts: s.pts.filter(finite)}));
     const pts = series.flatMap(s => s.pts);
     const legend = document.getElementById("l-" + id);
     legend.innerHTML = series.map((s, i) =>
@@ -59,7 +64,7 @@
     }
     el("text", {x: (L + W - R) / 2, y: H - 3, "text-anchor": "middle"}, svg).textContent = opts.xLabel;
     series.forEach((s, i) => {
-      const good = s.pts.filter(p => p[1] !== null && isFinite(p[1]));
+      const good = s.pts;
       if (!good.length) return;
       const d = good.map((p, j) => `${j ? "L" : "M"}${sx(p[0]).toFixed(1)} ${sy(p[1]).toFixed(1)}`).join(" ");
       el("path", {d, fill: "none", stroke: COLORS[i % COLORS.length], "stroke-width": 2,
@@ -74,7 +79,7 @@
     const s = data.samples.filter(x => x);
     if (!s.length) return;
     const t0 = s[0].t;
-    const line = (name, key) => ({name, pts: s.filter(x => x[key] !== null).map(x => [x.t - t0, x[key]])});
+    const line = (name, key) => ({name, pts: s.map(x => [x.t - t0, x[key]])});
     const opts = {xFmt: v => fmt(v) + " s", integerX: false, xLabel: "seconds since the first sample"};
     draw("ttft", [line("p50", "ttft_p50_ms"), line("p99", "ttft_p99_ms")], opts);
     draw("itl", [line("p99 per chunk", "itl_p99_ms"), line("p99 per token", "itl_per_token_p99_ms")], opts);
@@ -85,9 +90,10 @@
   }
 
   function stepCharts(steps, columns) {
-    const num = v => (v === "" || v === undefined || v === null) ? null : parseFloat(v);
-    const rows = steps.map(r => ({x: num(r.conc), r})).filter(o => o.x !== null).sort((a, b) => a.x - b.x);
-    const line = (name, key) => ({name, pts: rows.map(o => [o.x, num(o.r[key])]).filter(p => p[1] !== null)});
+    // A cell as a number, or NaN for "", "-" and a missing cell (a step with no finished request yet)
+    const num = v => (typeof v === "number" ? v : parseFloat(v));
+    const rows = steps.map(r => ({x: num(r.conc), r})).filter(o => Number.isFinite(o.x)).sort((a, b) => a.x - b.x);
+    const line = (name, key) => ({name, pts: rows.map(o => [o.x, num(o.r[key])])});
     const opts = {xFmt: v => fmt(v), integerX: true, xLabel: "concurrency (users of the step)"};
     draw("sttft", [line("p50", "TTFT p50 ms"), line("p99", "TTFT p99 ms")], opts);
     draw("sitl", [line("p99 per chunk", "ITL/chunk p99 ms")], opts);
