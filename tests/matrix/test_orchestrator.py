@@ -160,7 +160,12 @@ def test_sigkill_mid_matrix_then_resume_loses_and_repeats_nothing(tmp_path):
         # resolved server info per configuration, versions, git revision, host facts
         mtp = next(c for cid, c in m["configs"].items() if cid.endswith("mtp"))
         assert mtp["server"]["server_info"]["speculative_algorithm"] == "EAGLE"  # NEXTN is reported as EAGLE
-        assert m["versions"]["ansible-core"] and m["versions"]["locust"] and "localhost" in m["hosts"]
+        assert m["versions"]["ansible-core"] and m["versions"]["locust"]
+        # the host's facts, read by the readiness probe on the host (this machine: no GPU, so no nvidia-smi lines)
+        facts = m["hosts"]["localhost"]
+        assert facts["hostname"] == socket.gethostname().split(".")[0] and facts["kernel"] == os.uname().release
+        assert facts["cpus"] == os.cpu_count() and facts["memtotal_mb"] == psutil.virtual_memory().total >> 20
+        assert facts["os"] and facts["gpus"] == []
         assert m["git_rev"]
         # the results table and where the results are
         assert "results:" in out and str(run_dir) in out

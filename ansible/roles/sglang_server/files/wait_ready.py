@@ -7,7 +7,10 @@ its own wait: nothing of servesweep is installed there, so servesweep.target.htt
 out of reach.
 Prints one JSON object: how long the liveness path (SGLang's /model_info, answers before warmup) and the health path
 (ready) took, the documents by name under "info" and, with --log-lines N, the last N lines of the server's log under
-"log" (its file, journal or container log), so the role needs no task of its own to bring the log back. The API key,
+"log" (its file, journal or container log), so the role needs no task of its own to bring the log back, and with
+--facts the host's facts for the run manifest under "facts" (hostname, OS, kernel, CPUs, memory, GPUs from nvidia-smi
+where it exists): stdlib reads of /etc and /proc instead of Ansible's setup module and a shell task (two module runs,
+about 2 s of CPU per run's first start). The API key,
 if any, comes from the environment (SERVESWEEP_API_KEY) or a 0600 file (--api-key-file), never from the command line,
 and is replaced by "<redacted>" wherever it appears in what is printed: SGLang 0.5.23 shows its api_key in
 /server_info and logs it among its server_args at start. --log-only prints only the log (after a crash, a failed start).
@@ -18,6 +21,8 @@ failing document is recorded as {"error": ...}: a generic server's /v1/models ma
 import argparse
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -83,6 +88,54 @@ def emit(out, args):
     if args.log_lines > 0:
         out["log"] = read_log(args)
     print(json.dumps(scrub(out, API_KEY)))
+
+
+def os_release(path="/etc/os-release"):
+    """'Debian GNU/Linux 12 (bookworm)': the PRETTY_NAME of os-release(5), or NAME VERSION_ID; '' where absent."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, sep, value = line.strip().partition("=")
+                if sep:
+                    fields[key] = value.strip().strip('"').strip("'")
+    except OSError:
+        return ""
+    return fields.get("PRETTY_NAME") or " ".join(v for v in (fields.get("NAME"), fields.get("VERSION_ID")) if v)
+
+
+def memtotal_mb(path="/proc/meminfo"):
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gpu_lines():
+    """nvidia-smi's name, memory and driver per GPU (one CSV line each); [] where it is absent or fails."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, check=False, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in r.stdout.splitlines() if line.strip()] if r.returncode == 0 else []
+
+
+def host_facts():
+    return {
+        "hostname": socket.gethostname().split(".")[0],
+        "os": os_release(),
+        "kernel": os.uname().release,
+        "cpus": os.cpu_count(),
+        "memtotal_mb": memtotal_mb(),
+        "gpus": gpu_lines(),
+    }
 
 
 def _request(url):
@@ -152,6 +205,7 @@ def main():
     p.add_argument("--log-lines", type=int, default=0, help="bring back the last N lines of the server's log")
     p.add_argument("--log-file", default="server.log", help="the process launcher's log (relative to the cwd)")
     p.add_argument("--log-only", action="store_true", help="only read the log (no readiness wait)")
+    p.add_argument("--facts", action="store_true", help="add the host's facts once ready (for the run manifest)")
     args = p.parse_args()
     if args.api_key_file:
         global API_KEY
@@ -178,6 +232,8 @@ def main():
                         emit(out, args)
                         return 5
                     out["info"][key] = {"error": f"{path}: {e}"}
+            if args.facts:
+                out["facts"] = host_facts()
             emit(out, args)
             return 0
         if not alive(args):
