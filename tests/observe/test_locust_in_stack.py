@@ -59,7 +59,12 @@ def world(tmp_path_factory):
     assert up.returncode == 0, up.stdout + up.stderr
     sim = start_sim(SIM, log_path=cwd / "sim.log")
     try:
-        yield {"cwd": cwd, "prom": f"http://127.0.0.1:{port}", "sim": sim, "targets": cwd / "runs/.observe/targets"}
+        yield {
+            "cwd": cwd,
+            "prom": f"http://127.0.0.1:{port}",
+            "sim": sim,
+            "targets": cwd / "runs/.observe/targets",
+        }
     finally:
         sim.stop()
         stack.down(cwd / "runs")
@@ -80,7 +85,9 @@ def _locust_targets(prom: str) -> list[dict]:
     return [t for t in active if t["labels"].get("run_id", "").startswith("locust-")]
 
 
-def _until(cond: Callable, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None):
+def _until(
+    cond: Callable, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None
+):
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -176,7 +183,9 @@ def test_servesweep_load_sets_the_point_summary_gauges_matrix_reads(world):
                        env=_env())  # fmt: skip
     out = log.read_text()
     assert r.returncode == 0, out[-3000:]
-    run_id = next(json.loads(m.read_text())["run_id"] for m in (world["cwd"] / "runs").glob("load-*/manifest.json"))
+    run_id = next(
+        json.loads(m.read_text())["run_id"] for m in (world["cwd"] / "runs").glob("load-*/manifest.json")
+    )
     (row,) = _matrix_rows(world["prom"], run_id)
     assert float(row["value"][1]) > 0, row
     assert _query(world["prom"], f'servesweep_point_requests{{run_id="{run_id}"}} == 8'), out[-2000:]

@@ -9,6 +9,7 @@ the real CLI in a subprocess, and stops it at the end. What is held:
 - `promtool check config` accepts the generated config with registered target files;
 - Grafana's provisioning is valid YAML naming the stack's Prometheus and every dashboard JSON;
 - a finished run backfilled into the stack shows in Prometheus as history (40 days back).
+- the target files of a process that is gone are swept; a live owner's, another host's and a hand-written one stay.
 """
 
 from __future__ import annotations
@@ -280,3 +281,30 @@ def test_grafana_found_is_started_on_the_provisioning_and_stopped_by_down(root, 
     r = _cli("down", "--root", str(root))
     assert r.returncode == 0 and "stopped: grafana, prometheus" in r.stdout, r.stdout
     assert not lay.record("grafana").exists() and not lay.record("prometheus").exists()
+
+
+@pytest.mark.fast
+def test_a_killed_owners_target_files_are_swept_and_no_other(root):
+    """Stale targets do not pile up: a file whose writer is gone (here: this pid with another start time, as after
+    a SIGKILL and pid reuse) is removed by the next registration and by list_targets; a live owner's, another
+    host's and an ownerless (hand-written) file stay; the owner stamp is not shown as a label."""
+    tdir = Layout(stack_dir(root)).targets
+
+    def write(name: str, owner: str | None) -> Path:
+        labels = {"run_id": name, **({stack.OWNER_LABEL: owner} if owner else {})}
+        path = tdir / f"servesweep-{name}.json"
+        path.write_text(json.dumps([{"targets": ["127.0.0.1:1"], "labels": labels}]))
+        return path
+
+    live = register_targets("servesweep", ["127.0.0.1:2"], {"run_id": "live"}, root=root)
+    host, pid, started = stack.owner_stamp().rsplit(":", 2)
+    dead = write("dead", f"{host}:{pid}:{float(started) - 100:.2f}")
+    elsewhere = write("elsewhere", f"other-host:{pid}:1.00")
+    by_hand = write("by-hand", None)
+    rows = stack.list_targets(root)
+    assert not dead.exists() and live.exists() and elsewhere.exists() and by_hand.exists()
+    assert {r["labels"]["run_id"] for r in rows} == {"live", "elsewhere", "by-hand"}
+    assert all(stack.OWNER_LABEL not in r["labels"] for r in rows)
+    dead = write("dead", f"{host}:{pid}:{float(started) - 100:.2f}")
+    register_targets("sglang", ["127.0.0.1:3"], {"run_id": "next"}, root=root)
+    assert not dead.exists()

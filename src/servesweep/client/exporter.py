@@ -77,7 +77,7 @@ def _register_in_stack(environment, metrics: ClientMetrics, feed: _Feed, port: i
     if port is None:
         port = metrics.serve("127.0.0.1", 0)  # no port asked for: a free one, only for the stack's Prometheus
     targets = RunTargets(metrics.run_id)
-    path = targets.exporter(f"127.0.0.1:{port}", role=f"locust-{os.getpid()}")
+    path = targets.exporter(f"127.0.0.1:{port}", role=f"pid{os.getpid()}")
     logging.getLogger("servesweep").info("servesweep: client metrics registered for Prometheus in %s", path)
     headless = bool(getattr(environment.parsed_options, "headless", False))
     environment.events.quitting.add_listener(lambda **_k: _quit(feed, targets, headless))
@@ -108,6 +108,7 @@ def summary_since(environment, since_unix: float | None) -> dict | None:
         return None
     table = buf.table()
     if since_unix is not None:
+
         def col(name: str) -> np.ndarray:
             return table.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
 

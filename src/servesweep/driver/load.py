@@ -441,15 +441,18 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     state["manifest"] = manifest
     summaries = []
     exporter = _RunExporter.start(run, run_id, base_url, err)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=False,
-        disable=not err.is_terminal,  # without a terminal: plain lines (driver/live.py)
-    ) as prog, (exporter or nullcontext()):
+    with (
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+            disable=not err.is_terminal,  # without a terminal: plain lines (driver/live.py)
+        ) as prog,
+        exporter or nullcontext(),
+    ):
         for p in points:
             state["current"] = p.id
             # the run's probes are counted with its first point; their notes go with every point
@@ -562,7 +565,9 @@ def _point_watch(p: LoadPoint, err, exporter: _RunExporter | None):
     from servesweep.driver.live import PointWatch
 
     what = f"point {p.id} (concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s)" if p.rate_rps else ")")
-    echo = None if err.is_terminal else (lambda t: err.print(t, markup=False, highlight=False, soft_wrap=True))
+    echo = (
+        None if err.is_terminal else (lambda t: err.print(t, markup=False, highlight=False, soft_wrap=True))
+    )
     return PointWatch(p.id, metrics=exporter.metrics if exporter else None, echo=echo, label=what)
 
 

@@ -194,7 +194,7 @@ def unregister(
 
 
 def owner_stamp(pid: int | None = None) -> str:
-    """"host:pid:start time" of a process (this one by default): what identifies it across pid reuse."""
+    """ "host:pid:start time" of a process (this one by default): what identifies it across pid reuse."""
     pid = os.getpid() if pid is None else pid
     started = _start_time(pid)
     return f"{socket.gethostname()}:{pid}:{started if started is not None else 0:.2f}"
@@ -229,7 +229,9 @@ def _file_owners(path: Path) -> list[str]:
         return []
     if not isinstance(groups, list):
         return []
-    return [g["labels"][OWNER_LABEL] for g in groups if isinstance(g, dict) and OWNER_LABEL in g.get("labels", {})]
+    return [
+        g["labels"][OWNER_LABEL] for g in groups if isinstance(g, dict) and OWNER_LABEL in g.get("labels", {})
+    ]
 
 
 def sweep_stale(root: str | Path | None = None) -> list[Path]:

@@ -109,7 +109,10 @@ def _to_stderr(text: str) -> None:
 
 
 def last_scrape(
-    metrics: ClientMetrics, after: int, root: str | Path | None = None, echo: Callable[[str], None] = _to_stderr
+    metrics: ClientMetrics,
+    after: int,
+    root: str | Path | None = None,
+    echo: Callable[[str], None] = _to_stderr,
 ) -> bool | None:
     """Before an exporter stops: wait until the stack's Prometheus has read `metrics` since `after` (its `reads`
     when the last summary was set), at most the discovery delay plus two scrape intervals, so the summary gauges of
@@ -121,5 +124,7 @@ def last_scrape(
     echo(f"servesweep: waiting up to {bound:.0f} s for Prometheus to scrape the last summary")
     if metrics.wait_read(after, bound):
         return True
-    echo("servesweep: Prometheus did not scrape it; `servesweep observe backfill` the run (or --records file)")
+    echo(
+        "servesweep: Prometheus did not scrape it; `servesweep observe backfill` the run (or --records file)"
+    )
     return False
