@@ -42,10 +42,23 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = str(ROOT / "locustfiles" / "llm.py")
 SIM = ["--model-path", "Qwen/Qwen3.6-27B", "--context-length", "2048", "--sim-load-time", "0"]
 SMALL = ["--prompt-tokens", "100", "--output-tokens", "16"]
+SECRET = "sk-servesweep-test-secret-0042"  # an API key: it must reach no target file, label or log
 
 
 def _env() -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != stack.ENV_DIR}, "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if k != stack.ENV_DIR}
+    return {**env, "PYTHONUNBUFFERED": "1", "SS_TEST_KEY": SECRET, "OPENAI_API_KEY": SECRET}
+
+
+def _texts(folder: Path) -> list[str]:
+    """The target files there now (read while a process runs: they are gone after it)."""
+    out = []
+    for p in folder.glob("*.json"):
+        try:
+            out.append(p.read_text())
+        except FileNotFoundError:
+            pass
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -123,12 +136,15 @@ def _kill(proc: subprocess.Popen) -> None:
 def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(world):
     prom, log = world["prom"], world["cwd"] / "headless.log"
     records = world["cwd"] / "r.parquet"
-    proc = _locust(world, log, "--headless", "-u", "2", "-r", "2", "-t", "6s", "--records", str(records))
+    proc = _locust(world, log, "--headless", "-u", "2", "-r", "2", "-t", "6s", "--records", str(records),
+                   "--api-key-env", "SS_TEST_KEY")  # fmt: skip
     try:
         (target,) = _until(lambda: [t for t in _locust_targets(prom) if t["health"] == "up"], 30,
                            "the headless Locust as an up target", proc, log)  # fmt: skip
         run_id = target["labels"]["run_id"]
         assert "__servesweep_owner" not in target["labels"]  # the owner stamp never reaches a series
+        files = _texts(world["targets"])
+        assert files and not any(SECRET in t for t in files) and SECRET not in json.dumps(target)
         _until(lambda: _query(prom, f'servesweep_ttft_seconds_count{{run_id="{run_id}"}} > 0'), 30,
                "its TTFT histogram queryable", proc, log)  # fmt: skip
         assert proc.wait(60) == 0, log.read_text()[-3000:]
@@ -136,6 +152,7 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
         _kill(proc)
     out = log.read_text()
     assert "waiting up to" in out and "did not scrape" not in out, out[-2000:]
+    assert SECRET not in out
     # the summary set at the stop was scraped before the process went: the Matrix dashboard shows the point
     (row,) = _matrix_rows(prom, run_id)
     assert float(row["value"][1]) > 0 and row["metric"]["concurrency"] == "2", row
@@ -176,17 +193,28 @@ def test_web_ui_locust_registers_shows_its_summary_and_a_sigkill_leaves_no_stale
 
 
 def test_servesweep_load_sets_the_point_summary_gauges_matrix_reads(world):
-    log = world["cwd"] / "load.log"
-    r = subprocess.run([*SERVESWEEP, "load", "--base-url", world["sim"].base_url, "--concurrency", "2",
-                        "--requests", "8", *SMALL, "--out", str(world["cwd"] / "runs")],
-                       cwd=world["cwd"], stdout=open(log, "wb"), stderr=subprocess.STDOUT, timeout=180,
-                       env=_env())  # fmt: skip
+    log, runs = world["cwd"] / "load.log", world["cwd"] / "runs"
+    # credentials in the URL and a key in the environment: neither may reach a target file or the log
+    url = world["sim"].base_url.replace("http://", "http://user:pw-secret@")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*SERVESWEEP, "load", "--base-url", url, "--concurrency", "2", "--requests", "8",
+                                 *SMALL, "--out", str(runs)],
+                                cwd=world["cwd"], stdout=out, stderr=subprocess.STDOUT, env=_env())  # fmt: skip
+    files: list[str] = []
+    try:
+        while proc.poll() is None:
+            files += [t for t in _texts(world["targets"]) if '"load-' in t]
+            time.sleep(0.2)
+    finally:
+        _kill(proc)
     out = log.read_text()
-    assert r.returncode == 0, out[-3000:]
-    run_id = next(
-        json.loads(m.read_text())["run_id"] for m in (world["cwd"] / "runs").glob("load-*/manifest.json")
-    )
+    assert proc.returncode == 0, out[-3000:]
+    assert files and not any(SECRET in t or "pw-secret" in t for t in files), files
+    assert SECRET not in out
+    run_id = next(json.loads(m.read_text())["run_id"] for m in runs.glob("load-*/manifest.json"))
     (row,) = _matrix_rows(world["prom"], run_id)
     assert float(row["value"][1]) > 0, row
-    assert _query(world["prom"], f'servesweep_point_requests{{run_id="{run_id}"}} == 8'), out[-2000:]
+    # the exporter is gone (its series are stale now): what Matrix and History read is the last value in range
+    got = _query(world["prom"], f'last_over_time(servesweep_point_requests{{run_id="{run_id}"}}[15m])')
+    assert [s["value"][1] for s in got] == ["8"], (got, out[-2000:])
     assert not list(world["targets"].glob(f"*{run_id}*.json")), "the load run's target files outlived it"

@@ -510,7 +510,7 @@ class _RunExporter:
 
         from servesweep.observe.exporter import ClientMetrics
         from servesweep.observe.stack import stack_present
-        from servesweep.observe.targets import RunTargets
+        from servesweep.observe.targets import RunTargets, scrape_address
 
         port, root = run.opts["metrics_port"], run.opts["out_root"]
         if not port and not stack_present(root):
@@ -522,7 +522,9 @@ class _RunExporter:
             raise CouldNotRun(f"--metrics-port {port}: cannot serve client metrics ({e.strerror})") from None
         targets = RunTargets(run_id, root)
         targets.exporter(f"127.0.0.1:{bound}")
-        targets.server(urlsplit(base_url).netloc)
+        # host and port only: a user:password@ in the URL never reaches a target file
+        url = urlsplit(base_url)
+        targets.server(scrape_address(url.hostname or "", url.port or (443 if url.scheme == "https" else 80)))
         err.print(f"client metrics (Prometheus): http://127.0.0.1:{bound}/metrics", highlight=False)
         return cls(metrics, targets, root)
 
