@@ -8,6 +8,8 @@ What a user checks, and what was broken before:
   set), and its target file is gone when it exits;
 - `observe backfill` takes that run's `--records r.parquet`, as `report` and `gate` do (it said "not a servesweep run
   folder");
+- a master with worker processes is one target, and its summary counts every worker's records (the last ones
+  arrive after the stop);
 - a web UI Locust registers too, its summary gauges appear after the test stops, and after a SIGKILL its file is
   removed by the next `observe targets` (stale targets do not pile up);
 - `servesweep load` with no option sets the `servesweep_point_*` gauges of its run in Prometheus (Matrix and History
@@ -147,6 +149,8 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
         assert files and not any(SECRET in t for t in files) and SECRET not in json.dumps(target)
         _until(lambda: _query(prom, f'servesweep_ttft_seconds_count{{run_id="{run_id}"}} > 0'), 30,
                "its TTFT histogram queryable", proc, log)  # fmt: skip
+        # the Live dashboard's run picker (label_values(servesweep_point_info, run_id)) lists it
+        assert _query(prom, f'servesweep_point_info{{run_id="{run_id}", concurrency="2"}}')
         assert proc.wait(60) == 0, log.read_text()[-3000:]
     finally:
         _kill(proc)
@@ -166,6 +170,26 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
                         capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
     assert om.returncode == 0, om.stderr
     assert 'servesweep_point_ttft_seconds{run_id="r-' in om.stdout and 'stat="p99"' in om.stdout
+
+
+def test_a_master_with_worker_processes_registers_once_and_its_summary_counts_every_workers_records(world):
+    """Workers ship their last records after the stop: the master's summary is made again once they are in."""
+    import pyarrow.parquet as pq
+
+    prom, log, records = world["prom"], world["cwd"] / "master.log", world["cwd"] / "m.parquet"
+    proc = _locust(world, log, "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "4s",
+                   "--records", str(records))  # fmt: skip
+    try:
+        (target,) = _until(lambda: [t for t in _locust_targets(prom) if t["health"] == "up"], 30,
+                           "the master as the one up target", proc, log)  # fmt: skip
+        assert proc.wait(90) == 0, log.read_text()[-3000:]
+    finally:
+        _kill(proc)
+    run_id = target["labels"]["run_id"]
+    measured = pq.read_table(records, columns=["warmup"]).column("warmup").to_pylist().count(False)
+    got = _query(prom, f'last_over_time(servesweep_point_requests{{run_id="{run_id}"}}[15m])')
+    assert measured > 0 and [float(s["value"][1]) for s in got] == [measured], (got, measured)
+    assert not list(world["targets"].glob("servesweep-locust-*.json"))
 
 
 def test_web_ui_locust_registers_shows_its_summary_and_a_sigkill_leaves_no_stale_target(world):
