@@ -7,7 +7,7 @@ What a user checks, and what was broken before:
   targets), its series are queryable, the Matrix dashboard's query shows its point (the summary gauges were never
   set), and its target file is gone when it exits;
 - `observe backfill` takes that run's `--records r.parquet`, as `report` and `gate` do (it said "not a servesweep run
-  folder");
+  folder"), and the exporter pushes it to a real Pushgateway (for a Prometheus that did not watch the run);
 - a master with worker processes is one target, and its summary counts every worker's records (the last ones
   arrive after the stop);
 - a web UI Locust registers too, its summary gauges appear after the test stops, and after a SIGKILL its file is
@@ -36,6 +36,7 @@ from servesweep.net import free_port
 from servesweep.observe import stack
 from servesweep.observe.dashboards import matrix
 from servesweep.observe.dashboards.queries import summ, with_axes
+from servesweep.observe.promconfig import start_pushgateway
 from servesweep.sim.launch import start_sim
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -170,6 +171,15 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
                         capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
     assert om.returncode == 0, om.stderr
     assert 'servesweep_point_ttft_seconds{run_id="r-' in om.stdout and 'stat="p99"' in om.stdout
+    # with a Prometheus that did not watch it (the compose stack's): push the records' summary to a Pushgateway
+    pg_port = free_port()
+    with start_pushgateway(world["cwd"] / "pushgateway", port=pg_port) as pg:
+        push = subprocess.run([sys.executable, "-m", "servesweep.observe.exporter", "push", str(records), "--gateway",
+                               pg.url], capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
+        assert push.returncode == 0, push.stdout + push.stderr
+        with urllib.request.urlopen(f"{pg.url}/metrics", timeout=5) as r:
+            pushed = r.read().decode()
+    assert "servesweep_point_requests{" in pushed and 'run_id="r-' in pushed, pushed[-2000:]
 
 
 def test_a_master_with_worker_processes_registers_once_and_its_summary_counts_every_workers_records(world):

@@ -2,7 +2,7 @@
 the server configurations so the matrix restarts the server as few times as possible.
 
 All memory arithmetic comes from `servesweep.sglang.hardware.resolve_server` (the same code the emulator runs), and time
-estimates from the emulator's step-time model (`servesweep.sim.stepmodel`), so plan, dry run and emulator agree.
+estimates from the step-time model the emulator runs (`servesweep.sglang.stepmodel`), so plan, dry run and emulator agree.
 """
 
 from __future__ import annotations
@@ -360,13 +360,13 @@ class _Timer:
     """Prices one closed-loop point with the emulator's step-time model and accept-length model."""
 
     def __init__(self, rs, exp: Experiment):
-        from servesweep.sim.stepmodel import StepModel, calibration_for
+        from servesweep.sglang.stepmodel import StepModel, calibration_for
 
         self.rs = rs
         self.model = StepModel(rs, calibration_for(rs))
         self.accept = 1.0
         if rs.spec_algorithm:
-            from servesweep.sim.speculative import accept_model
+            from servesweep.sglang.speculative import accept_model
 
             extra = {a.upper() for a in exp.launcher.extra_spec_algorithms}
             self.accept = accept_model(

@@ -657,7 +657,7 @@ def _cli():
         """servesweep's exporter: expose or push a finished run's point summaries."""
 
     @main.command("serve")
-    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.argument("run_dir", type=click.Path(exists=True))  # what report reads: a --records file too
     @click.option("--host", default="127.0.0.1", show_default=True)
     @click.option("--port", default=9464, show_default=True, type=int)
     def serve(run_dir, host, port):
@@ -674,7 +674,7 @@ def _cli():
             m.stop()
 
     @main.command("push")
-    @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+    @click.argument("run_dir", type=click.Path(exists=True))  # what report reads: a --records file too
     @click.option("--gateway", required=True, help="Pushgateway URL, e.g. http://127.0.0.1:9091")
     @click.option("--job", default="servesweep", show_default=True)
     def push(run_dir, gateway, job):

@@ -12,5 +12,6 @@ Modules:
 - `metrics`: `/metrics` (`sglang:*` names, types, labels, buckets) from plain counters
 - `faults`, `groundtruth`: fault injection, and the per-request record of what was written when
 - `text`: single-token words for plausible output; `probe`: a small raw-socket client for tests and benchmarks
-- `engine`, `stepmodel`, `speculative`: the discrete-event engine and its step-time model
+- `engine`: the discrete-event engine; its step-time model and accept lengths are `servesweep.sglang.stepmodel` and
+  `servesweep.sglang.speculative` (the planner prices points with them without importing the emulator)
 """

@@ -1,7 +1,7 @@
 """The emulator's engine: one discrete-event loop with one clock that batches requests the way SGLang's scheduler does.
 
 Each step is either a prefill (extend) batch or a decode batch (SGLang runs them separately unless mixed chunk is on,
-so a long prefill stalls every running decode). The step-time model (`stepmodel.py`) prices the batch, the virtual
+so a long prefill stalls every running decode). The step-time model (`servesweep.sglang.stepmodel`) prices the batch, the virtual
 clock advances by that duration, and at the step's end time, absolute on one clock (`loop.call_at`, never a sleep per
 request, so no drift accumulates), every sequence in the batch gets one `emit(req, n_new_tokens, finished)` call.
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servesweep.sglang.hardware import ResolvedServer
+from servesweep.sglang.speculative import AcceptModel, accept_model
+from servesweep.sglang.stepmodel import Calibration, StepModel, calibration_for
 from servesweep.sim.deadline import DeadlineTimer
-from servesweep.sim.speculative import AcceptModel, accept_model
-from servesweep.sim.stepmodel import Calibration, StepModel, calibration_for
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: reservation cap per request
 INIT_NEW_TOKEN_RATIO = 0.7  # schedule_conservativeness 1.0 x SGLANG_INIT_NEW_TOKEN_RATIO

@@ -108,7 +108,7 @@ def fit(
     bounds: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """Fit `keys` (Calibration field names) so predictions match `points`; returns constants, predictions, errors."""
-    from servesweep.sim.stepmodel import calibration_for
+    from servesweep.sglang.stepmodel import calibration_for
 
     base = calibration_for(resolved, dict(fixed or {})).as_dict()
     base.update(fixed or {})
