@@ -270,6 +270,62 @@ def test_dry_run_banner(browser, runs, tmp_path):
     assert "**DRY RUN**" in (copy / "report.md").read_text()
 
 
+LOOP_LAG = "vm:24767: event-loop lag p99 22.4 ms > 20 ms"  # the cryptic flag of issue 34 item 5
+CPU = "vm:24767: CPU 97% of a core > 90%"
+
+
+def _flagged_copy(runs, tmp_path: Path) -> tuple[Path, list[str]]:
+    """runs["fast"] with a client-headroom reason on one point, two on another and none on the rest (the busy
+    machine may have flagged any of them), as summary.json keeps them."""
+    copy = tmp_path / "flagged"
+    shutil.copytree(runs["fast"], copy, ignore=shutil.ignore_patterns("report.*"))
+    pids = sorted(d.name for d in copy.iterdir() if (d / "records.parquet").is_file())
+    for pid, reasons in zip(pids, ([LOOP_LAG], [CPU, LOOP_LAG], [], []), strict=True):
+        s = json.loads((copy / pid / "summary.json").read_text())
+        headroom = s.get("client_headroom") or {}
+        s["client_headroom"] = {**headroom, "reasons": reasons, "client_saturated": True}
+        (copy / pid / "summary.json").write_text(json.dumps(s))
+    return copy, pids
+
+
+def test_main_table_fits_1400_px_with_flags_as_short_badges_and_a_legend(browser, runs, tmp_path):
+    """Issue 34 item 5: the table was ~1,450 px wide (SLO and flags off-screen at 1,400 px) and one flag made its
+    row 4x taller with its whole text. Now: within 1,400 px, a flagged row as tall as the others, each flag a
+    badge whose title holds the text, a legend of the badges under the table."""
+    copy, pids = _flagged_copy(runs, tmp_path)
+    write_report(copy)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto((copy / "report.html").as_uri())
+    page.screenshot(path=str(tmp_path / "report-1400.png"), full_page=True)
+    rights = page.eval_on_selector_all("table.points", "ts => ts.map(t => t.getBoundingClientRect().right)")
+    assert rights and max(rights) <= 1400, rights
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400  # nothing off-screen to the right
+    heights = dict(
+        page.eval_on_selector_all(
+            "table.points tr[data-point]", "rs => rs.map(r => [r.dataset.point, r.getBoundingClientRect().height])"
+        )
+    )
+    one_line = min(heights.values())
+    assert one_line <= 32 and all(heights[pid] <= 1.2 * one_line for pid in pids[:2]), heights
+    badges = page.eval_on_selector_all(
+        'table.points tr[data-point] td[data-key="flags"] span.badge',
+        "bs => bs.map(b => [b.closest('tr').dataset.point, b.textContent, b.title])",
+    )
+    mine = [b for b in badges if b[0] in pids[:2] and b[1] in ("loop lag", "client CPU")]
+    assert sorted(mine) == sorted(
+        [[pids[0], "loop lag", LOOP_LAG], [pids[1], "client CPU", CPU], [pids[1], "loop lag", LOOP_LAG]]
+    )
+    legend = page.eval_on_selector_all(
+        "dl.flag-legend dt", "ds => ds.map(d => [d.textContent.trim(), d.nextElementSibling.textContent])"
+    )
+    assert {"client CPU", "loop lag"} <= {c for c, _ in legend}, legend
+    assert {c for c, _ in legend} == {b[1] for b in badges}  # the legend names every badge shown, no other
+    assert "event loop woke more than 20 ms late" in dict(legend)["loop lag"]
+    page.close()
+    md = (copy / "report.md").read_text()
+    assert f"loop lag: {LOOP_LAG}" in md  # the Markdown keeps the whole text
+
+
 def test_report_of_a_load_folder(browser, runs, reports):
     page, errors, urls = open_page(browser, reports["load"])
     assert errors == [] and len(urls) == 1

@@ -36,6 +36,7 @@ from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
+from servesweep.results.degraded import degradation
 from servesweep.results.packing import is_isolation_sample
 from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
 from servesweep.target import http
@@ -608,6 +609,16 @@ class Runner:
                 err=True,
             )
             return COULD_NOT_RUN
+        degraded = [
+            pid
+            for pid, p in self.m.points.items()
+            if p["status"] == mf.DONE and (p.get("result") or {}).get("degraded")
+        ]
+        if degraded:  # measured, but not at the asked load: not what was asked (servesweep.exit_codes)
+            from servesweep.results.degraded import exit_line
+
+            click.echo(exit_line(COULD_NOT_RUN, degraded), err=True)
+            return COULD_NOT_RUN
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import unfinished
 
@@ -1034,13 +1045,18 @@ class Runner:
         p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
         self.m.save()
         r = p["result"]
+        mark = "[bold red]! DEGRADED[/]" if r.get("degraded") else "✓"  # not the asked load: no tick
         self.console.print(
-            f"  ✓ {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
+            f"  {mark} {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
             f"ITL/chunk p50 {_ms(r['itl_p50_ms'])}, ITL/token p50 {_ms(r.get('itl_per_token_p50_ms'))}, "
             f"{r['failed']} failed ({took_s:.1f} s)"
         )
         if warning := degeneration_warning({**summary, "point_id": pid}):
             self.event(f"[bold red]{warning}[/]")
+        if (deg := degradation({**summary, "point_id": pid})) is not None:
+            from rich.markup import escape
+
+            self.event(f"[bold red]{escape(deg.line())}[/]")
 
     def _healthy(self) -> bool:
         """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
@@ -1155,6 +1171,8 @@ class Runner:
             st = p["status"]
             g = gpus.get(p["config_id"])
             color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
+            if st == mf.DONE and r.get("degraded"):
+                st, color = "DEGRADED", "bold red"  # done, but measured at a lower load than asked
             t.add_row(
                 p["config_id"],
                 p["workload"] if p["workload"] == _endpoint(p) else f"{p['workload']}/{_endpoint(p)}",
@@ -1325,6 +1343,7 @@ def _headline(summary: dict) -> dict[str, Any]:
         "tpot_p50_ms": pick("tpot_ms", "p50"),
         "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
         "failure_check": summary.get("failure_check"),
+        "degraded": bool(summary.get("degraded")),  # a lost worker: not the asked load (results/degraded.py)
     }
 
 

@@ -30,6 +30,7 @@ from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_label, m
 from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
+from servesweep.results.degraded import degradation
 from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
@@ -327,6 +328,16 @@ class PointComparison:
     b: PointInfo
     changes: list[Change]
 
+    @property
+    def degraded(self) -> list[str]:
+        """Which side ran at a lower load than asked ('baseline', 'run'): its changes compare another load."""
+        return [side for side, p in (("baseline", self.a), ("run", self.b)) if is_degraded(p)]
+
+    @property
+    def label(self) -> str:
+        """point_label, with `DEGRADED (run)` when a side was degraded."""
+        return point_label(self.a) + (f" DEGRADED ({', '.join(self.degraded)})" if self.degraded else "")
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "point_a": self.a.point_id,
@@ -337,6 +348,7 @@ class PointComparison:
             "prompt_tokens": self.a.prompt_tokens,
             "output_tokens": self.a.output_tokens,
             "concurrency": self.a.concurrency,
+            "degraded": self.degraded,
             "changes": [c.as_dict() for c in self.changes],
         }
 
@@ -362,7 +374,16 @@ class RunComparison:
         """The first line to read: `RUN vs baseline BASE: 12 points, 3 worse, 1 better, 40 not enough requests to
         tell, 76 within noise` (only the verdicts that occur)."""
         said = ", ".join(f"{k} {v}" for v, k in self.counts().items() if k)
-        return f"{self.b.run_id} vs baseline {self.a.run_id}: {len(self.points)} points" + (f", {said}" if said else "")
+        line = f"{self.b.run_id} vs baseline {self.a.run_id}: {len(self.points)} points" + (
+            f", {said}" if said else ""
+        )
+        bad = [pc for pc in self.points if pc.degraded]
+        if bad:
+            line += (
+                f"; {len(bad)} point(s) DEGRADED, measured at a lower load than asked, their changes compare "
+                f"another load: {_few([pc.label for pc in bad], 3)}"
+            )
+        return line
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -483,6 +504,11 @@ def fmt_ci(c: Change) -> str:
     return f"[{lo * 100:+.2f}, {hi * 100:+.2f}] pp"
 
 
+def is_degraded(p: PointInfo) -> bool:
+    """A point measured at a lower load than asked (results/degraded.py)."""
+    return degradation(p.summary) is not None
+
+
 def point_label(p: PointInfo) -> str:
     cfg = f"{p.config_id} " if p.config_id else ""
     return f"{cfg}{p.workload} p{p.prompt_tokens} o{p.output_tokens} c{p.concurrency}"
@@ -503,7 +529,7 @@ def rich_table(rc: RunComparison):
     for pc in rc.points:
         for i, c in enumerate(pc.changes):
             t.add_row(
-                point_label(pc.a) if i == 0 else "",
+                (f"[bold red]{pc.label}[/]" if pc.degraded else pc.label) if i == 0 else "",
                 c.metric.label,
                 fmt_value(c.a, c.metric.unit),
                 fmt_value(c.b, c.metric.unit),
@@ -526,7 +552,7 @@ def compact_lines(rc: RunComparison) -> list[str]:
         for c in pc.changes:
             if c.verdict in (BETTER, WORSE):
                 lines.append(
-                    f"  {c.verdict.upper()} {point_label(pc.a)} {c.metric.label}: {fmt_value(c.a, c.metric.unit)} -> "
+                    f"  {c.verdict.upper()} {pc.label} {c.metric.label}: {fmt_value(c.a, c.metric.unit)} -> "
                     f"{fmt_value(c.b, c.metric.unit)} ({fmt_change(c)}, interval {fmt_ci(c)})"
                 )
     return lines

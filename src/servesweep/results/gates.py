@@ -6,7 +6,8 @@ for goodput_ratio / goodput_per_s). Every value is computed from records.parquet
 Regression limits use compare's verdicts: a metric breaches when compare calls it "worse" (its bootstrap interval
 excludes zero) and its change is beyond the limit (relative; error rate in percentage points).
 
-Exit codes: 0 pass, 1 breach, 2 could not run (bad expression, missing or unreadable run folder, nothing to check).
+Exit codes: 0 pass, 1 breach, 2 could not run (bad expression, missing or unreadable run folder, nothing to check,
+or a degraded point: measured at a lower load than asked, results/degraded.py; --allow-degraded accepts it).
 `evaluate_records(records, slos)` gives the same verdict for one set of records (the Locust side at the end of a
 headless run).
 """
@@ -37,7 +38,8 @@ from servesweep.results.compare import (
     parse_fraction,
     point_sample,
 )
-from servesweep.results.runfolder import Run, RunError, load_run
+from servesweep.results.degraded import ALLOW_HINT, degradation
+from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
 
 ERROR = COULD_NOT_RUN  # the gate's name for it (servesweep.exit_codes: one table for load, run, gate, Locust)
 # Regression limits apply to central values by default: with CI-sized runs a p99 rests on a handful of requests,
@@ -64,7 +66,7 @@ class GateError(ValueError):
 class CheckResult:
     point: str
     check: str
-    kind: str  # slo, regression, status
+    kind: str  # slo, regression, status, degraded (a point measured at a lower load than asked)
     passed: bool | None  # None: skipped (an infeasible point, a point the baseline lacks)
     value: str = ""
     message: str = ""
@@ -86,21 +88,41 @@ class Verdict:
         return [r for r in self.results if r.passed is not None]
 
     @property
+    def degraded(self) -> list[CheckResult]:
+        """The degraded points not allowed: the run could not measure them as asked (exit 2)."""
+        return [r for r in self.breaches if r.kind == "degraded"]
+
+    @property
     def passed(self) -> bool:
         return self.error is None and not self.breaches
 
     @property
     def exit_code(self) -> int:
-        return ERROR if self.error is not None else (BREACH if self.breaches else PASS)
+        # the one that says least was measured wins (servesweep.exit_codes): a degraded point before a breach
+        if self.error is not None or self.degraded:
+            return ERROR
+        return BREACH if self.breaches else PASS
 
     @property
     def line(self) -> str:
         """The one-line verdict."""
         if self.error is not None:
             return f"ERROR {self.subject}: {self.error}"
+        if self.degraded:
+            shown = "; ".join(f"{r.point} {r.message}" for r in self.degraded[:3])
+            more = f"; +{len(self.degraded) - 3} more" if len(self.degraded) > 3 else ""
+            others = len(self.breaches) - len(self.degraded)
+            also = f"; besides, {others} of {len(self.checked)} checks failed" if others else ""
+            return (
+                f"DEGRADED {self.subject}: {len(self.degraded)} point(s) measured at a lower load than asked, "
+                f"their figures are not the asked load ({ALLOW_HINT.replace('RUN ', '')}){also} — {shown}{more}"
+            )
+        allowed = [r for r in self.results if r.kind == "degraded" and r.passed]
         n = len(self.checked)
         skipped = len(self.results) - n
         tail = f", {skipped} skipped" if skipped else ""
+        if allowed:
+            tail += f" ({len(allowed)} degraded point(s) allowed: {', '.join(r.point for r in allowed[:5])})"
         if not self.breaches:
             return f"PASS {self.subject}: {n} checks passed{tail}"
         shown = "; ".join(f"{r.point} {r.message}" for r in self.breaches[:3])
@@ -109,7 +131,9 @@ class Verdict:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "verdict": {PASS: "pass", BREACH: "breach", ERROR: "error"}[self.exit_code],
+            "verdict": "degraded"
+            if self.error is None and self.degraded
+            else {PASS: "pass", BREACH: "breach", ERROR: "error"}[self.exit_code],
             "exit_code": self.exit_code,
             "line": self.line,
             "subject": self.subject,
@@ -238,6 +262,7 @@ def evaluate_run(
     regression_metrics: list[Metric] | None = None,
     resamples: int = 1000,
     seed: int = 0,
+    allow_degraded: bool = False,
 ) -> Verdict:
     results: list[CheckResult] = []
     for p in run.points:
@@ -248,11 +273,16 @@ def evaluate_run(
             why = f"point {p.status}" + (f": {p.reason}" if p.reason else "")
             results.append(CheckResult(p.point_id, "measured", "status", False, p.status, why[:500]))
             continue
+        results += degraded_check(p, allow_degraded)
         try:
             results += check_sample(p.point_id, point_sample(p), slos)
         except RunError as e:
             raise GateError(str(e)) from None
-    ctx: dict[str, Any] = {"run": str(run.path), "slos": [s.text for s in slos]}
+    ctx: dict[str, Any] = {
+        "run": str(run.path),
+        "slos": [s.text for s in slos],
+        "allow_degraded": allow_degraded,
+    }
     if baseline is not None:
         mets = regression_metrics or [metric(n) for n in REGRESSION_METRICS]
         # per GPU left out: with one GPU count on both sides it would repeat each total's check
@@ -284,6 +314,16 @@ def evaluate_run(
     return Verdict(results, run.run_id, context=ctx)
 
 
+def degraded_check(p: PointInfo, allowed: bool) -> list[CheckResult]:
+    """A degraded point's check `not degraded`: failed (exit 2) unless `allowed`, said either way; none for a
+    point that ran as asked (its other checks are made in both cases: a breach is still a breach)."""
+    d = degradation(p.summary, p.records_path)
+    if d is None:
+        return []
+    msg = ("degraded, allowed by --allow-degraded: " if allowed else "degraded: ") + d.text
+    return [CheckResult(p.point_id, "not degraded", "degraded", allowed, d.short, msg[:1000])]
+
+
 def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> list[CheckResult]:
     """--min-capacity: one check per search × tier of a run with a search: block (results/capacity.py)."""
     from servesweep.results.capacity import gate
@@ -312,17 +352,34 @@ def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> 
 @click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--allow-degraded",
+    is_flag=True,
+    help="accept points measured at a lower load than asked (a lost Locust worker); they are still listed",
+)
+@click.option(
     "--min-capacity",
     default=None,
     help="a run with a search: block: every capacity at least this load, or this share of --baseline's (90%)",
 )
 def command(
-    run_dir, slo_texts, baseline, max_regression, reg_metrics, junit_path, as_json, details, resamples, seed, min_capacity
+    run_dir,
+    slo_texts,
+    baseline,
+    max_regression,
+    reg_metrics,
+    junit_path,
+    as_json,
+    details,
+    resamples,
+    seed,
+    min_capacity,
+    allow_degraded=False,
 ):
     """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
     and a baseline run.
 
-    Exit 0 pass, 1 breach, 2 could not run. Prints a one-line verdict; --junit writes one testcase per
+    Exit 0 pass, 1 breach, 2 could not run (a degraded point too: measured at a lower load than asked, unless
+    --allow-degraded). Prints a one-line verdict; --junit writes one testcase per
     point × check."""
     subject = str(run_dir)
     try:
@@ -355,6 +412,7 @@ def command(
             regression_metrics=mets,
             resamples=resamples,
             seed=seed,
+            allow_degraded=allow_degraded,
         )
         if min_capacity is not None:
             verdict.results += capacity_checks(run_dir, min_capacity, baseline)

@@ -35,9 +35,9 @@ from servesweep.results.compare import (
     fmt_ci,
     fmt_value,
     metric,
-    point_label,
     point_sample,
 )
+from servesweep.results.degraded import Degradation, degradation
 from servesweep.results.isolation import html_section as isolation_html
 from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
@@ -92,15 +92,26 @@ def _number(v: object) -> TypeGuard[int | float]:
 # (key, header, the keys to the value in server_state or a function of server_state, decimals)
 StateColumn = tuple[str, str, tuple[str, ...] | Callable[[dict | None], float | None], int]
 SERVER_STATE_COLUMNS: tuple[StateColumn, ...] = (
+    # gauges: a sample reads SGLang's last log, so they mean something only over enough samples
     ("utilization_mean", "utilization mean", ("gauges", "utilization", "mean"), 2),
     ("utilization_max", "utilization max", ("gauges", "utilization", "max"), 2),
     ("token_usage_max", "token usage max", ("gauges", "token_usage", "max"), 2),
     ("running_max", "running max", ("gauges", "num_running_reqs", "max"), 0),
     ("queue_max", "queue max", ("gauges", "num_queue_reqs", "max"), 0),
+    ("mamba_usage_max", "mamba usage max", ("gauges", "mamba_usage", "max"), 2),
+    # counters: their increase from the sample before the point's first request to the one after its last
     ("queue_s_per_req", "queue s/req", queue_s_per_request, 2),
     ("retractions", "retractions", ("counters", "retracted_requests"), 0),
-    ("mamba_usage_max", "mamba usage max", ("gauges", "mamba_usage", "max"), 2),
 )
+GAUGE_COLUMNS = frozenset(
+    c[0] for c in SERVER_STATE_COLUMNS if isinstance(c[2], tuple) and c[2][0] == "gauges"
+)
+UTILIZATION_COLUMNS = ("utilization_mean", "utilization_max")
+# The first sample precedes the point's load and the last follows it: a point needs this many to have 3 taken
+# while it ran (about 3 s at one a second). Fewer read the state before or after the load (the demo's 2 s points
+# at concurrency 4 showed running max 0): their gauges are not shown, and the row says why.
+MIN_GAUGE_SAMPLES = 5
+FEW_SAMPLES = "too few samples"
 # a point without server_state: written before it was sampled, or a server without SGLang's metrics
 NO_STATE = "—"
 SERVER_STATE_NOTE = (
@@ -109,10 +120,12 @@ SERVER_STATE_NOTE = (
     "at most, the mean time a request waited in the server's queue before its first forward (from SGLang's "
     "queue-time histogram: every request of the point, not a sample), retractions during the point (SGLang up "
     "to 0.5.23 leaves utilization at 0: nothing sets the "
-    "running-request cap it divides by). SGLang sets these gauges when it logs (each prefill batch, every 40 decode "
-    f"steps by default), so a point of a few seconds may read a stale state. {NO_STATE}: not recorded (a run "
-    "folder written before servesweep "
-    "sampled /metrics, or a server without SGLang's metrics)."
+    "running-request cap it divides by; its columns are left out when every sample read 0). SGLang sets these "
+    "gauges when it logs (each prefill batch, every 40 decode steps by default), and the first sample precedes a "
+    "point's load and the last follows it: a point with fewer than "
+    f"{MIN_GAUGE_SAMPLES} samples ({FEW_SAMPLES}) would read the state before or after its load, so its gauges "
+    f"are not shown (its queue time and retractions, counted over the whole point, are). {NO_STATE}: not "
+    "recorded (a run folder written before servesweep sampled /metrics, or a server without SGLang's metrics)."
 )
 RESOLVED_KEYS = (
     "tp_size",
@@ -140,6 +153,39 @@ RESOLVED_KEYS = (
 )
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A sign that a point's numbers may not describe the server: a short badge, its full text in the title."""
+
+    code: str  # the badge, one of FLAG_LEGEND
+    text: str  # what was seen, e.g. "vm:24767: event-loop lag p99 22.4 ms > 20 ms"
+
+
+# badge -> what it means (the legend under a table that shows it); DEGRADED first: the loudest
+FLAG_LEGEND = {
+    "DEGRADED": "the point ran at a lower load than asked (a Locust worker was lost): its figures are not its label's",
+    "client CPU": "a load-generating process used more than 90% of a core: the client may have set the numbers",
+    "loop lag": "a load-generating process's event loop woke more than 20 ms late at p99: stamps can be that late",
+    "merged gaps": "more than 1% of ITL gaps were chunks read together (the client fell a chunk gap behind)",
+    "sched lag": f"schedule lag p99 above {LAG_FLAG_MS:g} ms: the load generator sent requests late",
+    "Locust CPU": "Locust warned that the load generator's CPU was above 90%",
+    "prompt off": f"prompt tokens more than {PROMPT_DEV_FLAG_PCT:g}% off target",
+    "other": "another sign, its text in the badge's tooltip",
+}
+# client headroom reasons (results/summary.py client_headroom) -> badge, by their wording
+_REASON_CODES = (
+    (re.compile(r"% of a core"), "client CPU"),
+    (re.compile(r"event-loop lag"), "loop lag"),
+    (re.compile(r"chunks read together"), "merged gaps"),
+)
+
+
+def reason_flag(text: str) -> Flag:
+    """A client headroom reason as a badge (summaries keep the reasons as text)."""
+    code = next((c for rx, c in _REASON_CODES if rx.search(text)), "other")
+    return Flag(code, text)
+
+
 @dataclass
 class PointRow:
     info: PointInfo
@@ -148,10 +194,11 @@ class PointRow:
     failed: int
     failures: dict[str, int]
     slos: list[dict]
-    flags: list[str]
+    flags: list[Flag]
     itl: list[float]
     samples: dict[str, int] = field(default_factory=dict)  # percentile column -> values it rests on
     server_state: dict | None = None  # summary.json's server_state (None: not recorded)
+    degraded: Degradation | None = None  # measured at a lower load than asked (results/degraded.py)
 
     def few(self, key: str) -> int | None:
         """The sample count of a percentile column resting on fewer than SMALL_SAMPLE values, else None."""
@@ -191,6 +238,8 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
     ]
     failures = dict(sorted(Counter(classes).items()))
     summary = p.summary or {}
+    deg = degradation(summary, records)
+    flags = saturation_flags(p, s, summary)
     return PointRow(
         info=p,
         values=values,
@@ -198,10 +247,11 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
         failed=int((~s.ok).sum()),
         failures=failures,
         slos=list(summary.get("slos") or []),
-        flags=saturation_flags(p, s, summary),
+        flags=([Flag("DEGRADED", deg.text)] if deg is not None else []) + flags,
         itl=s.pooled["itl"][0].tolist(),
         samples=percentile_samples(s),
         server_state=summary.get("server_state") if isinstance(summary.get("server_state"), dict) else None,
+        degraded=deg,
     )
 
 
@@ -216,26 +266,58 @@ def server_state_value(state: dict | None, path: tuple[str, ...] | Callable) -> 
     return v if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def too_few_samples(state: dict | None) -> bool:
+    """Whether a point's gauges rest on too few samples to describe its load (MIN_GAUGE_SAMPLES)."""
+    n = server_state_value(state, ("samples",))
+    return state is not None and (n is None or n < MIN_GAUGE_SAMPLES)
+
+
+def _state_column_shown(c: StateColumn, states: list[dict | None]) -> bool:
+    """Mamba usage only where some point has it; utilization only where some sample read more than 0 (SGLang up
+    to 0.5.23 never sets it: a column of 0.00 would read as an idle server)."""
+    if c[0] == "mamba_usage_max":
+        return any(server_state_value(st, c[2]) is not None for st in states)
+    if c[0] in UTILIZATION_COLUMNS:
+        return any((server_state_value(st, ("gauges", "utilization", "max")) or 0) > 0 for st in states)
+    return True
+
+
 def server_state_table(sec: ConfigSection) -> tuple[list[tuple], list[tuple[PointRow, list[tuple]]]]:
     """The section's "Server state" table: its columns, and per row (key, shown text, raw value) per column.
-    Empty when no point of the section has server_state; mamba usage only where some point has it."""
-    if not any(r.server_state for r in sec.rows):
+    Empty when no point of the section has server_state. A point with too few samples shows FEW_SAMPLES in its
+    gauge cells (too_few_samples)."""
+    states = [r.server_state for r in sec.rows]
+    if not any(states):
         return [], []
-
-    def shown(c: tuple) -> bool:
-        states = [r.server_state for r in sec.rows]
-        return c[0] != "mamba_usage_max" or any(server_state_value(st, c[2]) is not None for st in states)
-
-    cols = [*filter(shown, SERVER_STATE_COLUMNS), ("samples", "samples", ("samples",), 0)]
+    cols = [
+        *(c for c in SERVER_STATE_COLUMNS if _state_column_shown(c, states)),
+        ("samples", "samples", ("samples",), 0),
+    ]
     rows = []
     for r in sec.rows:
+        few = too_few_samples(r.server_state)
         cells = []
         for key, _, path, dec in cols:
             v = server_state_value(r.server_state, path)
-            text = NO_STATE if r.server_state is None else fmt(v, dec) if v is not None else "-"
+            if r.server_state is None:
+                text = NO_STATE
+            elif few and key in GAUGE_COLUMNS:
+                text, v = FEW_SAMPLES, None
+            else:
+                text = fmt(v, dec) if v is not None else "-"
             cells.append((key, text, "" if v is None else repr(v)))
         rows.append((r, cells))
     return cols, rows
+
+
+def utilization_note(sec: ConfigSection) -> str | None:
+    """Why the utilization columns are left out, when they are."""
+    cols, _ = server_state_table(sec)
+    if not cols or any(c[0] in UTILIZATION_COLUMNS for c in cols):
+        return None
+    return (
+        "utilization: left out, every sample read 0 (SGLang up to 0.5.23 never sets the cap it divides by)."
+    )
 
 
 def percentile_samples(s) -> dict[str, int]:
@@ -249,21 +331,48 @@ def percentile_samples(s) -> dict[str, int]:
     return out
 
 
-def saturation_flags(p: PointInfo, s, summary: dict) -> list[str]:
+def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
     """Signs that the load generator, not the server, limited the point; or that the workload was not as asked."""
-    flags = list((summary.get("client_headroom") or {}).get("reasons") or [])
+    flags = [reason_flag(str(r)) for r in (summary.get("client_headroom") or {}).get("reasons") or []]
     lag = metric("schedule_lag_p99").value(s)
     if math.isfinite(lag) and lag > LAG_FLAG_MS:
-        flags.append(f"schedule lag p99 {lag:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind")
+        flags.append(
+            Flag(
+                "sched lag",
+                f"schedule lag p99 {lag:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind",
+            )
+        )
     log = p.dir / "locust.log" if p.dir else None
     if log is not None and log.is_file():
         text = log.read_text(errors="replace")
         if re.search(r"CPU usage above \d+%", text):
-            flags.append("Locust warned: load generator CPU above 90%")
+            flags.append(Flag("Locust CPU", "Locust warned: load generator CPU above 90%"))
     dev = (summary.get("prompt_tokens") or {}).get("mean_deviation_pct")
     if dev is not None and abs(dev) > PROMPT_DEV_FLAG_PCT:
-        flags.append(f"prompt tokens {dev:+.1f}% off target")
+        flags.append(Flag("prompt off", f"prompt tokens {dev:+.1f}% off target"))
     return flags
+
+
+def constant_axes(sec: ConfigSection) -> dict[str, str]:
+    """The workload and output length when every row of the section shares them ({'workload': 'workload chat'}):
+    the HTML table names them once above it instead of a column each (it fits 1,400 px)."""
+    out = {}
+    if len({r.info.workload for r in sec.rows}) == 1:
+        out["workload"] = f"workload {sec.rows[0].info.workload}"
+    if len({r.info.output_tokens for r in sec.rows}) == 1:
+        out["output"] = f"output {sec.rows[0].info.output_tokens} tokens"
+    return out
+
+
+def section_legend(sec: ConfigSection) -> list[tuple[str, str]]:
+    """(badge, meaning) of every badge the section's table shows, in FLAG_LEGEND's order."""
+    shown = {f.code for r in sec.rows for f in r.flags}
+    return [(code, text) for code, text in FLAG_LEGEND.items() if code in shown]
+
+
+def degraded_rows(rep_sections: list[ConfigSection]) -> list[PointRow]:
+    """The report's degraded points, for the banner at its head."""
+    return [r for sec in rep_sections for r in sec.rows if r.degraded is not None]
 
 
 def _sections(run: Run) -> list[ConfigSection]:
@@ -525,6 +634,9 @@ def render_html(rep: Report) -> str:
     body = render(
         "report_body.html.j2",
         run=run,
+        degraded=degraded_rows(rep.sections),
+        section_legend=section_legend,
+        constant_axes=constant_axes,
         facts=_run_facts(run),
         sections=rep.sections,
         overview=rep.overview_plots,
@@ -539,6 +651,9 @@ def render_html(rep: Report) -> str:
         pivot=_pivot,
         server_state_table=server_state_table,
         server_state_note=SERVER_STATE_NOTE,
+        utilization_note=utilization_note,
+        few_samples=FEW_SAMPLES,
+        gauge_columns=GAUGE_COLUMNS,
         no_state=NO_STATE,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
@@ -600,7 +715,7 @@ def _md_points(sec: ConfigSection) -> list[str]:
             str(r.ok),
             _failures_text(r),
             _slo_text(r),
-            "; ".join(r.flags) or "-",
+            "; ".join(f"{f.code}: {f.text}" for f in r.flags) or "-",
         ]
         for r in sec.rows
     ]
@@ -633,7 +748,16 @@ def _md_server_state(sec: ConfigSection) -> list[str]:
         + [text for _, text, _ in cells]
         for r, cells in rows
     ]
-    return ["### Server state", "", _md_table(header, body), "", SERVER_STATE_NOTE, ""]
+    note = utilization_note(sec)
+    return [
+        "### Server state",
+        "",
+        _md_table(header, body),
+        "",
+        *([note, ""] if note else []),
+        SERVER_STATE_NOTE,
+        "",
+    ]
 
 
 def _md_section(sec: ConfigSection) -> list[str]:
@@ -649,7 +773,7 @@ def _md_section(sec: ConfigSection) -> list[str]:
 def _md_comparison(rc: RunComparison) -> list[str]:
     rows = [
         [
-            point_label(pc.a),
+            pc.label,
             c.metric.label,
             fmt_value(c.a, c.metric.unit),
             fmt_value(c.b, c.metric.unit),
@@ -664,6 +788,21 @@ def _md_comparison(rc: RunComparison) -> list[str]:
     return [f"## Comparison with baseline {rc.a.run_id}", "", _md_table(header, rows), ""]
 
 
+def _md_degraded(rep: Report) -> list[str]:
+    """The warning at the head of the Markdown: each degraded point and what happened."""
+    rows = degraded_rows(rep.sections)
+    if not rows:
+        return []
+    out = [
+        f"> **{len(rows)} point(s) DEGRADED**: measured at a lower load than asked (a Locust worker was lost), so "
+        "their figures describe another load than their label says; `servesweep gate` fails them (exit 2) unless "
+        "`--allow-degraded`.",
+        ">",
+    ]
+    out += [f"> - **{r.info.point_id}**: {r.degraded.text}" for r in rows if r.degraded is not None]
+    return [*out, ""]
+
+
 def render_markdown(rep: Report) -> str:
     run = rep.run
     out = [f"# servesweep report: {run.run_id}", ""]
@@ -672,6 +811,7 @@ def render_markdown(rep: Report) -> str:
             "> **DRY RUN** — the emulator on this machine with shrunk points; no real server was measured.",
             "",
         ]
+    out += _md_degraded(rep)
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
     if rep.capacity:

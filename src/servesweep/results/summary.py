@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from servesweep.config.slo import SLO, parse_slos
 from servesweep.results import metrics
+from servesweep.results.degraded import in_flight
 from servesweep.results.records import ERROR_CLASSES
 
 _NS_PER_MS = metrics.NS_PER_MS
@@ -366,6 +367,8 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None, answers: dic
         "failures": {k: v for k, v in failures.items() if v},
         **_latencies(ok, m, rm),
         "arrivals": _arrivals(m),
+        # the concurrency the records held (time-weighted): a lost worker's users are missing from it
+        "in_flight": in_flight(_col(m, "sent_ns"), _col(m, "end_ns")) if m.num_rows else None,
         **_tokens(ok),
         "goodput": _goodput(slos, rm, n_meas, window_s),
         "slos": [],

@@ -4,6 +4,7 @@ the web UI's step ramp at the end of a run)."""
 from __future__ import annotations
 
 from servesweep.results.degeneration import degenerate_cell, degeneration_warning
+from servesweep.results.degraded import degradation
 
 
 def _fmt(v, spec=".1f") -> str:
@@ -40,8 +41,17 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "degen %",
     ):
         t.add_column(col, justify="right")
+    degraded: list[str] = []
     for s in summaries:
         fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
+        conc = str(s["point"]["concurrency"])
+        deg = degradation(s)
+        if deg is not None:
+            # the row itself says it: asked → held load, the requests lost with the worker (never in `failures`)
+            conc = f"{conc}→{deg.held_concurrency:.1f}" if deg.held_concurrency is not None else conc
+            lost = f"lost={deg.lost_requests}" if deg.lost_requests else ""
+            fails = ", ".join(x for x in (lost, "" if fails == "0" else fails) if x) or fails
+            degraded.append(s["point_id"])
         dec = s.get("decode_tokens_per_s")
         lead = []
         if open_loop:
@@ -55,7 +65,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             ]
         t.add_row(
             *lead,
-            str(s["point"]["concurrency"]),
+            conc,
             _fmt(s["output_tokens_per_s"]),
             _fmt(dec["mean"] if dec else None),
             _fmt(_p(s, "ttft_ms", "p50")),
@@ -67,23 +77,29 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             fails,
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
             degenerate_cell(s),
+            style="bold red" if deg is not None else None,
+        )
+    if degraded:  # under the table, part of it: a row in red is not what was asked
+        t.caption = (
+            f"[bold red]DEGRADED: {', '.join(degraded)} ran at a lower load than asked (conc: asked→held; "
+            "lost: requests lost with a Locust worker); see below[/]"
         )
     return t
 
 
 def table_notes(summaries: list[dict]) -> list[str]:
     """Lines printed under the table: degraded points and a saturated load generator."""
+    from rich.markup import escape
+
     out = []
     for s in summaries:
         if warning := degeneration_warning(s):
             out.append(f"[bold red]{warning}[/]")
         for n in s.get("notes") or ():
             out.append(f"[yellow]point {s['point_id']}: {n}[/]")
-        for p in s.get("problems") or ():
-            out.append(f"[red]point {s['point_id']} degraded: {p}[/]")
+        if (deg := degradation(s)) is not None:
+            out.append(f"[bold red]{escape(deg.line())}[/]")
         if s.get("client_saturated"):
             why = "; ".join(s["client_headroom"]["reasons"])
             out.append(f"[yellow]point {s['point_id']}: the load generator saturated ({why})[/]")
     return out
-
-

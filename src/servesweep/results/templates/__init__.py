@@ -25,6 +25,15 @@ figure.plot { margin: 0; border: 1px solid var(--line); border-radius: 6px; padd
 figure.plot svg { display: block; width: 560px; height: auto; max-width: 100%; }
 figcaption { font-size: 12px; color: var(--muted); max-width: 560px; }
 details { margin: 6px 0; } pre { background: #f6f8fa; padding: 8px; overflow: auto; font-size: 12px; }
+table.points { font-size: 12.5px; } table.points th, table.points td { padding: 3px 5px; }
+table.points th { font-weight: 600; font-size: 12px; line-height: 1.25; }
+table.points td { white-space: nowrap; } table.points td.wrap { white-space: normal; } tr.degraded td { background: #fdecea; } .held { color: var(--bad); font-weight: 600; }
+.badge { display: inline-block; white-space: nowrap; font-size: 11px; line-height: 1.3; padding: 0 5px;
+         margin: 0 2px 1px 0; border: 1px solid #d39e00; border-radius: 8px; background: #fff3cd; color: #6b4e00; }
+.badge.bad { border-color: var(--bad); background: var(--bad); color: #fff; font-weight: 700; }
+#degraded-banner p { margin: 0 0 4px; } #degraded-banner ul { margin: 0; padding-left: 20px; font-weight: 400; }
+dl.legend { display: grid; grid-template-columns: max-content 1fr; gap: 2px 10px; margin: 0 0 8px; font-size: 12px; }
+dl.legend dd { margin: 0; color: var(--muted); } details.flag-details { font-size: 12px; }
 code { font-size: 12px; } dl.kv { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 4px 0; }
 dl.kv dt { color: var(--muted); } dl.kv dd { margin: 0; }
 """
@@ -57,7 +66,7 @@ error rate in percentage points.</p>
 <tbody>
 {% for pc in rc.points %}{% for c in pc.changes %}
 <tr data-point="{{ pc.b.point_id }}" data-metric="{{ c.metric.name }}" data-verdict="{{ c.verdict }}">
-{% if loop.first %}<td class="l" rowspan="{{ pc.changes|length }}">{{ point_label(pc.a) }}</td>{% endif %}
+{% if loop.first %}<td class="l{{ ' bad' if pc.degraded else '' }}" rowspan="{{ pc.changes|length }}"{% if pc.degraded %} data-degraded="{{ pc.degraded|join(',') }}"{% endif %}>{{ pc.label }}</td>{% endif %}
 <td class="l">{{ c.metric.label }}</td><td>{{ fmt_value(c.a, c.metric.unit) }}</td><td>{{ fmt_value(c.b, c.metric.unit) }}</td>
 <td>{{ fmt_change(c) }}</td><td>{{ fmt_ci(c) }}</td>
 <td class="l verdict-{{ {'better':'better','worse':'worse'}.get(c.verdict, 'noise') }}">{{ c.verdict }}</td></tr>
@@ -70,6 +79,12 @@ run only {{ rc.only_b|join(', ') or '-' }}.</p>{% endif %}
 """
 
 REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
+{% if degraded %}<div class="banner warn" id="degraded-banner">
+<p>{{ degraded|length }} point(s) DEGRADED: measured at a lower load than asked (a Locust worker was lost), so
+their figures describe another load than their label says. <code>servesweep gate</code> fails them (exit 2) unless
+<code>--allow-degraded</code>; run them again to measure the asked load.</p>
+<ul>{% for r in degraded %}<li data-point="{{ r.info.point_id }}"><strong>{{ r.info.point_id }}</strong>: {{ r.degraded.text }}</li>
+{% endfor %}</ul></div>{% endif %}
 <dl class="kv" id="run-facts">
 {% for k, v in facts %}<dt>{{ k }}</dt><dd>{{ v }}</dd>
 {% endfor %}</dl>
@@ -90,19 +105,30 @@ REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
 <section class="config" data-config="{{ sec.config_id }}" id="config-{{ sec.config_id or 'server' }}">
 <h2>{{ sec.title }}</h2>
 {% if sec.rows %}
+{% set same = constant_axes(sec) %}
 <h3>By concurrency</h3>
-<table class="points"><thead><tr><th class="l">workload</th><th>prompt</th><th>output</th><th>concurrency</th>
+{% if same %}<p class="muted axes">Every point: {{ same.values()|join(', ') }}.</p>{% endif %}
+<table class="points"><thead><tr>{% if 'workload' not in same %}<th class="l">workload</th>{% endif %}<th>prompt</th>
+{% if 'output' not in same %}<th>output</th>{% endif %}<th>concur&shy;rency</th>
 {% for c in columns %}<th>{{ c[1] }}</th>{% endfor %}<th>ok</th><th class="l">failures</th><th class="l">SLO</th>
 <th class="l">flags</th></tr></thead><tbody>
-{% for r in sec.rows %}<tr data-point="{{ r.info.point_id }}">
-<td class="l">{{ r.info.workload }}</td><td>{{ r.info.prompt_tokens }}</td><td>{{ r.info.output_tokens }}</td>
-<td data-key="concurrency" data-value="{{ r.info.concurrency }}">{{ r.info.concurrency }}</td>
+{% for r in sec.rows %}<tr data-point="{{ r.info.point_id }}"{% if r.degraded %} class="degraded" data-degraded="true"{% endif %}>
+{% if 'workload' not in same %}<td class="l">{{ r.info.workload }}</td>{% endif %}<td>{{ r.info.prompt_tokens }}</td>
+{% if 'output' not in same %}<td>{{ r.info.output_tokens }}</td>{% endif %}
+<td data-key="concurrency" data-value="{{ r.info.concurrency }}"{% if r.degraded %} class="bad"{% endif %}>{{ r.info.concurrency }}{% if r.degraded and r.degraded.held_concurrency is not none %}<span class="held" title="held: mean requests in flight in the records">→{{ '%.1f'|format(r.degraded.held_concurrency) }}</span>{% endif %}</td>
 {% for key, head, name, unit, dec in columns %}{% set few = r.few(key) %}<td data-key="{{ key }}" data-value="{{ r.values[key] }}"{% if few is not none %} data-samples="{{ few }}" class="warn" title="from {{ few }} values"{% endif %}>{{ fmt(r.values[key], dec, unit == '%') }}{% if few is not none %} <sup class="small-n">n={{ few }}</sup>{% endif %}</td>{% endfor %}
 <td data-key="ok" data-value="{{ r.ok }}">{{ r.ok }}</td>
-<td class="l {{ 'bad' if r.failed else '' }}" data-key="failed" data-value="{{ r.failed }}">{{ failures_text(r) }}</td>
-<td class="l {{ 'bad' if 'breach' in slo_text(r) else '' }}">{{ slo_text(r) }}</td>
-<td class="l {{ 'warn' if r.flags else '' }}" data-key="flags">{{ r.flags|join('; ') or '-' }}</td></tr>
+<td class="l wrap {{ 'bad' if r.failed else '' }}" data-key="failed" data-value="{{ r.failed }}">{{ failures_text(r) }}</td>
+<td class="l wrap {{ 'bad' if 'breach' in slo_text(r) else '' }}">{{ slo_text(r) }}</td>
+<td class="l flags" data-key="flags" data-value="{{ r.flags|map(attribute='code')|join(',') }}">{% for f in r.flags %}<span class="badge{{ ' bad' if f.code == 'DEGRADED' else '' }}" data-flag="{{ f.code }}" title="{{ f.text }}">{{ f.code }}</span>{% else %}-{% endfor %}</td></tr>
 {% endfor %}</tbody></table>
+{% set legend = section_legend(sec) %}
+{% if legend %}<dl class="legend flag-legend">
+{% for code, meaning in legend %}<dt><span class="badge{{ ' bad' if code == 'DEGRADED' else '' }}">{{ code }}</span></dt><dd>{{ meaning }}</dd>
+{% endfor %}</dl>
+<details class="flag-details"><summary>what each flagged point showed</summary><ul>
+{% for r in sec.rows if r.flags %}{% for f in r.flags %}<li data-point="{{ r.info.point_id }}">{{ r.info.point_id }}: <span class="badge">{{ f.code }}</span> {{ f.text }}</li>
+{% endfor %}{% endfor %}</ul></details>{% endif %}
 {% if small_rows(sec) %}<p class="warn small-sample-note">{{ small_note }}</p>{% endif %}
 {% set keys, prompts, cells = pivot(sec) %}
 <h3>By prompt length</h3>
@@ -118,8 +144,10 @@ REPORT_BODY = """<h1>servesweep report: {{ run.run_id }}</h1>
 {% for c in sscols %}<th>{{ c[1] }}</th>{% endfor %}</tr></thead><tbody>
 {% for r, cells in ssrows %}<tr data-point="{{ r.info.point_id }}"><td class="l">{{ r.info.workload }}</td><td>{{ r.info.prompt_tokens }}</td>
 <td>{{ r.info.output_tokens }}</td><td>{{ r.info.concurrency }}</td>
-{% for key, text, raw in cells %}<td data-key="{{ key }}" data-value="{{ raw }}"{% if text == no_state %} class="muted"{% endif %}>{{ text }}</td>{% endfor %}</tr>
+{% set gauges = cells|selectattr(0, 'in', gauge_columns)|list %}
+{% for key, text, raw in cells %}{% if text == few_samples and key in gauge_columns %}{% if key == gauges[0][0] %}<td class="muted few-samples" colspan="{{ gauges|length }}" data-key="gauges" data-samples="{{ r.server_state.samples }}">{{ few_samples }} ({{ r.server_state.samples }} over {{ '%.1f'|format(r.server_state.span_s or 0) }} s) to read the gauges: they would show the state before or after the load</td>{% endif %}{% else %}<td data-key="{{ key }}" data-value="{{ raw }}"{% if text == no_state %} class="muted"{% endif %}>{{ text }}</td>{% endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table>
+{% set unote = utilization_note(sec) %}{% if unote %}<p class="muted utilization-note">{{ unote }}</p>{% endif %}
 <p class="server-state-note">{{ server_state_note }}</p>
 {% else %}<p class="muted server-state-note">{{ no_state }} not recorded for these points (a run folder written before servesweep sampled /metrics, or a server without SGLang's metrics).</p>{% endif %}
 <div class="plots">
