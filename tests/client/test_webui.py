@@ -355,6 +355,10 @@ def test_form_run_live_tab_edit_stop_step_csv_and_step_ramp(stack, page):
     assert len(workers) == 1 and float(workers[0]["CPU % (one core)"]) >= 0
     assert any(r["Process"] == "master" for r in clients)
     page.wait_for_timeout(4000)  # some requests at 3 users
+    # the charts' streams in flight on a master: the workers' open streams as they reported them, never more
+    # than the users (issued - completed, which it was, grew with every stop)
+    flight = [x["in_flight"] for x in _get_json(stack.ui + "/servesweep/series.json")["samples"]]
+    assert flight and max(flight) >= 1 and all(f <= 3 for f in flight), flight
 
     page.get_by_role("button", name="Stop").click()
     stack.wait_state("stopped", 20)

@@ -423,7 +423,8 @@ def form_options(extra_options: dict[str, dict], current: dict) -> dict[str, dic
 
 def _install_form(environment) -> None:
     """The start form in the order the parameters were added (Flask's JSON sorted them by name), with the values
-    of the last start, and /servesweep/form.json (the groups, for ui.js)."""
+    of the last start and Locust's fields usable after a step ramp, and /servesweep/form.json (the groups, for
+    ui.js)."""
     from flask import jsonify
     from locust.argument_parser import ui_extra_args_dict
 
@@ -435,8 +436,15 @@ def _install_form(environment) -> None:
 
     def update_template_args() -> None:
         update()
-        shown = web_ui.template_args.get("extra_options") or {}
-        web_ui.template_args["extra_options"] = form_options(shown, vars(environment.parsed_options))
+        args = web_ui.template_args
+        args["extra_options"] = form_options(
+            args.get("extra_options") or {}, vars(environment.parsed_options)
+        )
+        # Locust disables the users and spawn rate fields while a shape is installed, and the last step ramp's
+        # stays installed after it ends: the next test could not be given users. The form's load_shape decides
+        # the shape at each start (_swarm_shape), and ui.js makes the users field read-only while it says
+        # step-ramp.
+        args["hide_common_options"] = False
 
     web_ui.update_template_args = update_template_args
 
