@@ -248,7 +248,13 @@ def download_steps(page: Page) -> list[dict[str, str]]:
 def latencies(table: pa.Table) -> dict[str, np.ndarray]:
     """TTFT, every chunk gap (ITL per chunk), ITL per token, TPOT and E2E (ms) of the successful requests, computed
     here from the records."""
-    out: dict[str, list[float]] = {"ttft_ms": [], "itl_ms": [], "itl_per_token_ms": [], "tpot_ms": [], "e2e_ms": []}
+    out: dict[str, list[float]] = {
+        "ttft_ms": [],
+        "itl_ms": [],
+        "itl_per_token_ms": [],
+        "tpot_ms": [],
+        "e2e_ms": [],
+    }
     for r in table.to_pylist():
         if r["error_class"] is not None or r["warmup"]:
             continue

@@ -2,14 +2,15 @@
 the UI itself (the machine running a benchmark is often offline):
 
 - `Series`: the master (or local runner) samples the live figures every SAMPLE_S into a ring of KEEP samples:
-  TTFT p50/p99 and ITL p99 per chunk and per token (docs/metrics.md) of the requests that finished in the last WINDOW_S, output tok/s (the LLM tab's last
-  10 s), streams in flight and users. Read from the process's record buffer (rows since the last sample), never
-  per chunk.
+  TTFT p50/p99 and ITL p99 per chunk and per token (docs/metrics.md) of the requests that finished in the last
+  WINDOW_S, output tok/s (the LLM tab's last 10 s), streams in flight and users. Read from the process's record
+  buffer (rows since the last sample, only those scheduled since the test started), never per chunk.
 - routes, under --web-base-path: `/servesweep/series.json` (the samples), `/servesweep/charts` (a page: the time
   series, then per ramp step with concurrency on the x axis, and the step table under them; inline SVG drawn by
   `webui_static/charts.js`), and the two scripts;
-- the main page gets `webui_static/ui.js`: an "LLM charts" button that opens that page over the UI, and the
-  users field of the start form relabelled and read-only while the step ramp (a shape) drives the users.
+- the main page gets `webui_static/ui.js`: an "LLM charts" button in Locust's top bar that opens that page over
+  the UI, the start form's custom parameters under their groups' headings with whole labels, and the users field
+  relabelled and read-only while the step ramp (a shape) drives the users.
 """
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ Importing this module (locustfiles/llm.py does) registers it on Locust's `init` 
   in `/stats/requests`; after a stop, reload the page for the final numbers); `/servesweep/steps.csv` (the
   per-step table, linked from "Download Data"); `/servesweep/live.json` (the same numbers as JSON); and
   `/metrics` (servesweep.observe.exporter) so Prometheus/Grafana see the same run; and the charts (client/charts.py:
-  an "LLM charts" button on the main page opens time series of TTFT, ITL (per chunk and per token), tok/s and streams in flight, and the
+  an "LLM charts" button in Locust's top bar opens time series of TTFT, ITL (per chunk and per token), tok/s and streams in flight, and the
   per-step charts over concurrency with the step table under them).
 - the start form carries the ramp's options and every knob of a load point (config.point.knobs: load shape,
-  prompt & output, workload, timeouts, advanced, in that order) and --slo; a run started with other LLM options than the process was built for gets its prompt
-  bodies built again at test start (on each worker).
+  prompt & output, workload, timeouts, advanced, in that order) and --slo, in that order under one heading per
+  group (`/servesweep/form.json`, drawn by ui.js), showing the values of the last start (after NEW and a reload);
+  a run started with other LLM options than the process was built for gets its prompt bodies built again at test
+  start (on each worker). docs/webui.md describes what a user sees.
 
 Where a finished request's record comes from: the request event's `context[RECORD_CONTEXT_KEY]` when the user puts
 it there; until then, on a worker, the record batches the locustfile ships to the master with each report, and in
