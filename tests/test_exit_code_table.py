@@ -36,6 +36,14 @@ def test_the_codes():
     assert exit_codes.CouldNotRun("x").exit_code == 2
 
 
+def test_the_docs_table_gives_a_degraded_point_2():
+    """A point measured at a lower load than asked (a lost Locust worker, issue 35) is "could not run": the one
+    table says so (its behaviour: tests/results/test_degraded.py)."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "reports.md").read_text()
+    (row,) = [line for line in docs.splitlines() if line.startswith("| 2 | could not run:")]
+    assert "a degraded point (measured at a lower load than asked" in row, row
+
+
 def test_load_against_an_unreachable_server_is_2(tmp_path):
     url = _closed_url()
     rc, out = run_servesweep(

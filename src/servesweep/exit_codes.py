@@ -12,7 +12,9 @@ import click
 
 PASS = 0
 BREACH = 1  # an SLO breached, or a regression against the baseline
-COULD_NOT_RUN = 2  # bad input (options, experiment file), the server unreachable or not started, points not measured
+# bad input (options, experiment file), the server unreachable or not started, points not measured, or a point
+# measured at a lower load than asked (degraded: a Locust worker lost; results/degraded.py): not what was asked
+COULD_NOT_RUN = 2
 FAILED_REQUESTS = 3  # a point with no success, or a failed share above --max-failure-rate / load.max_failure_rate
 # 4 is a process's own: `run`'s results folder full or unwritable; a Locust child whose parent died.
 
