@@ -443,10 +443,11 @@ def _install_form(environment) -> None:
             args.get("extra_options") or {}, vars(environment.parsed_options)
         )
         # Locust disables the users and spawn rate fields while a shape is installed, and the last step ramp's
-        # stays installed after it ends: the next test could not be given users. The form's load_shape decides
-        # the shape at each start (_swarm_shape), and ui.js makes the users field read-only while it says
-        # step-ramp.
-        args["hide_common_options"] = False
+        # stays installed after it ends: the next test could not be given users. Between tests the form's
+        # load_shape decides the shape of the next start (_swarm_shape; ui.js makes the users field read-only
+        # while it says step-ramp); during a ramp, Locust's edit form keeps them disabled.
+        if environment.runner.state not in ("spawning", "running"):
+            args["hide_common_options"] = False
 
     web_ui.update_template_args = update_template_args
 
