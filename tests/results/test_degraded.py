@@ -149,40 +149,55 @@ def test_run_exits_2_and_its_table_says_degraded(degraded):
     assert row.split("│")[6].strip() == "DEGRADED", row  # the status column of the results table
 
 
+def cli(command, *args) -> tuple[int, str]:
+    """A results command in this process (CliRunner: its exit code and output as the CLI gives them; these
+    commands start nothing, and a child process would cost a second of imports each)."""
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(command, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.output
+    return r.exit_code, r.stdout
+
+
 def test_gate_fails_a_degraded_point_with_2_unless_allowed(degraded, tmp_path):
+    from servesweep.results.gates import command as gate
+
     d = degraded["load_dir"]
-    r = servesweep("gate", d, "--slo", "ttft_p99<=30s", "--junit", tmp_path / "gate.xml")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stdout.startswith(f"DEGRADED {d.name}: 1 point(s) measured at a lower load than asked"), r.stdout
-    assert "c4 degraded: worker" in r.stdout and "exited with 137" in r.stdout
+    code, out = cli(gate, d, "--slo", "ttft_p99<=30s", "--junit", tmp_path / "gate.xml")
+    assert code == 2, out
+    assert out.startswith(f"DEGRADED {d.name}: 1 point(s) measured at a lower load than asked"), out
+    assert "c4 degraded: worker" in out and "exited with 137" in out
     junit = (tmp_path / "gate.xml").read_text()
     assert 'name="not degraded"' in junit and 'type="degraded"' in junit
     # an SLO breach besides: still 2 (the one that says least was measured wins), the breach said too
-    r = servesweep("gate", d, "--slo", "ttft_p99<=0.001ms")
-    assert r.returncode == 2 and "besides, 1 of 2 checks failed" in r.stdout, r.stdout
-    r = servesweep("gate", d, "--slo", "ttft_p99<=30s", "--allow-degraded")
-    assert r.returncode == 0 and "(1 degraded point(s) allowed: c4)" in r.stdout, r.stdout
-    r = servesweep("gate", degraded["run_dir"])  # the experiment's own slo
-    assert r.returncode == 2 and r.stdout.startswith("DEGRADED "), r.stdout
+    code, out = cli(gate, d, "--slo", "ttft_p99<=0.001ms")
+    assert code == 2 and "besides, 1 of 2 checks failed" in out, out
+    code, out = cli(gate, d, "--slo", "ttft_p99<=30s", "--allow-degraded")
+    assert code == 0 and "(1 degraded point(s) allowed: c4)" in out, out
+    code, out = cli(gate, degraded["run_dir"])  # the experiment's own slo
+    assert code == 2 and out.startswith("DEGRADED "), out
 
 
 def test_compare_marks_the_degraded_points(degraded):
-    r = servesweep("compare", degraded["load_dir"], degraded["run_dir"], "--compact")
-    assert r.returncode == 0, r.stderr
-    first = r.stdout.splitlines()[0]
-    assert "1 point(s) DEGRADED, measured at a lower load than asked" in first, first
-    assert "chat p64 o64 c4 DEGRADED (baseline, run)" in first, first
-    r = servesweep("compare", degraded["load_dir"], degraded["run_dir"], "--json")
-    (rc,) = json.loads(r.stdout)
+    from servesweep.results.compare import command as compare
+
+    code, out = cli(compare, degraded["load_dir"], degraded["run_dir"], "--compact", "--resamples", 100)
+    first = " ".join(out.split("\n\n")[0].split())  # the summary line, however the console wrapped it
+    assert code == 0 and "1 point(s) DEGRADED, measured at a lower load than asked" in first, out
+    assert "chat p64 o64 c4 DEGRADED (baseline, run)" in first, out
+    code, out = cli(compare, degraded["load_dir"], degraded["run_dir"], "--json", "--resamples", 100)
+    (rc,) = json.loads(out)
     assert rc["points"][0]["degraded"] == ["baseline", "run"]
 
 
 def test_report_says_it_in_a_banner_and_the_row(degraded):
     from playwright.sync_api import sync_playwright
 
+    from servesweep.results.report import command as report
+
     d = degraded["load_dir"]
-    r = servesweep("report", d)
-    assert r.returncode == 0, r.stderr
+    code, out = cli(report, d)
+    assert code == 0 and f"html: {d / 'report.html'}" in out, out
     held = json.loads((d / "c4" / "summary.json").read_text())["in_flight"]["mean"]
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
