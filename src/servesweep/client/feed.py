@@ -56,8 +56,8 @@ def start_feed(environment) -> None:
 
     from servesweep.results.records import RecordBuffer
 
-    # The first Arrow table from Python lists imports pandas (a quarter of a second or more): pay it here, before
-    # the users start, not in the middle of the streams.
+    # The first Arrow table from Python lists pays pyarrow's one-time setup of its conversions (its pandas check is
+    # made with pandas hidden: results/records.py): here, before the users start, not in the middle of the streams.
     RecordBuffer().table()
     worker = isinstance(environment.runner, WorkerRunner)
     feed = environment.servesweep_feed = Feed(Path(folder), f"w{os.getpid()}-" if worker else "")

@@ -15,6 +15,36 @@ import pyarrow.parquet as pq
 
 from servesweep.files import atomic_path
 
+
+class _PandasHidden:
+    """A meta-path finder that makes `import pandas` fail, for one call (see _arrow_without_pandas)."""
+
+    @staticmethod
+    def find_spec(name: str, path=None, target=None):
+        if name == "pandas":
+            raise ImportError("hidden from pyarrow's one-time check (servesweep.results.records)")
+        return None
+
+
+def _arrow_without_pandas() -> None:
+    """pyarrow asks once per process, at its first conversion of Python objects, whether pandas is importable,
+    and imports it when it is (0.4-0.9 s of CPU on the test machine, in every Locust process and CLI command that
+    builds a table; servesweep never uses pandas). That first conversion is made here with pandas hidden, so
+    pyarrow records "no pandas" for its own conversions; `import pandas` by anyone later works as usual, and so
+    does `Table.to_pandas()` (it imports pandas itself). Where pandas is already imported nothing changes."""
+    import sys
+
+    if "pandas" in sys.modules:
+        return
+    sys.meta_path.insert(0, _PandasHidden)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(_PandasHidden)
+
+
+_arrow_without_pandas()
+
 SCHEMA_VERSION = 1
 
 # Error classes a request can end in; None/null means success. Kept here so the summary and docs share one list.
