@@ -236,3 +236,29 @@ def test_in_flight_weighs_each_level_by_the_time_it_held():
     # one user, back to back: an end and the next start at one instant are not two in flight
     assert in_flight(np.array([0.0, 1e9]), np.array([1e9, 2e9])) == {"mean": 1.0, "p50": 1.0, "max": 1.0}
     assert in_flight(np.array([]), np.array([])) is None
+
+
+@pytest.mark.fast
+def test_the_load_after_the_lost_workers_last_record():
+    """A long point: 4 users (2 per worker) for 40 s, worker b's last record ends at 40 s, then 2 users to 60 s.
+    The mean over the point (3.3) understates the loss; from b's last record on, 2 were held."""
+    import numpy as np
+
+    from servesweep.results.degraded import Degradation, Timeline
+
+    starts = np.arange(0, 60, 10.0)
+    sent = np.concatenate([starts, starts, starts[:4], starts[:4]]) * 1e9
+    end = sent + 10e9
+    worker = np.array(["a:1"] * 12 + ["b:2"] * 8, dtype=object)
+    at, after = Timeline(sent, end, worker).after_loss(["b:2"])
+    assert at == 40.0 and after == {"mean": 2.0, "p50": 2.0, "max": 2.0}
+    # a worker none of whose records reached the master: lost from the start, the whole span is "after"
+    at, after = Timeline(sent[:12], end[:12], worker[:12]).after_loss(["b:2"])
+    assert at == 0.0 and after is not None and after["mean"] == 2.0
+    d = Degradation(
+        "c4", ["worker b:2 ... exited with 137: 3 of its 11 requests lost"], 3, 4, 3.3, None, None, 40.0, 2.0
+    )
+    assert d.load_text == (
+        "concurrency 4 asked, 3.3 held (mean requests in flight in the records), 2.0 from 40.0 s on "
+        "(the lost worker's last record)"
+    )

@@ -8,7 +8,7 @@ whose records never reached the master): the master carries on with fewer users,
 concurrency the records actually held (`in_flight`, docs/metrics.md).
 
 A degraded point is "could not run" (exit 2, servesweep.exit_codes): it was measured, but not at the asked load.
-`servesweep gate --allow-degraded` accepts it (it is still said). Pure functions, no I/O but `records_in_flight`.
+`servesweep gate --allow-degraded` accepts it (it is still said). Pure functions, no I/O but `Timeline.read`.
 """
 
 from __future__ import annotations
@@ -45,17 +45,41 @@ def in_flight(sent_ns: np.ndarray, end_ns: np.ndarray) -> dict | None:
     return {"mean": float((level * held).sum() / total), "p50": median, "max": float(level.max())}
 
 
-def records_in_flight(records: Path) -> dict | None:
-    """in_flight of a records file's measured requests (for run folders written before summaries carried it)."""
-    import pyarrow.parquet as pq
+@dataclass
+class Timeline:
+    """The measured requests of a records file: when each was sent and ended, and which worker sent it."""
 
-    t = pq.read_table(records, columns=["warmup", "sent_ns", "end_ns"])
-    measured = ~t.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
+    sent: np.ndarray
+    end: np.ndarray
+    worker: np.ndarray  # the records' `worker` column (host:pid)
 
-    def col(name: str) -> np.ndarray:
-        return t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)[measured]
+    @classmethod
+    def read(cls, records: Path) -> Timeline:
+        import pyarrow.parquet as pq
 
-    return in_flight(col("sent_ns"), col("end_ns"))
+        t = pq.read_table(records, columns=["warmup", "sent_ns", "end_ns", "worker"])
+        measured = ~t.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
+
+        def col(name: str) -> np.ndarray:
+            return t.column(name).to_numpy(zero_copy_only=False).astype(np.float64)[measured]
+
+        worker = np.asarray(t.column("worker").to_pylist(), dtype=object)[measured]
+        return cls(col("sent_ns"), col("end_ns"), worker)
+
+    def after_loss(self, lost: list[str]) -> tuple[float, dict | None] | None:
+        """(seconds into the span when the first lost worker was last heard of, in_flight from then to the end):
+        its last record's end, or the span's start when none of its records reached the master. None without a
+        record or a lost worker."""
+        if not self.sent.size or not lost:
+            return None
+        t0 = float(np.nanmin(self.sent))
+        ends = [float(np.nanmax(self.end[self.worker == w])) for w in lost if (self.worker == w).any()]
+        at = min(ends) if len(ends) == len(lost) else t0
+        later = self.end > at
+        clipped = np.maximum(
+            self.sent[later], at
+        )  # the level from `at` on: requests in flight then count from it
+        return (at - t0) / 1e9, in_flight(clipped, self.end[later])
 
 
 @dataclass
@@ -71,6 +95,10 @@ class Degradation:
     held_concurrency: float | None  # mean requests in flight in the records (closed loop)
     asked_rate: float | None  # open loop: the asked arrival rate (/s)
     got_rate: float | None  # measured requests / window
+    lost_at_s: float | None = (
+        None  # when the first lost worker was last heard of (its last record), into the span
+    )
+    held_after: float | None = None  # mean requests in flight from then on (closed loop)
 
     @property
     def load_text(self) -> str:
@@ -85,7 +113,12 @@ class Degradation:
             if self.held_concurrency is not None
             else ""
         )
-        return f"concurrency {self.asked_concurrency} asked{held}"
+        after = (
+            f", {self.held_after:.1f} from {self.lost_at_s:.1f} s on (the lost worker's last record)"
+            if self.held_after is not None and self.lost_at_s is not None and self.lost_at_s > 0
+            else ""
+        )
+        return f"concurrency {self.asked_concurrency} asked{held}{after}"
 
     @property
     def short(self) -> str:
@@ -116,10 +149,17 @@ def degradation(summary: dict | None, records: Path | None = None) -> Degradatio
         return None
     pt = summary.get("point") or {}
     flight = summary.get("in_flight")
-    if flight is None and records is not None and records.is_file():
-        flight = records_in_flight(records)
+    timeline = Timeline.read(records) if records is not None and records.is_file() else None
+    if flight is None and timeline is not None:
+        flight = in_flight(timeline.sent, timeline.end)
     req, window = summary.get("requests") or {}, summary.get("window_s")
     open_loop = pt.get("arrival", "closed") != "closed" and pt.get("rate_rps")
+    lost = [
+        str(w["worker"])
+        for w in (summary.get("workers") or {}).get("workers") or []
+        if w.get("lost") or not w.get("ended_cleanly", True)
+    ]
+    split = timeline.after_loss(lost) if timeline is not None and not open_loop else None
     return Degradation(
         point_id=str(summary.get("point_id") or ""),
         problems=[str(p) for p in summary.get("problems") or []],
@@ -128,6 +168,8 @@ def degradation(summary: dict | None, records: Path | None = None) -> Degradatio
         held_concurrency=None if open_loop or not flight else flight["mean"],
         asked_rate=float(pt["rate_rps"]) if open_loop else None,
         got_rate=req.get("measured", 0) / window if open_loop and window else None,
+        lost_at_s=split[0] if split else None,
+        held_after=split[1]["mean"] if split and split[1] else None,
     )
 
 
