@@ -262,3 +262,26 @@ def test_the_load_after_the_lost_workers_last_record():
         "concurrency 4 asked, 3.3 held (mean requests in flight in the records), 2.0 from 40.0 s on "
         "(the lost worker's last record)"
     )
+
+
+@pytest.mark.fast
+def test_an_open_loop_point_says_its_rate():
+    """An open-loop point has no concurrency to hold: its asked rate against the measured requests per second."""
+    from servesweep.results.degraded import degradation
+
+    summary = {
+        "point_id": "c8-poisson40",
+        "degraded": True,
+        "problems": ["worker w:7 on local (#1) exited with 137: 9 of its 31 requests lost"],
+        "point": {"concurrency": 8, "arrival": "poisson", "rate_rps": 40.0},
+        "requests": {"measured": 120},
+        "window_s": 5.0,
+        "in_flight": {"mean": 3.1, "p50": 3.0, "max": 8.0},
+    }
+    d = degradation(summary)
+    assert d is not None and d.short == "40→24.0/s"
+    assert d.line() == (
+        "point c8-poisson40 DEGRADED (its figures are not the asked load): worker w:7 on local (#1) exited with "
+        "137: 9 of its 31 requests lost; rate 40/s asked, 24.0/s got"
+    )
+    assert degradation({**summary, "degraded": False}) is None and degradation(None) is None
