@@ -249,3 +249,64 @@ def test_sigkilled_load_its_locust_child_stops_by_itself(sim, tmp_path):
         if ref is not None:
             for pid in _group_alive(ref["pid"]):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_load_resume_measures_what_a_signal_left_and_keeps_what_it_had(sim, tmp_path):
+    """`servesweep load --resume RUN` after a SIGINT in the second of two points: the first point is kept as it
+    was (not measured again), the interrupted one moves aside with its partial records and is measured whole, and
+    the table lists both; a resume with another option, or of a folder that is not a load run, is a usage error."""
+    runs = tmp_path / "runs"
+    log = tmp_path / "load.log"
+    proc = start_servesweep(
+        ["load", "--base-url", sim.base_url, "--concurrency", "1,2", "--requests", "4"]
+        + ["--prompt-tokens", "200", "--output-tokens", "150", "--out", str(runs)],
+        tmp_path,
+        log,
+    )
+    try:
+
+        def run_dir_of():
+            dirs = list(runs.glob("*")) if runs.exists() else []
+            return dirs[0] if dirs and (dirs[0] / "c1" / "summary.json").is_file() else None
+
+        _wait_recorded_locust(run_dir_of, proc, log, completed=1)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 128 + signal.SIGINT, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    run_dir = run_dir_of()
+    assert f"measure them with: servesweep load --resume {run_dir}" in " ".join(log.read_text().split())
+    c1_summary = (run_dir / "c1" / "summary.json").read_bytes()
+    c1_records = (run_dir / "c1" / "records.parquet").stat().st_mtime_ns
+
+    r = subprocess_run([*SERVESWEEP, "load", "--resume", str(run_dir)], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming" in r.stderr and "1 point(s) measured before are kept, 1 to measure (c2)" in r.stderr, r.stderr
+    m = _json(run_dir / "manifest.json")
+    assert [(p["point_id"], p.get("status")) for p in m["points"]] == [("c1", None), ("c2", None)], m["points"]
+    assert "status" not in m and m["finished_unix"] and len(m["resumed"]) == 1
+    (stop,) = m["interruptions"]
+    assert stop["signal"] == "SIGINT" and [p["dir"] for p in stop["points"]] == ["c2.interrupted"]
+    # the first point untouched; the interrupted one's partial records kept aside; the second measured whole
+    assert (run_dir / "c1" / "summary.json").read_bytes() == c1_summary
+    assert (run_dir / "c1" / "records.parquet").stat().st_mtime_ns == c1_records
+    assert pq.read_table(run_dir / "c2.interrupted" / "records.partial.parquet").num_rows >= 1
+    assert _json(run_dir / "c2" / "summary.json")["requests"]["ok"] == 4
+    rows = [line.split("│")[1].strip() for line in r.stdout.splitlines() if line.startswith("│")]
+    assert rows == ["1", "2"], r.stdout  # the table's concurrency column: both points, in the sweep's order
+
+    # nothing left: a second resume measures nothing and says so
+    again = subprocess_run([*SERVESWEEP, "load", "--resume", str(run_dir)], cwd=tmp_path)
+    assert again.returncode == 0 and "2 point(s) measured before are kept, 0 to measure" in again.stderr
+    bad = subprocess_run([*SERVESWEEP, "load", "--resume", str(run_dir), "--concurrency", "4"], cwd=tmp_path)
+    assert bad.returncode == 2 and "--resume takes no other option" in bad.stderr and "--concurrency" in bad.stderr
+    alien = subprocess_run([*SERVESWEEP, "load", "--resume", str(tmp_path)], cwd=tmp_path)
+    assert alien.returncode == 2 and "not a servesweep load run folder" in alien.stderr, alien.stderr
+
+
+def subprocess_run(cmd: list[str], cwd: Path):
+    import subprocess
+
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=180)

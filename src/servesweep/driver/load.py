@@ -158,6 +158,14 @@ _RUN_OPTIONS = [
         show_default=True,
     ),
     click.option("--json", "as_json", is_flag=True, help="print the summaries as JSON instead of the table"),
+    click.option(
+        "--resume",
+        "resume_dir",
+        type=click.Path(file_okay=False, exists=True, path_type=Path),
+        default=None,
+        help="finish a stopped `servesweep load` run in its own folder: the points it did not measure, with the "
+        "options it was started with (its manifest's argv; give no other option)",
+    ),
 ]
 
 
@@ -188,6 +196,8 @@ def command(**opts):
             signal.signal(sig, signal.SIG_IGN)
         raise Interrupted(signum)
 
+    if opts["resume_dir"] is not None:
+        opts = _resumed_options(opts["resume_dir"])
     run = _check_options(opts)
     for sig in STOP_SIGNALS:
         old_handlers[sig] = signal.signal(sig, on_signal)
@@ -199,6 +209,78 @@ def command(**opts):
     finally:
         for sig, h in old_handlers.items():
             signal.signal(sig, h)
+
+
+def _resumed_options(run_dir: Path) -> dict[str, Any]:
+    """`--resume RUN`: the options RUN was started with, parsed again from its manifest's argv (so its points are
+    the same points); any other option on this command line is a usage error, since it would change them."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [
+        f"--{p.name.replace('_', '-')}"
+        for p in ctx.command.params
+        if p.name not in (None, "resume_dir")
+        and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    ]
+    if given:
+        raise click.UsageError(
+            f"--resume takes no other option (the run's own are in its manifest.json): got {', '.join(given)}"
+        )
+    manifest = read_json(run_dir / "manifest.json")
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("kind") != "load"
+        or not isinstance(manifest.get("argv"), list)
+    ):
+        raise click.BadParameter(
+            f"{run_dir}: not a servesweep load run folder (no manifest.json of kind 'load' with its argv); "
+            "a servesweep run folder resumes with servesweep run --resume",
+            param_hint="--resume",
+        )
+    argv = [str(a) for a in manifest["argv"]]
+    args = argv[1:] if argv[:1] == ["load"] else argv
+    try:
+        with command.make_context("load", args, parent=ctx.parent) as sub:
+            opts = dict(sub.params)
+    except click.ClickException as e:
+        raise click.BadParameter(
+            f"{run_dir}: its argv no longer parses: {e.format_message()}", param_hint="--resume"
+        ) from None
+    opts["resume_dir"] = run_dir
+    return opts
+
+
+def _resume_state(
+    run_dir: Path, points: list[LoadPoint]
+) -> tuple[dict[str, Any], list[dict], list[LoadPoint]]:
+    """A stopped run's manifest made ready to go on: the points it finished (with their summaries) stay, an
+    interrupted point's folder moves aside to `<point>.interrupted[-n]` (its partial records kept, listed under
+    `interruptions`), and what is left to measure, in the sweep's order."""
+    manifest = read_json(run_dir / "manifest.json")
+    finished = [e for e in manifest["points"] if e.get("status") != "interrupted"]
+    summaries = {e["point_id"]: read_json(run_dir / e["dir"] / "summary.json") for e in finished}
+    finished = [
+        e for e in finished if summaries[e["point_id"]] is not None
+    ]  # a folder removed since: measure it
+    moved = []
+    for e in manifest["points"]:
+        if e.get("status") == "interrupted" and (run_dir / e["dir"]).is_dir():
+            aside, n = run_dir / f"{e['dir']}.interrupted", 1
+            while aside.exists():
+                n += 1
+                aside = run_dir / f"{e['dir']}.interrupted-{n}"
+            (run_dir / e["dir"]).rename(aside)
+            moved.append({**e, "dir": aside.name})
+    if "interrupted" in manifest or moved:
+        manifest.setdefault("interruptions", []).append({**manifest.pop("interrupted", {}), "points": moved})
+    manifest.pop("status", None)
+    manifest.pop("finished_unix", None)
+    manifest["points"] = finished
+    manifest.setdefault("resumed", []).append({"unix": time.time(), "argv": sys.argv[1:]})
+    done = {e["point_id"] for e in finished}
+    kept = [summaries[p.id] for p in points if p.id in done]
+    return manifest, kept, [p for p in points if p.id not in done]
 
 
 def parse_rate_limit(text: str | None, what: str) -> float | None:
@@ -248,7 +330,9 @@ def _interrupted(state: dict, e: Interrupted) -> None:
         lines.append(f"finished points kept in {run_dir}: {', '.join(done) or 'none'}")
         left = [pid for pid in state.get("all_points", []) if pid not in done]
         if left:
-            lines.append(f"not measured: {', '.join(left)} (run them again with servesweep load)")
+            lines.append(
+                f"not measured: {', '.join(left)} (measure them with: servesweep load --resume {run_dir})"
+            )
     for line in lines:
         print(line, file=err, flush=True)
     sys.exit(128 + e.signum)
@@ -412,6 +496,21 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     from servesweep.results.manifest import OwnedProcesses
     from servesweep.results.store import new_run, write_manifest
 
+    resume_dir = run.opts.get("resume_dir")
+    kept: list[dict] = []
+    if resume_dir is not None:
+        resumed, kept, points = _resume_state(resume_dir, points)
+        state.update(
+            run_dir=resume_dir, manifest=resumed, all_points=[e["point_id"] for e in resumed["points"]]
+        )
+        state["all_points"] += [p.id for p in points]
+        err.print(
+            f"resuming {resume_dir}: {len(kept)} point(s) measured before are kept, {len(points)} to measure"
+            + (f" ({', '.join(p.id for p in points)})" if points else "")
+        )
+        if not points:
+            write_manifest(resume_dir, resumed)
+            return kept
     # Probe the server once for the whole run; every point reuses what it found.
     probes = ProbeLog()
     try:
@@ -420,16 +519,20 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         raise CouldNotRun(f"probing {base_url}: {e}") from None
     for note in probes.notes:
         err.print(f"[yellow]warning: {note}[/]")
-    run_id, run_dir = new_run(run.opts["out_root"])
+    if resume_dir is None:
+        run_id, run_dir = new_run(run.opts["out_root"])
+        state.update(all_points=[p.id for p in points])
+    else:
+        run_id, run_dir = resume_dir.name, resume_dir
     owned = OwnedProcesses(run_dir)  # processes.json: the Locust groups this run starts, while they run
-    state.update(run_dir=run_dir, run_id=run_id, all_points=[p.id for p in points])
+    state.update(run_dir=run_dir, run_id=run_id)
     fixed = {k: getattr(first, k) for k in ("model", "template_overhead", "continuous_usage")}
     points = [p.model_copy(update=fixed) for p in points]
     err.print(
         f"model {first.model}; chat template overhead {first.template_overhead} tokens; "
         f"per-chunk usage {'yes' if first.continuous_usage else 'no'}; results in {run_dir}"
     )
-    manifest: dict[str, Any] = {
+    manifest: dict[str, Any] = state.get("manifest") or {
         "run_id": run_id,
         "kind": "load",
         "base_url": base_url,
@@ -437,9 +540,11 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         "argv": sys.argv[1:],
         "probe_requests": probes.as_dict(),
     }
+    if resume_dir is not None:
+        manifest["resumed"][-1].update(base_url=base_url, probe_requests=probes.as_dict())
     write_manifest(run_dir, manifest)
     state["manifest"] = manifest
-    summaries = []
+    summaries = list(kept)
     exporter = _RunExporter.start(run, run_id, base_url, err)
     with (
         Progress(
