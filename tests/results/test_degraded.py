@@ -127,11 +127,6 @@ def test_load_table_row_and_line_say_degraded(degraded):
     assert f"concurrency 4 asked, {held:.1f} held (mean requests in flight in the records)" in text, r.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the edit to driver/load.py _report (another developer's file): exit 2 for a degraded point; "
-    "remove this mark with it",
-)
 def test_load_exits_2_for_a_degraded_point(degraded):
     r = degraded["load"]
     assert r.returncode == 2, r.stderr
