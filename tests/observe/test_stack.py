@@ -29,8 +29,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from ruamel.yaml import YAML
 
-from servesweep.observe import stack
-from servesweep.observe.stack import Layout, register_targets, stack_dir, unregister
+from servesweep.observe import stack, stackdir
+from servesweep.observe.stackdir import Layout, register_targets, stack_dir, unregister
 
 pytestmark = [pytest.mark.timeout(60)]  # prometheus and promtool: Debian's packages (make test installs them)
 REPO_DASHBOARDS = Path(__file__).resolve().parents[2] / "grafana" / "dashboards"
@@ -43,7 +43,7 @@ def _free_port() -> int:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != stack.ENV_DIR}
+    env = {k: v for k, v in os.environ.items() if k != stackdir.ENV_DIR}
     return subprocess.run([sys.executable, "-m", "servesweep.cli", "observe", *args],
                           capture_output=True, text=True, timeout=45, env=env)  # fmt: skip
 
@@ -70,7 +70,7 @@ def _wait(cond, timeout: float, what: str) -> float:
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
-    monkeypatch.delenv(stack.ENV_DIR, raising=False)
+    monkeypatch.delenv(stackdir.ENV_DIR, raising=False)
     yield tmp_path
     # Whatever a test left running, stop it by its record (never by name).
     for service in ("grafana", "prometheus"):
@@ -129,7 +129,7 @@ def test_up_twice_is_idempotent(root):
     again = _up(root, port).stdout
     assert "already running" in again
     assert json.loads(rec_path.read_text()) == first  # same pid, same start time: nothing new started
-    assert stack.running(rec_path) is not None
+    assert stackdir.running(rec_path) is not None
     assert _cli("down", "--root", str(root)).returncode == 0
 
 
@@ -150,7 +150,8 @@ def test_down_stops_exactly_the_recorded_process(root):
     try:
         r = _cli("down", "--root", str(root))
         assert r.returncode == 0 and "stopped: prometheus" in r.stdout, r.stdout + r.stderr
-        assert stack._start_time(rec["pid"]) is None  # the recorded Prometheus is gone (or a reaped zombie)
+        # the recorded Prometheus is gone (or a reaped zombie)
+        assert stackdir.process_start_time(rec["pid"]) is None
         assert planted.poll() is None  # the look-alike lives on
         assert not lay.record("prometheus").exists()
         with pytest.raises(urllib.error.URLError):
@@ -199,7 +200,7 @@ def test_register_targets_rejects_what_prometheus_would_not_read(root, monkeypat
         register_targets("servesweep", ["127.0.0.1:1"], {"run_id": "a/b"}, root=root)
     assert not (root / ".observe" / "targets").exists() or not list((root / ".observe" / "targets").iterdir())
     # The environment names the stack folder for every process and wins over a results root.
-    monkeypatch.setenv(stack.ENV_DIR, str(root / "elsewhere"))
+    monkeypatch.setenv(stackdir.ENV_DIR, str(root / "elsewhere"))
     p = register_targets("servesweep", [], {"run_id": "r"}, root=root / "ignored")
     assert p.parent == (root / "elsewhere" / "targets").resolve() and json.loads(p.read_text()) == []
 
@@ -291,20 +292,20 @@ def test_a_killed_owners_target_files_are_swept_and_no_other(root):
     tdir = Layout(stack_dir(root)).targets
 
     def write(name: str, owner: str | None) -> Path:
-        labels = {"run_id": name, **({stack.OWNER_LABEL: owner} if owner else {})}
+        labels = {"run_id": name, **({stackdir.OWNER_LABEL: owner} if owner else {})}
         path = tdir / f"servesweep-{name}.json"
         path.write_text(json.dumps([{"targets": ["127.0.0.1:1"], "labels": labels}]))
         return path
 
     live = register_targets("servesweep", ["127.0.0.1:2"], {"run_id": "live"}, root=root)
-    host, pid, started = stack.owner_stamp().rsplit(":", 2)
+    host, pid, started = stackdir.owner_stamp().rsplit(":", 2)
     dead = write("dead", f"{host}:{pid}:{float(started) - 100:.2f}")
     elsewhere = write("elsewhere", f"other-host:{pid}:1.00")
     by_hand = write("by-hand", None)
-    rows = stack.list_targets(root)
+    rows = stackdir.list_targets(root)
     assert not dead.exists() and live.exists() and elsewhere.exists() and by_hand.exists()
     assert {r["labels"]["run_id"] for r in rows} == {"live", "elsewhere", "by-hand"}
-    assert all(stack.OWNER_LABEL not in r["labels"] for r in rows)
+    assert all(stackdir.OWNER_LABEL not in r["labels"] for r in rows)
     dead = write("dead", f"{host}:{pid}:{float(started) - 100:.2f}")
     register_targets("sglang", ["127.0.0.1:3"], {"run_id": "next"}, root=root)
     assert not dead.exists()

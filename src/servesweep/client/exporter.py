@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
 from servesweep.observe.exporter import ClientMetrics, loadpoint_axes
+from servesweep.observe.stackdir import stack_present
 from servesweep.observe.targets import RunTargets, last_scrape
 
 
@@ -36,7 +37,7 @@ def install_locust(
       LoadPoint servesweep's locustfile put on the environment (its id, and axes from its fields and labels); at
       the stop its summary (results/summary.py over the test's records) becomes the `servesweep_point_*` gauges;
     - observe stack: a process not started by servesweep registers its exporter in the stack's targets folder when
-      a stack is set up (observe/stack.py stack_present), on `serve`'s port or else a free port of 127.0.0.1; the
+      a stack is set up (observe/stackdir.py stack_present), on `serve`'s port or else a free port of 127.0.0.1; the
       file goes at exit, and a headless process waits (bounded) for the stack's Prometheus to scrape its last
       summary before it exits (docs/observability.md, "Locust processes").
     """
@@ -66,8 +67,6 @@ def install_locust(
 def _registers_itself(environment) -> bool:
     """A Locust started by hand registers itself; one servesweep started (--point-json) does not: its records
     reach the run's own exporter (servesweep run, servesweep load), which is registered for the run."""
-    from servesweep.observe.stack import stack_present
-
     opts = environment.parsed_options
     return not (opts is not None and getattr(opts, "point_json", None)) and stack_present()
 
@@ -81,7 +80,7 @@ def _register_in_stack(environment, metrics: ClientMetrics, feed: _Feed, port: i
     logging.getLogger("servesweep").info("servesweep: client metrics registered for Prometheus in %s", path)
     headless = bool(getattr(environment.parsed_options, "headless", False))
     environment.events.quitting.add_listener(lambda **_k: _quit(feed, targets, headless))
-    atexit.register(targets.close)  # an exit without Locust's quitting event (SIGKILL: stack.sweep_stale)
+    atexit.register(targets.close)  # an exit without Locust's quitting event (SIGKILL: stackdir.sweep_stale)
 
 
 def _quit(feed: _Feed, targets: RunTargets, headless: bool) -> None:

@@ -202,8 +202,12 @@ def run_point(
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
-    {"point_id", "elapsed_s", "completed", "issued", "failed"}. `metrics_port`: the Locust process serves its live
-    client metrics (servesweep.observe.exporter) on this port of 127.0.0.1 while the point runs.
+    {"point_id", "elapsed_s", "completed", "issued", "failed"}. `metrics_port`: the Locust process serves its own
+    live client metrics (servesweep.observe.exporter) on this port of 127.0.0.1 while the point runs, for a caller
+    with no exporter of its own (a test, a script). `servesweep load` and `servesweep run` pass none: their own
+    process serves the run's one exporter for the whole run (load: on --metrics-port, or on a free port when a
+    stack is set up; run: the experiment's `exporter:`), fed through `on_records` and set to each point's summary
+    (driver/load.py `_RunExporter`, matrix/orchestrator.py).
 
     `workers=N`: N local worker processes (Locust --processes) share the users, the request budget and the
     arrival rate. `worker_hosts`: workers on the hosts of an Ansible inventory group instead, started over SSH by
@@ -219,7 +223,9 @@ def run_point(
     requests sent for this point before (counted into summary["probe_requests"] with this point's own).
     `on_records`: called with the rows of the live record feed (results/livefeed.py) while the point runs,
     about once a second. `targets` (observe.targets.RunTargets): with `metrics_port`, the Locust process's
-    exporter is registered there (under the targets' run_id) while it runs.
+    exporter is registered there (role "locust", under the targets' run_id, which the process's exporter takes
+    too) while the point runs, and removed at its end. `servesweep load` and `servesweep run` pass none: they
+    register the run's own exporter in their RunTargets for the whole run.
     """
     from servesweep.config.slo import parse_slos
     from servesweep.results.store import write_json_atomic

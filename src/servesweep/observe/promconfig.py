@@ -38,12 +38,9 @@ from servesweep.observe.exporter import (
     per_gpu_values,
     summary_values,
 )
-
-EXPORTER_JOB = "servesweep"
-SGLANG_JOB = "sglang"
-PUSHGATEWAY_JOB = "pushgateway"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_TARGET = re.compile(r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$")
+from servesweep.observe.stackdir import EXPORTER_JOB, PUSHGATEWAY_JOB, SGLANG_JOB
+from servesweep.observe.stackdir import LABEL_NAME as _LABEL_NAME
+from servesweep.observe.stackdir import TARGET as _TARGET
 
 
 def prometheus_config(
@@ -94,7 +91,8 @@ def write_prometheus_config(path: str | Path, **kw) -> Path:
     y.default_flow_style = False
     y.dump(prometheus_config(**kw), buf)
     return write_atomic(
-        Path(path), "# Written by servesweep.observe.promconfig; targets live in file_sd files.\n" + buf.getvalue()
+        Path(path),
+        "# Written by servesweep.observe.promconfig; targets live in file_sd files.\n" + buf.getvalue(),
     )
 
 

@@ -1,4 +1,4 @@
-"""The targets one run registers in the observe stack's one targets folder (observe/stack.py), removed together at
+"""The targets one run registers in the observe stack's one targets folder (observe/stackdir.py), removed together at
 its end: the run's client-metrics exporter (`servesweep run`, `servesweep load`), a Locust process's exporter
 (client/exporter.py) and the server's /metrics. A run registers whether or not a stack is up, so a Prometheus
 started later finds it. `last_scrape` keeps an exporter up until its last summary was scraped.
@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servesweep.observe.promconfig import EXPORTER_JOB, SGLANG_JOB
-from servesweep.observe.stack import (
+from servesweep.observe.stackdir import (
+    EXPORTER_JOB,
+    SGLANG_JOB,
     register_targets,
     scrape_interval_s,
     stack_dir,
