@@ -117,6 +117,17 @@ def test_observe_up_then_a_matrix_and_a_load_point_are_live_in_prometheus(tmp_pa
         seen = _watch(url, runs, procs, timeout=240)
         for p in procs:
             assert p.wait(timeout=60) == 0, {k: v.read_text()[-3000:] for k, v in logs.items()}
+        # each command waited for the stack's Prometheus to read its last point's summary before it stopped
+        # serving: every point of both runs has its summary gauges in Prometheus, the last ones included
+        points = {
+            run: {
+                r["metric"]["point_id"]
+                for r in _query(url, f'last_over_time(servesweep_point_requests{{run_id="{run}"}}[15m])')
+            }
+            for run in (_run_id(runs, "livestack"), _run_id(runs, "load-"))
+        }
+        expected = {run: {d.parent.name for d in (runs / run).glob("*/summary.json")} for run in points}
+        assert points == expected and all(points.values()), (points, expected)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -377,6 +377,7 @@ class Runner:
         self.owned = mf.OwnedProcesses(m.run_dir)
         self.server_up = False
         self.metrics: ClientMetrics | None = None  # while the run runs (see _start_exporter)
+        self._reads_at_finish: int | None = None  # metrics.reads when the last point's summary was set
         self.exporter_at: str | None = None
         # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
         self.packed = bool(
@@ -689,9 +690,14 @@ class Runner:
         self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
 
     def close(self) -> None:
-        """Stop serving client metrics (after the run; a test scrapes them in between), remove the run's targets
-        from the observe stack's folder; let go of the run's key."""
+        """Stop serving client metrics (after the run; a test scrapes them in between) once the stack's Prometheus
+        has read the last point's summary (bounded: observe.targets.last_scrape), remove the run's targets from the
+        observe stack's folder; let go of the run's key."""
         if self.metrics is not None:
+            if self._reads_at_finish is not None:
+                from servesweep.observe.targets import last_scrape
+
+                last_scrape(self.metrics, self._reads_at_finish, self.run_dir.parent)
             self.metrics.stop()
             self.metrics = None
         if self.targets is not None:
@@ -751,6 +757,11 @@ class Runner:
             except (OSError, ValueError) as e:  # the gauges still come from the summary
                 self.console.print(f"[yellow]client metrics: records of {pid} not read ({e})[/]")
         self.metrics.point_finished(pid, summary)
+        self._note_last_summary(self.metrics.reads)
+
+    def _note_last_summary(self, reads: int) -> None:
+        """The exporter's read count when a point's summary was set: close() waits for a read after the last."""
+        self._reads_at_finish = reads
 
     def _adopt_and_clean(self) -> None:
         """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
@@ -1269,6 +1280,9 @@ class Lane(Runner):
 
     def base_url(self) -> str:
         return f"http://{self.placement['address']}:{self.port}"
+
+    def _note_last_summary(self, reads: int) -> None:
+        self.main._note_last_summary(reads)  # the run's exporter is the main Runner's; it closes it
 
     def _pending(self, cfg_id: str) -> list[str]:
         # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
