@@ -101,6 +101,13 @@ def _locust_targets(prom: str) -> list[dict]:
     return [t for t in active if t["labels"].get("run_id", "").startswith("locust-")]
 
 
+def _after_earlier_locusts(prom: str) -> None:
+    """Until Prometheus has dropped the targets of the Locust processes of earlier tests (their files are gone; file
+    discovery takes a few seconds to notice): a test's one up target is then its own process. Their run ids can be
+    the same (a run id is the start's UTC second) and their instances too (a port used again)."""
+    _until(lambda: not _locust_targets(prom), 30, "the earlier tests' Locust targets gone from Prometheus")
+
+
 def _until(
     cond: Callable, timeout: float, what: str, proc: subprocess.Popen | None = None, log: Path | None = None
 ):
@@ -187,6 +194,7 @@ def test_a_master_with_worker_processes_registers_once_and_its_summary_counts_ev
     import pyarrow.parquet as pq
 
     prom, log, records = world["prom"], world["cwd"] / "master.log", world["cwd"] / "m.parquet"
+    _after_earlier_locusts(prom)
     proc = _locust(world, log, "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "4s",
                    "--records", str(records))  # fmt: skip
     try:
@@ -204,6 +212,7 @@ def test_a_master_with_worker_processes_registers_once_and_its_summary_counts_ev
 
 def test_web_ui_locust_registers_shows_its_summary_and_a_sigkill_leaves_no_stale_target(world):
     prom, log = world["prom"], world["cwd"] / "webui.log"
+    _after_earlier_locusts(prom)
     proc = _locust(world, log, "--web-host", "127.0.0.1", "--web-port", str(free_port()), "--autostart",
                    "-u", "2", "-r", "2", "-t", "4s")  # fmt: skip
     try:
