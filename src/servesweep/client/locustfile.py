@@ -652,6 +652,7 @@ def _counters(ctx: LoadContext) -> dict:
         "issued": ctx.issued,
         "completed": ctx.completed,
         "failed": ctx.failed,
+        "streamed_events": ctx.streamed_events,
     }
 
 
@@ -878,7 +879,14 @@ def _progress_loop(ctx: LoadContext, path: Path) -> None:
 def _write_progress(ctx: LoadContext, path: Path) -> None:
     write_atomic(
         path,
-        json.dumps({"issued": ctx.issued, "completed": ctx.completed, "failed": ctx.failed}),
+        json.dumps(
+            {
+                "issued": ctx.issued,
+                "completed": ctx.completed,
+                "failed": ctx.failed,
+                "streamed_events": ctx.streamed_events,
+            }
+        ),
         durable=False,
     )
 

@@ -72,6 +72,9 @@ class LoadContext:
     prepared: bool = False  # the locustfile gave it its share, sampler and status file (at test start)
     sampler: object | None = None  # the locustfile's headroom Sampler (set at test start)
     in_flight: int = 0  # requests sent and not ended yet
+    # SSE events read so far, counted per socket read while the streams run (warmup included): the parent's live
+    # tok/s during long decodes, when no request has finished yet (driver/live.py)
+    streamed_events: int = 0
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended
     failed: int = 0  # of those, failed
@@ -361,6 +364,7 @@ class LLMUser(FastHttpUser):
                         while not resp.message_complete:
                             data = sock.recv(block)
                             feed(data)  # b"" (peer closed): completes a read-to-close body or raises Incomplete
+                            ctx.streamed_events += data.count(b"\n\n")  # one C scan of the read's bytes
                             if not data and not resp.message_complete:
                                 raise HTTPConnectionClosed("connection closed.")
                             reached.append(len(buf))

@@ -47,7 +47,12 @@ class PointWatch:
         self.counts = {"completed": 0, "failed": 0}
         self.t0 = time.monotonic()
         self._last_line = self.t0
-        self._tokens_since_line = 0
+        # live tok/s: SSE events the Locust processes have read (their progress counters), times the tokens per
+        # event of the requests that finished so far (1 until one has: an autoregressive server's chunk)
+        self._events_at_line = 0
+        self._events = 0
+        self._tokens_done = 0
+        self._events_done = 0
         if echo is not None:
             echo(f"{self.label}: started")
 
@@ -62,7 +67,10 @@ class PointWatch:
                 self.metrics.observe(r)
             if r.get("warmup") or r.get("error_class"):
                 continue
-            self._tokens_since_line += int(r.get("completion_tokens") or 0)
+            chunks = r.get("chunk_ns")
+            if chunks and r.get("completion_tokens"):
+                self._tokens_done += int(r["completion_tokens"])
+                self._events_done += len(chunks)
             first, sent = r.get("first_token_ns"), r.get("sent_ns")
             if first is not None and sent is not None:
                 self.ttft_s.append(M.ttft(first, sent, M.NS_PER_S))
@@ -77,19 +85,28 @@ class PointWatch:
         self._observe(rows)
 
     def progress(self, d: dict) -> None:
-        """run_point's progress callback: its counters (completed, failed, elapsed_s)."""
+        """run_point's progress callback: its counters (completed, failed, streamed_events, elapsed_s)."""
         self.counts = {k: int(d.get(k, 0)) for k in ("completed", "failed")}
+        self._events = max(self._events, int(d.get("streamed_events", 0)))  # a worker's file may lag a read
         self._maybe_line()
+
+    def tokens_per_event(self) -> float:
+        return self._tokens_done / self._events_done if self._events_done else 1.0
+
+    def streamed_tok_s(self, now: float) -> float:
+        """Output tokens per second streamed since the last line, finished or not: SSE events read (each a chunk
+        of one or more tokens, a few are not tokens: the role chunk, usage, [DONE]) times tokens per event."""
+        events = self._events - self._events_at_line
+        return events * self.tokens_per_event() / max(now - self._last_line, 1e-9)
 
     def ttft_p50_ms(self) -> float | None:
         return float(np.median(self.ttft_s)) * 1e3 if self.ttft_s else None
 
     def line(self) -> str:
         now = time.monotonic()
-        tok_s = self._tokens_since_line / max(now - self._last_line, 1e-9)
         return (
             f"{self.label}: {now - self.t0:.0f} s, {self.counts['completed']} done, {self.counts['failed']} failed, "
-            f"{tok_s:.1f} output tok/s, TTFT p50 {_ms(self.ttft_p50_ms())} so far"
+            f"{self.streamed_tok_s(now):.1f} output tok/s streamed, TTFT p50 {_ms(self.ttft_p50_ms())} so far"
         )
 
     def _maybe_line(self) -> None:
@@ -97,7 +114,7 @@ class PointWatch:
             return
         self.echo(self.line())
         self._last_line = time.monotonic()
-        self._tokens_since_line = 0
+        self._events_at_line = self._events
 
     def finished(self, summary: Mapping | None, took_s: float | None = None) -> None:
         """The end line (without a terminal): the point's own figures from its summary."""

@@ -493,10 +493,10 @@ def shared_prefix_check(point: LoadPoint, summary: dict, server_cached: float | 
 
 
 def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
-    d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0}
+    d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0, "streamed_events": 0}
     statuses = [read_json(f) for f in sorted((work / "status").glob("*.json"))]
     if any(statuses):  # worker processes: the sum of their own counters
-        for k in ("completed", "issued", "failed"):
+        for k in ("completed", "issued", "failed", "streamed_events"):
             d[k] = sum(int(st.get(k, 0)) for st in statuses if st)
         return d
     got = read_json(work / "progress.json")
