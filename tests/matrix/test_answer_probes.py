@@ -42,6 +42,10 @@ def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
         assert m["configs"][cid]["needle_accuracy"] == {"1000": 1.0, "6000": 0.0}, m["configs"][cid]
     text = " ".join(out.split())
     assert f"needle {ar} @ 6000 tokens: 0% (0/3)" in text
+    # and loudly, after the lines (issue 34: as loud as mostly degenerate answers), for both bundles, at 6000 only
+    for cid in (ar, spec):
+        assert f"LOW NEEDLE ACCURACY: configuration {cid} found the needle in 0 of 3 prompts at 6,000 tokens" in text
+        assert f"configuration {cid} found the needle in 3 of 3" not in text
     # what it does while the probes are out, and how far it is (issue 34, item 8)
     sent = f"{ar}: 6 needle probe(s) at 1,000, 6,000 prompt tokens sent"
     answered = f"{ar}: 6 of 6 needle probe(s) answered ("

@@ -21,7 +21,7 @@ from typing import Any
 from servesweep.config.experiment import Experiment
 from servesweep.results import manifest as mf
 from servesweep.results.answers import degenerate, score_needle
-from servesweep.results.needle import is_speculative, probe_path
+from servesweep.results.needle import is_speculative, needle_warning, probe_path
 from servesweep.results.store import write_json_atomic
 from servesweep.target import http
 
@@ -175,6 +175,9 @@ def probe_configuration(
     m.save()
     for length, v in data["lengths"].items():
         event(length_line(config_id, length, v))
+    for length, v in data["lengths"].items():  # after the lines: the loud part, as for degenerate answers
+        if warning := needle_warning(config_id, length, v):
+            event(f"[bold red]{warning}[/]")
 
 
 def length_line(config_id: str, length: str, v: dict) -> str:

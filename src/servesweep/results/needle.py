@@ -14,6 +14,10 @@ from pathlib import Path
 from servesweep.results.answers import answer_mismatch_rate
 
 PROBES_DIR = "answers"
+# Below this share of needles found at a prompt length, a configuration's figures at that length are flagged as
+# loudly as mostly degenerate answers (results/degeneration.py): a server that does not read its context (a wrong
+# RoPE scaling, a broken sliding window, an over-eager prefix cache) streams fluent text at full speed.
+LOW_NEEDLE_ACCURACY = 0.5
 
 
 def probe_path(run_dir: Path, config_id: str) -> Path:
@@ -45,6 +49,24 @@ def needle_rows(probes: dict[str, dict]) -> list[dict]:
         for length, v in sorted((d.get("lengths") or {}).items(), key=lambda kv: int(kv[0])):
             rows.append({"config_id": cid, "prompt_tokens": int(length), **v})
     return rows
+
+
+def needle_warning(config_id: str, prompt_tokens: int | str, v: dict) -> str | None:
+    """The loud line for a configuration that missed most needles at one prompt length; None otherwise (no
+    scored probe, or accuracy at or above LOW_NEEDLE_ACCURACY)."""
+    acc, n = v.get("needle_accuracy"), v.get("n") or 0
+    if acc is None or not n or acc >= LOW_NEEDLE_ACCURACY:
+        return None
+    return (
+        f"LOW NEEDLE ACCURACY: configuration {config_id} found the needle in {v.get('correct', 0)} of {n} prompts "
+        f"at {int(prompt_tokens):,} tokens ({acc:.0%}): its figures at that length come from a server that does "
+        "not answer from its context"
+    )
+
+
+def needle_warnings(probes: dict[str, dict]) -> list[str]:
+    """Every configuration and prompt length of a run's probes that needle_warning flags, in needle_rows order."""
+    return [w for r in needle_rows(probes) if (w := needle_warning(r["config_id"], r["prompt_tokens"], r))]
 
 
 def mismatch_rows(probes: dict[str, dict], configs: dict[str, dict]) -> list[dict]:
