@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from servesweep.sglang.hardware import resolve_server
+from servesweep.sglang.serverargs import resolve_server
 from servesweep.sim.engine import Engine, EngineRequest
 
 

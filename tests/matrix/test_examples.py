@@ -23,8 +23,10 @@ from support import run_servesweep
 from servesweep.config.experiment import parse_experiment
 from servesweep.driver.ansible import local_inventory, run_playbook
 from servesweep.matrix.planner import command as plan_command
-from servesweep.sglang import hardware
 from servesweep.sglang.flags import render_argv
+from servesweep.sglang.gpus import GPU_PROFILES
+from servesweep.sglang.models import dflash_draft_params, load_model_arch
+from servesweep.sglang.serverargs import resolve_server
 
 ROOT = Path(__file__).resolve().parents[2]
 A6000 = ROOT / "examples" / "qwen36-27b-a6000-tp2.yaml"
@@ -176,9 +178,9 @@ def test_dflash_draft_is_a_small_drafter_so_tp1_on_96gb_starts(tmp_path):
             }
         )
     )
-    arch = hardware.load_model_arch("Qwen/Qwen3.6-27B")
+    arch = load_model_arch("Qwen/Qwen3.6-27B")
     attn = 5120 * 32 * 128 + 2 * 5120 * 8 * 128 + 32 * 128 * 5120
-    assert hardware.dflash_draft_params(arch, tmp_path) == 2 * (attn + 3 * 5120 * 17408) + 3 * 5120 * 5120
+    assert dflash_draft_params(arch, tmp_path) == 2 * (attn + 3 * 5120 * 17408) + 3 * 5120 * 5120
 
 
 @pytest.mark.fast
@@ -189,7 +191,7 @@ def test_a6000_state_slot_cap_follows_the_documented_derivation():
     r = 5 slots (3 + 2 for extra_buffer with overlap) plus D = 4 intermediate states for spec verify, so
     running = budget × 0.9/1.9 / (slot × (5 + 4)). 100 running requests would need 100 × 9 × 73.4 MiB = 64.5 GiB of
     state per GPU on a 48 GB card holding 25 GiB of weights: concurrency 100 queues at the server."""
-    rs = hardware.resolve_server(
+    rs = resolve_server(
         {
             "model_path": "Qwen/Qwen3.6-27B",
             "tp_size": 2,
@@ -209,7 +211,7 @@ def test_a6000_state_slot_cap_follows_the_documented_derivation():
     rest = (rs.memory_usage["kvcache"] + rs.memory_usage["mamba"]) * 2**30  # what the split divided
     budget = rest * 0.9 / 1.9
     assert rs.effective_max_running_requests == math.floor(budget / (SLOT_TP2 * (5 + 4))) == 11
-    assert 100 * 9 * SLOT_TP2 > hardware.GPU_PROFILES["RTX A6000"].memory_bytes - 25 * 2**30
+    assert 100 * 9 * SLOT_TP2 > GPU_PROFILES["RTX A6000"].memory_bytes - 25 * 2**30
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -382,7 +384,7 @@ def test_ddtree_of_the_forked_build_accepts_more_tokens_per_step_as_its_budget_g
 
     measured = {}
     for budget, want in ((16, 4.4), (32, 5.0), (64, 5.5)):
-        rs = hardware.resolve_server(
+        rs = resolve_server(
             {
                 "model_path": "Qwen/Qwen3.6-27B",
                 "tp_size": 8,

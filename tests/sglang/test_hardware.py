@@ -6,15 +6,10 @@ import json
 
 import pytest
 
-from servesweep.sglang.hardware import (
-    MODEL_PROFILES,
-    auto_mem_fraction_static,
-    get_gpu,
-    kv_bytes_per_token,
-    load_model_arch,
-    resolve_server,
-    state_slot_bytes,
-)
+from servesweep.sglang.gpus import get_gpu
+from servesweep.sglang.memory import auto_mem_fraction_static, kv_bytes_per_token, state_slot_bytes
+from servesweep.sglang.models import MODEL_PROFILES, load_model_arch
+from servesweep.sglang.serverargs import resolve_server
 
 pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
 

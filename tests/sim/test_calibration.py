@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from servesweep.sglang.hardware import resolve_server
+from servesweep.sglang.serverargs import resolve_server
 from servesweep.sim.engine import Engine, EngineRequest
 
 pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)

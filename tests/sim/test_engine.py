@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from servesweep.sglang.hardware import resolve_server
+from servesweep.sglang.serverargs import resolve_server
 from servesweep.sim.engine import Engine, EngineRequest, QueueFull
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -14,7 +14,7 @@ import pytest
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from servesweep.sglang.hardware import resolve_server
+from servesweep.sglang.serverargs import resolve_server
 from servesweep.sim import engine as sim_engine
 from servesweep.sim.answer_stream import answer_table
 from servesweep.sim.cli import parse_args

@@ -1,7 +1,7 @@
 """`servesweep plan`: expand an experiment, drop infeasible points with their reason, estimate wall time, and order
 the server configurations so the matrix restarts the server as few times as possible.
 
-All memory arithmetic comes from `servesweep.sglang.hardware.resolve_server` (the same code the emulator runs), and time
+All memory arithmetic comes from `servesweep.sglang.serverargs.resolve_server` (the same code the emulator runs), and time
 estimates from the step-time model the emulator runs (`servesweep.sglang.stepmodel`), so plan, dry run and emulator agree.
 """
 
@@ -81,7 +81,7 @@ class PointPlan:
 @dataclass
 class ConfigPlan:
     config: ServerConfig
-    resolved: Any = None  # servesweep.sglang.hardware.ResolvedServer, None when the configuration cannot start
+    resolved: Any = None  # servesweep.sglang.serverargs.ResolvedServer, None when the configuration cannot start
     error: str | None = None
     points: list[PointPlan] = field(default_factory=list)
     excluded_points: int = 0
@@ -157,7 +157,8 @@ def _resolve_args(exp: Experiment, cfg: ServerConfig) -> dict[str, Any]:
 
 def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     """Resolve one server configuration the way SGLang starts it, then check and price each of its points."""
-    from servesweep.sglang import hardware
+    from servesweep.sglang.models import load_model_arch
+    from servesweep.sglang.serverargs import resolve_server
 
     cp = ConfigPlan(cfg)
     points, dropped = exp.points_for(cfg)
@@ -166,7 +167,7 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     if exp.launcher.generic:
         return _plan_generic(exp, cp)
     try:
-        arch = hardware.load_model_arch(exp.model.path)
+        arch = load_model_arch(exp.model.path)
     except (ValueError, OSError) as e:
         cp.error = f"model: {e}"
         return cp
@@ -177,7 +178,7 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         cp.error_code = CONTEXT_ABOVE_MAX if ctx_asked and ctx_asked > arch.max_position_embeddings else None
         return cp
     try:
-        rs = hardware.resolve_server(
+        rs = resolve_server(
             _resolve_args(exp, cfg), cfg.env, extra_spec_algorithms=set(exp.launcher.extra_spec_algorithms)
         )
     except (ValueError, RuntimeError) as e:  # SGLang's own start-up errors (context override, memory)
@@ -224,14 +225,14 @@ def _start_problems(exp: Experiment, cfg: ServerConfig, arch) -> list[str]:
 
 def _server_facts(rs, arch) -> dict[str, Any]:
     """What the plan reports of one resolved server (`plan --json` → configs[].facts)."""
-    from servesweep.sglang import hardware
+    from servesweep.sglang.memory import kv_heads_per_rank
 
     return {
         "gpu": rs.gpu.name,
         "context_len": rs.context_len,
         "kv_capacity_tokens": rs.max_total_num_tokens,
         "kv_bytes_per_token_per_gpu": rs.kv_bytes_per_token,
-        "kv_heads_per_gpu": hardware.kv_heads_per_rank(arch, rs.tp_size),
+        "kv_heads_per_gpu": kv_heads_per_rank(arch, rs.tp_size),
         "state_slot_bytes_per_gpu": rs.state_slot_bytes,
         "state_slots": rs.state_slots,
         "max_running_requests": rs.effective_max_running_requests,
@@ -285,7 +286,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
 
 def _running_cap_warning(cp: ConfigPlan, rs, spec_reset: bool) -> str | None:
     """The concurrencies that queue behind max_running_requests, and the spec reset to 48 when it set the cap."""
-    from servesweep.sglang import hardware
+    from servesweep.sglang.serverargs import SPEC_MAX_RUNNING_REQUESTS
 
     mrr = rs.effective_max_running_requests
     capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
@@ -293,9 +294,9 @@ def _running_cap_warning(cp: ConfigPlan, rs, spec_reset: bool) -> str | None:
     if spec_reset:
         msg = (
             f"speculative decoding ({rs.spec_algorithm_asked}) resets max_running_requests to "
-            f"{hardware.SPEC_MAX_RUNNING_REQUESTS} because it is not set"
+            f"{SPEC_MAX_RUNNING_REQUESTS} because it is not set"
         )
-        if mrr < hardware.SPEC_MAX_RUNNING_REQUESTS:
+        if mrr < SPEC_MAX_RUNNING_REQUESTS:
             msg += f", and the server caps it further to {mrr} (KV / state slots)"
         return msg + queue + ("; set server.base.max_running_requests" if capped else "")
     if capped:

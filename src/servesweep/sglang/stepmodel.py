@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from servesweep.sglang.hardware import ResolvedServer
+from servesweep.sglang.serverargs import ResolvedServer
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 import click
 
 from servesweep.sglang import flags
-from servesweep.sglang.hardware import RESOLVED_FLAGS
+from servesweep.sglang.serverargs import RESOLVED_FLAGS
 
 if TYPE_CHECKING:
     from .faults import Fault
 
 DEFAULT_SGLANG_VERSION = "0.5.23"
 
-# What the emulator models besides the memory and scheduling arithmetic (hardware.RESOLVED_FLAGS): its HTTP
+# What the emulator models besides the memory and scheduling arithmetic (serverargs.RESOLVED_FLAGS): its HTTP
 # server, streams, metrics and logs. A flag outside both is accepted and listed as not modeled.
 SERVED_FLAGS = frozenset(
     {

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from servesweep.sglang.hardware import ResolvedServer
+from servesweep.sglang.serverargs import ResolvedServer
 from servesweep.sglang.speculative import AcceptModel, accept_model
 from servesweep.sglang.stepmodel import Calibration, StepModel, calibration_for
 from servesweep.sim.deadline import DeadlineTimer

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servesweep.sglang.hardware import ResolvedServer, resolve_server
+from servesweep.sglang.serverargs import ResolvedServer, resolve_server
 from servesweep.sim.engine import simulate_closed_loop
 
 

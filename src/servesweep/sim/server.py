@@ -848,13 +848,13 @@ class BatchGroup:
 def run_server(args) -> int:
     """Resolve the server like SGLang, print its start-up lines, serve until SIGTERM/SIGINT."""
     _configure_logging(args.log_level)
-    from servesweep.sglang import hardware
+    from servesweep.sglang.serverargs import resolve_server
 
     from . import engine as engine_mod
 
     resolve_args = {k: v for k, v in vars(args).items() if k != "launch_command"}
     try:
-        resolved = hardware.resolve_server(resolve_args, os.environ)
+        resolved = resolve_server(resolve_args, os.environ)
     except ValueError as e:
         print(f"ValueError: {e}", file=sys.stderr, flush=True)
         return 1
