@@ -53,7 +53,7 @@ def test_the_8_gpu_example_plans_packed_well_under_serial():
         assert p["cuda_visible_devices"] == ",".join(map(str, p["gpus"]))
     code, text = _plan(str(EXAMPLE))
     assert code == 0
-    assert "packed onto 1 host(s), 8 GPUs" in text
+    assert "packed onto 1 host(s), 8 emulated RTX PRO 6000 Blackwell GPUs" in " ".join(text.split())
     assert f"{packed['wall_s'] / 3600:.2f}h against {j['total_s'] / 3600:.2f}h" in text
     rows = [line for line in text.splitlines() if "|" in line and line.rstrip().endswith("|")]
     assert len(rows) == 8  # one row per GPU
@@ -92,3 +92,20 @@ def test_parallel_false_and_max_parallel(tmp_path):
     assert two["max_parallel"] == 2
     for t in {p["start_s"] for p in two["placements"]}:
         assert sum(1 for p in two["placements"] if p["start_s"] <= t < p["end_s"]) <= 2
+
+
+@pytest.mark.fast
+def test_the_quickstart_plan_says_its_gpus_are_emulated_and_its_ports_chosen_at_start():
+    """The demo's first screen (issue 34 item 9): on a machine with no GPU the packing chart's GPUs are the
+    emulator's declared ones, `port: 0` shows no made-up port numbers, and a memory fit that drops nothing is the
+    plan's memory line, not a pitfall of 0 points."""
+    code, text = _plan(str(EXAMPLE.with_name("quickstart.yaml")))
+    assert code == 0, text
+    flat = " ".join(text.split())
+    assert "packed onto 1 host(s), 8 emulated H200 GPUs" in flat
+    legend = [line for line in text.splitlines() if line[:2] in ("A ", "B ")]
+    assert len(legend) == 2 and all(
+        "a free port at start" in line and "port 3" not in line for line in legend
+    )
+    assert "memory: hybrid model" in flat and "Every concurrency × context point fits" in flat
+    assert "kv_state_memory (0 points)" not in flat and "pitfalls (" not in flat

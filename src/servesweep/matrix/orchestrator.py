@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+from servesweep.config.experiment import (
+    BUILTIN_WORKLOADS,
+    Experiment,
+    ExperimentError,
+    PointSpec,
+    ServerConfig,
+    load_experiment,
+)
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, CouldNotRun
@@ -230,6 +237,15 @@ def _ends(values: list) -> list:
 def _endpoint(p: dict) -> str:
     """A manifest point's endpoint; manifests from before `load.endpoint` kept it under `workload`."""
     return p.get("endpoint") or p["workload"]
+
+
+def workload_cell(p: dict) -> str:
+    """The results table's workload: `synthetic` for the built-in single-shot prompts (the word `servesweep load
+    --workload` and the records use; the point ids keep the endpoint), a named workload by its name, and the
+    endpoint after a slash when it is not chat."""
+    name = "synthetic" if p["workload"] in BUILTIN_WORKLOADS else p["workload"]
+    endpoint = _endpoint(p)
+    return name if endpoint == "chat" else f"{name}/{endpoint}"
 
 
 def point_of(
@@ -1159,7 +1175,7 @@ class Runner:
         t = Table(title=f"{dry}results: {self.run_dir}")
         for col in (
             "config",
-            "wl",
+            "workload",
             "prompt",
             "out",
             "conc",
@@ -1175,7 +1191,7 @@ class Runner:
             "ITL/token p50",  # the decode speed a speculative configuration's chunk gaps hide
             "fail",
         ):
-            t.add_column(col, justify="left" if col in ("config", "wl", "status") else "right")
+            t.add_column(col, justify="left" if col in ("config", "workload", "status") else "right")
         gpus = manifest_gpus(self.m.data)  # per GPU: TP1 on one GPU and TP8 on eight compare fairly
         for p in self.m.points.values():
             r = p.get("result") or {}
@@ -1186,7 +1202,7 @@ class Runner:
                 st, color = "DEGRADED", "bold red"  # done, but measured at a lower load than asked
             t.add_row(
                 p["config_id"],
-                p["workload"] if p["workload"] == _endpoint(p) else f"{p['workload']}/{_endpoint(p)}",
+                workload_cell(p),
                 str(p["prompt_tokens"]),
                 str(p["output_tokens"]),
                 str(p["concurrency"]) + (f"@{p['rate']:g}/s" if p.get("rate") else ""),

@@ -638,10 +638,14 @@ def _memory_fit(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
         for m in mem[:6]
     )
     more = f" (+{len(mem) - 6} more in detail)" if len(mem) > 6 else ""
+    fit = (
+        f"{len(affected)} concurrency × context points do not fit (dropped, or queued behind the running-request cap)"
+        if affected
+        else "Every concurrency × context point fits"
+    )
     return _pitfall(
         MEMORY_FIT,
-        f"{head}Per GPU: {rows}{more}. {len(affected)} concurrency × context points do not fit (dropped, or "
-        "queued behind the running-request cap)",
+        f"{head}Per GPU: {rows}{more}. {fit}",
         [m["config"] for m in mem],
         affected,
         {"hybrid": hybrid, "per_config": mem},
@@ -970,9 +974,15 @@ def _print_totals(plan: Plan, console) -> None:
     )
     for w in plan.warnings:
         console.print(f"[yellow]! {w}[/]")
-    if plan.pitfalls:
-        console.print(f"[bold]pitfalls ({len(plan.pitfalls)})[/]")
-        for pf in plan.pitfalls:
+    # The memory arithmetic is always shown; it is a pitfall only when some point does not fit (plan --json keeps
+    # it among the pitfalls either way, with its per-configuration detail)
+    memory = [pf for pf in plan.pitfalls if pf["code"] == MEMORY_FIT and not pf["points"]]
+    pitfalls = [pf for pf in plan.pitfalls if pf not in memory]
+    for pf in memory:
+        console.print(f"[bold]memory[/]: {pf['message']}")
+    if pitfalls:
+        console.print(f"[bold]pitfalls ({len(pitfalls)})[/]")
+        for pf in pitfalls:
             console.print(f"[magenta]{pf['code']}[/] ({len(pf['points'])} points): {pf['message']}")
     if plan.cut_first:
         console.print(

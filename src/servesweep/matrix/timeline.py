@@ -99,10 +99,13 @@ def gantt_lines(s: Schedule, width: int = GANTT_WIDTH) -> list[str]:
     return lines
 
 
-def legend_lines(s: Schedule) -> list[str]:
+def legend_lines(s: Schedule, *, ports_chosen_at_start: bool = False) -> list[str]:
+    """One line per placement; with target.port 0 the run picks a free port per server when it starts it, so the
+    plan names none (the base+slot numbers it counts with would be wrong)."""
     return [
-        f"{LETTERS[p.slot % len(LETTERS)]} {p.config_id}: {p.host} GPU {p.cuda_visible_devices}, port {p.port}, "
-        f"{_fmt(p.start_s)}-{_fmt(p.end_s)}"
+        f"{LETTERS[p.slot % len(LETTERS)]} {p.config_id}: {p.host} GPU {p.cuda_visible_devices}, "
+        + ("a free port at start" if ports_chosen_at_start else f"port {p.port}")
+        + f", {_fmt(p.start_s)}-{_fmt(p.end_s)}"
         for p in s.placements
     ]
 
@@ -118,15 +121,18 @@ def print_packed(plan, console) -> None:
         if s.max_parallel == 1
         else (f"at most {s.max_parallel} servers at once" if s.max_parallel else "as many servers as fit")
     )
+    exp = plan.experiment
+    # the emulator has no GPU: its host's GPUs are the launcher's declared count (launcher.gpus_per_host)
+    kind = f"emulated {exp.launcher.gpu} GPUs" if exp.launcher.emulator else "GPUs"
     console.print(
-        f"[bold]packed[/] onto {len(s.hosts)} host(s), {gpus} GPUs (longest first, {at_once}): wall time "
+        f"[bold]packed[/] onto {len(s.hosts)} host(s), {gpus} {kind} (longest first, {at_once}): wall time "
         f"[bold]{_fmt(s.makespan_s)}[/] against {_fmt(s.serial_s)} one configuration after another "
         f"({s.serial_s / s.makespan_s if s.makespan_s else 1:.1f}× less); run it with  servesweep run --max-parallel N"
     )
     note = getattr(plan, "schedule_note", None)
     if note:
         console.print(f"[yellow]! {note}[/]")
-    for line in gantt_lines(s) + legend_lines(s):
+    for line in gantt_lines(s) + legend_lines(s, ports_chosen_at_start=not exp.target.port):
         console.print(line, markup=False, highlight=False)
     for cid, why in s.unplaced.items():
         console.print(f"[red]✗ {cid}[/]: {why}")
