@@ -109,3 +109,5 @@ def test_the_quickstart_plan_says_its_gpus_are_emulated_and_its_ports_chosen_at_
     )
     assert "memory: hybrid model" in flat and "Every concurrency × context point fits" in flat
     assert "kv_state_memory (0 points)" not in flat and "pitfalls (" not in flat
+    # its 4 requests per point: said to be a smoke test, not tails
+    assert "load.requests is 4: a p99 of 4 requests is their slowest one, so these points are a smoke test" in flat

@@ -776,6 +776,10 @@ def _pitfalls(plan: Plan) -> list[dict[str, Any]]:
     return [entry for check in _PITFALL_CHECKS if (entry := check(plan, live)) is not None]
 
 
+# Fewer measured requests than this per point: its p99 is (nearly) its maximum, and the plan says so
+TAIL_REQUESTS = 100
+
+
 def _global_warnings(plan: Plan) -> None:
     exp = plan.experiment
     if exp.launcher.emulator is False and not exp.launcher.gpu and not exp.launcher.generic:
@@ -787,6 +791,12 @@ def _global_warnings(plan: Plan) -> None:
         )
     if not exp.flush_cache_between_points:
         plan.warnings.append("flush_cache_between_points is off: prefix-cache hits can fake a fast prefill")
+    n = exp.load.requests
+    if n is not None and n < TAIL_REQUESTS and exp.search is None:
+        plan.warnings.append(
+            f"load.requests is {n}: a p99 of {n} requests is their slowest one, so these points are a smoke test "
+            f"of the path, not a measurement of the tails (about {TAIL_REQUESTS} or more per point for a p99)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
