@@ -31,6 +31,7 @@ from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
 from servesweep.results.degraded import degradation
+from servesweep.results.diagnosis import Diagnosis, diagnose_all
 from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
@@ -308,7 +309,13 @@ def bootstrap_changes(
     return out
 
 
-BETTER, WORSE, NOISE, CANNOT_TELL, NA = "better", "worse", "within noise", "not enough requests to tell", "n/a"
+BETTER, WORSE, NOISE, CANNOT_TELL, NA = (
+    "better",
+    "worse",
+    "within noise",
+    "not enough requests to tell",
+    "n/a",
+)
 VERDICTS = (WORSE, BETTER, CANNOT_TELL, NOISE, NA)  # the summary line's order: what needs a look first
 
 
@@ -327,6 +334,19 @@ class PointComparison:
     a: PointInfo
     b: PointInfo
     changes: list[Change]
+    why_a: Diagnosis | None = None  # each side's verdict (results/diagnosis.py), from its summary.json
+    why_b: Diagnosis | None = None
+
+    @property
+    def cause_changed(self) -> bool:
+        """Whether the two sides' first causes differ (a status like 'no limit reached' counts as one)."""
+        return _first(self.why_a) != _first(self.why_b)
+
+    @property
+    def cause_line(self) -> str:
+        """What changed in the verdict: `queueing → no limit reached (run: ...)`; the run side's evidence kept."""
+        b = self.why_b.line if self.why_b is not None else "-"
+        return f"{_first(self.why_a)} → {_first(self.why_b)} (run: {b})"
 
     @property
     def degraded(self) -> list[str]:
@@ -350,7 +370,20 @@ class PointComparison:
             "concurrency": self.a.concurrency,
             "degraded": self.degraded,
             "changes": [c.as_dict() for c in self.changes],
+            "why_a": self.why_a.as_dict() if self.why_a is not None else None,
+            "why_b": self.why_b.as_dict() if self.why_b is not None else None,
+            "cause_changed": self.cause_changed,
         }
+
+
+def _first(d: Diagnosis | None) -> str:
+    return "-" if d is None else (d.first or d.status)
+
+
+def _verdicts(run: Run) -> dict[str, Diagnosis]:
+    """Every done point's verdict, each against its configuration's lowest-load point."""
+    done = [p for p in run.done_points() if isinstance(p.summary, dict)]
+    return {p.point_id: d for p, d in zip(done, diagnose_all([p.summary or {} for p in done]), strict=True)}
 
 
 @dataclass
@@ -421,6 +454,7 @@ def compare_runs(
     ka = {_match_key(a, p): p for p in a.done_points() if not is_isolation_sample(p.entry)}
     kb = {_match_key(b, p): p for p in b.done_points() if not is_isolation_sample(p.entry)}
     pts = []
+    why_a, why_b = _verdicts(a), _verdicts(b)
     mixed = []  # pairs where one point ran packed next to other servers and the other alone
     for i, (k, pa) in enumerate(ka.items()):
         pb = kb.get(k)
@@ -437,9 +471,12 @@ def compare_runs(
             confidence=confidence,
             min_effect=min_effect,
         )
-        ga, gb = point_gpus(pa.summary, pa.config_id, a.manifest), point_gpus(pb.summary, pb.config_id, b.manifest)
+        ga, gb = (
+            point_gpus(pa.summary, pa.config_id, a.manifest),
+            point_gpus(pb.summary, pb.config_id, b.manifest),
+        )
         ch = with_per_gpu_changes(ch, ga, gb, verdict, min_effect) if per_gpu else ch
-        pts.append(PointComparison(k, pa, pb, ch))
+        pts.append(PointComparison(k, pa, pb, ch, why_a.get(pa.point_id), why_b.get(pb.point_id)))
     return RunComparison(
         a,
         b,
@@ -555,7 +592,12 @@ def compact_lines(rc: RunComparison) -> list[str]:
                     f"  {c.verdict.upper()} {pc.label} {c.metric.label}: {fmt_value(c.a, c.metric.unit)} -> "
                     f"{fmt_value(c.b, c.metric.unit)} ({fmt_change(c)}, interval {fmt_ci(c)})"
                 )
-    return lines
+    return lines + cause_lines(rc)
+
+
+def cause_lines(rc: RunComparison) -> list[str]:
+    """One line per matched point whose verdict changed between the runs (results/diagnosis.py)."""
+    return [f"  cause {pc.label}: {pc.cause_line}" for pc in rc.points if pc.cause_changed]
 
 
 def compare_html_section(rcs: list[RunComparison]) -> str:
@@ -626,7 +668,16 @@ def parse_fraction(text: str, what: str) -> float:
     help="compare points run packed (servesweep run --max-parallel) with points run alone; refused without it",
 )
 def command(
-    runs, metric_names, resamples, seed, confidence, min_effect, as_json, html_out, allow_mixed=False, compact=False
+    runs,
+    metric_names,
+    resamples,
+    seed,
+    confidence,
+    min_effect,
+    as_json,
+    html_out,
+    allow_mixed=False,
+    compact=False,
 ):
     """Compare runs point by point: RUNS[0] is the baseline, each later run is compared with it.
 
@@ -679,6 +730,8 @@ def command(
                     out.print(line, highlight=False, soft_wrap=True, markup=False)
             else:
                 out.print(rich_table(rc))
+                for line in cause_lines(rc):
+                    out.print(line, highlight=False, soft_wrap=True, markup=False)
             if rc.only_a or rc.only_b:
                 out.print(
                     f"unmatched: baseline only {', '.join(rc.only_a) or '-'}; run only {', '.join(rc.only_b) or '-'}"

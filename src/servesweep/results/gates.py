@@ -70,6 +70,7 @@ class CheckResult:
     passed: bool | None  # None: skipped (an infeasible point, a point the baseline lacks)
     value: str = ""
     message: str = ""
+    why: str = ""  # a breached point's verdict (results/diagnosis.py): its first cause and the evidence
 
 
 @dataclass
@@ -165,7 +166,8 @@ class Verdict:
         for r in self.results:
             tc = ET.SubElement(suite, "testcase", classname=r.point, name=r.check, time="0")
             if r.passed is False:
-                ET.SubElement(tc, "failure", message=r.message, type=r.kind).text = r.message
+                text = r.message + (f"\nwhy: {r.why}" if r.why else "")
+                ET.SubElement(tc, "failure", message=r.message, type=r.kind).text = text
             elif r.passed is None:
                 ET.SubElement(tc, "skipped", message=r.message)
             elif r.value:
@@ -311,7 +313,26 @@ def evaluate_run(
                 CheckResult(pid, "in baseline", "regression", None, "", "the run has no matching point")
             )
         ctx.update(baseline=str(baseline.path), max_regression=max_regression)
+    ctx["why"] = explain_breaches(run, results)
     return Verdict(results, run.run_id, context=ctx)
+
+
+def explain_breaches(run: Run, results: list[CheckResult]) -> dict[str, str]:
+    """Each breached point's verdict (results/diagnosis.py, from its summary.json), set on its failed checks:
+    {point_id: the verdict line}."""
+    from servesweep.results.diagnosis import diagnose_all
+
+    failed = {r.point for r in results if r.passed is False}
+    done = [p for p in run.points if p.status == "done" and isinstance(p.summary, dict)]
+    lines = {
+        p.point_id: d.line
+        for p, d in zip(done, diagnose_all([p.summary or {} for p in done]), strict=True)
+        if p.point_id in failed
+    }
+    for r in results:
+        if r.passed is False and r.point in lines:
+            r.why = lines[r.point]
+    return lines
 
 
 def degraded_check(p: PointInfo, allowed: bool) -> list[CheckResult]:
@@ -426,5 +447,8 @@ def command(
         for r in verdict.results:
             state = {True: "ok  ", False: "FAIL", None: "skip"}[r.passed]
             click.echo(f"{state} {r.point}  {r.check}: {r.message}")
+    if not as_json:
+        for point, why in (verdict.context.get("why") or {}).items():
+            click.echo(f"why {point}: {why}")
     click.echo(verdict.line, err=as_json)
     sys.exit(verdict.exit_code)

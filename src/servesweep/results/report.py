@@ -38,6 +38,7 @@ from servesweep.results.compare import (
     point_sample,
 )
 from servesweep.results.degraded import Degradation, degradation
+from servesweep.results.diagnosis import MIN_STATE_SAMPLES, Diagnosis, config_label, diagnose_all, knees
 from servesweep.results.isolation import html_section as isolation_html
 from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
@@ -110,7 +111,7 @@ UTILIZATION_COLUMNS = ("utilization_mean", "utilization_max")
 # The first sample precedes the point's load and the last follows it: a point needs this many to have 3 taken
 # while it ran (about 3 s at one a second). Fewer read the state before or after the load (the demo's 2 s points
 # at concurrency 4 showed running max 0): their gauges are not shown, and the row says why.
-MIN_GAUGE_SAMPLES = 5
+MIN_GAUGE_SAMPLES = MIN_STATE_SAMPLES  # one figure with results/diagnosis.py: its gauges need as many
 FEW_SAMPLES = "too few samples"
 # a point without server_state: written before it was sampled, or a server without SGLang's metrics
 NO_STATE = "—"
@@ -199,6 +200,7 @@ class PointRow:
     samples: dict[str, int] = field(default_factory=dict)  # percentile column -> values it rests on
     server_state: dict | None = None  # summary.json's server_state (None: not recorded)
     degraded: Degradation | None = None  # measured at a lower load than asked (results/degraded.py)
+    why: Diagnosis | None = None  # the point's verdict (results/diagnosis.py), set by build_report
 
     def few(self, key: str) -> int | None:
         """The sample count of a percentile column resting on fewer than SMALL_SAMPLE values, else None."""
@@ -214,6 +216,9 @@ class ConfigSection:
     points: list[PointInfo]
     rows: list[PointRow] = field(default_factory=list)
     plots: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, caption, svg)
+    knees: list[str] = field(
+        default_factory=list
+    )  # "sweep: knee at ..." per configuration sweep of the section
 
     @property
     def not_done(self) -> list[PointInfo]:
@@ -478,15 +483,26 @@ class Report:
     markdown: str = ""
 
 
+def diagnose_section(sec: ConfigSection) -> None:
+    """Each row's verdict and each sweep's saturation knee (results/diagnosis.py, from the points' summary.json)."""
+    summaries = [r.info.summary or {"point": {}} for r in sec.rows]
+    for r, d in zip(sec.rows, diagnose_all(summaries), strict=True):
+        r.why = d
+    sec.knees = [f"{config_label(k)}: {knee.text}" for k, knee in knees(summaries).items()]
+
+
 def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
     from servesweep.results import plots
 
     sections = _sections(run)
     for sec in sections:
         sec.rows = [
-            point_row(p, point_gpus(p.summary, p.config_id, run.manifest)) for p in sec.points if p.status == "done"
+            point_row(p, point_gpus(p.summary, p.config_id, run.manifest))
+            for p in sec.points
+            if p.status == "done"
         ]
         _add_plots(run, sec)
+        diagnose_section(sec)
     overview = []
     if len([s for s in sections if s.rows]) > 1:
         series: dict[str, list] = defaultdict(list)
@@ -657,7 +673,8 @@ def render_html(rep: Report) -> str:
         no_state=NO_STATE,
         events=(run.manifest.get("events") or [])[-50:],
         comparison=compare_html_section(rep.comparisons) if rep.comparisons else "",
-        answers=answers_html(rep.answers) + isolation_html(run.manifest),  # the isolation sample of a packed run
+        answers=answers_html(rep.answers)
+        + isolation_html(run.manifest),  # the isolation sample of a packed run
     )
     banner = (
         "DRY RUN — the emulator on this machine with shrunk points: these numbers check the matrix, "
@@ -760,10 +777,28 @@ def _md_server_state(sec: ConfigSection) -> list[str]:
     ]
 
 
+def _md_diagnosis(sec: ConfigSection) -> list[str]:
+    """The section's "Diagnosis": each point's ranked causes, then each sweep's saturation knee."""
+    header = ["workload", "prompt", "output", "concurrency", "why"]
+    rows = [
+        [
+            r.info.workload,
+            str(r.info.prompt_tokens),
+            str(r.info.output_tokens),
+            str(r.info.concurrency),
+            r.why.line,
+        ]
+        for r in sec.rows
+        if r.why is not None
+    ]
+    knees_md = [f"- saturation, {k}" for k in sec.knees]
+    return ["### Diagnosis", "", _md_table(header, rows), "", *knees_md, *([""] if knees_md else [])]
+
+
 def _md_section(sec: ConfigSection) -> list[str]:
     out = [f"## {sec.title}", ""]
     if sec.rows:
-        out += _md_points(sec) + _md_by_prompt(sec) + _md_server_state(sec)
+        out += _md_points(sec) + _md_by_prompt(sec) + _md_server_state(sec) + _md_diagnosis(sec)
     if sec.not_done:
         rows = [[p.point_id, p.status, p.reason or "-"] for p in sec.not_done]
         out += ["Points not measured:", "", _md_table(["point", "status", "reason"], rows), ""]

@@ -15,6 +15,7 @@ import pyarrow as pa
 from servesweep.config.slo import SLO, parse_slos
 from servesweep.results import metrics
 from servesweep.results.degraded import in_flight
+from servesweep.results.diagnosis import record_evidence
 from servesweep.results.records import ERROR_CLASSES
 
 _NS_PER_MS = metrics.NS_PER_MS
@@ -369,6 +370,9 @@ def summarize(table: pa.Table, slos: list[SLO] | str | None = None, answers: dic
         "arrivals": _arrivals(m),
         # the concurrency the records held (time-weighted): a lost worker's users are missing from it
         "in_flight": in_flight(_col(m, "sent_ns"), _col(m, "end_ns")) if m.num_rows else None,
+        # what results/diagnosis.py needs of the records (in-flight levels, ITL spikes and prefills): the verdict
+        # itself is computed by each surface from summary.json, never stored
+        "diagnosis_evidence": record_evidence(table, w0, w1),
         **_tokens(ok),
         "goodput": _goodput(slos, rm, n_meas, window_s),
         "slos": [],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from servesweep.results.degeneration import degenerate_cell, degeneration_warning
 from servesweep.results.degraded import degradation
+from servesweep.results.diagnosis import breached, config_label, diagnose_all, knees
 
 
 def _fmt(v, spec=".1f") -> str:
@@ -41,8 +42,11 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "degen %",
     ):
         t.add_column(col, justify="right")
+    t.add_column(
+        "why", justify="left"
+    )  # results/diagnosis.py: the first cause of a breached or flagged point
     degraded: list[str] = []
-    for s in summaries:
+    for s, why in zip(summaries, why_cells(summaries), strict=True):
         fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
         conc = str(s["point"]["concurrency"])
         deg = degradation(s)
@@ -77,6 +81,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             fails,
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
             degenerate_cell(s),
+            why,
             style="bold red" if deg is not None else None,
         )
     if degraded:  # under the table, part of it: a row in red is not what was asked
@@ -87,8 +92,31 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     return t
 
 
+def why_cells(summaries: list[dict]) -> list[str]:
+    """The `why` column: the first cause's name of each point that broke an SLO or was flagged, else "-"."""
+    out = []
+    for s, d in zip(summaries, diagnose_all(summaries), strict=True):
+        out.append((d.first or d.status) if breached(s) else "-")
+    return out
+
+
+def diagnosis_notes(summaries: list[dict]) -> list[str]:
+    """The whole verdict of each breached or flagged point, and each configuration's saturation knee."""
+    from rich.markup import escape
+
+    out = [
+        f"[yellow]point {s.get('point_id')}: why: {escape(d.line)}[/]"
+        for s, d in zip(summaries, diagnose_all(summaries), strict=True)
+        if breached(s)
+    ]
+    for key, knee in knees(summaries).items():
+        out.append(f"saturation ({escape(config_label(key))}): {escape(knee.text)}")
+    return out
+
+
 def table_notes(summaries: list[dict]) -> list[str]:
-    """Lines printed under the table: degraded points and a saturated load generator."""
+    """Lines printed under the table: degraded points, a saturated load generator, why each breached or flagged
+    point missed (results/diagnosis.py) and each configuration's saturation knee."""
     from rich.markup import escape
 
     out = []
@@ -102,4 +130,4 @@ def table_notes(summaries: list[dict]) -> list[str]:
         if s.get("client_saturated"):
             why = "; ".join(s["client_headroom"]["reasons"])
             out.append(f"[yellow]point {s['point_id']}: the load generator saturated ({why})[/]")
-    return out
+    return out + diagnosis_notes(summaries)

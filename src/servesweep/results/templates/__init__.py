@@ -150,6 +150,12 @@ their figures describe another load than their label says. <code>servesweep gate
 {% set unote = utilization_note(sec) %}{% if unote %}<p class="muted utilization-note">{{ unote }}</p>{% endif %}
 <p class="server-state-note">{{ server_state_note }}</p>
 {% else %}<p class="muted server-state-note">{{ no_state }} not recorded for these points (a run folder written before servesweep sampled /metrics, or a server without SGLang's metrics).</p>{% endif %}
+<h3>Diagnosis</h3>
+<table class="diagnosis"><thead><tr><th class="l">workload</th><th>prompt</th><th>output</th><th>concurrency</th><th class="l">why</th></tr></thead><tbody>
+{% for r in sec.rows %}{% if r.why %}<tr data-point="{{ r.info.point_id }}"><td class="l">{{ r.info.workload }}</td><td>{{ r.info.prompt_tokens }}</td><td>{{ r.info.output_tokens }}</td><td>{{ r.info.concurrency }}</td><td class="l why" data-key="why" data-value="{{ r.why.first or r.why.status }}">{{ r.why.line }}</td></tr>
+{% endif %}{% endfor %}</tbody></table>
+{% for k in sec.knees %}<p class="knee">saturation, {{ k }}</p>
+{% endfor %}
 <div class="plots">
 {% for kind, caption, svg in sec.plots %}<figure class="plot" data-plot="{{ kind }}">{{ svg|safe }}<figcaption>{{ caption }}</figcaption></figure>
 {% endfor %}</div>

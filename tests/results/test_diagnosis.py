@@ -1,0 +1,368 @@
+"""results/diagnosis.py: the verdict of a point and the knee of a sweep.
+
+The fast tier checks each threshold on synthetic summaries and records (no process); the emulator tier (one
+module-scoped fixture, several points on a few emulators) makes each cause happen for real and checks that the
+verdict a user reads names it first, with its number."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from servesweep.results import diagnosis as dg
+
+
+def _state(
+    samples=10, running=(8.0, 8), queued=(0.0, 0), token=(0.3, 0.4), retracted=0, queue_s=0, queue_n=0
+):
+    return {
+        "samples": samples,
+        "interval_s": 1.0,
+        "span_s": samples - 1.0,
+        "gauges": {
+            "token_usage": {"mean": token[0], "max": token[1]},
+            "num_running_reqs": {"mean": running[0], "max": running[1]},
+            "num_queue_reqs": {"mean": queued[0], "max": queued[1]},
+            "mamba_usage": None,
+        },
+        "counters": {"retracted_requests": retracted, "queue_time_s": queue_s, "queue_time_count": queue_n},
+    }
+
+
+def _summary(state=None, slo_pass=False, **kw):
+    s = {
+        "point_id": "c8",
+        "point": {
+            "concurrency": 8,
+            "labels": {},
+            "endpoint": "chat",
+            "prompt_tokens": 200,
+            "output_tokens": 64,
+        },
+        "requests": {"measured": 100, "ok": 100},
+        "error_rate": 0.0,
+        "failures": {},
+        "request_rate": 4.0,
+        "ttft_ms": {"p50": 900.0, "mean": 1000.0},
+        "itl_ms": {"p50": 15.0},
+        "e2e_ms": {"p50": 2000.0},
+        "slos": [{"slo": "ttft_p99<=500ms", "value": 1500.0, "pass": slo_pass}],
+        "server_state": state,
+        "diagnosis_evidence": None,
+    }
+    s.update(kw)
+    return s
+
+
+@pytest.mark.fast
+def test_queueing_names_the_wait_and_the_share_of_the_point_at_the_cap():
+    levels = [[6, 0.07], [8, 0.93]]
+    s = _summary(
+        _state(running=(7.9, 8), queued=(12.0, 20), queue_s=124.0, queue_n=10),
+        diagnosis_evidence={"in_flight_levels": levels, "itl_spikes": None},
+        point={"concurrency": 20, "labels": {"max_running_requests": "8"}},
+    )
+    d = dg.diagnose(s)
+    assert d.first == "queueing"
+    assert d.causes[0].line == (
+        "queueing: 12.40 s mean wait, 12.0 queued on average, in flight at cap 8 for 93% of the point"
+    )
+    # without the scheduler's queue-time histogram: Little's law on the sampled queue (12 / 4 req/s = 3 s)
+    s["server_state"]["counters"].update(queue_time_s=0, queue_time_count=0)
+    assert "3.00 s mean wait (queue / rate)" in dg.diagnose(s).line
+    # below the cap most of the time: not the server's queue
+    s["diagnosis_evidence"]["in_flight_levels"] = [[6, 0.6], [8, 0.4]]
+    assert dg.diagnose(s).first != "queueing"
+
+
+@pytest.mark.fast
+def test_kv_pressure_from_usage_near_one_or_a_retraction():
+    d = dg.diagnose(_summary(_state(token=(0.9, 0.97))))
+    assert d.first == "KV pressure" and "token usage max 0.97 (mean 0.90)" in d.line
+    d = dg.diagnose(_summary(_state(token=(0.5, 0.8), retracted=3)))
+    assert d.line.startswith("KV pressure: 3 retractions")
+    assert dg.kv_pressure(_state(token=(0.5, 0.94))) is None  # KV_USAGE_HIGH is 0.95
+
+
+@pytest.mark.fast
+def test_errors_name_their_share_and_classes():
+    s = _summary(_state(), error_rate=0.12, failures={"http_5xx": 10, "timeout_first_token": 2})
+    d = dg.diagnose(s)
+    assert d.first == "server errors"
+    assert d.causes[0].text == "12% of 100 requests failed (http_5xx 10, timeout_first_token 2)"
+    assert dg.server_errors(_summary(error_rate=0.005)) is None  # below ERROR_SHARE_MIN
+
+
+@pytest.mark.fast
+def test_client_bound_from_the_headroom_check_ranks_by_how_strong_it_is():
+    head = {"reasons": ["vm:1: CPU 97% of a core > 90%"]}
+    s = _summary(_state(token=(0.9, 0.97)), client_saturated=True, client_headroom=head)
+    assert dg.diagnose(s).line.startswith("client-bound: vm:1: CPU 97% of a core > 90%; also KV pressure")
+    # merged ITL gaps alone (1.3% of them) are weak: a full KV pool ranks first
+    head = {"reasons": ["1.3% of ITL gaps are chunks read together (> 1%; read lag p99 6.2 ms)"]}
+    s.update(client_headroom=head, itl_zero_gap_share=0.013)
+    assert [c.name for c in dg.diagnose(s).causes] == ["KV pressure", "client-bound"]
+
+
+@pytest.mark.fast
+def test_prefix_cache_misses_against_the_workloads_target():
+    s = _summary(_state(), shared_prefix={"target_hit_ratio": 0.7, "measured_hit_ratio": 0.1})
+    assert dg.diagnose(s).line.startswith(
+        "prefix-cache misses: 10% of prompt tokens cached, the workload's target 70%"
+    )
+    # the server's usage without cached tokens: its own counters
+    s["shared_prefix"] = {"target_hit_ratio": 0.7, "measured_hit_ratio": None, "server_cached_tokens": 0}
+    s["server_state"]["counters"]["prompt_tokens"] = 32000
+    assert "0% of prompt tokens cached (server)" in dg.diagnose(s).line
+    s["shared_prefix"]["measured_hit_ratio"] = 0.6
+    assert dg.prefix_cache_misses(s) is None
+
+
+def _records(chunks: list[list[int]], first: list[int]) -> pa.Table:
+    return pa.table({"chunk_ns": pa.array(chunks, pa.list_(pa.int64())), "first_token_ns": first})
+
+
+@pytest.mark.fast
+def test_itl_spikes_that_span_other_requests_prefills():
+    ms = 1_000_000
+    # request 0 decodes every 10 ms; requests 1-3 get their first token inside its three 200 ms gaps
+    times, t = [], 0
+    for k in range(40):
+        t += 200 * ms if k in (10, 20, 30) else 10 * ms
+        times.append(t)
+    firsts = [times[10] - 50 * ms, times[20] - 50 * ms, times[30] - 50 * ms]
+    t_rec = _records([times] + [[f, f + 10 * ms] for f in firsts], [times[0], *firsts])
+    ev = dg.itl_spikes(t_rec.column("chunk_ns"), np.sort(np.array([times[0], *firsts], dtype=float)))
+    assert ev is not None and ev["spike_prefill_share"] == 1.0 and ev["spike_time_share"] > 0.5
+    d = dg.diagnose(_summary(_state(), diagnosis_evidence={"itl_spikes": ev, "in_flight_levels": []}))
+    assert d.first == "prefill interference"
+    assert (
+        "ITL spikes (p50 200 ms vs 10.0 ms typical) hold 61% of the decode time, 100% of it spans" in d.line
+    )
+    # the same spikes with no prefill inside: not this cause
+    ev2 = dg.itl_spikes(t_rec.column("chunk_ns"), np.array([0.0]))
+    assert ev2 is not None and ev2["spike_prefill_share"] == 0.0
+    assert dg.prefill_interference({"diagnosis_evidence": {"itl_spikes": ev2}}) is None
+
+
+@pytest.mark.fast
+def test_in_flight_levels_and_the_share_at_the_cap():
+    s = 1e9
+    sent = np.array([0, 0, 0, 1 * s])
+    end = np.array([4 * s, 4 * s, 2 * s, 3 * s])  # in flight: 3, then 4, 3 and 2, a second each
+    levels = dg.in_flight_levels(sent, end, 0.0, 4 * s)
+    assert levels == [[2, 0.25], [3, 0.5], [4, 0.25]]
+    assert dg.share_at_least(levels, 3) == 0.75
+
+
+@pytest.mark.fast
+def test_decode_bound_against_the_lowest_load_point_while_nothing_queues():
+    base = _summary(_state(running=(1.0, 1)), itl_ms={"p50": 10.0}, in_flight={"mean": 1.0}, slo_pass=True)
+    base["point"]["concurrency"] = 1
+    hot = _summary(_state(running=(32.0, 32)), itl_ms={"p50": 31.0}, in_flight={"mean": 32.0})
+    hot["point"]["concurrency"] = 32
+    got = dg.diagnose_all([base, hot])
+    assert got[0].line == dg.NO_LIMIT
+    assert (
+        got[1].line
+        == "decode-bound: ITL/chunk p50 31.0 ms at batch 32, 3.1× the 10.0 ms at batch 1; nothing queued"
+    )
+    hot["itl_ms"] = {"p50": 12.0}  # 1.2× is within DECODE_SLOWDOWN_MIN
+    assert dg.diagnose_all([base, hot])[1].status == dg.NO_CLEAR_CAUSE
+
+
+@pytest.mark.fast
+def test_no_limit_no_clear_cause_and_not_enough_samples():
+    assert dg.diagnose(_summary(_state(), slo_pass=True)).line == "no limit reached"
+    assert dg.diagnose(_summary(_state())).line == "no clear cause"
+    few = dg.diagnose(_summary(_state(samples=3, token=(0.99, 0.99))))
+    assert few.line == "not enough samples (3 of /metrics over 2.0 s, 5 needed)"  # gauges unread, not a cause
+    assert dg.diagnose(_summary(None)).status == dg.NOT_ENOUGH_SAMPLES
+    assert json.dumps(dg.diagnose(_summary(_state(token=(1, 1)))).as_dict())  # JSON for gate --json, compare
+
+
+def _sweep(loads, thr, lat):
+    return dg.saturation_knee(loads, thr, lat)
+
+
+@pytest.mark.fast
+def test_the_knee_where_throughput_stops_growing_and_latency_grows():
+    loads = [1, 2, 4, 8, 16, 32, 64]
+    thr = [100, 200, 400, 780, 1000, 1030, 1040]  # flat past about 12
+    lat = [1000, 1000, 1010, 1030, 1600, 3100, 6150]
+    k = _sweep(loads, thr, lat)
+    assert k.load is not None and 8 <= k.load <= 16 and k.interval == (8.0, 16.0), k
+    assert k.text.startswith("knee at concurrency ≈ ") and "(between 8 and 16)" in k.text
+
+
+@pytest.mark.fast
+def test_a_long_context_sweep_with_long_ttft_everywhere_has_no_early_knee():
+    """guidellm #606: a fixed TTFT threshold stops a long-context sweep at its first point. Here TTFT (and E2E)
+    is 30 s at every load while throughput still scales: no knee."""
+    loads = [1, 2, 4, 8, 16]
+    k = _sweep(loads, [50, 99, 197, 390, 770], [30000, 30100, 30300, 30700, 31500])
+    assert k.load is None and k.text.startswith("no knee up to 16: throughput still grows"), k.text
+    # and a sweep too short to tell says so
+    assert _sweep([1, 2, 4], [1, 2, 3], [1, 1, 2]).text == "3 loads measured, 4 needed for a knee"
+
+
+@pytest.mark.fast
+def test_knees_per_configuration_of_a_rate_sweep():
+    pts = []
+    for rate, got, e2e in [(1, 1.0, 900), (2, 2.0, 920), (4, 3.9, 1000), (8, 5.0, 4000), (16, 5.1, 9000)]:
+        pts.append(
+            {
+                "point": {
+                    "arrival": "poisson",
+                    "rate_rps": rate,
+                    "concurrency": 64,
+                    "labels": {"config_id": "a"},
+                },
+                "output_tokens_per_s": got * 100,
+                "e2e_ms": {"p50": e2e},
+            }
+        )
+    ((key, knee),) = dg.knees(pts).items()
+    assert knee.axis == "rate" and knee.load is not None and 4 <= knee.load <= 8, knee
+    assert dg.config_label(key).startswith("config a")
+
+
+# ---------------------------------------------------------------- each cause made on purpose by the emulator
+
+MODEL = "Qwen/Qwen3.6-27B"
+SIM = ["--model-path", MODEL, "--enable-metrics", "--sim-sglang-version", "0.5.23"]
+SLO = "ttft_p99<=1s"
+# emulator flags -> points measured against it: (folder, LoadPoint knobs)
+SETUPS = {
+    # a roomy server: a healthy point, long prefills among decodes, a shared prefix with the radix cache off, and
+    # the queueing point's load on a server with room (compare's "what changed")
+    "roomy": (
+        ["--disable-radix-cache"],
+        [
+            ("healthy", dict(concurrency=2, duration_s=4)),
+            ("prefill", dict(concurrency=8, duration_s=6, prompt_tokens=6000, output_tokens=100)),
+            (
+                "prefix",
+                dict(
+                    concurrency=4,
+                    duration_s=5,
+                    workload="shared_prefix",
+                    shared_prefix_tokens=1500,
+                    prompt_tokens=2000,
+                    num_groups=1,
+                    cache_bust=False,
+                ),
+            ),  # fmt: skip
+            ("roomy-c8", dict(concurrency=8, duration_s=5)),
+        ],
+    ),
+    "cap2": (["--max-running-requests", "2"], [("queue", dict(concurrency=8, duration_s=5))]),
+    "small-kv": (
+        ["--max-running-requests", "8", "--max-total-tokens", "3000", "--context-length", "4096"],
+        [("kv", dict(concurrency=12, requests=24, prompt_tokens=400, output_tokens=160))],
+    ),
+    "faults": (["--sim-fault-rate", "500=0.3"], [("errors", dict(concurrency=4, duration_s=5))]),
+}
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """One folder of points, each made against the emulator setup that causes its verdict (about a minute)."""
+    from servesweep.config.point import LoadPoint
+    from servesweep.driver.point import run_point
+    from servesweep.sim.launch import start_sim
+
+    root = tmp_path_factory.mktemp("diagnosis")
+    summaries = {}
+    for flags, points in SETUPS.values():
+        with start_sim(SIM + flags) as sim:
+            for name, knobs in points:
+                knobs = {"prompt_tokens": 200, "output_tokens": 64, **knobs}
+                point = LoadPoint(
+                    base_url=sim.base_url, model=MODEL, probe=False, template_overhead=0, continuous_usage=False,
+                    endpoint="chat", warmup_s=0, **knobs,
+                )  # fmt: skip
+                summaries[name] = run_point(point, root / "run" / name, slos=SLO, max_failure_rate=0.6)
+    return root, summaries
+
+
+def _verdict(summaries: dict, name: str) -> dg.Diagnosis:
+    return dg.diagnose(summaries[name])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "name, cause, evidence",
+    [
+        ("queue", "queueing", "in flight at cap 2 for"),
+        ("kv", "KV pressure", "token usage max"),
+        ("errors", "server errors", "requests failed (http_5xx"),
+        ("prefill", "prefill interference", "of it spans another request's prefill"),
+        ("prefix", "prefix-cache misses", "of prompt tokens cached (server), the workload's target"),
+    ],
+)
+def test_each_emulated_cause_is_named_first_with_its_number(emulated, name, cause, evidence):
+    _, summaries = emulated
+    d = _verdict(summaries, name)
+    print(name, "->", d.line)
+    assert d.first == cause and evidence in d.causes[0].text, d.line
+
+
+@pytest.mark.timeout(300)
+def test_a_healthy_emulated_point_reaches_no_limit(emulated):
+    _, summaries = emulated
+    s = summaries["healthy"]
+    d = dg.diagnose(s)
+    assert all(c["pass"] for c in s["slos"]), s["slos"]
+    # on a machine whose client fell behind, the verdict says so; a server cause would be wrong
+    assert d.line == dg.NO_LIMIT or (s["client_saturated"] and d.first == "client-bound"), d.line
+
+
+@pytest.mark.timeout(300)
+def test_the_table_report_gate_and_compare_show_the_verdict(emulated):
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from servesweep.cli import main
+    from servesweep.results.report import write_report
+    from servesweep.results.table import results_table, table_notes
+
+    root, summaries = emulated
+    run = root / "run"
+    order = ["healthy", "queue", "kv", "errors"]
+    con = Console(width=400, record=True)
+    con.print(results_table([summaries[n] for n in order]))
+    text = con.export_text()
+    header = next(line for line in text.splitlines() if "conc" in line)
+    assert header.rstrip(" ┃│|").endswith("why")
+    body = [line for line in text.splitlines() if line.startswith("│")]  # the data rows, in order
+    rows = dict(zip(order, body, strict=True))
+    assert "queueing" in rows["queue"] and "KV pressure" in rows["kv"]
+    notes = "\n".join(table_notes([summaries[n] for n in order]))
+    assert f"{summaries['queue']['point_id']}: why: queueing: " in notes
+
+    _, md_path = write_report(run)
+    md = md_path.read_text()
+    section = md[md.index("### Diagnosis") :]
+    assert "queueing: " in section and "KV pressure: " in section and "server errors: " in section
+    html = (run / "report.html").read_text()
+    assert 'class="l why" data-key="why" data-value="queueing"' in html
+
+    got = CliRunner().invoke(main, ["gate", str(run), "--slo", SLO])
+    assert got.exit_code == 1, got.output
+    assert f"why {summaries['queue']['point_id']}: queueing: " in got.output, got.output
+
+    # compare: the queueing point's load against a server with room; the verdict changed, and compare says how
+    base, new = root / "base", root / "new"
+    (base / "p").mkdir(parents=True)
+    (new / "p").mkdir(parents=True)
+    for src, dst in ((run / "queue", base / "p"), (run / "roomy-c8", new / "p")):
+        for f in ("summary.json", "records.parquet"):
+            (dst / f).write_bytes((src / f).read_bytes())
+    got = CliRunner().invoke(main, ["compare", str(base), str(new), "--resamples", "200"])
+    assert got.exit_code == 0, got.output
+    line = next(x for x in got.output.splitlines() if x.strip().startswith("cause "))
+    assert "queueing → " in line and "queueing → queueing" not in line, line
