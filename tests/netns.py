@@ -7,6 +7,11 @@
   throwaway key pair, its own host name (a UTS namespace, so records' host:pid name the host), sftp for Ansible;
 - `inventory_vars(via)`: what an Ansible inventory needs to reach those sshds from this namespace: SSH through a
   ProxyCommand that relays from inside the namespace `via` (the controller sits on that host, as it would in a lab).
+Faults, for the tests of a night across machines: `net.cut(a, b)` drops every packet between two hosts (a blackhole
+route on each side: no reset, no ICMP, as a dead switch port or a firewall would) and `net.heal(a, b)` lifts it;
+`net.kill_host(name)` takes the host's link down and SIGKILLs every process in its namespace (its sshd too): a power
+loss, no connection closed;
+`net.revive(name)` brings the link up and, for an ssh host, starts its sshd again.
 Teardown always runs: every process in the namespaces is killed (by its pid, from `ip netns pids`), then the
 namespaces (and with them the veths and the bridge) are deleted.
 
@@ -101,6 +106,35 @@ class Net:
                 f"{url} did not answer 200 from {via} within {timeout:g} s: {r.stderr.strip()}"
             )
 
+    def cut(self, a: str, b: str) -> None:
+        """Drop every packet between hosts a and b, both ways (connections stay open, nothing answers)."""
+        _ip("-n", self.hosts[a].ns, "route", "add", "blackhole", f"{self.hosts[b].addr}/32")
+        _ip("-n", self.hosts[b].ns, "route", "add", "blackhole", f"{self.hosts[a].addr}/32")
+
+    def heal(self, a: str, b: str) -> None:
+        _ip("-n", self.hosts[a].ns, "route", "del", "blackhole", f"{self.hosts[b].addr}/32")
+        _ip("-n", self.hosts[b].ns, "route", "del", "blackhole", f"{self.hosts[a].addr}/32")
+
+    def kill_host(self, name: str) -> list[int]:
+        """The host dies: SIGKILL every process in its namespace (by pid, from `ip netns pids`), link down.
+        Returns the pids killed."""
+        ns = self.hosts[name].ns
+        _ip("-n", ns, "link", "set", "eth0", "down")
+        r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20)
+        pids = [int(p) for p in r.stdout.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def revive(self, name: str) -> None:
+        """The host is back: link up (its address and subnet route return with it), its sshd started again."""
+        h = self.hosts[name]
+        _ip("-n", h.ns, "link", "set", "eth0", "up")
+        if (self.tmp / f"sshd-{name}.conf").is_file():
+            _start_sshd(self, h)
+            _wait_port(self, next(iter(self.hosts)), h.addr, 22)
+
     def inventory_vars(self, via: str) -> str:
         """INI `[group:vars]` lines for ssh to these hosts from this machine, relayed from inside `via`."""
         relay = f"ip netns exec {self.hosts[via].ns} {sys.executable} -I -S {Path(__file__).resolve()} relay %h %p"
@@ -110,6 +144,8 @@ class Net:
             "ansible_python_interpreter=/usr/bin/python3\n"
             "ansible_pipelining=true\n"  # modules over the open SSH session: no file transfer per task
             f'ansible_ssh_common_args=\'-o ProxyCommand="{relay}" -o UserKnownHostsFile=/dev/null '
+            # a host that dies without closing its connections (kill_host): the shared connection notices in 9 s
+            "-o ServerAliveInterval=3 -o ServerAliveCountMax=3 "
             "-o StrictHostKeyChecking=no -o LogLevel=ERROR'\n"
             # A control path of our own (short: unix socket paths are limited) so runs never share masters
             f"ansible_ssh_args='-o ControlMaster=auto -o ControlPersist=30s -o ControlPath={self.tmp}/cp-%C'\n"
@@ -126,7 +162,8 @@ def _keygen(path: Path) -> None:
 
 def _start_sshd(net: Net, h: Host) -> None:
     hostkey = net.tmp / f"hostkey-{h.name}"
-    _keygen(hostkey)
+    if not hostkey.is_file():
+        _keygen(hostkey)
     cfg = net.tmp / f"sshd-{h.name}.conf"
     cfg.write_text(
         f"ListenAddress {h.addr}:22\n"

@@ -4,14 +4,23 @@ sshd inside the namespaces), the master a headless Locust master waiting for bot
 
 Checked as a user would: every request the emulator served has a record, the records come from both workers (named
 by their own host names), each worker's counters match what the master received; a worker killed mid-point is
-named, with its exit status and the requests it lost, and the point is degraded."""
+named, with its exit status and the requests it lost, and the point is degraded.
+
+Faults of a night across machines (issue 35), each mid-point through run_point as `servesweep run` calls it: the
+network between the master and one worker cut (blackhole routes on both hosts; SSH still reaches the worker from
+the controller's own host, `ctl`), a worker host that dies (every process of its namespace SIGKILLed, its link
+down), and the master's host dying under its remote workers (their parent watch: they stop by themselves, bounded).
+The master's heartbeat check notices the lost worker, the point is marked degraded with the load it actually held
+(closed loop: concurrency; open loop: rate), and the records that did reach the master are kept."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +38,7 @@ from servesweep.driver.workers import (
     build_package,
     start_remote_workers,
 )
+from servesweep.results.degraded import degradation
 from servesweep.results.records import read_parquet
 from servesweep.results.summary import summarize
 from servesweep.sim.launch import read_ground_truth, start_sim
@@ -43,7 +53,9 @@ class Lab:
         self.net, self.tmp, self.sim, self.wheel = net, tmp, sim, wheel
         self.base_url = f"http://{net['sim'].addr}:{SIM_PORT}"
         self.quiet_since: float | None = None  # when the emulator last had nothing in flight
-        vars_ = net.inventory_vars(via="master")
+        # The controller (Ansible's SSH) reaches the hosts from a host of its own, so cutting the network between
+        # the master and a worker leaves the worker reachable for its stop, as in a lab with a separate controller
+        vars_ = net.inventory_vars(via="ctl")
         self.inventory = (
             "[loadgen]\n"
             f"w1 ansible_host={net['w1'].addr} locust_worker_dir={tmp}/hosts/w1\n"
@@ -117,7 +129,7 @@ class Lab:
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("multihost")
     wheel = build_package(tmp / "dist")
-    with netns.hosts(["master", "w1", "w2", "sim"], ssh=["w1", "w2"]) as net:
+    with netns.hosts(["master", "w1", "w2", "sim", "ctl"], ssh=["w1", "w2"]) as net:
         sim = start_sim(
             ["--model-path", MODEL, "--sim-calibration", "speedup=2"],
             host=net["sim"].addr,
@@ -283,7 +295,9 @@ def test_run_point_with_worker_hosts_splits_budget_and_rate(lab):
     for h in ("w1", "w2"):
         secret = lab.tmp / "hosts" / h / "secret.env"
         assert key in secret.read_text() and secret.stat().st_mode & 0o777 == 0o600
-    leaks = [f for f in (lab.tmp / "mh-run-point").rglob("*") if f.is_file() and key.encode() in f.read_bytes()]
+    leaks = [
+        f for f in (lab.tmp / "mh-run-point").rglob("*") if f.is_file() and key.encode() in f.read_bytes()
+    ]
     assert leaks == [], leaks
     del os.environ["MH_TEST_KEY"]
 
@@ -319,3 +333,233 @@ def test_stop_where_nothing_was_started_changes_nothing(tmp_path):
     )
     assert r.ok, r.error()
     assert not any((r.stats or {}).get("changed", {}).values())
+
+
+# ------------------------------------------------------------------------------ faults of a night (issue 35)
+# The workers' master silence (15 s by default, role variable locust_worker_master_silence_s) compressed 7.5x:
+# shorter would let a healthy worker of a loaded 2-core machine give up (its master answers every 1 s heartbeat).
+SILENCE_S = 2.0
+# What a worker that lost its master may take to stop: the silence, the watch's 0.5 s period, the 5 s backstop
+STOP_BOUND_S = SILENCE_S + 0.5 + 5.0 + 1.0
+
+
+def _remote(lab, **extravars) -> dict:
+    return {
+        "inventory": lab.inventory,
+        "group": "loadgen",
+        "per_host": 1,
+        "master_host": lab.net["master"].addr,
+        "master_port": MASTER_PORT,
+        "extravars": {**lab.extravars, "locust_worker_master_silence_s": SILENCE_S, **extravars},
+        "package": lab.wheel,
+    }
+
+
+def _issuing(status: Path, at_least: int = 4, timeout: float = 120, counter: str = "issued") -> None:
+    """Wait until the worker whose status file this is has `at_least` requests of the point in `counter`
+    (issued; shipped: their records reached its master, which a worker's report does every 3 s)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if json.loads(status.read_text()).get(counter, 0) >= at_least:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{status} never showed {at_least} requests {counter}")
+
+
+def _wait_file(path: Path, timeout: float) -> float | None:
+    """Seconds until `path` exists (None: not within timeout)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if path.is_file():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def _during(fn) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
+def _fresh(lab, host: str) -> tuple[Path, Path]:
+    """The status and exit files of worker 1 on host, without what an earlier point left."""
+    d = lab.tmp / "hosts" / host
+    status, rc = d / "1.status.json", d / "1.rc"
+    status.unlink(missing_ok=True)
+    rc.unlink(missing_ok=True)
+    return status, rc
+
+
+def test_network_cut_between_master_and_worker_marks_the_point_with_the_concurrency_held(lab):
+    """Closed loop, concurrency 4 over two hosts; 1 s after w2's first records reached the master every packet
+    between the master and w2 is dropped. w2 keeps loading the server for a moment (the emulator serves it; its records cannot reach the
+    master), notices its master's silence and stops by itself; the master marks it missing. The point is degraded,
+    names w2, its lost requests and the concurrency the records held after the cut; nothing counted twice."""
+    point = LoadPoint(
+        base_url=lab.base_url,
+        model=MODEL,
+        probe=False,
+        concurrency=4,
+        prompt_tokens=300,
+        output_tokens=48,
+        duration_s=12.0,
+        point_id="mh-cut",
+    )
+    status, rc = _fresh(lab, "w2")
+    seen: dict[str, float | None] = {}
+
+    def cut() -> None:
+        _issuing(status, at_least=1, counter="shipped")  # some of w2's records are the master's
+        time.sleep(1.0)
+        lab.net.cut("master", "w2")
+        seen["cut"] = time.monotonic()
+        seen["stopped_s"] = _wait_file(rc, STOP_BOUND_S + 5)
+
+    t, errors = _during(cut)
+    before = lab.gt_ids()
+    out = lab.tmp / "mh-cut"
+    try:
+        s = run_point(point, out, command_prefix=lab.net["master"].prefix(), worker_hosts=_remote(lab))
+    finally:
+        t.join(60)
+        if "cut" in seen:
+            lab.net.heal("master", "w2")
+    assert not errors, errors
+    served = lab.gt_ids() - before
+    ids = read_parquet(out / "records.parquet").column("request_id").to_pylist()
+    assert len(ids) == len(set(ids)) and set(ids) <= served, "no record twice, none the server did not serve"
+    true_lost = len(served - set(ids))
+
+    assert seen["stopped_s"] is not None and seen["stopped_s"] <= STOP_BOUND_S, seen
+    assert s["degraded"], s["problems"]
+    rows = {r["host"]: r for r in s["workers"]["workers"]}
+    assert rows["w2"]["exit_code"] == 4 and rows["w2"]["heartbeat_missing"], rows["w2"]
+    assert 1 <= rows["w2"]["lost"] <= true_lost, (rows["w2"], true_lost)
+    assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0 and not rows["w1"]["heartbeat_missing"]
+    [problem] = s["problems"]
+    assert "on w2" in problem and "lost its master" in problem and "heartbeat went missing" in problem, (
+        problem
+    )
+    d = degradation(s, out / "records.parquet")
+    assert d is not None and d.asked_concurrency == 4
+    assert d.lost_at_s is not None and d.lost_at_s > 0 and d.held_after is not None
+    assert d.held_after < 2.8, d.line()  # w1's 2 users went on; w2's 2 are gone from the records
+    assert "DEGRADED" in d.line() and "asked" in d.line()
+    print(
+        f"\n{d.line()}\nw2 stopped itself {seen['stopped_s']:.1f} s after the cut; the server served "
+        f"{true_lost} requests whose records never arrived"
+    )
+
+
+def test_worker_host_that_dies_mid_point_marks_the_open_loop_point_with_the_rate_got(lab):
+    """Open loop, Poisson 16/s over two hosts; 1 s into the load w2 loses power (link down, every process of the
+    host SIGKILLed, no connection closed). The master marks it missing and carries on; the stop cannot reach w2 and
+    says so instead of failing the point; the records that reached the master are kept; the point is degraded with
+    the rate asked and the rate got. Bounded: the shared SSH connection notices the dead host in 9 s."""
+    point = LoadPoint(
+        base_url=lab.base_url,
+        model=MODEL,
+        probe=False,
+        concurrency=8,
+        prompt_tokens=300,
+        output_tokens=16,
+        duration_s=10.0,
+        arrival="poisson",
+        rate_rps=16.0,
+        point_id="mh-host-dies",
+    )
+    status, _rc = _fresh(lab, "w2")
+    seen: dict[str, float] = {}
+
+    def die() -> None:
+        _issuing(status)
+        time.sleep(1.0)
+        seen["pids"] = len(lab.net.kill_host("w2"))
+        seen["at"] = time.monotonic()
+
+    t, errors = _during(die)
+    before = lab.gt_ids()
+    out = lab.tmp / "mh-host-dies"
+    try:
+        s = run_point(point, out, command_prefix=lab.net["master"].prefix(), worker_hosts=_remote(lab))
+        ended_s = time.monotonic() - seen["at"]
+    finally:
+        t.join(60)
+        if "at" in seen:
+            lab.net.revive("w2")
+    assert not errors, errors
+    served = lab.gt_ids() - before
+    ids = read_parquet(out / "records.parquet").column("request_id").to_pylist()
+    assert len(ids) == len(set(ids)) and set(ids) <= served
+    assert ended_s < point.duration_s + 60, f"run_point took {ended_s:.0f} s after the host died"
+
+    assert s["degraded"] and s["requests"]["ok"] > 0, s["problems"]
+    rows = {r["host"]: r for r in s["workers"]["workers"]}
+    assert rows["w2"]["exit_code"] is None and rows["w2"]["heartbeat_missing"], rows["w2"]
+    assert "could not be reached" in (rows["w2"]["note"] or ""), rows["w2"]
+    assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0
+    [problem] = s["problems"]
+    assert "on w2" in problem and "unknown" in problem and "heartbeat went missing" in problem, problem
+    d = degradation(s, out / "records.parquet")
+    assert d is not None and d.asked_rate == 16.0 and d.got_rate is not None
+    assert d.got_rate < 0.8 * 16.0, d.line()  # w2's half of the arrivals stopped 1-2 s into 10 s
+    assert "rate 16/s asked" in d.line()
+    print(f"\n{d.line()}\n{seen['pids']} processes of w2 killed; run_point ended {ended_s:.1f} s later")
+
+
+def test_remote_workers_stop_by_themselves_when_the_master_host_dies(lab):
+    """The parent watch end to end: the master's host loses power mid-point (its link down, its processes
+    SIGKILLed). Both remote workers hear no heartbeat, stop their load and exit 4 within the bound (the silence
+    compressed to 2 s, its 0.5 s period, the 5 s backstop); the server is then left alone."""
+    point, run_dir, work = lab.point("mh-master-dies", output_tokens=64, duration_s=60.0)
+    files = {h: _fresh(lab, h) for h in ("w1", "w2")}
+    workers = start_remote_workers(
+        lab.inventory,
+        "loadgen",
+        lab.net["master"].addr,
+        MASTER_PORT,
+        1,
+        work / "point.json",
+        run_dir,
+        package=lab.wheel,
+        extravars={**lab.extravars, "locust_worker_master_silence_s": SILENCE_S},
+    )
+    seen: dict[str, float | None] = {}
+
+    def master_dies(proc: subprocess.Popen) -> None:
+        for status, _rc in files.values():
+            _issuing(status, at_least=2)
+        time.sleep(1.0)
+        lab.net.kill_host("master")
+        t0 = time.monotonic()
+        for h, (_status, rc) in files.items():
+            left = STOP_BOUND_S + 5 - (time.monotonic() - t0)
+            got = _wait_file(rc, max(0.1, left))
+            seen[h] = None if got is None else time.monotonic() - t0
+
+    try:
+        lab.run_master(point, work, during=master_dies)
+    finally:
+        lab.net.revive("master")
+        states = workers.stop()
+    assert all(v is not None and v <= STOP_BOUND_S for v in seen.values()), seen
+    by_host = {w.host: w for w in states}
+    for h in ("w1", "w2"):
+        assert by_host[h].exit_code == 4 and not by_host[h].stopped_by_role, by_host[h]
+        assert "no heartbeat from the master" in by_host[h].log.read_text(errors="replace")
+    a = lab.gt_ids()
+    b = lab.gt_ids()
+    assert a == b, "a worker still loads the server after it stopped"
+    print(f"\nthe master's host died; its workers stopped themselves after {seen} s")

@@ -13,6 +13,7 @@ Never imports Locust or gevent: ansible-runner hangs in a process where gevent p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,9 @@ from servesweep.config.secrets import KEY_ENV, env_key
 from servesweep.driver.ansible import run_playbook
 
 PLAYBOOK = "locust_workers.yml"
+# A servesweep Locust process's exit status when it stopped because its parent or master was gone
+# (client/locustfile.py EXIT_PARENT_GONE; not imported: this module never imports Locust)
+_LOST_MASTER = 4
 _MISSING = re.compile(r"Worker (\S+) failed to send heartbeat, setting state to missing")
 
 
@@ -104,8 +108,16 @@ class RemoteWorkers:
     hide_env: tuple[str, ...] = ()  # the start's hidden key variables: the stop hides the same
 
     def stop(self, timeout_s: float = 300) -> list[WorkerState]:
+        """Stop every worker and return each one's state. A host that cannot be reached any more (it died, or
+        dropped off the network) does not fail the stop: its started workers come back with exit_code None and a
+        note saying so, and `account` makes the point degraded (its records that reached the master are kept). A
+        task that fails on a host that answers still raises RemoteWorkersError."""
         if self.states is not None:
             return self.states
+        results = self.run_dir / "workers"
+        for host in {w.host for w in self.started}:
+            # the start's state: a host that does not answer now must not pass for one whose workers still run
+            (results / host / "state.json").unlink(missing_ok=True)
         res = run_playbook(
             PLAYBOOK,
             inventory=self.inventory,
@@ -115,8 +127,30 @@ class RemoteWorkers:
             timeout_s=timeout_s,
             hide_env=self.hide_env or _hidden_envs(self.extravars),
         )
-        self.states = _read_states(self.run_dir / "workers")
-        if not res.ok:
+        states = _read_states(results)
+        stats = res.stats or {}
+        dark = {h for h, n in (stats.get("dark") or {}).items() if n}
+        failed = {h for h, n in (stats.get("failures") or {}).items() if n}
+        reported = {w.host for w in states}
+        for w in self.started:
+            if w.host not in reported:
+                why = (
+                    "could not be reached after the point"
+                    if w.host in dark
+                    else "did not report after the point"
+                )
+                states.append(
+                    dataclasses.replace(
+                        w,
+                        exit_code=None,
+                        stopped_by_role=False,
+                        status=None,
+                        log=None,
+                        note=f"was lost: its host {w.host} {why} (it died, or dropped off the network)",
+                    )
+                )
+        self.states = states
+        if not res.ok and (failed or not dark or res.status == "timeout"):
             raise RemoteWorkersError(f"stopping the Locust workers: {res.error()}")
         return self.states
 
@@ -250,8 +284,6 @@ def _read_states(results: Path) -> list[WorkerState]:
     return out
 
 
-
-
 def account(
     workers: list[WorkerState],
     records,
@@ -276,6 +308,7 @@ def account(
             received[w] = received.get(w, 0) + 1
     missing_ids = set(_MISSING.findall(master_log or ""))
     rows: list[dict[str, Any]] = []
+    w_counted = [w.status is not None for w in workers]  # its counters came back (else `lost` is unknown)
     for w in workers:
         issued = int((w.status or {}).get("issued", 0))
         got = received.pop(w.identity, 0)
@@ -305,7 +338,14 @@ def account(
     problems = [
         f"worker {r['worker']} on {r['host']} (#{r['index']}) "
         + (
-            f"exited with {r['exit_code']}"
+            (
+                f"exited with {r['exit_code']}"
+                + (
+                    " (it stopped its load by itself: it lost its master)"
+                    if r["exit_code"] == _LOST_MASTER
+                    else ""
+                )
+            )
             if r["exit_code"] is not None
             else (
                 "was still running and had to be stopped"
@@ -314,8 +354,13 @@ def account(
             )
         )
         + (" (its heartbeat went missing)" if r["heartbeat_missing"] else "")
-        + f": {r['lost']} of its {r['issued']} requests lost"
-        for r in failed
+        + (
+            f": {r['lost']} of its {r['issued']} requests lost"
+            if w_counted[i]
+            else f": how many of its requests were lost is unknown ({r['records']} reached the master)"
+        )
+        for i, r in enumerate(rows)
+        if not r["ended_cleanly"] or r["lost"]
     ]
     return {
         "degraded": bool(failed),
