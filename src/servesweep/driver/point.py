@@ -241,6 +241,7 @@ def run_point(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    m0 = time.monotonic()  # durations: a wall-clock step mid-point (NTP, date -s) must change none
     probes = probes if probes is not None else ProbeLog()
     point = resolve_point(point, probes)
     # build (and cache on disk) the pool here, so the child's start is quick and errors show early
@@ -274,6 +275,7 @@ def run_point(
     summary = _point_summary(
         point, out_dir, work, rc, t0, parsed_slos, probes, max_failure_rate, workers, handle, states
     )
+    summary["wall_s"] = time.monotonic() - m0
     summary["server_state"], why = sampler.summary()  # results/server_state.py; docs/reports.md
     if why is not None:
         summary["server_state_note"] = why
