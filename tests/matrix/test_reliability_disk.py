@@ -1,6 +1,7 @@
 """Disk trouble: a results folder that cannot be written, or has no room for the run, is refused before any server
 starts, with a message naming the folder and what is wrong; one that fills up mid-run stops the run cleanly (exit
-4) without harming the points already finished, and leaves the server stopped."""
+4) without harming the points already finished, and leaves the server stopped; once space is back, `--resume`
+measures the rest into the same folder."""
 
 from __future__ import annotations
 
@@ -107,6 +108,20 @@ def test_results_folder_filling_up_mid_run_stops_cleanly_and_keeps_finished_poin
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", m["port"])) != 0
         assert json.loads((run_dir / first / "summary.json").read_text())["requests"]["ok"] == 3
+        # space is back: the resume measures the rest into the same folder, the finished point still untouched
+        (disk / "filler").unlink()
+        r = subprocess.run(SERVESWEEP + ["run", "--resume", str(run_dir)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=240)  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        m = manifest(run_dir)
+        assert m["status"] == "finished" and all(p["status"] == "done" for p in m["points"].values()), m[
+            "points"
+        ]
+        assert {
+            f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in (run_dir / first).iterdir()
+        } == kept
+        assert pq.read_table(run_dir / second / "records.parquet").num_rows == 3
+        assert m["points"][first]["attempts"] == 1, "the finished point was not measured again"
     finally:
         cleanup(proc, run_dir, srv)
         _umount(disk)
