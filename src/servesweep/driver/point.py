@@ -19,6 +19,8 @@ from pathlib import Path
 from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, LoadPoint
 from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
+from servesweep.driver.gpu_telemetry import sampler_urls as gpu_telemetry_urls
+from servesweep.driver.gpu_telemetry import write_point_gpu
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
 from servesweep.workload.build import build_bodies
 
@@ -199,6 +201,7 @@ def run_point(
     probes: ProbeLog | None = None,
     on_records: Callable[[list[dict]], None] | None = None,
     targets=None,
+    gpu_telemetry: list[str] | None = None,
 ) -> dict:
     """Run ONE point as a headless Locust subprocess and write records.parquet, summary.json and locust.log into
     out_dir (atomically). Returns the summary dict. `progress` is called about once a second with
@@ -225,7 +228,8 @@ def run_point(
     about once a second. `targets` (observe.targets.RunTargets): with `metrics_port`, the Locust process's
     exporter is registered there (role "locust", under the targets' run_id, which the process's exporter takes
     too) while the point runs, and removed at its end. `servesweep load` and `servesweep run` pass none: they
-    register the run's own exporter in their RunTargets for the whole run.
+    register the run's own exporter in their RunTargets for the whole run. `gpu_telemetry`: the GPU samplers'
+    URLs (else $SERVESWEEP_GPU_TELEMETRY): their samples of the point go into gpu.json (driver/gpu_telemetry.py).
     """
     from servesweep.config.slo import parse_slos
     from servesweep.results.store import write_json_atomic
@@ -272,6 +276,7 @@ def run_point(
         if targets is not None and metrics_port:
             targets.drop("servesweep", "locust")
     sampler.stop()  # its last sample: the server's counters once every request of the point has finished
+    wall_end = time.time()
     summary = _point_summary(
         point, out_dir, work, rc, t0, parsed_slos, probes, max_failure_rate, workers, handle, states
     )
@@ -288,6 +293,9 @@ def run_point(
     for name in ("locust-report.html",):
         if (work / name).is_file():
             os.replace(work / name, out_dir / name)
+    gpu_urls = gpu_telemetry_urls(gpu_telemetry)
+    if gpu_urls:  # the GPUs' energy, power, utilization and throttling during the point: gpu.json
+        write_point_gpu(gpu_urls, out_dir, summary, t0, wall_end)
     write_json_atomic(out_dir / "summary.json", summary)
     if progress is not None:
         progress(_read_progress(work, point, time.monotonic() - started))

@@ -75,6 +75,7 @@ METHODS = {
     "/generate": ("POST", "PUT"),
     "/flush_cache": ("GET", "POST"),
     "/abort_request": ("POST",),
+    "/sim/gpu": ("GET", "POST"),
 }
 
 

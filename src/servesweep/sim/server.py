@@ -103,6 +103,17 @@ class SimApp:
                 args=args,
             )
         self.record_chunks = self.gt is not None or self.metrics is not None
+        from .power import GpuMeter  # the NVML-shaped stand-in the GPU sampler reads (GET /sim/gpu)
+
+        self.gpu_meter = GpuMeter(
+            resolved.gpu.name,
+            resolved.tp_size * resolved.dp_size * int(resolved.args.get("pp_size") or 1),
+            lambda: self.engine.c_busy_s,
+            memory_total_bytes=resolved.gpu.memory_bytes,
+            memory_used_bytes=int(resolved.gpu.memory_bytes * resolved.mem_fraction_static),
+            power_limit_w=getattr(args, "sim_gpu_power_limit", None),
+            throttle=getattr(args, "sim_gpu_throttle", None),
+        )
         self.routes = {
             "/health": self.h_health,
             "/health_generate": self.h_health,
@@ -120,6 +131,7 @@ class SimApp:
             "/metrics": self.h_metrics,
             "/v1/loads": self.h_loads,
             "/ping": self.h_ping,
+            "/sim/gpu": self.h_sim_gpu,
         }
         # rid -> request in flight (for /abort_request abort_all and sglang:http_requests_active)
         self._active: dict[str, GenerationStream] = {}
@@ -183,7 +195,7 @@ class SimApp:
                 return
             api_key = self.args.api_key
             if api_key and not (
-                path.startswith("/health") or path.startswith("/metrics") or path == "/ready"
+                path.startswith("/health") or path.startswith("/metrics") or path in ("/ready", "/sim/gpu")
             ):
                 auth = req.headers.get("authorization", "")
                 if auth != "Bearer " + api_key:
@@ -234,6 +246,17 @@ class SimApp:
 
     def h_ping(self, conn, req):
         conn.respond(req, 200, b"pong", TEXT)
+
+    def h_sim_gpu(self, conn, req):
+        """NVML's fields per emulated GPU (sim/power.py); POST {"throttle": "power|thermal|none", "power_limit_w": W}
+        injects a throttle fault or sets the limit at run time."""
+        if req.method == "POST":
+            body = self._json(req, need_ctype=False)
+            try:
+                self.gpu_meter.configure(power_limit_w=body.get("power_limit_w"), throttle=body.get("throttle"))
+            except (ValueError, TypeError) as e:
+                raise HttpError(400, P.dumps({"error": str(e)}), JSON) from None
+        conn.respond(req, 200, P.dumps(self.gpu_meter.read()), JSON)
 
     def h_model_info(self, conn, req):
         a = self.args

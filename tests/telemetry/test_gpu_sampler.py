@@ -1,0 +1,189 @@
+"""The GPU sampler (ansible/roles/sglang_server/files/gpu_sampler.py) as the role runs it, a real process: against
+the emulator's /sim/gpu, against an NVML module (a stand-in pynvml with one GPU lacking the energy counter), with
+no source at all, and its pidfile discipline (only the recorded process is ever signalled)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from servesweep.driver.ansible import ansible_dir
+from servesweep.sim.launch import start_sim
+
+SAMPLER = ansible_dir() / "roles" / "sglang_server" / "files" / "gpu_sampler.py"
+MODEL = "Qwen/Qwen3.6-27B"
+
+
+def sampler(*args: str, env: dict | None = None) -> dict:
+    r = subprocess.run(
+        [sys.executable, str(SAMPLER), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def families(url: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(get(url + "/metrics").decode())}
+
+
+def test_sampler_reads_the_emulator_serves_prometheus_and_samples_and_exits_with_the_server(tmp_path):
+    with start_sim(["--model-path", MODEL, "--tp-size", "2"]) as sim:
+        out = sampler(
+            "--state",
+            "started",
+            "--workdir",
+            str(tmp_path),
+            "--sim-url",
+            f"http://127.0.0.1:{sim.port}/sim/gpu",
+            "--interval",
+            "0.2",
+            "--watch-pid",
+            str(sim.proc.pid),
+        )
+        pid = int(out["pid"])
+        assert (
+            out["running"]
+            and out["source"] == "sim"
+            and out["gpus"] == 2
+            and out["energy_sources"] == ["counter"]
+        )
+        assert (tmp_path / "gpu_sampler.pid").read_text().split()[0] == str(pid)
+        time.sleep(1.0)
+        fam = families(out["url"])
+        power = {s.labels["gpu"]: s.value for s in fam["servesweep_gpu_power_watts"].samples}
+        assert power == {"0": pytest.approx(120, abs=1), "1": pytest.approx(120, abs=1)}
+        assert fam["servesweep_gpu_energy_joules"].type == "counter"
+        for name in (
+            "servesweep_gpu_utilization_ratio",
+            "servesweep_gpu_sm_clock_hertz",
+            "servesweep_gpu_memory_used_bytes",
+            "servesweep_gpu_temperature_celsius",
+            "servesweep_gpu_clock_event_reasons",
+            "servesweep_gpu_throttled",
+        ):
+            assert len(fam[name].samples) == 2, name
+        doc = json.loads(get(f"{out['url']}/samples?since={time.time() - 0.7}"))
+        assert doc["source"] == "sim" and 2 <= len(doc["samples"]) <= 5
+        lines = (tmp_path / "gpu_samples.jsonl").read_text().splitlines()
+        assert len(lines) >= 5 and json.loads(lines[-1])["gpus"][1]["energy_source"] == "counter"
+        assert alive(pid)
+    assert wait_gone(pid, 3.0), "the sampler exits once the server it watches is gone"
+    assert not (tmp_path / "gpu_sampler.pid").exists()
+    assert "the server (pid" in (tmp_path / "gpu_sampler.log").read_text()
+
+
+FAKE_PYNVML = """
+class NVMLError(Exception):
+    pass
+NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+class _U:
+    gpu, memory = 97, 40
+class _M:
+    used, total = 100 << 30, 141 << 30
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return b"NVIDIA H200"
+def nvmlDeviceGetUUID(h): return f"GPU-fake-{h}"
+def nvmlDeviceGetUtilizationRates(h): return _U()
+def nvmlDeviceGetMemoryInfo(h): return _M()
+def nvmlDeviceGetClockInfo(h, c): return 1665 if c == NVML_CLOCK_SM else 3201
+def nvmlDeviceGetPowerUsage(h): return 650000
+def nvmlDeviceGetEnforcedPowerLimit(h): return 700000
+def nvmlDeviceGetTemperature(h, s): return 61
+def nvmlDeviceGetCurrentClocksEventReasons(h): return 0x4
+import time
+_T0 = time.time()
+def nvmlDeviceGetTotalEnergyConsumption(h):
+    if h == 1:
+        raise NVMLError("Not Supported")
+    return int(650 * (time.time() - _T0) * 1000)
+"""
+
+
+def test_sampler_reads_nvml_and_integrates_power_only_where_the_counter_is_missing(tmp_path):
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "pynvml.py").write_text(textwrap.dedent(FAKE_PYNVML))
+    work = tmp_path / "w"
+    out = sampler(
+        "--state", "started", "--workdir", str(work), "--interval", "0.2", env={"PYTHONPATH": str(mod)}
+    )
+    try:
+        assert out["running"] and out["source"] == "nvml" and out["gpus"] == 2
+        assert out["energy_sources"] == ["counter", "integrated_power"]
+        time.sleep(1.2)
+        samples = json.loads(get(out["url"] + "/samples"))["samples"]
+        first, last = samples[0], samples[-1]
+        g0, g1 = last["gpus"]
+        assert (g0["energy_source"], g1["energy_source"]) == ("counter", "integrated_power")
+        assert g1["energy_mj"] / 1000 == pytest.approx(650 * (last["t"] - first["t"]), rel=0.02)
+        assert (g0["util_pct"], g0["sm_clock_mhz"], g0["power_w"], g0["throttle_reasons"]) == (
+            97,
+            1665,
+            650,
+            4,
+        )
+        fam = families(out["url"])
+        src = {
+            s.labels["gpu"]: s.labels["energy_source"]
+            for s in fam["servesweep_gpu_energy_source_info"].samples
+        }
+        assert src == {"0": "counter", "1": "integrated_power"}
+        assert {s.value for s in fam["servesweep_gpu_power_capped"].samples} == {1}
+        assert {s.value for s in fam["servesweep_gpu_throttled"].samples} == {0}
+    finally:
+        stopped = sampler("--state", "stopped", "--workdir", str(work))
+    assert stopped["changed"] and wait_gone(int(out["pid"]))
+    assert not (work / "gpu_sampler.pid").exists()
+
+
+def test_no_source_starts_nothing_and_says_why(tmp_path):
+    out = sampler("--state", "started", "--workdir", str(tmp_path), "--source", "auto")
+    assert not out["running"] and not out["pid"] and "no NVML" in out["reason"]
+    assert not (tmp_path / "gpu_sampler.pid").exists()
+
+
+def test_a_pidfile_naming_another_process_is_never_signalled(tmp_path):
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "gpu_sampler.pid").write_text(f"{stranger.pid} 1\n")  # same pid, another start time
+        out = sampler("--state", "stopped", "--workdir", str(tmp_path))
+        assert not out["changed"] and stranger.poll() is None
+        assert not (tmp_path / "gpu_sampler.pid").exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
