@@ -25,9 +25,10 @@ import pyarrow.compute as pc
 # ---------------------------------------------------------------- thresholds (docs/reports.md, "Diagnosis")
 
 MIN_STATE_SAMPLES = 5  # fewer /metrics samples than this cannot say what the gauges were under the load
-CLIENT_MERGED_FULL_SHARE = (
-    0.1  # merged ITL gaps (chunks read together) this share or more: fully client-bound
-)
+# the client's limits are summary.py's (CPU 90%, loop lag p99 20 ms, 1% merged gaps); at these it is fully client-bound
+CLIENT_MERGED_FULL_SHARE = 0.1  # ITL gaps that were chunks read together
+CLIENT_LAG_FULL_MS = 100.0  # event-loop lag p99
+CLIENT_MERGED_OTHER_WEIGHT = 0.25  # what merged gaps weigh when no ITL/TPOT SLO broke (they move only ITL)
 ERROR_SHARE_MIN = 0.01  # failed requests above this share of the measured ones are a cause
 QUEUE_MEAN_MIN = 0.5  # mean requests waiting in SGLang's queue (num_queue_reqs) that count as queueing
 AT_CAP_SHARE_MIN = (
@@ -262,13 +263,27 @@ def client_bound(summary: dict) -> Cause | None:
 
 
 def _client_strength(summary: dict) -> float:
-    """1 when a process ran out of CPU or its event loop lagged (every stamp may be late); merged ITL gaps alone
-    (chunks read together) move only the ITL percentiles: their share over CLIENT_MERGED_FULL_SHARE."""
+    """How far past its limit the client went: the busiest process's CPU as a share of a core, its event-loop lag
+    p99 over CLIENT_LAG_FULL_MS, the merged-gap share over CLIENT_MERGED_FULL_SHARE (× CLIENT_MERGED_OTHER_WEIGHT
+    unless an ITL or TPOT SLO broke); the largest, at most 1 (1 when the reasons carry no figure)."""
     head = summary.get("client_headroom") or {}
+    procs = [w for w in head.get("workers") or [] if isinstance(w, dict)]
+    cpu = (
+        max((w.get("cpu_pct") or 0.0 for w in procs), default=100.0) / 100.0
+    )  # no figures: as strong as it gets
+    lag = (
+        max((w.get("loop_lag_p99_ms") or 0.0 for w in procs), default=CLIENT_LAG_FULL_MS) / CLIENT_LAG_FULL_MS
+    )
+    merged = (summary.get("itl_zero_gap_share") or 0.0) / CLIENT_MERGED_FULL_SHARE
+    if not _decode_slo_broken(summary):  # merged gaps move the ITL percentiles only, not a TTFT or E2E
+        merged *= CLIENT_MERGED_OTHER_WEIGHT
     reasons = " ".join(head.get("reasons") or [])
-    if "CPU" in reasons or "event-loop lag" in reasons or not reasons:
-        return 1.0
-    return min(1.0, (summary.get("itl_zero_gap_share") or 0.0) / CLIENT_MERGED_FULL_SHARE)
+    found = [
+        v
+        for v, named in ((cpu, "CPU"), (lag, "event-loop lag"), (merged, "read together"))
+        if named in reasons
+    ]
+    return min(1.0, max(found)) if found else 1.0
 
 
 def server_errors(summary: dict) -> Cause | None:
@@ -416,17 +431,24 @@ def decode_bound(summary: dict, state: dict | None, baseline: dict | None) -> Ca
         base_at = f" at batch {base_batch:.0f}" if base_batch else ""
         text = f"ITL/chunk p50 {itl:.1f} ms{at}, {slowdown:.1f}× the {base_itl:.1f} ms{base_at}; {nothing_queued}"
         return Cause("decode-bound", text, 1.0 - 1.0 / slowdown, {"itl_p50_ms": itl, "slowdown": slowdown})
-    itl_slo = [
-        c for c in summary.get("slos") or [] if c.get("pass") is False and _is_decode_slo(c.get("slo", ""))
-    ]
+    itl_slo = _decode_slos_broken(summary)
     if not itl_slo:
         return None
     text = f"ITL/chunk p50 {itl:.1f} ms{at} breaks {itl_slo[0]['slo']}; {nothing_queued}"
     return Cause("decode-bound", text, 0.5, {"itl_p50_ms": itl})
 
 
-def _is_decode_slo(text: str) -> bool:
-    return text.startswith(("itl", "tpot", "decode"))
+def _decode_slos_broken(summary: dict) -> list[dict]:
+    """The broken SLO checks on ITL, TPOT or decode speed."""
+    return [
+        c
+        for c in summary.get("slos") or []
+        if c.get("pass") is False and str(c.get("slo", "")).startswith(("itl", "tpot", "decode"))
+    ]
+
+
+def _decode_slo_broken(summary: dict) -> bool:
+    return bool(_decode_slos_broken(summary))
 
 
 # ---------------------------------------------------------------- a configuration's sweep: baselines and the knee
@@ -438,6 +460,7 @@ def config_key(summary: dict) -> tuple:
     labels = pt.get("labels") or {}
     return (
         labels.get("config_id"),
+        pt.get("base_url"),
         pt.get("endpoint"),
         pt.get("workload"),
         pt.get("prompt_tokens"),
@@ -501,7 +524,8 @@ def saturation_knee(
         if x and x > 0 and t and t > 0 and lat and lat > 0 and math.isfinite(t) and math.isfinite(lat)
     )
     if len({p[0] for p in pts}) < KNEE_MIN_POINTS:
-        return Knee(None, None, None, f"{len(pts)} loads measured, {KNEE_MIN_POINTS} needed for a knee", axis)
+        n = len({p[0] for p in pts})
+        return Knee(None, None, None, f"{n} loads measured, {KNEE_MIN_POINTS} needed for a knee", axis)
     x, thr, lat = (np.array(c) for c in zip(*pts, strict=True))
     u, v, w = np.log(x), np.log(thr), np.log(lat)
     best = None
@@ -555,7 +579,7 @@ def knees(summaries: list[dict]) -> dict[tuple, Knee]:
 
 def config_label(key: tuple) -> str:
     """A configuration key as text: 'config s01-mrr4, chat p200 o48'."""
-    cfg, endpoint, workload, prompt, output, arrival = key
+    cfg, _url, endpoint, workload, prompt, output, arrival = key
     parts = [f"config {cfg}" if cfg else "", f"{endpoint or ''} p{prompt} o{output}".strip()]
     if workload and workload != "synthetic":
         parts.append(str(workload))
