@@ -10,8 +10,9 @@ Sources (--source):
   URL    an NVML-shaped JSON document (the emulator's GET /sim/gpu): the same fields, read over HTTP.
   auto   nvml when NVML answers, else --sim-url when given, else no source (the sampler does not start).
 
-  --state started   stop the sampler recorded in <workdir>/gpu_sampler.pid (if it is ours and alive), then start a
-                    new one in its own session: it samples every --interval seconds (default 0.5: 2 Hz), keeps the last
+  --state started   keep the sampler recorded in <workdir>/gpu_sampler.pid when it is alive and was started with
+                    the same settings (the same server); otherwise stop it (if it is ours) and start a new one in its
+                    own session: it samples every --interval seconds (default 0.5: 2 Hz), keeps the last
                     --keep-s seconds in memory, appends every sample to <workdir>/gpu_samples.jsonl (one rotation at
                     --max-file-mb, to .1), serves GET /metrics (Prometheus text), GET /samples?since=T&until=T (JSON,
                     wall-clock seconds) and GET /health on --bind:--port (0: a free port), and exits when the
@@ -396,7 +397,8 @@ def run(a):
     ready = os.path.join(a.workdir, READYFILE)
     with open(ready + ".tmp", "w") as f:
         json.dump({"port": httpd.server_address[1], "source": src.name, "gpus": len(sampler.last["gpus"]),
-                   "energy_sources": sorted({g["energy_source"] for g in sampler.last["gpus"]})}, f)
+                   "energy_sources": sorted({g["energy_source"] for g in sampler.last["gpus"]}),
+                   "config": config(a)}, f)
     os.replace(ready + ".tmp", ready)
     due = time.monotonic()
     reason = "stopped"
@@ -428,6 +430,35 @@ def run(a):
                 pass
     print(f"gpu_sampler: exit: {reason}", file=sys.stderr)
     return 0
+
+
+def config(a):
+    """What a running sampler must match to be kept by --state started (the role applied again, same server)."""
+    return {k: getattr(a, k) for k in ("source", "sim_url", "interval", "keep_s", "bind", "port", "watch_pid",
+                                       "max_file_mb", "max_failures")}
+
+
+def report(a, out, info):
+    host = a.host if a.bind in ("0.0.0.0", "::", "") else a.bind
+    out.update(running=True, url=f"http://{host}:{info['port']}", source=info["source"], gpus=info["gpus"],
+               energy_sources=info["energy_sources"], samples_file=os.path.join(a.workdir, SAMPLES))
+
+
+def keep_running(a, out):
+    """The recorded sampler is alive, ready and started with these settings: keep it (its samples too)."""
+    rec = recorded(a.workdir)
+    if rec is None or not alive(*rec):
+        return False
+    try:
+        with open(os.path.join(a.workdir, READYFILE)) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if info.get("config") != config(a):
+        return False
+    out["pid"] = str(rec[0])
+    report(a, out, info)
+    return True
 
 
 def start(a, out):
@@ -467,9 +498,7 @@ def start(a, out):
         if os.path.exists(ready):
             with open(ready) as f:
                 info = json.load(f)
-            host = a.host if a.bind in ("0.0.0.0", "::", "") else a.bind
-            out.update(running=True, url=f"http://{host}:{info['port']}", source=info["source"], gpus=info["gpus"],
-                       energy_sources=info["energy_sources"], samples_file=os.path.join(a.workdir, SAMPLES))
+            report(a, out, info)
             return
         rc = p.poll()
         if rc is not None:
@@ -513,9 +542,12 @@ def main(argv=None):
         return run(a)
     out = {"changed": False, "running": False, "pid": "", "url": "", "source": "", "gpus": 0, "reason": ""}
     try:
-        out["changed"] = stop_recorded(a.workdir)
-        if a.state == "started":
-            start(a, out)
+        if a.state == "started" and keep_running(a, out):
+            pass
+        else:
+            out["changed"] = stop_recorded(a.workdir)
+            if a.state == "started":
+                start(a, out)
     except (Failure, OSError) as e:
         out["error"] = str(e)
         print(json.dumps(out))
