@@ -8,13 +8,14 @@ A sample is {"t": wall-clock s, "gpus": [{"index", "name", "uuid", "util_pct", "
 Energy over [start, end]: the energy counter (mJ) interpolated linearly at both ends; the trapezoid integral of the
 power samples over the same window is computed too, and their difference shown (`counter_vs_integrated_pct`). A
 GPU whose samples carry no counter (energy_source "integrated_power") gets the integral, and says so.
-Idle baseline, per GPU: the mean power of the samples at 0% utilization in the IDLE_WINDOW_S before the point
+Idle baseline, per GPU: the median power of the samples at 0% utilization in the IDLE_WINDOW_S before the point
 (between points); energy above idle = energy - idle_w x duration. None where no such sample exists (said so).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 
 SCHEMA = "servesweep.gpu/1"
@@ -101,7 +102,8 @@ def gpu_energy(
             for t, g in rows
             if start - idle_window_s <= t < start and g.get("util_pct") == 0 and g.get("power_w") is not None
         ]
-        idle_w = _mean(idle_ps)
+        # the median: a reading just after a load may still be settling
+        idle_w = statistics.median(idle_ps) if idle_ps else None
         if idle_w is None:
             notes.append(
                 f"no idle sample in the {idle_window_s:g} s before the point: no baseline subtracted"
