@@ -187,3 +187,37 @@ def test_a_pidfile_naming_another_process_is_never_signalled(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_memory_and_file_stay_bounded_far_past_their_limits(tmp_path):
+    """Field scale, compressed: 20 samples a second against a 0.5 s memory and a 2 kB file: after 6 times the
+    memory's span the buffer holds its bound only and the file has rotated, neither grew."""
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "pynvml.py").write_text(textwrap.dedent(FAKE_PYNVML))
+    work = tmp_path / "w"
+    out = sampler(
+        "--state",
+        "started",
+        "--workdir",
+        str(work),
+        "--interval",
+        "0.05",
+        "--keep-s",
+        "0.5",
+        "--max-file-mb",
+        "0.002",
+        env={"PYTHONPATH": str(mod)},
+    )
+    try:
+        time.sleep(3.0)
+        fam = families(out["url"])
+        taken = fam["servesweep_gpu_sampler_samples"].samples[0].value
+        kept = json.loads(get(out["url"] + "/samples"))["samples"]
+        # the bound: keep_s / interval + 1 samples, at least 16
+        assert taken >= 30 and len(kept) <= 16 and kept[-1]["t"] - kept[0]["t"] < 1.0
+        line = len((work / "gpu_samples.jsonl.1").read_text().splitlines()[0]) + 1
+        assert (work / "gpu_samples.jsonl").stat().st_size <= 2000 + line
+        assert (work / "gpu_samples.jsonl.1").stat().st_size <= 2000 + line
+    finally:
+        sampler("--state", "stopped", "--workdir", str(work))
