@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import textwrap
@@ -146,5 +147,8 @@ def test_observe_up_then_a_matrix_and_a_load_point_are_live_in_prometheus(tmp_pa
     assert "TTFT p50" in load_log and "done in" in load_log
     run_log = logs["run"].read_text()
     assert ": started" in run_log and "so far" in run_log, run_log[-2000:]
+    # and the server's start, which shows no spinner without a terminal: a line at its start, then its task
+    assert re.search(r"server s[\w-]+: starting \(Ansible role\)", run_log), run_log[-3000:]
+    assert re.search(r"server s[\w-]+: [^\n]+ \(\d+ s\)", run_log), run_log[-3000:]
     # each run took its targets out of the stack's folder when it ended
     assert not list(Layout(stack_dir(runs)).targets.glob("*.json"))

@@ -518,16 +518,36 @@ class Runner:
         return {"secrets": {"sglang_server_api_key": self.api_key}, "hide_env": hide}
 
     def ansible(self, cfg_id: str, state: str, what: str, artifact_dir: Path | None = None) -> PlaybookResult:
+        from rich.markup import escape
+
         from servesweep.driver.ansible import run_playbook
+        from servesweep.driver.live import PROGRESS_EVERY_S
 
         c = self.m.configs[cfg_id]
         ident = f"{cfg_id}-{state}-{c['attempts']}-{int(time.time())}"
         status = self.console.status(f"{what}: starting Ansible")
+        # Without a terminal the spinner shows nothing: a server that takes minutes to start (a big model on GPUs)
+        # gets a plain line at the start and, while the role waits, one every PROGRESS_EVERY_S with its task.
+        plain = not self.console.is_terminal
+        started = time.monotonic()
+        task_now, line_at = "starting Ansible", started
+        if plain and state == "started":
+            self.console.print(f"  {escape(what)}: starting (Ansible role)", highlight=False)
 
         def on_event(ev: dict) -> None:
+            nonlocal task_now
             task = (ev.get("event_data") or {}).get("task")
             if ev.get("event") == "playbook_on_task_start" and task:
                 status.update(f"{what}: {task}")
+                task_now = task
+
+        def cancel() -> bool:  # run_playbook polls it about once a second
+            nonlocal line_at
+            now = time.monotonic()
+            if plain and now - line_at >= PROGRESS_EVERY_S:
+                self.console.print(f"  {escape(what)}: {escape(task_now)} ({now - started:.0f} s)", highlight=False)
+                line_at = now
+            return self.stop_requested
 
         self.in_ansible = True
         try:
@@ -540,7 +560,7 @@ class Runner:
                     ident=ident,
                     timeout_s=self.exp.launcher.startup_timeout_s + self.exp.launcher.stop_timeout_s + 300,
                     on_event=on_event,
-                    cancel=lambda: self.stop_requested,
+                    cancel=cancel,
                     tag=self.ansible_tag,
                     owned=self.owned,
                     **self._secrets(),
