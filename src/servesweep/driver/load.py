@@ -20,7 +20,6 @@ from servesweep.config.point import (
     LoadPoint,
     check_arrival,
     knobs,
-    parse_seconds,
 )
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, CouldNotRun
@@ -35,15 +34,6 @@ DEFAULT_SIM_ARGS = f"--model-path {DEFAULT_SIM_MODEL} --enable-cache-report"
 
 
 # ---------------------------------------------------------------- `servesweep load`
-
-
-def parse_duration(text: str, what: str) -> float:
-    try:
-        return parse_seconds(text or "")
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is not a duration like 90s, 2m, 1.5h or 500ms", param_hint=what
-        ) from None
 
 
 def parse_concurrency(text: str) -> list[int]:

@@ -94,14 +94,6 @@ class Manifest:
     def configs(self) -> dict[str, dict[str, Any]]:
         return self.data["configs"]
 
-    def set_point(self, point_id: str, **fields: Any) -> None:
-        self.points[point_id].update(fields)
-        self.save()
-
-    def set_config(self, config_id: str, **fields: Any) -> None:
-        self.configs[config_id].update(fields)
-        self.save()
-
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for p in self.points.values():

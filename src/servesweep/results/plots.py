@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import itertools
 import math
-import re
 from collections.abc import Mapping, Sequence
 
 import matplotlib
@@ -195,7 +194,3 @@ def _plain_log_labels(axis, values: Sequence[float]) -> None:
 def _small_note(fig: Figure, text: str) -> None:
     """A line under the plot (the layout makes room for it): which values rest on too few samples."""
     fig.supxlabel(text, fontsize=7, color="#8a5a00", x=0.01, ha="left")
-
-
-def count_svgs(html: str) -> int:
-    return len(re.findall(r"<svg\b", html))
