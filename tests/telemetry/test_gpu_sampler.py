@@ -221,3 +221,38 @@ def test_memory_and_file_stay_bounded_far_past_their_limits(tmp_path):
         assert (work / "gpu_samples.jsonl.1").stat().st_size <= 2000 + line
     finally:
         sampler("--state", "stopped", "--workdir", str(work))
+
+
+def test_sampler_reads_a_dcgm_exporter(tmp_path):
+    """`--source dcgm:URL`: a dcgm-exporter's metric names and labels (the emulator's /sim/dcgm, which a
+    Prometheus parser reads too) give the same per-GPU figures as the NVML-shaped /sim/gpu."""
+    with start_sim(["--model-path", MODEL, "--tp-size", "2"]) as sim:
+        base = f"http://127.0.0.1:{sim.port}"
+        dcgm = {f.name: f for f in text_string_to_metric_families(get(base + "/sim/dcgm").decode())}
+        s0 = dcgm["DCGM_FI_DEV_POWER_USAGE"].samples[0]
+        assert s0.labels["gpu"] == "0" and s0.labels["modelName"].startswith("NVIDIA H200")
+        assert dcgm["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "counter"
+        out = sampler(
+            "--state",
+            "started",
+            "--workdir",
+            str(tmp_path),
+            "--source",
+            f"dcgm:{base}/sim/dcgm",
+            "--interval",
+            "0.2",
+            "--watch-pid",
+            str(sim.proc.pid),
+        )
+        try:
+            assert out["running"] and out["source"] == "dcgm" and out["gpus"] == 2
+            time.sleep(0.6)
+            g = json.loads(get(out["url"] + "/samples"))["samples"][-1]["gpus"][1]
+            ref = json.loads(get(base + "/sim/gpu"))["gpus"][1]
+            assert g["energy_source"] == "counter" and g["energy_mj"] > 0 and g["uuid"] == ref["uuid"]
+            for k in ("util_pct", "sm_clock_mhz", "mem_clock_mhz", "power_limit_w", "throttle_reasons"):
+                assert g[k] == ref[k], k
+            assert g["power_w"] == pytest.approx(ref["power_w"], abs=1)
+            assert g["mem_total_bytes"] == pytest.approx(ref["mem_total_bytes"], rel=1e-5)
+        finally:
+            sampler("--state", "stopped", "--workdir", str(tmp_path))

@@ -131,7 +131,9 @@ def build_parser(
         default="none",
         help="GPU telemetry fault (GET /sim/gpu): a power or thermal clock-event reason while busy (sim/power.py)",
     )
-    s.add_argument("--sim-gpu-power-limit", type=float, default=None, help="W, within the GPU's range (sim/power.py)")
+    s.add_argument(
+        "--sim-gpu-power-limit", type=float, default=None, help="W, within the GPU's range (sim/power.py)"
+    )
     s.add_argument(
         "--sim-extra-spec-algorithms", type=_csv_upper, default=[], help="DDTREE,... (forked builds)"
     )

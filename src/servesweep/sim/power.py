@@ -214,3 +214,42 @@ class GpuMeter:
             for i in range(self.n)
         ]
         return {"source": "servesweep sim power model (sim/power.py)", "profile": p.source, "gpus": gpus}
+
+
+# dcgm-exporter's names for NVML's fields (its etc/default-counters.csv, plus the clock-event reasons and the power
+# limit, which a user adds to the counters file): name -> (field, divisor, help)
+DCGM_FIELDS = (
+    ("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", 1, "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", 1, "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "temp_c", 1, "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "power_w", 1, "Power draw (in W)."),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit_w", 1, "Power management limit (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy_mj", 1, "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_GPU_UTIL", "util_pct", 1, "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "mem_util_pct", 1, "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_FB_USED", "mem_used_bytes", 1 << 20, "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "throttle_reasons", 1, "Current clock throttle reasons."),
+)
+
+
+def dcgm_text(doc: dict, hostname: str = "servesweep-sim") -> str:
+    """`GpuMeter.read()`'s document as a dcgm-exporter's /metrics (GET /sim/dcgm): its metric names and labels."""
+    out = []
+    for name, field, div, help_ in DCGM_FIELDS:
+        out.append(f"# HELP {name} {help_}\n# TYPE {name} {'counter' if field == 'energy_mj' else 'gauge'}\n")
+        for g in doc["gpus"]:
+            v = g[field] / div
+            val = str(int(v)) if float(v).is_integer() else repr(float(v))
+            out.append(
+                f'{name}{{gpu="{g["index"]}",UUID="{g["uuid"]}",device="nvidia{g["index"]}",'
+                f'modelName="{g["name"]}",Hostname="{hostname}"}} {val}\n'
+            )
+    name = "DCGM_FI_DEV_FB_FREE"
+    out.append(f"# HELP {name} Framebuffer memory free (in MiB).\n# TYPE {name} gauge\n")
+    for g in doc["gpus"]:
+        free = (g["mem_total_bytes"] - g["mem_used_bytes"]) >> 20
+        out.append(
+            f'{name}{{gpu="{g["index"]}",UUID="{g["uuid"]}",device="nvidia{g["index"]}",'
+            f'modelName="{g["name"]}",Hostname="{hostname}"}} {free}\n'
+        )
+    return "".join(out)

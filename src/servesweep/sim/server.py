@@ -132,6 +132,7 @@ class SimApp:
             "/v1/loads": self.h_loads,
             "/ping": self.h_ping,
             "/sim/gpu": self.h_sim_gpu,
+            "/sim/dcgm": self.h_sim_dcgm,
         }
         # rid -> request in flight (for /abort_request abort_all and sglang:http_requests_active)
         self._active: dict[str, GenerationStream] = {}
@@ -195,7 +196,9 @@ class SimApp:
                 return
             api_key = self.args.api_key
             if api_key and not (
-                path.startswith("/health") or path.startswith("/metrics") or path in ("/ready", "/sim/gpu")
+                path.startswith("/health")
+                or path.startswith("/metrics")
+                or path in ("/ready", "/sim/gpu", "/sim/dcgm")
             ):
                 auth = req.headers.get("authorization", "")
                 if auth != "Bearer " + api_key:
@@ -253,10 +256,18 @@ class SimApp:
         if req.method == "POST":
             body = self._json(req, need_ctype=False)
             try:
-                self.gpu_meter.configure(power_limit_w=body.get("power_limit_w"), throttle=body.get("throttle"))
+                self.gpu_meter.configure(
+                    power_limit_w=body.get("power_limit_w"), throttle=body.get("throttle")
+                )
             except (ValueError, TypeError) as e:
                 raise HttpError(400, P.dumps({"error": str(e)}), JSON) from None
         conn.respond(req, 200, P.dumps(self.gpu_meter.read()), JSON)
+
+    def h_sim_dcgm(self, conn, req):
+        """The same GPUs as a dcgm-exporter's /metrics (its names and labels; sim/power.py dcgm_text)."""
+        from .power import dcgm_text
+
+        conn.respond(req, 200, dcgm_text(self.gpu_meter.read()).encode(), PROM)
 
     def h_model_info(self, conn, req):
         a = self.args

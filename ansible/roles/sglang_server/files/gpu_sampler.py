@@ -8,6 +8,7 @@ Sources (--source):
          since the driver loaded). A GPU without the counter gets the integral of its power draw instead, and its
          samples say so (energy_source "integrated_power").
   URL    an NVML-shaped JSON document (the emulator's GET /sim/gpu): the same fields, read over HTTP.
+  dcgm:URL  a dcgm-exporter's /metrics (e.g. dcgm:http://127.0.0.1:9400/metrics; the emulator's GET /sim/dcgm).
   auto   nvml when NVML answers, else --sim-url when given, else no source (the sampler does not start).
 
   --state started   keep the sampler recorded in <workdir>/gpu_sampler.pid when it is alive and was started with
@@ -29,6 +30,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -147,6 +149,68 @@ class HttpSource:
         pass
 
 
+DCGM = {  # dcgm-exporter's metric -> (field, scale)
+    "DCGM_FI_DEV_GPU_UTIL": ("util_pct", 1),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_util_pct", 1),
+    "DCGM_FI_DEV_FB_USED": ("mem_used_bytes", 1 << 20),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1),
+    "DCGM_FI_DEV_MEM_CLOCK": ("mem_clock_mhz", 1),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("power_limit_w", 1),
+    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", 1),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", 1),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_mj", 1),
+}
+_LINE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+class DcgmSource:
+    """A dcgm-exporter's /metrics (its metric names, labels gpu, UUID, modelName): the same fields as NVML's where
+    the exporter's counters include them (FB_USED + FB_FREE = total; the clock-event reasons and the power limit
+    are not in its default counters: None then)."""
+
+    name = "dcgm"
+
+    def __init__(self, url, timeout=2.0):
+        self.url, self.timeout = url, timeout
+        if not self.read():
+            raise ValueError("no DCGM_FI_DEV_* series with a gpu label")
+
+    def read(self):
+        with urllib.request.urlopen(self.url, timeout=self.timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+        gpus = {}
+        for line in text.splitlines():
+            m = _LINE.match(line)
+            if m is None or (m.group(1) not in DCGM and m.group(1) != "DCGM_FI_DEV_FB_FREE"):
+                continue
+            labels = dict(_LABEL.findall(m.group(2) or ""))
+            if "gpu" not in labels:
+                continue
+            g = gpus.setdefault(int(labels["gpu"]), {"index": int(labels["gpu"]), "uuid": labels.get("UUID", ""),
+                                                     "name": labels.get("modelName", ""),
+                                                     **{k: None for k in FIELDS}})
+            v = float(m.group(3))
+            if m.group(1) == "DCGM_FI_DEV_FB_FREE":
+                g["_free"] = v * (1 << 20)
+                continue
+            field, scale = DCGM[m.group(1)]
+            g[field] = int(v) if field in ("throttle_reasons", "energy_mj") else v * scale
+        out = []
+        for i in sorted(gpus):
+            g = gpus[i]
+            free = g.pop("_free", None)
+            if free is not None and g["mem_used_bytes"] is not None:
+                g["mem_total_bytes"] = g["mem_used_bytes"] + free
+            out.append(g)
+        return out
+
+    def close(self):
+        pass
+
+
 def open_source(source, sim_url):
     """(source, None) or (None, why there is none)."""
     why = []
@@ -160,6 +224,11 @@ def open_source(source, sim_url):
             why.append(f"no NVML ({type(e).__name__}: {e})"[:200])
         if source == "nvml":
             return None, "; ".join(why)
+    if source.startswith("dcgm:"):
+        try:
+            return DcgmSource(source[len("dcgm:"):]), None
+        except Exception as e:
+            return None, f"{source}: {type(e).__name__}: {e}"[:200]
     url = sim_url if source == "auto" else source
     if url:
         try:
@@ -518,7 +587,7 @@ def parse(argv=None):
     p.add_argument("--state", choices=["started", "stopped"])
     p.add_argument("--run", action="store_true", help="be the sampler (what --state started launches)")
     p.add_argument("--workdir", required=True)
-    p.add_argument("--source", default="auto", help="auto, nvml, or the URL of an NVML-shaped JSON document")
+    p.add_argument("--source", default="auto", help="auto, nvml, dcgm:URL, or the URL of an NVML-shaped document")
     p.add_argument("--sim-url", default="", help="auto's fallback without NVML (the emulator's /sim/gpu)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between samples (≤ 1)")
     p.add_argument("--keep-s", type=float, default=3600, help="seconds of samples kept in memory for /samples")
