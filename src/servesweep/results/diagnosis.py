@@ -268,22 +268,22 @@ def _client_strength(summary: dict) -> float:
     unless an ITL or TPOT SLO broke); the largest, at most 1 (1 when the reasons carry no figure)."""
     head = summary.get("client_headroom") or {}
     procs = [w for w in head.get("workers") or [] if isinstance(w, dict)]
-    cpu = (
-        max((w.get("cpu_pct") or 0.0 for w in procs), default=100.0) / 100.0
-    )  # no figures: as strong as it gets
-    lag = (
-        max((w.get("loop_lag_p99_ms") or 0.0 for w in procs), default=CLIENT_LAG_FULL_MS) / CLIENT_LAG_FULL_MS
-    )
-    merged = (summary.get("itl_zero_gap_share") or 0.0) / CLIENT_MERGED_FULL_SHARE
-    if not _decode_slo_broken(summary):  # merged gaps move the ITL percentiles only, not a TTFT or E2E
-        merged *= CLIENT_MERGED_OTHER_WEIGHT
     reasons = " ".join(head.get("reasons") or [])
-    found = [
-        v
-        for v, named in ((cpu, "CPU"), (lag, "event-loop lag"), (merged, "read together"))
-        if named in reasons
-    ]
+    found = []
+    if "CPU" in reasons:
+        found.append(_busiest(procs, "cpu_pct") / 100.0)
+    if "event-loop lag" in reasons:
+        found.append(_busiest(procs, "loop_lag_p99_ms") / CLIENT_LAG_FULL_MS)
+    if "read together" in reasons:
+        merged = (summary.get("itl_zero_gap_share") or 0.0) / CLIENT_MERGED_FULL_SHARE
+        # merged gaps move the ITL percentiles only, not a TTFT or an E2E
+        found.append(merged if _decode_slo_broken(summary) else merged * CLIENT_MERGED_OTHER_WEIGHT)
     return min(1.0, max(found)) if found else 1.0
+
+
+def _busiest(procs: list[dict], key: str) -> float:
+    """The largest figure of the load-generating processes; infinite without one (the reason alone: full)."""
+    return max((w.get(key) or 0.0 for w in procs), default=math.inf)
 
 
 def server_errors(summary: dict) -> Cause | None:
@@ -374,10 +374,8 @@ def prefix_cache_misses(summary: dict) -> Cause | None:
     if (
         got is None
     ):  # the server's usage said nothing: its own counters (cached / prompt tokens over the point)
-        got, how = (
-            _server_hit_ratio(summary, sp.get("server_cached_tokens")),
-            "of prompt tokens cached (server)",
-        )
+        got = _server_hit_ratio(summary, sp.get("server_cached_tokens"))
+        how = "of prompt tokens cached (server)"
     if not target or got is None or got >= CACHE_HIT_SHORTFALL * target:
         return None
     text = f"{got:.0%} {how}, the workload's target {target:.0%}"
@@ -392,8 +390,8 @@ def _server_hit_ratio(summary: dict, cached: float | None) -> float | None:
 
 def prefill_interference(summary: dict) -> Cause | None:
     """ITL spikes that line up with other requests' prefills: spikes hold at least SPIKE_TIME_SHARE_MIN of the
-    decode time, SPIKE_PREFILL_SHARE_MIN of their time spans another request's first token, SPIKE_PREFILL_LIFT_MIN times
-    as often as the other gaps do (with many users some prefill finishes inside any gap)."""
+    decode time, SPIKE_PREFILL_SHARE_MIN of their time spans another request's first token, and they span one
+    SPIKE_PREFILL_LIFT_MIN times as often as the other gaps do (with many users a prefill ends inside any gap)."""
     sp = (summary.get("diagnosis_evidence") or {}).get("itl_spikes")
     if not sp or sp.get("spike_prefill_share") is None:
         return None
@@ -410,9 +408,9 @@ def prefill_interference(summary: dict) -> Cause | None:
 
 
 def decode_bound(summary: dict, state: dict | None, baseline: dict | None) -> Cause | None:
-    """Decode steps slowed by the batch: ITL/chunk p50 at least DECODE_SLOWDOWN_MIN × the configuration's lowest-load
-    point's while nothing queues (num_queue_reqs mean below QUEUE_MEAN_MIN). Without a baseline: an ITL or TPOT
-    SLO broken while nothing queues."""
+    """Decode steps slowed by the batch: ITL/chunk p50 at least DECODE_SLOWDOWN_MIN × the configuration's
+    lowest-load point's while nothing queues (num_queue_reqs mean below QUEUE_MEAN_MIN). Without a baseline: an
+    ITL or TPOT SLO broken while nothing queues."""
     itl = (summary.get("itl_ms") or {}).get("p50")
     queued = _gauge(state, "num_queue_reqs", "mean")
     if itl is None or (queued is not None and queued >= QUEUE_MEAN_MIN):
@@ -425,9 +423,8 @@ def decode_bound(summary: dict, state: dict | None, baseline: dict | None) -> Ca
         slowdown = itl / base_itl
         if slowdown < DECODE_SLOWDOWN_MIN:
             return None
-        base_batch = (baseline.get("in_flight") or {}).get("mean") or (baseline.get("point") or {}).get(
-            "concurrency"
-        )
+        base_pt = baseline.get("point") or {}
+        base_batch = (baseline.get("in_flight") or {}).get("mean") or base_pt.get("concurrency")
         base_at = f" at batch {base_batch:.0f}" if base_batch else ""
         text = f"ITL/chunk p50 {itl:.1f} ms{at}, {slowdown:.1f}× the {base_itl:.1f} ms{base_at}; {nothing_queued}"
         return Cause("decode-bound", text, 1.0 - 1.0 / slowdown, {"itl_p50_ms": itl, "slowdown": slowdown})

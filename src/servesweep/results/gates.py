@@ -447,8 +447,8 @@ def command(
         for r in verdict.results:
             state = {True: "ok  ", False: "FAIL", None: "skip"}[r.passed]
             click.echo(f"{state} {r.point}  {r.check}: {r.message}")
-    if not as_json:
+    click.echo(verdict.line, err=as_json)
+    if not as_json:  # under the verdict line, which stays the first to read
         for point, why in (verdict.context.get("why") or {}).items():
             click.echo(f"why {point}: {why}")
-    click.echo(verdict.line, err=as_json)
     sys.exit(verdict.exit_code)
