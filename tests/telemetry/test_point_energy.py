@@ -97,7 +97,10 @@ def test_joules_per_token_at_two_concurrencies_and_a_throttled_point(tmp_path):
         assert -15 < t["counter_vs_integrated_pct_max"] < 2, "the integral lags the counter, never leads it"
         # a busy H200 sits at its 700 W cap (measured: 1,380-1,665 MHz there): power-capped, not throttled
         assert not t["throttled"] and throttle_flag(g) is None and t["power_capped_fraction_max"] > 0
-        assert summary_fields(g)["joules_per_output_token"] == t["joules_per_output_token"]
+        assert (
+            s["gpu"] == summary_fields(g)
+            and s["gpu"]["joules_per_output_token"] == t["joules_per_output_token"]
+        )
     j1, j16 = (res[c][1]["total"]["joules_per_output_token"] for c in (1, 16))
     assert j16 < j1 / 3, f"batching shares the power: {j1:.2f} J/token at 1, {j16:.2f} at 16"
     assert res[16][1]["total"]["util_max_pct"] >= 90

@@ -21,6 +21,7 @@ from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
 from servesweep.driver.gpu_telemetry import sampler_urls as gpu_telemetry_urls
 from servesweep.driver.gpu_telemetry import write_point_gpu
+from servesweep.results.energy import summary_fields as gpu_summary_fields
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
 from servesweep.workload.build import build_bodies
 
@@ -295,7 +296,7 @@ def run_point(
             os.replace(work / name, out_dir / name)
     gpu_urls = gpu_telemetry_urls(gpu_telemetry)
     if gpu_urls:  # the GPUs' energy, power, utilization and throttling during the point: gpu.json
-        write_point_gpu(gpu_urls, out_dir, summary, t0, wall_end)
+        summary["gpu"] = gpu_summary_fields(write_point_gpu(gpu_urls, out_dir, summary, t0, wall_end))
     write_json_atomic(out_dir / "summary.json", summary)
     if progress is not None:
         progress(_read_progress(work, point, time.monotonic() - started))

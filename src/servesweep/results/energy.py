@@ -233,7 +233,8 @@ def point_gpu(
 
 
 def summary_fields(gpu: dict | None) -> dict:
-    """The few figures a summary row, table column or report line shows (None where no telemetry)."""
+    """The few figures a summary row, table column or report line shows (None where no telemetry): run_point
+    puts them into summary.json under "gpu"; `errors` names samplers that did not answer."""
     t = (gpu or {}).get("total") or {}
     keys = (
         "energy_j",
@@ -252,7 +253,7 @@ def summary_fields(gpu: dict | None) -> dict:
         "power_capped_fraction_max",
         "energy_sources",
     )
-    return {k: t.get(k) for k in keys}
+    return {**{k: t.get(k) for k in keys}, "errors": list((gpu or {}).get("errors") or [])}
 
 
 def throttle_flag(gpu: dict | None) -> str | None:
