@@ -73,6 +73,13 @@ def test_queueing_names_the_wait_and_the_share_of_the_point_at_the_cap():
     # without the scheduler's queue-time histogram: Little's law on the sampled queue (12 / 4 req/s = 3 s)
     s["server_state"]["counters"].update(queue_time_s=0, queue_time_count=0)
     assert "3.00 s mean wait (queue / rate)" in dg.diagnose(s).line
+    # with the configuration's lowest-load point: TTFT p50 over its queue-free TTFT (900 - 40 ms)
+    base = _summary(_state(running=(1.0, 1)), slo_pass=True, ttft_ms={"p50": 40.0, "mean": 41.0})
+    base["point"] = {"concurrency": 1, "labels": {"max_running_requests": "8"}}
+    assert (
+        "0.86 s median wait (TTFT p50 over the 40 ms at the lowest load)"
+        in dg.diagnose_all([base, s])[1].line
+    )
     # below the cap most of the time: not the server's queue
     s["diagnosis_evidence"]["in_flight_levels"] = [[6, 0.6], [8, 0.4]]
     assert dg.diagnose(s).first != "queueing"

@@ -214,7 +214,7 @@ def diagnose(summary: dict, baseline: dict | None = None) -> Diagnosis:
             client_bound(summary),
             server_errors(summary),
             kv_pressure(state),
-            queueing(summary, state),
+            queueing(summary, state, baseline),
             prefix_cache_misses(summary),
             prefill_interference(summary),
             decode_bound(summary, state, baseline),
@@ -330,19 +330,24 @@ def running_cap(summary: dict, state: dict | None) -> float | None:
         return _gauge(state, "num_running_reqs", "max")
 
 
-def mean_wait_s(summary: dict, state: dict | None) -> tuple[float | None, str]:
-    """(mean wait in SGLang's queue in s, how it was read): the scheduler's queue-time histogram when it measured
-    any, else Little's law on the sampled queue (mean queued requests / request rate)."""
+def mean_wait_s(summary: dict, state: dict | None, baseline: dict | None = None) -> tuple[float | None, str]:
+    """(the wait in SGLang's queue in s, how it was read): the scheduler's queue-time histogram (mean) when it
+    measured any; else TTFT p50 over the configuration's lowest-load point's (its queue-free TTFT: the median
+    wait); else Little's law on the sampled queue (mean queued requests / request rate)."""
     total, count = _counter(state, "queue_time_s"), _counter(state, "queue_time_count")
     if total and count:
         return total / count, "mean wait"
+    ttft = (summary.get("ttft_ms") or {}).get("p50")
+    free = ((baseline or {}).get("ttft_ms") or {}).get("p50")
+    if baseline is not None and baseline is not summary and ttft and free and ttft > free:
+        return (ttft - free) / 1000.0, f"median wait (TTFT p50 over the {free:.0f} ms at the lowest load)"
     queued, rate = _gauge(state, "num_queue_reqs", "mean"), summary.get("request_rate")
     if queued is not None and rate:
         return queued / rate, "mean wait (queue / rate)"
     return None, ""
 
 
-def queueing(summary: dict, state: dict | None) -> Cause | None:
+def queueing(summary: dict, state: dict | None, baseline: dict | None = None) -> Cause | None:
     """Requests waiting in SGLang's queue (num_queue_reqs mean ≥ QUEUE_MEAN_MIN) while the client held at least
     the running cap in flight for AT_CAP_SHARE_MIN of the point (or, without records' evidence, running's mean
     near its max)."""
@@ -358,7 +363,7 @@ def queueing(summary: dict, state: dict | None) -> Cause | None:
         at_cap = (rmean / rmax) if rmean is not None and rmax else 0.0
     if at_cap < AT_CAP_SHARE_MIN:
         return None
-    wait, how = mean_wait_s(summary, state)
+    wait, how = mean_wait_s(summary, state, baseline)
     ttft = (summary.get("ttft_ms") or {}).get("mean")
     strength = min(1.0, wait * 1000 / ttft) if wait is not None and ttft else at_cap
     lead = f"{wait:.2f} s {how}, " if wait is not None else ""

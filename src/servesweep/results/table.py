@@ -42,11 +42,11 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "degen %",
     ):
         t.add_column(col, justify="right")
-    t.add_column(
-        "why", justify="left"
-    )  # results/diagnosis.py: the first cause of a breached or flagged point
+    whys = why_cells(summaries)
+    # results/diagnosis.py: the first cause of a breached or flagged point, whole (the notes hold its evidence)
+    t.add_column("why", justify="left", no_wrap=True, min_width=max(map(len, whys), default=3))
     degraded: list[str] = []
-    for s, why in zip(summaries, why_cells(summaries), strict=True):
+    for s, why in zip(summaries, whys, strict=True):
         fails = ", ".join(f"{k}={v}" for k, v in s["failures"].items()) or "0"
         conc = str(s["point"]["concurrency"])
         deg = degradation(s)
