@@ -256,3 +256,28 @@ def test_sampler_reads_a_dcgm_exporter(tmp_path):
             assert g["mem_total_bytes"] == pytest.approx(ref["mem_total_bytes"], rel=1e-5)
         finally:
             sampler("--state", "stopped", "--workdir", str(tmp_path))
+
+
+def test_only_the_servers_own_gpus_are_sampled(tmp_path):
+    """`--gpus` (the role passes the server's CUDA_VISIBLE_DEVICES): a packed server's sampler reports its GPUs only."""
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "pynvml.py").write_text(textwrap.dedent(FAKE_PYNVML))
+    work = tmp_path / "w"
+    out = sampler(
+        "--state",
+        "started",
+        "--workdir",
+        str(work),
+        "--interval",
+        "0.2",
+        "--gpus",
+        "GPU-fake-1",
+        env={"PYTHONPATH": str(mod)},
+    )
+    try:
+        assert out["gpus"] == 1
+        last = json.loads(get(out["url"] + "/samples"))["samples"][-1]
+        assert [g["uuid"] for g in last["gpus"]] == ["GPU-fake-1"]
+    finally:
+        sampler("--state", "stopped", "--workdir", str(work))

@@ -106,5 +106,6 @@ def test_joules_per_token_at_two_concurrencies_and_a_throttled_point(tmp_path):
     assert res[16][1]["total"]["util_max_pct"] >= 90
     assert hot["total"]["throttled"] and hot["total"]["throttle_reasons"] == ["hw_thermal_slowdown"]
     assert "GPU throttled (" in throttle_flag(hot) and "hw_thermal_slowdown" in throttle_flag(hot)
+    assert throttle_flag(st["gpu"]) == throttle_flag(hot), "summary.json's gpu figures flag it too"
     assert all(g["temp_max_c"] == 90 and g["sm_clock_min_mhz"] < 1980 * 0.7 for g in hot["gpus"])
     assert st["requests"]["ok"] > 0

@@ -250,6 +250,7 @@ def summary_fields(gpu: dict | None) -> dict:
         "output_tokens_per_joule",
         "throttled",
         "throttle_reasons",
+        "throttled_gpus",
         "power_capped_fraction_max",
         "energy_sources",
     )
@@ -257,11 +258,14 @@ def summary_fields(gpu: dict | None) -> dict:
 
 
 def throttle_flag(gpu: dict | None) -> str | None:
-    """The report's wording for a point whose GPUs throttled, None when they did not (or nothing is known)."""
-    t = (gpu or {}).get("total") or {}
+    """The report's wording for a point whose GPUs throttled, None when they did not (or nothing is known); `gpu`:
+    gpu.json, or summary.json's "gpu" (summary_fields)."""
+    t = (gpu or {}).get("total", gpu) or {}
     if not t.get("throttled"):
         return None
-    return f"GPU throttled ({', '.join(t['throttle_reasons'])}) on {', '.join(t['throttled_gpus'])}"
+    return (
+        f"GPU throttled ({', '.join(t['throttle_reasons'])}) on {', '.join(t.get('throttled_gpus') or ['?'])}"
+    )
 
 
 def is_finite(x: float | None) -> bool:

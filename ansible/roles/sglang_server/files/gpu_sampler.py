@@ -10,6 +10,7 @@ Sources (--source):
   URL    an NVML-shaped JSON document (the emulator's GET /sim/gpu): the same fields, read over HTTP.
   dcgm:URL  a dcgm-exporter's /metrics (e.g. dcgm:http://127.0.0.1:9400/metrics; the emulator's GET /sim/dcgm).
   auto   nvml when NVML answers, else --sim-url when given, else no source (the sampler does not start).
+  --gpus I,J  only these GPUs (NVML index or UUID): the server's own where several share the host (packed runs).
 
   --state started   keep the sampler recorded in <workdir>/gpu_sampler.pid when it is alive and was started with
                     the same settings (the same server); otherwise stop it (if it is ours) and start a new one in its
@@ -242,8 +243,9 @@ def open_source(source, sim_url):
 
 
 class Sampler:
-    def __init__(self, src, interval_s, keep_s, path, max_file_bytes):
+    def __init__(self, src, interval_s, keep_s, path, max_file_bytes, gpus=""):
         self.src = src
+        self.gpus = {w.strip() for w in gpus.split(",") if w.strip()}  # indexes or UUIDs; empty: all
         self.interval_s = interval_s
         self.buf = collections.deque(maxlen=max(16, int(math.ceil(keep_s / interval_s)) + 1))
         self.lock = threading.Lock()
@@ -258,6 +260,8 @@ class Sampler:
     def sample(self):
         t = time.time()
         gpus = self.src.read()
+        if self.gpus:  # the server's own GPUs (its placement), by NVML index or UUID
+            gpus = [g for g in gpus if str(g["index"]) in self.gpus or g.get("uuid") in self.gpus]
         for g in gpus:
             if g.get("energy_mj") is None:
                 g["energy_source"] = "integrated_power"
@@ -458,7 +462,8 @@ def run(a):
     if watch is not None and not alive(*watch):
         print(f"gpu_sampler: the watched process {a.watch_pid} is gone", file=sys.stderr)
         return 4
-    sampler = Sampler(src, a.interval, a.keep_s, os.path.join(a.workdir, SAMPLES), int(a.max_file_mb * 1e6))
+    sampler = Sampler(src, a.interval, a.keep_s, os.path.join(a.workdir, SAMPLES), int(a.max_file_mb * 1e6),
+                      a.gpus)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
@@ -505,7 +510,7 @@ def run(a):
 def config(a):
     """What a running sampler must match to be kept by --state started (the role applied again, same server)."""
     return {k: getattr(a, k) for k in ("source", "sim_url", "interval", "keep_s", "bind", "port", "watch_pid",
-                                       "max_file_mb", "max_failures")}
+                                       "max_file_mb", "max_failures", "gpus")}
 
 
 def report(a, out, info):
@@ -545,7 +550,7 @@ def start(a, out):
         shutil.copyfile(__file__, me)
     argv = [sys.executable, me, "--run", "--workdir", a.workdir, "--source", a.source, "--interval", str(a.interval),
             "--keep-s", str(a.keep_s), "--bind", a.bind, "--port", str(a.port), "--max-file-mb", str(a.max_file_mb),
-            "--max-failures", str(a.max_failures)]
+            "--max-failures", str(a.max_failures), "--gpus", a.gpus]
     if a.sim_url:
         argv += ["--sim-url", a.sim_url]
     if a.watch_pid:
@@ -595,6 +600,7 @@ def parse(argv=None):
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1", help="the host name the URL names when binding all addresses")
     p.add_argument("--watch-pid", type=int, default=0, help="exit when this process is gone (the server)")
+    p.add_argument("--gpus", default="", help="only these GPUs, by NVML index or UUID (the server's placement)")
     p.add_argument("--max-file-mb", type=float, default=256)
     p.add_argument("--max-failures", type=int, default=20)
     p.add_argument("--start-timeout", type=float, default=30)
