@@ -22,6 +22,7 @@ from locust import events
 
 from servesweep.client import stats_rows
 from servesweep.client.feed import take_records
+from servesweep.client.locust_internals import forked_worker_exits, send_stats_now
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.user import LLMUser, LoadContext
 from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, Knob, LoadPoint, knob_values, knobs
@@ -515,7 +516,7 @@ def _abandon(environment, why: str) -> None:
             runner.send_message(ABORT_MSG)
         elif isinstance(runner, WorkerRunner):
             runner.stop()
-            runner._send_stats()  # the records, if a master is still there to take them
+            send_stats_now(runner)  # the records, if a master is still there to take them
         runner.quit()
     finally:
         web_ui = getattr(environment, "web_ui", None)
@@ -583,11 +584,9 @@ class Clients:
 
     def note_exits(self) -> None:
         """Exit statuses of the worker processes Locust forked (--processes). gevent's child watcher reaps them as
-        they end and keeps (pid, status, time) in gevent.os._watched_children until they are waited for; Locust
+        they end and keeps (pid, status, time) until they are waited for (locust_internals.forked_worker_exits); Locust
         waits only at its own exit, so peek there (read only: a wait of ours would break Locust's)."""
-        import gevent.os
-
-        for pid, v in list(getattr(gevent.os, "_watched_children", {}).items()):
+        for pid, v in forked_worker_exits().items():
             if isinstance(v, tuple) and pid not in self.exits:
                 code = os.waitstatus_to_exitcode(v[1])
                 self.exits[pid] = 128 - code if code < 0 else code  # as a shell says it: SIGKILL is 137
@@ -677,7 +676,7 @@ def _on_end(environment, msg, **_k) -> None:
         deadline = time.monotonic() + _stop_timeout(environment, ctx.point)
         while ctx.in_flight and time.monotonic() < deadline:
             gevent.sleep(0.05)
-    runner._send_stats()  # the records, before the message below (one ordered channel)
+    send_stats_now(runner)  # the records, before the message below (one ordered channel)
     runner.send_message(DRAINED_MSG, {"in_flight": getattr(ctx, "in_flight", 0)})
 
 
@@ -843,7 +842,7 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
         def _done() -> None:
             # The share is complete: ship every record now (the regular report may be 3 s away), then leave; the
             # master ends the point when its last worker has quit.
-            runner._send_stats()
+            send_stats_now(runner)
             runner.quit()
 
         ctx.on_budget_done = _done

@@ -23,6 +23,7 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
+from servesweep.client.locust_internals import response_body_buffer, response_socket, set_idle_socket_check
 from servesweep.client.messages import RECORD_CONTEXT_KEY
 from servesweep.client.rxstamp import RxClock, idle_socket_alive, stamp_socket
 from servesweep.client.sse import (
@@ -191,7 +192,7 @@ class LLMUser(FastHttpUser):
             return sock
 
         pool.get_socket = _get_socket
-        pool._is_socket_alive = idle_socket_alive  # the same check minus gevent's yield (rxstamp)
+        set_idle_socket_check(pool, idle_socket_alive)  # the same check minus gevent's yield (rxstamp)
         # A request that says `Connection: close` ends its connection (RFC 9112 9.6: the client sends nothing more
         # on it), whatever the response says: a server that closes without answering `connection: close` (the
         # emulator did) otherwise races the next request onto a dying socket (`connection_reset`).
@@ -341,7 +342,7 @@ class LLMUser(FastHttpUser):
                 times.append(rx.ns)
                 if is_token_line(line):
                     first_seen = True
-                    sock = resp._sock
+                    sock = response_socket(resp)
                     if sock is not None:
                         sock.settimeout(p.stall_s)
                     break
@@ -350,11 +351,11 @@ class LLMUser(FastHttpUser):
                 # the response's body buffer), note how far the body reached and the read's stamp. Nothing else:
                 # the lines are cut after the stream, each with the stamp of the read that completed it, exactly as
                 # readline would have stamped them (readline cost two Python calls and a copy per event).
-                buf = resp._body_buffer  # geventhttpclient's; the parser appends in place, nothing deletes
+                buf = response_body_buffer(resp)  # the parser appends in place, nothing deletes
                 reached = [len(buf)]
                 stamps = [rx.ns]  # what the buffer holds now came with the latest read
                 feed = resp.feed
-                sock = resp._sock  # None when the whole message came with the headers (released)
+                sock = response_socket(resp)  # None when the whole message came with the headers (released)
                 block = resp.block_size
                 try:
                     if sock is None:

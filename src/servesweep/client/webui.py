@@ -38,6 +38,7 @@ from locust import events
 import servesweep.client.locustfile as _locustfile  # first: its listeners (records shipping) run before ours
 from servesweep.client import shapes
 from servesweep.client.live import LATENCIES, Headroom, LiveStats
+from servesweep.client.locust_internals import validate_shape
 from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
 
@@ -373,7 +374,7 @@ def _install_shape(environment, state: LiveState, opts, where: str) -> None:
         environment.shape_class = shape
     else:
         environment.shape_class = None
-    environment._validate_shape_class_instance()
+    validate_shape(environment)
 
 
 def _form_options(form, opts):

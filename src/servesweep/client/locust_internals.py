@@ -1,0 +1,51 @@
+"""The private parts of Locust, gevent and geventhttpclient that servesweep relies on, in one place, each with why
+no public API does it, and the versions they were checked against (CHECKED). tests/inlocust/test_internals.py
+fails when an installed version differs from CHECKED or a part is gone: re-read the part in the new version, then
+update CHECKED. Everything else in client/ uses public APIs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+CHECKED = {"locust": "2.47.0", "gevent": "26.9.0", "geventhttpclient": "2.6.1"}
+
+
+def send_stats_now(runner: Any) -> None:
+    """A worker's report to the master now, records included (servesweep's records ride on the stats report),
+    instead of at the next tick, up to 3 s away (`WorkerRunner._send_stats`; Locust has no public flush)."""
+    runner._send_stats()
+
+
+def forked_worker_exits() -> dict[int, Any]:
+    """The child processes gevent's child watcher reaped and keeps until they are waited for (`gevent.os.
+    _watched_children`: pid -> (pid, status, time) once ended): the exit statuses of Locust's `--processes`
+    workers, which Locust itself waits for only at its exit. Read only: a wait of ours would break Locust's."""
+    import gevent.os
+
+    return dict(getattr(gevent.os, "_watched_children", {}))
+
+
+def validate_shape(environment: Any) -> None:
+    """The check Locust makes of a load shape given on the command line (`Environment._validate_shape_class_
+    instance`), for the shape the web UI's form installs at a start."""
+    environment._validate_shape_class_instance()
+
+
+def set_idle_socket_check(pool: Any, check: Callable[[Any], bool]) -> None:
+    """geventhttpclient's pool asks `_is_socket_alive(sock)` before it hands out an idle connection; servesweep's
+    check is the same minus gevent's yield (client/rxstamp.idle_socket_alive)."""
+    pool._is_socket_alive = check
+
+
+def response_socket(resp: Any) -> Any:
+    """A streaming response's socket (geventhttpclient `HTTPSocketPoolResponse._sock`; None once the whole message
+    came with the headers and the socket went back): its timeout switches from first token to stall."""
+    return resp._sock
+
+
+def response_body_buffer(resp: Any) -> Any:
+    """The bytearray geventhttpclient's parser appends a response's de-chunked body to (`_body_buffer`): the read
+    loop notes how far it reached after each read instead of copying lines out."""
+    return resp._body_buffer

@@ -1,0 +1,45 @@
+"""The private parts of Locust, gevent and geventhttpclient that servesweep uses (client/locust_internals.py) are
+still there in the installed versions, and those are the versions they were checked against: an upgrade fails
+here, naming what to re-read, instead of breaking a run at its end (records that never ship, exit codes lost)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import gevent.os
+from geventhttpclient.response import HTTPSocketPoolResponse
+from locust.env import Environment
+from locust.runners import WorkerRunner
+
+from servesweep.client import locust_internals
+from servesweep.client.user import LLMUser
+
+
+def test_installed_versions_are_the_checked_ones():
+    installed = {name: importlib.metadata.version(name) for name in locust_internals.CHECKED}
+    assert installed == locust_internals.CHECKED, (
+        "re-read the parts client/locust_internals.py uses in these versions, then update its CHECKED: "
+        f"{installed} installed, {locust_internals.CHECKED} checked"
+    )
+
+
+def test_the_private_parts_exist():
+    assert callable(WorkerRunner._send_stats)
+    assert isinstance(gevent.os._watched_children, dict)
+    assert callable(Environment._validate_shape_class_instance)
+    env = Environment(user_classes=[LLMUser])
+    env.shape_class = None
+    locust_internals.validate_shape(env)  # no shape: nothing to check, and no error
+    # geventhttpclient's response classes set both in their constructors; the pool's liveness check is looked up
+    # per use
+    init = {
+        name
+        for cls in HTTPSocketPoolResponse.__mro__
+        if "__init__" in vars(cls) and hasattr(vars(cls)["__init__"], "__code__")
+        for name in vars(cls)["__init__"].__code__.co_names
+    }
+    assert {"_sock", "_body_buffer"} <= init, sorted(init)
+    from geventhttpclient.connectionpool import ConnectionPool
+
+    assert callable(getattr(ConnectionPool, "_is_socket_alive", None))
+    assert isinstance(locust_internals.forked_worker_exits(), dict)
