@@ -55,6 +55,11 @@ def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
         assert p["result"]["needle_accuracy"] == (1.0 if p["prompt_tokens"] == 1000 else 0.0)
     report = (run_dir / "report.md").read_text()
     assert f"| {ar} | 6000 | 0/3 | 0% | 0 |" in report and f"| {ar} | 1000 | 3/3 | 100% | 0 |" in report
+    # the report says it at its head too (Markdown before the run's facts, HTML in a warning banner)
+    head = report.split("- **", 1)[0]
+    assert f"LOW NEEDLE ACCURACY: configuration {ar} found the needle in 0 of 3 prompts at 6,000 tokens" in head
+    html = (run_dir / "report.html").read_text()
+    assert 'id="needle-banner"' in html and f"configuration {spec} found the needle in 0 of 3" in html
     # both bundles are wrong the same way: speculation changed no answer
     assert f"| {spec} | {ar} | 6 | 0% | 100% |" in report, report
 

@@ -795,6 +795,11 @@ class Runner:
         self.metrics.point_finished(pid, summary)
         self._note_last_summary(self.metrics.reads)
 
+    def _gpu_samplers(self, cid: str) -> list[str] | None:
+        """The GPU sampler the role started beside the configuration's server (docs/gpu-telemetry.md), if any."""
+        gs = (self.m.configs[cid].get("server") or {}).get("gpu_sampler") or {}
+        return [gs["url"]] if gs.get("running") and gs.get("url") else None
+
     def _note_last_summary(self, reads: int) -> None:
         """The exporter's read count when a point's summary was set: close() waits for a read after the last."""
         self._reads_at_finish = reads
@@ -1013,6 +1018,7 @@ class Runner:
                     owned=self.owned,
                     max_failure_rate=ld.max_failure_rate,
                     on_records=watch.records,
+                    gpu_telemetry=self._gpu_samplers(p["config_id"]),
                 )
         except Interrupted:
             self._keep_interrupted(pid, tmp)

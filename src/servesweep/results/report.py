@@ -39,6 +39,7 @@ from servesweep.results.compare import (
 )
 from servesweep.results.degraded import Degradation, degradation
 from servesweep.results.diagnosis import MIN_STATE_SAMPLES, Diagnosis, config_label, diagnose_all, knees
+from servesweep.results.energy import throttle_flag
 from servesweep.results.isolation import html_section as isolation_html
 from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
@@ -171,6 +172,8 @@ FLAG_LEGEND = {
     "sched lag": f"schedule lag p99 above {LAG_FLAG_MS:g} ms: the load generator sent requests late",
     "Locust CPU": "Locust warned that the load generator's CPU was above 90%",
     "prompt off": f"prompt tokens more than {PROMPT_DEV_FLAG_PCT:g}% off target",
+    "GPU throttled": "a GPU slowed for heat, a hardware slowdown or a power brake during the point (gpu.json); the "
+    "power cap alone is not throttling",
     "other": "another sign, its text in the badge's tooltip",
 }
 # client headroom reasons (results/summary.py client_headroom) -> badge, by their wording
@@ -355,6 +358,8 @@ def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
     dev = (summary.get("prompt_tokens") or {}).get("mean_deviation_pct")
     if dev is not None and abs(dev) > PROMPT_DEV_FLAG_PCT:
         flags.append(Flag("prompt off", f"prompt tokens {dev:+.1f}% off target"))
+    if gpu_text := throttle_flag(summary.get("gpu")):
+        flags.append(Flag("GPU throttled", gpu_text))
     return flags
 
 
@@ -479,6 +484,7 @@ class Report:
     comparisons: list[RunComparison]
     capacity: dict | None = None  # the run's capacity.json, read once for both renderings
     answers: tuple[list, list] = ([], [])  # the needle and mismatch tables (answers_report.tables), read once
+    needle_warnings: list[str] = field(default_factory=list)  # results/needle.py needle_warnings, at the head
     html: str = ""
     markdown: str = ""
 
@@ -537,6 +543,10 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
         overview.insert(0, ("frontier", text, frontier_svg(cap)))
     comps = [compare_runs(b, run) for b in baselines or []]
     rep = Report(run, sections, overview, comps, capacity=cap, answers=answers_tables(run))
+    if getattr(run, "kind", None) != "records":  # a records file has no probes
+        from servesweep.results.needle import needle_warnings, read_probes
+
+        rep.needle_warnings = needle_warnings(read_probes(run.path))
     rep.html = render_html(rep)
     rep.markdown = render_markdown(rep)
     return rep
@@ -651,6 +661,7 @@ def render_html(rep: Report) -> str:
         "report_body.html.j2",
         run=run,
         degraded=degraded_rows(rep.sections),
+        needle_warnings=rep.needle_warnings,
         section_legend=section_legend,
         constant_axes=constant_axes,
         facts=_run_facts(run),
@@ -847,6 +858,7 @@ def render_markdown(rep: Report) -> str:
             "",
         ]
     out += _md_degraded(rep)
+    out += [f"> **{w}**" for w in rep.needle_warnings] + ([""] if rep.needle_warnings else [])
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
     if rep.capacity:

@@ -30,7 +30,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
     for col in (
         "conc",
         "out tok/s",
-        "req tok/s",
+        "per-request tok/s",
         "TTFT p50 ms",
         "TTFT p99 ms",
         "ITL/chunk p50 ms",
@@ -42,6 +42,10 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
         "degen %",
     ):
         t.add_column(col, justify="right")
+    # GPU energy per output token (results/energy.py), where a GPU sampler measured the point
+    energy = any((s.get("gpu") or {}).get("joules_per_output_token") is not None for s in summaries)
+    if energy:
+        t.add_column("J/out tok", justify="right")
     whys = why_cells(summaries)
     # results/diagnosis.py: the first cause of a breached or flagged point, whole (the notes hold its evidence)
     t.add_column("why", justify="left", no_wrap=True, min_width=max(map(len, whys), default=3))
@@ -81,6 +85,7 @@ def results_table(summaries: list[dict], title: str = "servesweep load"):
             fails,
             _fmt(s["prompt_tokens"]["mean_deviation_pct"], "+.2f"),
             degenerate_cell(s),
+            *([_fmt((s.get("gpu") or {}).get("joules_per_output_token"), ".3f")] if energy else []),
             why,
             style="bold red" if deg is not None else None,
         )

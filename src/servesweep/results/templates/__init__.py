@@ -85,6 +85,8 @@ their figures describe another load than their label says. <code>servesweep gate
 <code>--allow-degraded</code>; run them again to measure the asked load.</p>
 <ul>{% for r in degraded %}<li data-point="{{ r.info.point_id }}"><strong>{{ r.info.point_id }}</strong>: {{ r.degraded.text }}</li>
 {% endfor %}</ul></div>{% endif %}
+{% if needle_warnings %}<div class="banner warn" id="needle-banner"><ul>{% for w in needle_warnings %}<li>{{ w }}</li>
+{% endfor %}</ul></div>{% endif %}
 <dl class="kv" id="run-facts">
 {% for k, v in facts %}<dt>{{ k }}</dt><dd>{{ v }}</dd>
 {% endfor %}</dl>
