@@ -59,8 +59,12 @@ def pytest_configure(config):
 # scheduling): these files, slowest first as measured on this 2-core machine (per-file time of a full run,
 # 2026-12-02); every other file follows in its usual order. A stale list only costs time, never a test.
 SLOWEST_FIRST = [
+    "tests/driver/test_multihost.py",  # ~300 s with the remote-worker faults (2026-12-04)
     "tests/matrix/test_packed_kills.py",
     "tests/matrix/test_packed_hosts.py",
+    "tests/matrix/test_faults_server.py",  # ~200 s
+    "tests/matrix/test_faults_prometheus.py",  # ~180 s
+    "tests/results/test_diagnosis.py",  # ~120 s
     "tests/matrix/test_packed_crash.py",
     "tests/matrix/test_capacity_examples.py",
     "tests/matrix/test_orchestrator.py",
@@ -72,7 +76,6 @@ SLOWEST_FIRST = [
     "tests/matrix/test_generic_server.py",
     "tests/driver/test_signals.py",
     "tests/matrix/test_secret_sources.py",
-    "tests/driver/test_multihost.py",
     "tests/matrix/test_process_ownership.py",
     "tests/matrix/test_packed_secrets.py",
     "tests/driver/test_ansible_role.py",
