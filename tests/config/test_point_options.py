@@ -29,7 +29,7 @@ YAML_AXES = {
 CLI_RUN_OPTIONS = {
     "--base-url", "--api-key-file", "--workers", "--worker-inventory", "--worker-group", "--workers-per-host",
     "--master-host", "--master-port", "--slo", "--max-failure-rate", "--metrics-port", "--sim-args", "--out",
-    "--json", "--help",
+    "--json", "--resume", "--help",
 }  # fmt: skip
 
 
