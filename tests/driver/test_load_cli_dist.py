@@ -92,7 +92,7 @@ def test_rate_sweep_with_workers_and_a_key_file(tmp_path):
 
     from servesweep.results.table import results_table
 
-    con = Console(width=200, record=True)
+    con = Console(width=260, record=True)  # as servesweep load prints it without a terminal
     con.print(results_table(got["points"]))
     text = con.export_text()
     for col in ("arrival", "rate /s", "got /s", "lag p50 ms", "lag p99 ms"):

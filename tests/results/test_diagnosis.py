@@ -447,3 +447,18 @@ def test_the_load_table_has_a_why_column_and_notes_with_the_verdict_and_the_knee
     assert "[yellow]point c16: why: KV pressure: token usage max 1.00 (mean 0.95), 4 retractions[/]" in notes
     knee = next(n for n in notes if n.startswith("saturation"))
     assert "knee at concurrency ≈ " in knee and "(between 4 and 8)" in knee, knee
+
+
+@pytest.mark.fast
+def test_knee_of_a_sweep_with_repeated_loads():
+    """A capacity search probes a load several times (n1, n2, n3): the knee takes one point per load (their
+    medians) instead of fitting a segment of one repeated load, which failed the report (SVD did not converge)."""
+    from servesweep.results.diagnosis import saturation_knee
+
+    loads = [1, 1, 1, 2, 2, 2, 4, 4, 8, 8, 16, 16]
+    thr = [100, 101, 99, 200, 198, 202, 390, 392, 420, 421, 425, 424]
+    lat = [50, 51, 49, 52, 52, 53, 55, 54, 110, 111, 230, 229]
+    k = saturation_knee(loads, thr, lat)
+    assert k.load is not None and 4 <= k.load <= 8, k.text
+    few = saturation_knee([2, 2, 2, 4, 4], [10, 10, 10, 20, 20], [5, 5, 5, 5, 5])
+    assert few.load is None and "2 loads measured" in few.text, few.text

@@ -525,10 +525,17 @@ def saturation_knee(
         for x, t, lat in zip(loads, throughput, latency, strict=True)
         if x and x > 0 and t and t > 0 and lat and lat > 0 and math.isfinite(t) and math.isfinite(lat)
     )
-    if len({p[0] for p in pts}) < KNEE_MIN_POINTS:
-        n = len({p[0] for p in pts})
+    # one point per load: repeats of a load (a capacity search's probes, a resumed sweep) by their medians, so every
+    # fitted segment has two or more distinct loads (a segment of one repeated load has no slope: SVD fails)
+    by_load: dict[float, list[tuple[float, float]]] = {}
+    for x0, t0, l0 in pts:
+        by_load.setdefault(x0, []).append((t0, l0))
+    if len(by_load) < KNEE_MIN_POINTS:
+        n = len(by_load)
         return Knee(None, None, None, f"{n} loads measured, {KNEE_MIN_POINTS} needed for a knee", axis)
-    x, thr, lat = (np.array(c) for c in zip(*pts, strict=True))
+    x = np.array(sorted(by_load))
+    thr = np.array([float(np.median([t for t, _ in by_load[k]])) for k in x])
+    lat = np.array([float(np.median([q for _, q in by_load[k]])) for k in x])
     u, v, w = np.log(x), np.log(thr), np.log(lat)
     best = None
     for b in range(1, len(u) - 1):
