@@ -120,7 +120,11 @@ def test_prometheus_killed_mid_run_costs_no_point_and_backfill_recovers_the_hist
         assert "waiting up to" not in out, "no wait for a scrape by a Prometheus that is gone"
         assert took < 200, f"the run took {took:.0f} s"
 
-        # the history: Prometheus back up (the same data dir), the run imported with promtool
+        # the history: Prometheus back up (the same data dir), the run imported with promtool; on a port of its own
+        # again (the first one may have gone to another process's connection meanwhile: a full suite runs beside)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        up_cmd[up_cmd.index("--port") + 1] = str(port)
         up = subprocess.run(up_cmd, capture_output=True, text=True, timeout=60, env=env)
         assert up.returncode == 0, up.stdout + up.stderr
         bf = subprocess.run([*SERVESWEEP, "observe", "backfill", str(run_dir), "--root", str(runs)],
