@@ -618,9 +618,7 @@ def main(argv=None):
         return run(a)
     out = {"changed": False, "running": False, "pid": "", "url": "", "source": "", "gpus": 0, "reason": ""}
     try:
-        if a.state == "started" and keep_running(a, out):
-            pass
-        else:
+        if not (a.state == "started" and keep_running(a, out)):
             out["changed"] = stop_recorded(a.workdir)
             if a.state == "started":
                 start(a, out)
