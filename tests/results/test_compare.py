@@ -261,8 +261,11 @@ def test_summary_line_first_compact_mode_and_whole_names_at_80_columns(runs):
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert narrow.returncode == 0, narrow.stderr
-    table = narrow.stdout.splitlines()[1:]  # the summary line is one line at any width (grep-able in a CI log)
-    assert max(len(line) for line in table) <= 80, narrow.stdout[:3000]
+    # the summary line and the cause lines are one line each at any width (grep-able in a CI log); the table fits
+    lines = narrow.stdout.splitlines()
+    table = [line for line in lines[1:] if not line.startswith("  cause ")]
+    assert len(table) > 10 and max(len(line) for line in table) <= 80, narrow.stdout[:3000]
+    assert all(line.rstrip().endswith(")") for line in lines if line.startswith("  cause "))  # not wrapped
     for name in ("output_tokens_per_s", "decode_tokens_per_s_mean", "itl_per_token_p50 (per token)"):
         assert name in narrow.stdout, narrow.stdout[:3000]
     assert "…" not in narrow.stdout
@@ -275,7 +278,8 @@ def test_summary_line_first_compact_mode_and_whole_names_at_80_columns(runs):
     assert len(changed) == rc["counts"]["worse"] + rc["counts"]["better"] > 0
     assert any(" output_tokens_per_s: " in line and "interval [" in line for line in changed), changed
     assert "│" not in compact.stdout  # no table: the summary, the changes, and what did not match
-    assert all(line in changed or line.startswith("unmatched: ") for line in lines[1:]), lines
+    # and a line per point whose diagnosed cause changed (which depends on the machine's load: client-bound)
+    assert all(line in changed or line.startswith(("unmatched: ", "  cause ")) for line in lines[1:]), lines
 
 
 def test_values_are_the_records_values(runs):
