@@ -270,3 +270,36 @@ def throttle_flag(gpu: dict | None) -> str | None:
 
 def is_finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+def pooled(docs: Sequence[dict]) -> dict | None:
+    """The energy figures of several gpu.json documents taken as one measurement (a capacity search's calls at one
+    load: results/capacity.py): energies, tokens and durations added, then divided, so a longer call weighs more.
+    None when no document measured any energy; a figure any document lacks (no idle baseline) is None."""
+    docs = [d for d in docs if ((d or {}).get("total") or {}).get("energy_j") is not None]
+    if not docs:
+        return None
+    tots = [d["total"] for d in docs]
+    energy = _sum([t["energy_j"] for t in tots])
+    above = _sum([t.get("energy_above_idle_j") for t in tots])
+    out_tok = _sum([t.get("output_tokens") for t in tots])
+    all_tok = _sum([t.get("total_tokens") for t in tots])
+    dur = _sum([(d.get("window") or {}).get("duration_s") for d in docs])
+    throttled = [t for t in tots if t.get("throttled")]
+    return {
+        "calls": len(docs),
+        "energy_j": energy,
+        "energy_above_idle_j": above,
+        "duration_s": dur,
+        "output_tokens": out_tok,
+        "total_tokens": all_tok,
+        "joules_per_output_token": _per(energy, out_tok),
+        "joules_per_token": _per(energy, all_tok),
+        "joules_per_output_token_above_idle": _per(above, out_tok),
+        "output_tokens_per_joule": _per(out_tok, energy),
+        "tokens_per_joule": _per(all_tok, energy),
+        "power_avg_w": _per(energy, dur),
+        "throttled": bool(throttled),
+        "throttle_reasons": sorted({r for t in throttled for r in t.get("throttle_reasons") or []}),
+        "energy_sources": sorted({s for t in tots for s in t.get("energy_sources") or []}),
+    }

@@ -194,3 +194,28 @@ def _plain_log_labels(axis, values: Sequence[float]) -> None:
 def _small_note(fig: Figure, text: str) -> None:
     """A line under the plot (the layout makes room for it): which values rest on too few samples."""
     fig.supxlabel(text, fontsize=7, color="#8a5a00", x=0.01, ha="left")
+
+
+def energy_frontier(
+    series: Mapping[str, Sequence[tuple[float, float, str]]],
+    front: Sequence[tuple[float, float]],
+    throttled: Sequence[tuple[float, float]],
+    title: str,
+) -> str:
+    """Output tokens per joule against output tok/s per GPU, one line per configuration (points labelled with their
+    load), the energy Pareto frontier in black, throttled probes ringed red (up and to the right is better)."""
+    fig, ax = _figure(title, "output tok/s per GPU", "output tokens per joule")
+    for i, (label, pts) in enumerate(sorted(series.items())):
+        pts = sorted((p for p in pts if _finite(p[0]) and _finite(p[1])), key=lambda p: p[0])
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=_MARKERS[i % len(_MARKERS)], ls=":", label=label)
+        for x, y, load in pts:
+            ax.annotate(load, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if front:
+        ax.plot(*zip(*front, strict=True), color="black", linewidth=2, alpha=0.6, label="energy Pareto frontier")
+    if throttled:
+        ax.plot(*zip(*throttled, strict=True), ls="none", marker="o", ms=11, mfc="none", mec="red",
+                label="GPU throttled")  # fmt: skip
+    _finish(ax, len(series) + bool(front) + bool(throttled))
+    return _svg(fig)
