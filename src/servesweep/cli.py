@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
     "load": ("servesweep.driver.load", "command", "Run one load point or a concurrency sweep against a server."),
     "prompts": ("servesweep.workload.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
+    "trace": ("servesweep.workload.trace.cli", "command", "Request traces: convert to the native format, stats, sample a window."),
     "plan": ("servesweep.matrix.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
     "run": ("servesweep.matrix.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
     "report": ("servesweep.results.report", "command", "Write the HTML and Markdown report of a run folder."),
