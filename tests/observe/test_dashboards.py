@@ -69,6 +69,9 @@ CAPACITY_ROW = {
     "at_capacity": {"output_tokens_per_s": 500.0, "output_tokens_per_s_per_gpu": 250.0, "request_rate": 4.0,
                     "request_rate_per_gpu": 2.0, "ttft_p99_ms": 80.0, "itl_p99_ms": 9.0,
                     "decode_tokens_per_s_p50": 110.0, "requests": 40},
+    # results/capacity.add_energy: the probe's GPU telemetry at capacity
+    "energy": {"output_tokens_per_joule": 2.5, "joules_per_output_token": 0.4, "power_avg_w": 650.0,
+               "capacity_per_kw": 10.8, "throttled": False},
 }  # fmt: skip
 
 
@@ -85,10 +88,38 @@ ISOLATION = {
 # capacity.json's frontier (matrix/capacity_run.py): every probe, the Pareto ones marked
 FRONTIER = [
     {"config": "c", "load": 7, "tokens_per_s_per_gpu": 250.0, "user_tokens_per_s": 110.0, "search": "s01-chat-p64-o8",
-     "pareto": True},
+     "pareto": True, "output_tokens_per_joule": 2.5, "energy_pareto": True},
     {"config": "c", "load": 8, "tokens_per_s_per_gpu": 240.0, "user_tokens_per_s": 90.0, "search": "s01-chat-p64-o8",
-     "pareto": False},
+     "pareto": False, "output_tokens_per_joule": 2.0, "energy_pareto": False},
 ]  # fmt: skip
+
+# summary.json's gpu (results/energy.summary_fields), as run_point writes it where a GPU sampler measured
+GPU_SUMMARY = {"energy_j": 900.0, "energy_above_idle_j": 300.0, "idle_w": 120.0, "power_avg_w": 180.0,
+               "power_peak_w": 400.0, "util_mean_pct": 40.0, "util_max_pct": 99.0, "joules_per_output_token": 0.9,
+               "joules_per_token": 0.3, "joules_per_output_token_above_idle": 0.3, "output_tokens_per_joule": 1.11,
+               "throttled": False, "throttle_reasons": [], "throttled_gpus": [], "power_capped_fraction_max": 0.0,
+               "energy_sources": ["counter"], "errors": []}  # fmt: skip
+
+
+def sampler_families() -> dict[str, str]:
+    """Families the GPU sampler's /metrics exposes (its own exposition code, fed one sample of one GPU)."""
+    import importlib.util
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from servesweep.driver.ansible import ansible_dir
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sampler", ansible_dir() / "roles/sglang_server/files/gpu_sampler.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gpu = {"index": 0, "uuid": "GPU-0", "name": "H200", "util_pct": 50, "mem_util_pct": 20, "mem_used_bytes": 1,
+           "mem_total_bytes": 2, "sm_clock_mhz": 1500, "mem_clock_mhz": 3200, "power_w": 300.0, "power_limit_w": 700,
+           "temp_c": 50, "throttle_reasons": 0x20, "energy_mj": 5e6, "energy_source": "counter"}  # fmt: skip
+    text = mod.exposition({"t": 1.0, "gpus": [gpu]}, 1, "nvml")
+    return {f.name: f.type for f in text_string_to_metric_families(text) if f.samples}
 
 
 def exporter_families() -> dict[str, str]:
@@ -107,7 +138,10 @@ def exporter_families() -> dict[str, str]:
     m.observe_many([rec, failed])
     table = to_table([{**rec, "response_text": "falcon-4812"}, failed])
     summary = summarize(table, slos="ttft<=1s", answers=degeneration_summary(table))
-    m.point_finished("p1", {**summary, "needle_accuracy": 1.0})  # the orchestrator adds the probes' accuracy
+    # the orchestrator adds the probes' accuracy; run_point the GPU sampler's figures; a tight SLO breaks (diagnosis)
+    summary = {**summary, "needle_accuracy": 1.0, "gpu": GPU_SUMMARY}
+    summary["slos"] = [{"slo": "ttft_p99<=1ms", "pass": False}]
+    m.point_finished("p1", summary)
     m.set_capacity([CAPACITY_ROW], FRONTIER)
     m.set_isolation(ISOLATION)
     # only families with samples count: a name with no series would leave its panel empty
@@ -139,7 +173,7 @@ def test_check_detects_a_stale_file(tmp_path):
 
 @pytest.mark.fast
 def test_every_named_metric_exists():
-    ours = exporter_families()
+    ours = exporter_families() | sampler_families()
     for name, d in build_all().items():
         for e in expressions(d):
             for metric in metric_names(e["expr"]):

@@ -34,6 +34,11 @@ def _at(key: str, scale: float = 1.0):
     return get
 
 
+def _energy(key: str):
+    """A figure of the row's `energy` at capacity (results/capacity.add_energy; None without GPU telemetry)."""
+    return lambda r: (r.get("energy") or {}).get(key)
+
+
 # metric suffix -> (help, how to read it from a capacity row)
 GAUGES: dict[str, tuple[str, Any]] = {
     "": ("Capacity at SLO: the largest load (concurrency, or req/s for axis=rate) at which every SLO of the tier "
@@ -50,6 +55,13 @@ GAUGES: dict[str, tuple[str, Any]] = {
     "_itl_p99_seconds": ("ITL per chunk p99 (pooled gaps between chunks) at capacity, seconds.", _at("itl_p99_ms", 1e-3)),
     "_decode_tokens_per_second_p50": ("Per-request output speed (decode tok/s), median over requests, at capacity.",
                                       _at("decode_tokens_per_s_p50")),
+    # energy at capacity: the probe's GPUs (every call at that load pooled), where a GPU sampler measured them
+    "_output_tokens_per_joule": ("Output tokens per joule of GPU energy at capacity (idle included).",
+                                 _energy("output_tokens_per_joule")),
+    "_joules_per_output_token": ("GPU energy per output token at capacity, J (idle included).",
+                                 _energy("joules_per_output_token")),
+    "_gpu_power_average_watts": ("The GPUs' average power at capacity, W.", _energy("power_avg_w")),
+    "_per_kilowatt": ("Capacity per kW of the GPUs' average power at capacity.", _energy("capacity_per_kw")),
 }  # fmt: skip
 
 
@@ -83,6 +95,10 @@ FRONTIER_GAUGES: dict[str, tuple[str, str]] = {
                                           "tokens_per_s_per_gpu"),
     "_decode_tokens_per_second_p50": ("Per-request output speed (decode tok/s), median over the probe's requests.",
                                       "user_tokens_per_s"),
+    "_output_tokens_per_joule": ("Output tokens per joule of GPU energy at the probed load (a GPU sampler's).",
+                                 "output_tokens_per_joule"),
+    "_energy_pareto": ("1 when the probe is on the energy frontier (no other probe has both more output tok/s per GPU "
+                       "and more output tokens per joule), else 0; absent without GPU telemetry.", "energy_pareto"),
 }  # fmt: skip
 
 
@@ -96,6 +112,8 @@ def frontier_families(run_id: str, points: Iterable[Mapping[str, Any]]) -> list[
         lv = [run_id, str(p.get("search") or ""), str(p.get("config") or ""), f"{p.get('load', '')}"]
         for k, (_h, key) in FRONTIER_GAUGES.items():
             v = p.get(key)
+            if key == "energy_pareto" and p.get("output_tokens_per_joule") is None:
+                continue  # no telemetry: off the energy frontier says nothing
             if v is not None:
                 fams[k].add_metric(lv, float(v))
     return list(fams.values())

@@ -125,7 +125,32 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
         ("decode_tokens_per_s", "p50"),
         "Per-request output speed (decode tok/s, the interactivity axis), median over the point's requests.",
     ),
+    # the GPUs of the point's server over its window, where a GPU sampler measured (summary.json's `gpu`,
+    # results/energy.summary_fields; docs/gpu-telemetry.md defines each)
+    "gpu_energy_joules": (("gpu", "energy_j"), "Energy the point's GPUs drew over its window, idle included (J)."),
+    "gpu_energy_above_idle_joules": (
+        ("gpu", "energy_above_idle_j"),
+        "Energy over the window less the GPUs' idle baseline times its length (J).",
+    ),
+    "gpu_joules_per_output_token": (
+        ("gpu", "joules_per_output_token"),
+        "GPU energy per measured output token, idle included (J).",
+    ),
+    "gpu_joules_per_token": (("gpu", "joules_per_token"), "GPU energy per token, prompt + output (J)."),
+    "gpu_output_tokens_per_joule": (("gpu", "output_tokens_per_joule"), "Measured output tokens per joule."),
+    "gpu_power_average_watts": (("gpu", "power_avg_w"), "The GPUs' average power over the window (W), summed."),
+    "gpu_power_peak_watts": (("gpu", "power_peak_w"), "The GPUs' peak power samples added (W): an upper bound."),
+    "gpu_idle_watts": (("gpu", "idle_w"), "The GPUs' idle baseline before the point (W), summed."),
+    "gpu_utilization_mean_ratio": (("gpu", "util_mean_pct"), "GPU busy fraction, mean over samples and GPUs."),
+    "gpu_throttled": (("gpu", "throttled"), "1 when a GPU throttled (thermal, HW slowdown, power brake), else 0."),
+    "gpu_power_capped_ratio": (
+        ("gpu", "power_capped_fraction_max"),
+        "Share of samples the power cap held the clocks, the most of any GPU.",
+    ),
 }
+# SUMMARY_SCALARS whose summary value is in another unit than the metric's (a percent as a ratio, a flag as 0/1)
+_SCALES: dict[str, float] = {"gpu_utilization_mean_ratio": 0.01}
+_FLAGS: frozenset[str] = frozenset({"gpu_throttled"})
 # Per-GPU gauges: metric suffix -> (the SUMMARY_SCALARS total, help); the total over the point's `gpu_count` axis
 # (its server's GPUs: tp × dp × pp or launcher.gpus, results/pergpu.py), absent when the count is unknown.
 PER_GPU_SCALARS: dict[str, tuple[str, str]] = {
@@ -138,6 +163,8 @@ PER_GPU_SCALARS: dict[str, tuple[str, str]] = {
         "Successful requests per second over the measurement window, per GPU of the point's server (gpu_count).",
     ),
 }
+
+DIAGNOSIS_TEXT_MAX = 300  # a verdict label's length: the first cause's evidence and the others' names fit
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _BOUNDS = np.asarray(LATENCY_BUCKETS, dtype=np.float64)
@@ -184,6 +211,7 @@ class _Point:
     hists: dict[str, _Hist] = field(default_factory=lambda: {k: _Hist() for k in HISTOGRAMS})
     summary: dict[str, float] = field(default_factory=dict)  # metric name + stat -> value
     failures_by_class: dict[str, float] = field(default_factory=dict)
+    diagnosis: dict[str, str] | None = None  # cause, verdict, breached: results/diagnosis.py at the point's end
 
 
 def _num(record: Mapping, key: str) -> float | None:
@@ -214,6 +242,7 @@ class ClientMetrics(Collector):
         self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
         self._frontier: list[dict] = []  # ... and its frontier: every probe, the Pareto points marked
         self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
+        self._baselines: dict[tuple, dict] = {}  # each configuration's lowest-load summary: what diagnosis compares
         self._server: WSGIServer | None = None
         self.reads = 0  # how many times the metrics were read (scrapes, pushes): see wait_read
         self.registry.register(self)
@@ -315,8 +344,27 @@ class ClientMetrics(Collector):
             if summary:
                 p.summary, p.failures_by_class = summary_values(summary)
                 p.summary |= per_gpu_values(p.summary, p.info.get(GPU_LABEL))
+                p.diagnosis = self._diagnose(summary)
             if self._current == point_id:
                 self._current = None
+
+    def _diagnose(self, summary: Mapping) -> dict[str, str] | None:
+        """The point's verdict as `servesweep_point_diagnosis_info` labels, against the lowest-load point of its
+        configuration seen so far (as the table judges it against the run's; results/diagnosis.diagnose_all)."""
+        from servesweep.results import diagnosis as dg
+
+        s = dict(summary)
+        try:
+            key = dg.config_key(s)
+            self._baselines = dg.baselines([*self._baselines.values(), s])
+            d = dg.diagnose(s, self._baselines.get(key))
+        except Exception as e:  # a summary of another shape must not lose the point's other gauges
+            return {"cause": "diagnosis failed", "verdict": f"{type(e).__name__}: {e}"[:300], "breached": "false"}
+        return {
+            "cause": d.first or d.status,
+            "verdict": d.line[:DIAGNOSIS_TEXT_MAX],
+            "breached": "true" if dg.breached(s) else "false",
+        }
 
     def set_capacity(self, rows: Iterable[Mapping], frontier: Iterable[Mapping] = ()) -> None:
         """The run's capacity-at-SLO rows (capacity.json's `rows`), exposed as servesweep_capacity* gauges, and its
@@ -456,9 +504,10 @@ def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]
             if v is not None:
                 out[f"{name}/{stat}"] = v / 1e3
     for metric, (path, _help) in SUMMARY_SCALARS.items():
-        v = _finite(_path(summary, path))
+        raw = _path(summary, path)
+        v = float(raw) if metric in _FLAGS and isinstance(raw, bool) else _finite(raw)
         if v is not None:
-            out[metric] = v
+            out[metric] = v * _SCALES.get(metric, 1.0)
     fails = summary.get("failures")
     failures = (
         {str(k): float(v) for k, v in fails.items() if _finite(v) is not None}
@@ -543,6 +592,13 @@ class _PointFamilies:
             k: GaugeMetricFamily(PREFIX + f"point_{k}", f"Point summary: {h}", labels=labels)
             for k, (_key, h) in (SUMMARY_SCALARS | PER_GPU_SCALARS).items()
         }
+        self.diagnosis = GaugeMetricFamily(
+            PREFIX + "point_diagnosis_info",
+            "Point summary: why the point missed its SLO (results/diagnosis.py): the first cause (or no limit "
+            "reached, no clear cause, not enough samples), the verdict with its evidence, and whether the point "
+            "broke an SLO or was flagged (value 1).",
+            labels=[*labels, "cause", "verdict", "breached"],
+        )
         self.failures = GaugeMetricFamily(
             PREFIX + "point_failures",
             "Point summary: failed requests by error class.",
@@ -572,6 +628,9 @@ class _PointFamilies:
                 self.latencies[name].add_metric([*lv, stat], v)
             else:
                 self.scalars[key].add_metric(lv, v)
+        if p.diagnosis is not None:
+            d = p.diagnosis
+            self.diagnosis.add_metric([*lv, d["cause"], d["verdict"], d["breached"]], 1.0)
         for err, failed in sorted(p.failures_by_class.items()):
             self.failures.add_metric([*lv, err], failed)
 
@@ -589,6 +648,7 @@ class _PointFamilies:
             *self.latencies.values(),
             *self.scalars.values(),
             self.failures,
+            self.diagnosis,
         ]
 
 

@@ -23,6 +23,11 @@ CAPACITY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ITL per chunk p99", "_itl_p99_seconds", "s"),
     ("per-user tok/s p50", "_decode_tokens_per_second_p50", "short"),
     ("probes", "_probes", "short"),
+    # energy at capacity, where a GPU sampler measured the probes (results/capacity.add_energy)
+    ("output tok per J", "_output_tokens_per_joule", "short"),
+    ("J per output token", "_joules_per_output_token", "joule"),
+    ("avg GPU power", "_gpu_power_average_watts", "watt"),
+    ("capacity per kW", "_per_kilowatt", "short"),
 )
 
 
@@ -79,5 +84,6 @@ def capacity_table(sel: str) -> dict:
     return g.table(
         "Capacity at SLO", targets, rename=rename, units={t: u for t, _s, u in CAPACITY_COLUMNS},
         desc="Runs with a search: block. Capacity: the largest load (concurrency, or req/s for axis rate) at which "
-        "every SLO of the tier held; bracket: last pass, first fail; binding: the SLO that failed first.",
+        "every SLO of the tier held; bracket: last pass, first fail; binding: the SLO that failed first. Energy at "
+        "capacity (GPU sampler): the probe's GPU energy per output token, idle included, every call at that load pooled.",
     )  # fmt: skip

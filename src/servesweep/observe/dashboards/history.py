@@ -24,6 +24,7 @@ COMPARE: tuple[tuple[str, str, str | None, str], ...] = (
     ("ITL per chunk p50", "servesweep_point_itl_seconds", "p50", "s"),
     ("ITL per token p50", "servesweep_point_itl_per_token_seconds", "p50", "s"),
     ("E2E p99", "servesweep_point_e2e_seconds", "p99", "s"),
+    ("GPU J per output token", "servesweep_point_gpu_joules_per_output_token", None, "joule"),
 )
 
 

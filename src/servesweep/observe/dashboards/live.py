@@ -1,9 +1,11 @@
-"""Live run: client TTFT/ITL per chunk/ITL per token/TPOT/E2E, throughput, errors and users beside the SGLang server's own panels."""
+"""Live run: client TTFT/ITL per chunk/ITL per token/TPOT/E2E, throughput, errors and users beside the SGLang server's own
+panels and the GPU sampler's (power, energy per output token, utilization, clocks, throttling); each point that missed
+its SLO marked with its verdict."""
 
 from __future__ import annotations
 
+from servesweep.observe.dashboards import gpu, server_state
 from servesweep.observe.dashboards import grafana as g
-from servesweep.observe.dashboards import server_state
 from servesweep.observe.dashboards.queries import CLIENT, EPS, SERVER, hist_mean, quantile, rate_sum
 
 FAILED = CLIENT + ', outcome="failure"'
@@ -127,12 +129,14 @@ def build() -> dict:
     _client_traffic(L)
     L.row("Server (SGLang /metrics)")
     _server(L)
+    L.row("GPUs (the GPU sampler beside the server)")
+    gpu.add_live_panels(L)
     annotations = [{
         "name": "Matrix points", "datasource": g.DS, "enable": True, "hide": False, "iconColor": "orange",
         "expr": 'max by (run_id, point_id) (servesweep_point_running{run_id=~"$run_id"}) > 0',
         "step": "5s", "titleFormat": "{{point_id}}", "textFormat": "run {{run_id}}", "tagKeys": "run_id,point_id",
         "useValueForTime": False,
-    }]  # fmt: skip
+    }, gpu.diagnosis_annotation(CLIENT)]  # fmt: skip
     variables = [
         g.datasource_var(),
         g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", sort=2),

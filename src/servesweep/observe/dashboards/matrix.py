@@ -1,8 +1,9 @@
-"""Matrix: one row per finished point of a run, and the two charts people draw by hand, per server configuration."""
+"""Matrix: one row per finished point of a run with its diagnosis, the GPUs' energy per point and its frontier,
+capacity at SLO, and the charts people draw by hand, per server configuration."""
 
 from __future__ import annotations
 
-from servesweep.observe.dashboards import capacity
+from servesweep.observe.dashboards import capacity, gpu
 from servesweep.observe.dashboards import grafana as g
 from servesweep.observe.dashboards.queries import summ, with_axes
 
@@ -56,6 +57,10 @@ def build() -> dict:
     L.row("Finished points")
     L.add(points_table("Points of the run", SEL, "One row per finished point: exact percentiles from raw records."),
           w=24, h=12)  # fmt: skip
+    L.add(gpu.diagnosis_table(SEL), w=24, h=8)
+    L.row("GPU energy (points a GPU sampler measured)")
+    L.add(gpu.energy_table(SEL), w=14, h=10)
+    L.add(gpu.energy_frontier(SEL, 'run_id="$run_id", config=~"$config"'), w=10, h=10)
     L.row("Capacity at SLO and the frontier")
     L.add(capacity.capacity_table('run_id="$run_id", config=~"$config"'), w=14, h=10)
     L.add(capacity.frontier(SEL, 'run_id="$run_id", config=~"$config"'), w=10, h=10)
@@ -86,7 +91,7 @@ def build() -> dict:
         x="prompt_tokens", series_by="concurrency", y_unit="percentunit", x_label="prompt tokens",
         y_label="needle accuracy", desc="The configuration's needle probes answered right (docs/answers.md).",
     )  # fmt: skip
-    for p in (tput, ttft, itl, needle):
+    for p in (tput, ttft, itl, needle, gpu.tokens_per_joule_chart(SEL)):
         p.update(repeat="config", repeatDirection="h", maxPerRow=3)
         L.add(p, w=8, h=9)
     variables = [
