@@ -5,10 +5,12 @@ exactly that many tokens, so the server's prompt token i is in block i // block_
 text depends only on its id (and on whether it opens a prompt, where the chat template's opening tokens take its
 first places): wherever the trace repeats an id, the server sees the same tokens, and a radix cache serves them.
 
-Never shared by accident: a block's text starts with a code, decimal digits that differ between any two blocks of
-the trace (digits are one token each in Qwen's vocabulary, checked by `nonce_scheme`), so two prompts whose block
-ids part ways part ways at the first token of that block. The code mixes in a salt (from the seed): a replay with
-another seed shares nothing with this one, not even its first block.
+Never shared by accident: a block's text starts with a code, decimal digits (one token each in Qwen's vocabulary,
+checked by `nonce_scheme`) that number it among the blocks following the same prefix, least significant digit
+first, so two prompts whose block ids part ways part ways at that block's first token (up to ten such siblings; with
+more, within its first log10(siblings) + 1 tokens, far inside the block: no block and no page of 16 is shared). The
+codes mix in a salt from the seed: a replay with another seed almost surely shares nothing with this one beyond the
+chat template's opening tokens.
 
 Exactness is the prompt pools' (`servesweep.workload.prompts`): filler composed of sentences whose token counts add
 up, short blocks filled with digits, and the chat template's tokens (ChatML, or the server's probed
@@ -77,9 +79,17 @@ class TracePrompts:
         self._index: dict[tuple[int, bool, int], int] = {}
         self._texts: dict[tuple[int, bool, int], str] = {}
         self._layouts = [self._layout(i) for i in range(len(trace.requests))]
-        for lay in self._layouts:  # codes by first appearance over the whole trace: the same in every process
+        # A block's code is its rank among the blocks that follow the same prefix (in order of first appearance
+        # over the whole trace: the same in every process), so the first ten siblings differ from their first
+        # digit and any two from their first log10(siblings) + 1 digits.
+        children: dict[int, int] = {}
+        for lay in self._layouts:
+            h = 0
             for key in lay:
-                self._index.setdefault(key, len(self._index))
+                if key not in self._index:
+                    self._index[key] = children.get(h, 0)
+                    children[h] = self._index[key] + 1
+                h = hash((h, key))
         if check:
             self.check_first()
 
