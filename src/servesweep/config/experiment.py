@@ -35,6 +35,7 @@ from servesweep.config.point import (
     parse_seconds,
     seconds_alias,
 )
+from servesweep.config.decide import DecideBlock
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
@@ -568,6 +569,7 @@ class Experiment(_Strict):
     budget: Budget = Field(default_factory=Budget)
     exporter: Exporter = Field(default_factory=Exporter)
     search: SearchBlock | None = Field(None, description="capacity at SLO instead of a fixed concurrency list")
+    decide: DecideBlock | None = Field(None, description="the question the run must answer (docs/decision.md)")
     answers: Answers = Field(default_factory=Answers, description="needle probes per configuration")
 
     @model_validator(mode="before")
@@ -1001,6 +1003,7 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
         )
     _check_workloads(exp, problems)
     _check_search(exp, problems)
+    _check_decide(exp, problems)
     known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
     for b in srv.bundles:
         known |= set(b.flags) | set(b.env)
@@ -1086,3 +1089,18 @@ def _check_search(exp: Experiment, problems: list) -> None:
             problems.append((("load", "arrival"), "a rate search is an open loop: set constant or poisson"))
         if ld.rate != [s.lower]:
             problems.append((("load", "rate"), "search.axis rate searches it: leave load.rate out"))
+
+
+def _check_decide(exp: Experiment, problems: list) -> None:
+    """A decide block plans its own capacity searches over the matrix's concurrencies: no search block beside it,
+    a closed loop, and its bounds inside what load.concurrency allows."""
+    d = exp.decide
+    if d is None:
+        return
+    if exp.search is not None:
+        problems.append((("decide",), "decide plans its own capacity searches: leave the search block out"))
+    if exp.load.arrival != "closed":
+        problems.append((("decide",), "decide ranks closed-loop capacity: set load.arrival: closed"))
+    top = max(exp.load.concurrency)
+    if d.upper is None and top < d.lower:
+        problems.append((("decide", "lower"), f"above the largest load.concurrency ({top}); set decide.upper"))

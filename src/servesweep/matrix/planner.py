@@ -874,6 +874,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "warnings": plan.warnings,
         "pitfalls": plan.pitfalls,
         "packed": packed_json(plan),
+        "decision": getattr(plan, "decision", None),
     }
 
 
@@ -894,6 +895,8 @@ def print_plan(plan: Plan, console) -> None:
         print_search_plan(plan, console)
     _print_totals(plan, console)
     print_packed(plan, console)
+    if getattr(plan, "decision", None):
+        _print_decision(plan.decision, console)
 
 
 def _print_header(plan: Plan, console) -> None:
@@ -1000,6 +1003,131 @@ def _print_totals(plan: Plan, console) -> None:
         )
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The decision (an experiment's decide: block, matrix/decision.py)
+
+
+def decision_cells(plan: Plan, timer_for=None) -> list:
+    """One decision cell per (startable configuration, workload shape) with feasible points: the concurrencies
+    it may be probed at (decide.lower to the largest feasible point, capped by decide.upper) and the step model's
+    prediction there. `timer_for(config_plan)` gives the timer (default: the emulator's step model as planned)."""
+    from servesweep.matrix.capacity_plan import predicted
+    from servesweep.matrix.decision import Cell, Shape
+    from servesweep.results.pergpu import flags_gpus
+
+    exp = plan.experiment
+    d = exp.decide
+    assert d is not None
+    top = d.upper or max(exp.load.concurrency)
+    cells = []
+    for cp in plan.configs:
+        if cp.resolved is None or not cp.feasible_points:
+            continue
+        timer = timer_for(cp) if timer_for else _Timer(cp.resolved, exp)
+        shapes: dict[Any, int] = {}
+        for pp in cp.feasible_points:
+            key = (pp.spec.workload, pp.spec.prompt_tokens, pp.spec.output_tokens)
+            shapes[key] = max(shapes.get(key, 0), pp.spec.concurrency)
+        for (wl, p, o), most in shapes.items():
+            upper = min(top, most) if most >= d.lower else d.lower
+            cells.append(
+                Cell(
+                    cp.config.id,
+                    Shape(wl, p, o),
+                    flags_gpus(cp.config.flags, exp.launcher.gpus),
+                    d.lower,
+                    upper,
+                    lambda c, t=timer, rs=cp.resolved, p=p, o=o: predicted(t, rs, p, o, c),
+                    start_s=cp.start_s + cp.stop_s,
+                )
+            )
+    return cells
+
+
+def decision_overhead_s(exp: Experiment) -> float:
+    """What one probe costs besides its requests: the point's fixed costs and its warm-up."""
+    return POINT_OVERHEAD_S + exp.load.warmup_s
+
+
+def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
+    """The predicted time to decision: the decision procedure run on the step model with the measurement noise of
+    matrix/decision.py (seeded), its per-configuration time packed onto the hosts, and the answer's confidence at
+    the end and at the budget (the anytime answer then). Kept on the plan as `plan.decision`."""
+    from servesweep.matrix.decision import Noise, run_decision, simulated_measure
+    from servesweep.matrix.placement import Job, schedule
+
+    exp = plan.experiment
+    d = exp.decide
+    assert d is not None
+    cells = decision_cells(plan)
+    noise = Noise()
+    gpus_total = sum(h.gpus for h in hosts) or exp.launcher.gpus_per_host
+    budget_gpu_s = plan.budget_s * gpus_total if plan.budget_s else None
+    at_budget: dict[str, Any] = {}
+
+    def watch(ans) -> None:
+        if budget_gpu_s is not None and not at_budget and ans.gpu_seconds >= budget_gpu_s:
+            at_budget.update(label=ans.label, counts=ans.counts())
+
+    run = run_decision(
+        cells,
+        d.tiers,
+        simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
+        confidence=d.confidence,
+        resolution=d.resolution,
+        max_requests=d.max_requests,
+        max_probe_s=d.max_probe_s,
+        overhead_s=decision_overhead_s(exp),
+        noise=noise,
+        on_probe=watch,
+    )
+    jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
+    packed = schedule(jobs, list(hosts)).makespan_s if jobs else 0.0
+    gpu_s = sum(v * run.config_gpus[k] for k, v in run.config_seconds.items())
+    plan.decision = {
+        "method": "racing with sequential probes on the step model (matrix/decision.py), seeded noise",
+        "questions": len(run.answer.questions),
+        "configs": len({c.config for c in cells}),
+        "shapes": len({c.shape.key for c in cells}),
+        "tiers": list(d.tiers),
+        "probes": len(run.records),
+        "requests": sum(r.requests for r in run.records),
+        "serial_s": round(sum(run.config_seconds.values()), 1),
+        "packed_wall_s": round(packed, 1),
+        "gpu_s": round(gpu_s, 1),
+        "grid_serial_s": round(plan.total_s, 1),
+        "budget_s": plan.budget_s,
+        "within_budget": plan.budget_s is None or packed <= plan.budget_s,
+        "confidence": d.confidence,
+        "resolution": d.resolution,
+        "counts": run.answer.counts(),
+        "label": run.answer.label,
+        "at_budget": at_budget or None,
+        "answer": [q.as_dict() for q in run.answer.questions],
+    }
+    return plan.decision
+
+
+def _print_decision(dec: dict[str, Any], console) -> None:
+    """The predicted time to decision and the confidence it reaches, next to the grid's time."""
+    c = dec["counts"]
+    console.print(
+        f"[bold]time to decision[/] ({dec['questions']} questions: {dec['shapes']} shapes × {len(dec['tiers'])} "
+        f"tiers over {dec['configs']} configurations): {dec['probes']} probes, {_fmt_s(dec['serial_s'])} serial, "
+        f"[bold]{_fmt_s(dec['packed_wall_s'])} packed[/] ({dec['gpu_s'] / 3600:.1f} GPU-h) against the grid's "
+        f"{_fmt_s(dec['grid_serial_s'])} serial"
+        + (f"; budget {_fmt_s(dec['budget_s'])}" + ("" if dec["within_budget"] else " [red]exceeded[/]")
+           if dec["budget_s"] else "")
+    )
+    console.print(
+        f"  confidence it reaches: {c.get('decided', 0)} decided at {dec['confidence']:.0%} per interval, "
+        f"{c.get('tie', 0)} ties within {dec['resolution']:.0%}, {c.get('none', 0)} tiers no configuration holds, "
+        f"{c.get('leading', 0) + c.get('open', 0)} unsettled"
+    )
+    if dec.get("at_budget"):
+        console.print(f"  at the budget: {dec['at_budget']['label']}")
+
+
 @click.command(name="plan")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (for machines).")
@@ -1019,7 +1147,9 @@ def command(file: str, as_json: bool, max_parallel: int | None) -> None:
         click.echo(str(e), err=True)
         sys.exit(2)
     plan = make_plan(exp)
-    attach_schedule(plan, file, max_parallel)
+    schedule = attach_schedule(plan, file, max_parallel)
+    if exp.decide is not None:
+        attach_decision(plan, schedule.hosts)
     if as_json:
         click.echo(json.dumps(plan_json(plan), indent=2, default=str))
     else:

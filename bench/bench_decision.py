@@ -1,0 +1,203 @@
+"""Time to decision on the step model: the decision planner (matrix/decision.py) against the exhaustive answer.
+
+The truth is the emulator's step model with each configuration's calibration perturbed (bandwidth, FLOP/s
+efficiencies and the accept length times a seeded log-normal factor, `--model-error`): the planner's prior is the
+unperturbed model, so its priors are wrong the way a real calibration is. On the truth the exhaustive answer is
+computable (every concurrency of every cell, population values). Each seed then runs the decision procedure with
+noisy per-request measurements drawn from the truth and compares its best configuration per (shape, tier) with the
+exhaustive one. Times: the decision's GPU-hours and packed wall time on the experiment's hosts, against the grid
+(serial, packed) and today's capacity search (one search per configuration × shape, serial, packed).
+
+    .venv/bin/python bench/bench_decision.py [examples/qwen36-27b-rtxpro6000-decide.yaml] [--seeds 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from servesweep.config.experiment import load_experiment  # noqa: E402
+from servesweep.config.search import SearchBlock  # noqa: E402
+from servesweep.matrix import decision as D  # noqa: E402
+from servesweep.matrix import planner  # noqa: E402
+from servesweep.matrix.capacity_plan import price_search  # noqa: E402
+from servesweep.matrix.placement import Job, schedule  # noqa: E402
+from servesweep.matrix.timeline import attach_schedule  # noqa: E402
+from servesweep.results.pergpu import flags_gpus  # noqa: E402
+from servesweep.sglang.stepmodel import StepModel  # noqa: E402
+
+
+def perturbed_timer(exp, err: float, seed: int):
+    """timer_for: the planner's timer of a configuration with its calibration off by a seeded factor."""
+
+    def make(cp):
+        t = planner._Timer(cp.resolved, exp)
+        rng = np.random.default_rng([seed, zlib.crc32(cp.config.id.encode())])
+        f = np.exp(err * rng.standard_normal(4))
+        cal = t.model.cal
+        cal = replace(
+            cal,
+            bw_eff=min(0.99, cal.bw_eff * f[0]),
+            flops_eff=min(0.99, cal.flops_eff * f[1]),
+            decode_flops_eff=min(0.99, cal.decode_flops_eff * f[2]),
+        )
+        t.model = StepModel(cp.resolved, cal)
+        if t.accept > 1.0:
+            t.accept = max(1.0, t.accept * float(np.exp(0.5 * math.log(f[3]))))
+        return t
+
+    return make
+
+
+def grid_answer(exp, truth_cells, noise):
+    """The grid's answer with perfect measurements: capacity only at the grid's concurrencies."""
+    out = {}
+    grid = sorted(exp.load.concurrency)
+    for name, texts in exp.decide.tiers.items():
+        slos = D.parse_tier(list(texts))
+        for c in truth_cells:
+            cap = None
+            for x in grid:
+                if x > c.upper or not D.holds_population(slos, c.predicted(x), noise):
+                    break
+                cap = x
+            v = 0.0 if cap is None else noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
+            out.setdefault((c.shape.key, name), {})[c.config] = v
+    return {q: (max(v, key=lambda k: v[k]) if max(v.values()) > 0 else None) for q, v in out.items()}
+
+
+def capacity_search_cost(exp, plan, cells, hosts):
+    """Today's capacity search with the decide tiers: one search per cell (matrix/capacity_plan.price_search)."""
+    by_id = {cp.config.id: cp for cp in plan.configs}
+    per_config: dict[str, float] = {}
+    gpus = {}
+    for c in cells:
+        cp = by_id[c.config]
+        block = SearchBlock(tiers=exp.decide.tiers, lower=c.lower, upper=c.upper, resolution="5%", max_time_s=1200)
+        e = exp.model_copy(update={"search": block})
+        s = price_search(e, cp.resolved, planner._Timer(cp.resolved, exp), c.shape.prompt, c.shape.output,
+                         planner.POINT_OVERHEAD_S)
+        per_config[c.config] = per_config.get(c.config, c.start_s) + s["seconds"]
+        gpus[c.config] = c.gpus
+    jobs = [Job(k, gpus[k], v) for k, v in per_config.items()]
+    return {
+        "serial_s": sum(per_config.values()),
+        "gpu_s": sum(v * gpus[k] for k, v in per_config.items()),
+        "packed_s": schedule(jobs, hosts).makespan_s,
+    }
+
+
+def packed(run, hosts) -> float:
+    jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
+    return schedule(jobs, hosts).makespan_s if jobs else 0.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("experiment", nargs="?", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"))
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--model-error", type=float, default=0.10, help="log-sd of each calibration factor")
+    ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.monotonic()
+    exp = load_experiment(a.experiment)
+    d = exp.decide
+    if d is None:
+        ap.error(f"{a.experiment}: no decide block")
+    plan = planner.make_plan(exp)
+    sched = attach_schedule(plan, a.experiment)
+    hosts = list(sched.hosts)
+    noise = D.Noise()
+    prior = planner.decision_cells(plan)
+    max_probe_s = a.max_probe_time if a.max_probe_time is not None else d.max_probe_s
+    grid = {
+        "serial_s": plan.total_s,
+        "packed_s": sched.makespan_s,
+        "gpu_s": sum(cp.est_s * flags_gpus(cp.config.flags, exp.launcher.gpus) for cp in plan.configs),
+    }
+    search = capacity_search_cost(exp, plan, prior, hosts)
+    rows = []
+    for seed in range(a.seeds):
+        truth = planner.decision_cells(plan, timer_for=perturbed_timer(exp, a.model_error, seed))
+        answer = D.exhaustive(truth, d.tiers, noise)
+        kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
+                  max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise)
+        measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
+        run = D.run_decision(prior, d.tiers, measure, **kw)
+        agree = D.agreement(run.answer.best(), answer, d.resolution)
+        gpu_s = run.as_dict()["gpu_seconds"]
+        half = D.run_decision(prior, d.tiers, measure, budget_gpu_s=gpu_s / 2, **kw)
+        half_agree = D.agreement(half.answer.best(), answer, d.resolution)
+        grid_agree = D.agreement(grid_answer(exp, truth, noise), answer, d.resolution)
+        rows.append({
+            "seed": seed,
+            "probes": len(run.records),
+            "requests": sum(r.requests for r in run.records),
+            "gpu_s": gpu_s,
+            "packed_s": packed(run, hosts),
+            "serial_s": sum(run.config_seconds.values()),
+            "counts": run.answer.counts(),
+            "agreement": agree,
+            "half_budget": {"label": half.answer.label, "agreement": half_agree},
+            "grid_agreement": grid_agree,
+        })
+    out = {
+        "experiment": exp.name,
+        "seeds": a.seeds,
+        "model_error": a.model_error,
+        "max_probe_s": max_probe_s,
+        "noise": D.Noise().__dict__,
+        "questions": rows[0]["agreement"]["questions"] if rows else 0,
+        "grid": grid,
+        "capacity_search": search,
+        "runs": rows,
+        "bench_s": round(time.monotonic() - t0, 1),
+    }
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    h = 3600.0
+
+    def mean(k, f=lambda r, k: r[k]):
+        return float(np.mean([f(r, k) for r in rows]))
+
+    print(f"{exp.name}: {out['questions']} questions, {a.seeds} seeds, model error {a.model_error:.0%}, "
+          f"max probe {max_probe_s:g}s, bench {out['bench_s']}s")
+    print("| method | GPU-h | serial h | packed h (8 GPUs) | agreement exact | within resolution |")
+    print("|---|---|---|---|---|---|")
+    g_ex = mean("", lambda r, k: r["grid_agreement"]["exact"])
+    g_in = mean("", lambda r, k: r["grid_agreement"]["within_resolution"])
+    print(f"| grid (32 requests/point, perfect measurement) | {grid['gpu_s'] / h:.1f} | {grid['serial_s'] / h:.2f} | "
+          f"{grid['packed_s'] / h:.2f} | {g_ex:.1%} | {g_in:.1%} |")
+    print(f"| capacity search per cell (today) | {search['gpu_s'] / h:.1f} | {search['serial_s'] / h:.2f} | "
+          f"{search['packed_s'] / h:.2f} | - | - |")
+    ex = mean("", lambda r, k: r["agreement"]["exact"])
+    wi = mean("", lambda r, k: r["agreement"]["within_resolution"])
+    print(f"| decision (racing + sequential) | {mean('gpu_s') / h:.1f} | {mean('serial_s') / h:.2f} | "
+          f"{mean('packed_s') / h:.2f} | {ex:.1%} | {wi:.1%} |")
+    hx = mean("", lambda r, k: r["half_budget"]["agreement"]["exact"])
+    hw = mean("", lambda r, k: r["half_budget"]["agreement"]["within_resolution"])
+    print(f"| decision stopped at half its GPU time (anytime) | {mean('gpu_s') / 2 / h:.1f} | - | - | {hx:.1%} | "
+          f"{hw:.1%} |")
+    for r in rows:
+        print(f"seed {r['seed']}: {r['probes']} probes, {r['requests']} requests, {r['counts']}; misses:")
+        for m in r["agreement"]["misses"]:
+            print(f"  {m['question']}: decided {m['decided']} ({m['decided_value']}) vs {m['exhaustive']} "
+                  f"({m['best_value']}){' tie within resolution' if m['within_resolution'] else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""An experiment's `decide:` block: the question a run must answer, so the planner can plan only the work that
+answers it (docs/decision.md).
+
+```yaml
+decide:
+  best: output_tokens_per_s_per_gpu   # the figure a configuration is ranked by, at its capacity for the tier
+  tiers:                              # one answer per workload shape (workload × prompt × output of the load
+                                      # axes) and per per-user speed tier (SLOs of config/slo.py's grammar)
+    tier1: [decode_tokens_per_s_p50>=30, ttft_p95<=15s]
+    tier2: [decode_tokens_per_s_p50>=100]
+    tier3: [decode_tokens_per_s_p50>=300]
+  confidence: 95%                     # every interval behind a verdict, under early stopping
+  resolution: 5%                      # configurations within this of each other are a tie (either answer is right)
+  lower: 1                            # concurrencies a capacity may lie in; upper null: max of load.concurrency
+  upper: null
+  max_requests: 800                   # a probe stops at this many requests whatever its intervals say ...
+  max_probe_time: 15m                 # ... or once its requests would take this long
+```
+
+A tier is judged on quantiles (pNN) of per-request metrics only: their anytime-valid intervals are distribution-free
+order-statistic bounds (matrix/decision.py); a mean or a scalar has no such bound here, so it is refused with the
+list of what is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from servesweep.config.point import seconds_alias
+from servesweep.config.slo import SLOError, parse_slos
+
+# what a decide tier may judge: per-request metrics whose quantiles the decision bounds distribution-free
+DECIDE_METRICS = ("ttft", "tpot", "e2e", "decode_tokens_per_s")
+
+
+def _fraction(v, what: str) -> float:
+    text = str(v).strip()
+    try:
+        x = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{what}: expected a percentage like 95% or a fraction like 0.95, got {v!r}") from None
+    return x
+
+
+class DecideBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    best: Literal["output_tokens_per_s_per_gpu"] = Field(
+        "output_tokens_per_s_per_gpu", description="what ranks configurations, at their capacity for a tier"
+    )
+    tiers: dict[str, list[str]] = Field(min_length=1, description="tier name -> SLO texts")
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    resolution: float = Field(0.05, gt=0, lt=1, description="relative: values this close are a tie")
+    lower: int = Field(1, ge=1)
+    upper: int | None = Field(None, ge=1, description="None: the largest of load.concurrency")
+    max_requests: int = Field(800, ge=20)
+    max_probe_s: float | None = Field(900.0, gt=0, description="a probe's requests take at most this long")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _time(cls, v):
+        return seconds_alias(v, "max_probe_time")
+
+    @field_validator("confidence", "resolution", mode="before")
+    @classmethod
+    def _percent(cls, v, info):
+        return _fraction(v, info.field_name)
+
+    @field_validator("tiers", mode="before")
+    @classmethod
+    def _tiers(cls, v):
+        if isinstance(v, list):  # a list of tiers: named tier1, tier2, ...
+            v = {f"tier{i + 1}": t for i, t in enumerate(v)}
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping of tier name -> list of SLOs")
+        out = {}
+        for name, slos in v.items():
+            texts = [slos] if isinstance(slos, str) else [str(s) for s in slos or []]
+            try:
+                parsed = parse_slos(texts)
+            except SLOError as e:
+                raise ValueError(f"tier {name}: {e}") from None
+            if not parsed:
+                raise ValueError(f"tier {name}: needs at least one SLO")
+            for s in parsed:
+                stat = s.metric.stat or ""
+                if s.metric.base not in DECIDE_METRICS or not stat.startswith("p"):
+                    raise ValueError(
+                        f"tier {name}: {s.text} cannot decide: a decide tier judges a percentile (pNN) of "
+                        f"{', '.join(DECIDE_METRICS)}"
+                    )
+            out[str(name)] = texts
+        return out
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DecideBlock:
+        if self.upper is not None and self.upper < self.lower:
+            raise ValueError(f"decide.upper {self.upper} is below decide.lower {self.lower}")
+        return self

@@ -1,0 +1,617 @@
+"""The decision planner: the probes that answer an experiment's `decide:` question, and the answer they give.
+
+The question (config/decide.py): for each workload shape (workload × prompt × output) and per-user speed tier,
+which server configuration serves the most output tokens/s per GPU at its capacity for the tier (the largest
+concurrency at which every SLO of the tier holds). One *cell* is a (configuration, shape): what can be probed at a
+concurrency; one *question* is a (shape, tier). A pure module: the caller hands in the cells (each with the step
+model's prediction, its prior) and `measure(cell, load, requests)`; nothing here starts a server (docs/decision.md).
+
+The levers, each a few lines below:
+- **sequential stopping** (`sequential_probe`): a probe's requests are looked at after n0, 2 n0, 4 n0, ... and the
+  probe stops at the first look where every open tier's verdict and the throughput are known to the resolution.
+  The intervals stay valid whatever look it stops at: look k is judged at alpha_k = alpha · 6 / (pi² k²), a union
+  bound over looks (sum alpha_k = alpha); a percentile's interval is the distribution-free order-statistic bound
+  (matrix/search.py), the throughput's a normal interval of the mean E2E (asymptotic).
+- **racing** (`derive`): a configuration leaves a question once its upper bound is below another's lower bound; a
+  question is *decided* once the leader's lower bound times (1 + resolution) clears every rival's upper bound, a
+  *tie* when the rivals' brackets are already at the capacity resolution and still overlap; a cell is no longer
+  probed once every question of its shape is settled or has dropped it.
+- **reuse**: a probe at concurrency C is judged for every tier of its shape; a configuration's measured/predicted
+  ratios calibrate the step model for its other shapes (`calibration`), so their searches start near the answer.
+- **emulator-guided priors and budget-aware order**: each search starts at the (calibrated) predicted capacity and
+  brackets outward by small steps; each round probes the cells in most-open-questions-per-GPU-second order, so a
+  budget cut leaves the cheapest informative work done; `answer()` is the labelled best-so-far at any moment.
+
+Bounds on a cell's value for a tier assume throughput rises with concurrency up to the capacity (closed loop: it
+does, flat above the running-request cap): value ∈ [tput_low(last pass), tput_high(first fail)] / GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Literal
+
+import numpy as np
+
+from servesweep.matrix.search import Slo, _order_statistic_interval, parse_tier
+
+Prediction = dict[str, float]  # ttft, tpot, e2e (s) and throughput (req/s) of one closed-loop concurrency
+Status = Literal["decided", "tie", "none", "leading", "open"]
+PER_METRIC = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "decode_tokens_per_s": "tpot"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    workload: str
+    prompt: int
+    output: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}-p{self.prompt}-o{self.output}"
+
+
+@dataclass
+class Cell:
+    """One configuration at one shape: the loads it may be probed at and the step model's prediction there."""
+
+    config: str
+    shape: Shape
+    gpus: int
+    lower: int
+    upper: int
+    predict: Callable[[int], Prediction]
+    start_s: float = 0.0  # its server's start and stop (once per configuration)
+    _cache: dict[int, Prediction] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.config, self.shape.key
+
+    def predicted(self, load: int) -> Prediction:
+        if load not in self._cache:
+            self._cache[load] = self.predict(load)
+        return self._cache[load]
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The measurement model: each request's TTFT, TPOT and E2E are the prediction times an independent
+    log-normal factor (median 1). Population quantiles follow in closed form (`population`)."""
+
+    ttft: float = 0.25
+    tpot: float = 0.08
+    e2e: float = 0.08
+
+    def quantile(self, metric: str, base_s: float, q: float) -> float:
+        """The q-quantile of a metric in its SLO unit (ms, or tok/s for decode speed)."""
+        z = NormalDist().inv_cdf(q)
+        if metric == "decode_tokens_per_s":  # 1 / TPOT: the log-normal mirrored
+            return (1.0 / base_s) * math.exp(self.tpot * z)
+        return 1000.0 * base_s * math.exp(getattr(self, metric) * z)
+
+    def throughput(self, p: Prediction, load: int, output: int) -> float:
+        """Output tok/s of the closed loop: load users / mean E2E × output tokens."""
+        return load * output / (p["e2e"] * math.exp(self.e2e**2 / 2))
+
+    def draw(self, p: Prediction, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return {m: p[m] * np.exp(getattr(self, m) * rng.standard_normal(n)) for m in ("ttft", "tpot", "e2e")}
+
+
+def holds_population(slos: Sequence[Slo], p: Prediction, noise: Noise) -> bool:
+    """Whether every SLO of a tier holds for the population a prediction describes (no sampling error)."""
+    for s in slos:
+        q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
+        if not s.holds(noise.quantile(s.metric, p[PER_METRIC[s.metric]], q)):
+            return False
+    return True
+
+
+def capacity(
+    cell: Cell, slos: Sequence[Slo], noise: Noise, predict: Callable[[int], Prediction] | None = None
+) -> int | None:
+    """The largest load before the first failing one, scanning every concurrency (None: fails at lower)."""
+    f = predict or cell.predicted
+    best = None
+    for c in range(cell.lower, cell.upper + 1):
+        if not holds_population(slos, f(c), noise):
+            break
+        best = c
+    return best
+
+
+# ---------------------------------------------------------------- one probe
+
+
+@dataclass
+class Measured:
+    """Per-request values of one probe (seconds), its output tokens per request and the window it took."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    e2e: np.ndarray
+    output: int
+
+
+@dataclass
+class ProbeRecord:
+    """One load of one cell measured: requests, cost, each tier's verdict, output tok/s per GPU with its interval,
+    and the medians the calibration compares with the prediction."""
+
+    config: str
+    shape: str
+    load: int
+    requests: int
+    seconds: float
+    gpus: int
+    verdicts: dict[str, str]
+    tput: tuple[float, float, float]  # (low, estimate, high) tok/s per GPU
+    ratios: dict[str, float]  # measured median / predicted, per metric
+    at_cap: bool = False
+    order: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _z(alpha: float) -> float:
+    return NormalDist().inv_cdf(1.0 - alpha / 2.0)
+
+
+def look_alpha(alpha: float, k: int) -> float:
+    """The error spent at look k (1-based): alpha · 6 / (pi² k²); they sum to alpha over all looks."""
+    return alpha * 6.0 / (math.pi**2 * k * k)
+
+
+def _judge(s: Slo, v: np.ndarray, confidence: float, at_cap: bool, resolution: float) -> str:
+    """pass / fail when the interval clears the threshold; when the whole interval lies within the resolution of
+    the threshold the statistic is known as well as the question needs it and the point estimate decides (the
+    capacity is then right to about the resolution either way); at the request or time cap likewise."""
+    q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
+    vals = 1.0 / v if s.metric == "decode_tokens_per_s" else 1000.0 * v
+    srt = np.sort(vals)
+    low, high = _order_statistic_interval(srt, q, confidence)
+    worst, best = (high, low) if s.upper_limit else (low, high)
+    if s.holds(worst):
+        return "pass"
+    if not s.holds(best):
+        return "fail"
+    near = math.isfinite(low) and math.isfinite(high) and high - low <= 2 * resolution * abs(s.value)
+    if at_cap or near:
+        return "pass" if s.holds(float(np.quantile(srt, q))) else "fail"
+    return "undecided"
+
+
+def sequential_probe(
+    cell: Cell,
+    load: int,
+    tiers: Mapping[str, Sequence[Slo]],
+    open_tiers: Iterable[str],
+    draw: Callable[[int], Measured],
+    *,
+    confidence: float,
+    resolution: float,
+    max_requests: int,
+    overhead_s: float,
+    max_probe_s: float | None = None,
+) -> ProbeRecord:
+    """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
+    load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
+    max_requests (or once its requests would take max_probe_s) the point estimates decide (`at_cap`). `draw(n)` gives the first n requests of the probe (a run
+    that keeps going: later looks see a longer prefix of the same stream)."""
+    need = max(_min_samples(s) for slos in tiers.values() for s in slos)
+    n = min(max_requests, max(need, 2 * load))
+    alpha = 1.0 - confidence
+    want = set(open_tiers) or set(tiers)
+    p = cell.predicted(load)
+    most = max_requests
+    if max_probe_s is not None and p["throughput"] > 0:  # the requests that fit the probe's time
+        most = max(n, min(max_requests, int(max_probe_s * p["throughput"])))
+    k = 0
+    while True:
+        k += 1
+        m = draw(n)
+        a_k = look_alpha(alpha, k)
+        cap = n >= most
+        verdicts = {}
+        for name, slos in tiers.items():
+            vs = [_judge(s, m.tpot if s.metric in ("tpot", "decode_tokens_per_s") else getattr(m, s.metric),
+                         1.0 - a_k, cap, resolution) for s in slos]
+            verdicts[name] = "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
+        mean, sd = float(np.mean(m.e2e)), float(np.std(m.e2e, ddof=1))
+        half = _z(a_k) * sd / math.sqrt(n)
+        per_gpu = load * m.output / cell.gpus
+        tput = (per_gpu / (mean + half), per_gpu / mean, per_gpu / max(mean - half, 1e-9))
+        narrow = (tput[2] - tput[0]) / tput[1] <= 2 * resolution  # within ± the resolution
+        if cap or (narrow and all(verdicts[t] != "undecided" for t in want)):
+            break
+        n = min(most, 2 * n)
+    window = n / p["throughput"] if p["throughput"] > 0 else 0.0
+    ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
+    return ProbeRecord(cell.config, cell.shape.key, load, n, overhead_s + window, cell.gpus, verdicts, tput,
+                       ratios, at_cap=cap)
+
+
+def _min_samples(s: Slo) -> int:
+    from servesweep.matrix.search import min_samples
+
+    return min_samples(s)
+
+
+# ---------------------------------------------------------------- what the probes so far say
+
+
+@dataclass
+class Bounds:
+    """A cell's value for one tier: tok/s per GPU at its capacity, with the bracket it rests on."""
+
+    low: float
+    estimate: float
+    high: float
+    bracket: tuple[int | None, int | None]
+    resolved: bool  # the capacity bracket is at the search resolution (more probes cannot narrow it)
+
+
+@dataclass
+class QuestionAnswer:
+    shape: str
+    tier: str
+    best: str | None  # None: no configuration serves the tier (or nothing measured)
+    status: Status
+    value: Bounds | None
+    alive: list[str]
+    dropped: list[str]
+    label: str
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["value"] = None if self.value is None else dict(self.value.__dict__)
+        return d
+
+
+@dataclass
+class Answer:
+    """The labelled answer of every question from the probes so far (anytime: complete or not)."""
+
+    questions: list[QuestionAnswer]
+    probes: int
+    gpu_seconds: float
+    confidence: float
+    complete: bool
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for q in self.questions:
+            out[q.status] = out.get(q.status, 0) + 1
+        return out
+
+    @property
+    def label(self) -> str:
+        c = self.counts()
+        settled = sum(c.get(k, 0) for k in ("decided", "tie", "none"))
+        head = "final answer" if self.complete else "best so far (not finished)"
+        return (
+            f"{head}: {settled}/{len(self.questions)} questions settled ({c.get('decided', 0)} decided at "
+            f"{self.confidence:.0%} per interval, {c.get('tie', 0)} ties within resolution, {c.get('none', 0)} "
+            f"served by no configuration), {self.probes} probes, {self.gpu_seconds / 3600:.2f} GPU-h"
+        )
+
+    def best(self) -> dict[tuple[str, str], str | None]:
+        return {(q.shape, q.tier): q.best for q in self.questions}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "complete": self.complete,
+            "probes": self.probes,
+            "gpu_seconds": round(self.gpu_seconds, 1),
+            "confidence": self.confidence,
+            "counts": self.counts(),
+            "questions": [q.as_dict() for q in self.questions],
+        }
+
+
+def _resolution_step(load: int, rel: float) -> float:
+    return max(1.0, rel * load)
+
+
+def cell_bounds(cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float) -> Bounds:
+    """[low, high] of a cell's value for a tier from its probes (monotone capacity: a pass above the first fail is
+    left out, as in matrix/search.py)."""
+    fails = [r for r in records if r.verdicts.get(tier) == "fail"]
+    hi = min(fails, key=lambda r: r.load) if fails else None
+    passes = [r for r in records if r.verdicts.get(tier) == "pass" and (hi is None or r.load < hi.load)]
+    lo = max(passes, key=lambda r: r.load) if passes else None
+    bracket = (lo.load if lo else None, hi.load if hi else None)
+    if hi is not None and hi.load <= cell.lower:
+        return Bounds(0.0, 0.0, 0.0, bracket, True)
+    low = lo.tput[0] if lo else 0.0
+    est = lo.tput[1] if lo else 0.0
+    if lo is not None and lo.load >= cell.upper:
+        return Bounds(low, est, lo.tput[2], bracket, True)
+    # tput(first fail) bounds the value from above; where noise makes it read below the last pass, the last pass's
+    # own upper bound is kept (the bounds never cross)
+    high = max(hi.tput[2], lo.tput[2] if lo else 0.0) if hi else math.inf
+    resolved = lo is not None and hi is not None and hi.load - lo.load <= _resolution_step(lo.load, rel) + 1e-9
+    return Bounds(low, est, high, bracket, resolved)
+
+
+def derive(
+    cells: Sequence[Cell],
+    tiers: Sequence[str],
+    records: Sequence[ProbeRecord],
+    *,
+    resolution: float,
+    confidence: float,
+    complete: bool = False,
+) -> Answer:
+    """Every question's answer from the probes so far: racing (drop a configuration whose upper bound is below
+    another's lower bound), then decided / tie / none / leading / open. Pure: the same probes give the same answer."""
+    by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
+    for r in records:
+        by_cell.setdefault((r.config, r.shape), []).append(r)
+    shapes: dict[str, list[Cell]] = {}
+    for c in cells:
+        shapes.setdefault(c.shape.key, []).append(c)
+    out = []
+    for shape, group in shapes.items():
+        for tier in tiers:
+            b = {c.config: cell_bounds(c, tier, by_cell.get(c.key, []), resolution) for c in group}
+            floor = max(x.low for x in b.values())
+            alive = [k for k, x in b.items() if x.high >= floor]
+            dropped = [k for k in b if k not in alive]
+            leader = max(alive, key=lambda k: (b[k].estimate, b[k].low))
+            rivals = [k for k in alive if k != leader]
+            measured = bool(by_cell.keys() & {(k, shape) for k in alive})
+            if all(b[k].high == 0.0 for k in alive):
+                status: Status = "none"
+            elif all(b[k].high <= b[leader].low * (1 + resolution) for k in rivals) and b[leader].low > 0:
+                status = "decided"
+            elif all(b[k].resolved for k in alive):
+                status = "tie"
+            else:
+                status = "leading" if measured else "open"
+            best = None if status in ("none", "open") else leader
+            label = {
+                "decided": f"{leader} (beats every rival by more than the resolution, or ties within it)",
+                "tie": f"{leader} by its estimate; tied within resolution with {', '.join(rivals) or 'none'}",
+                "none": "no configuration holds this tier at the lowest load",
+                "leading": f"{leader} leads; {len(rivals)} rivals not yet excluded",
+                "open": "not measured yet",
+            }[status]
+            out.append(QuestionAnswer(shape, tier, best, status, b[leader], alive, dropped, label))
+    gpu_s = sum(r.seconds * r.gpus for r in records)
+    return Answer(out, len(records), gpu_s, confidence, complete)
+
+
+def answer(
+    cells: Sequence[Cell], tiers: Sequence[str], records: Sequence[ProbeRecord], *, resolution: float,
+    confidence: float,
+) -> Answer:
+    """The anytime answer: the labelled best-so-far of every question from whatever probes have been measured (a
+    run stopped at any point, e.g. half its budget, reports this)."""
+    return derive(cells, tiers, records, resolution=resolution, confidence=confidence)
+
+
+# ---------------------------------------------------------------- choosing the next probe
+
+
+def calibration(config: str, records: Sequence[ProbeRecord]) -> dict[str, float]:
+    """The configuration's measured / predicted medians (geometric mean over its probes): the step model's error
+    for it, applied to its shapes not yet measured."""
+    mine = [r for r in records if r.config == config]
+    if not mine:
+        return {"ttft": 1.0, "tpot": 1.0, "e2e": 1.0}
+    return {m: float(np.exp(np.mean([math.log(r.ratios[m]) for r in mine]))) for m in ("ttft", "tpot", "e2e")}
+
+
+def prior_capacity(cell: Cell, slos: Sequence[Slo], noise: Noise, cal: Mapping[str, float]) -> int:
+    """The calibrated step model's capacity (lower when it predicts a fail there): where the search starts."""
+
+    def f(c: int) -> Prediction:
+        p = cell.predicted(c)
+        return {**p, **{m: p[m] * cal[m] for m in ("ttft", "tpot", "e2e")}}
+
+    return capacity(cell, slos, noise, f) or cell.lower
+
+
+def next_load(cell: Cell, bounds: Bounds, start: int, records: Sequence[ProbeRecord], tier: str) -> int:
+    """Bracket outward from the prior by growing steps (x1.2, x1.5, x2 ...), then bisect geometrically."""
+    lo, hi = bounds.bracket
+    if lo is None and hi is None:
+        return min(max(start, cell.lower), cell.upper)
+    if lo is not None and hi is not None:
+        mid = int(round(math.sqrt(lo * hi)))
+        return min(max(mid, lo + 1), hi - 1)
+    same = sum(1 for r in records if r.verdicts.get(tier) == ("pass" if hi is None else "fail"))
+    f = min(2.0, 1.2 * 1.25 ** (same - 1)) if same < 4 else 2.0
+    if hi is None:
+        assert lo is not None
+        return min(cell.upper, max(lo + 1, int(math.ceil(lo * f))))
+    return max(cell.lower, min(hi - 1, int(math.floor(hi / f))))
+
+
+@dataclass
+class DecisionRun:
+    """A finished (or budget-cut) decision: every probe in order, the answer, and the cost per configuration."""
+
+    answer: Answer
+    records: list[ProbeRecord]
+    config_seconds: dict[str, float]  # probe seconds per configuration (its server's time, start included)
+    config_gpus: dict[str, int]
+    rounds: int
+    budget_hit: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "answer": self.answer.as_dict(),
+            "probes": len(self.records),
+            "rounds": self.rounds,
+            "budget_hit": self.budget_hit,
+            "gpu_seconds": round(sum(self.config_seconds[c] * self.config_gpus[c] for c in self.config_seconds), 1),
+            "config_seconds": {k: round(v, 1) for k, v in self.config_seconds.items()},
+        }
+
+
+Measure = Callable[[Cell, int], Callable[[int], Measured]]
+
+
+def run_decision(
+    cells: Sequence[Cell],
+    tier_texts: Mapping[str, Sequence[str]],
+    measure: Measure,
+    *,
+    confidence: float = 0.95,
+    resolution: float = 0.05,
+    max_requests: int = 800,
+    max_probe_s: float | None = 900.0,
+    overhead_s: float = 6.0,
+    noise: Noise | None = None,
+    budget_gpu_s: float | None = None,
+    max_rounds: int = 200,
+    on_probe: Callable[[Answer], None] | None = None,
+) -> DecisionRun:
+    """Decide every (shape, tier) question. Rounds: every cell still contending in an open question gets one probe,
+    the most open questions per predicted GPU-second first; `measure(cell, load)` gives the probe's request stream.
+    Stops when every question is settled, or at `budget_gpu_s` (the answer is then labelled best-so-far)."""
+    noise = noise or Noise()
+    tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
+    names = list(tiers)
+    records: list[ProbeRecord] = []
+    starts: dict[tuple[tuple[str, str], str], int] = {}
+    seconds: dict[str, float] = {}
+    gpus = {c.config: c.gpus for c in cells}
+    budget_hit = False
+    rounds = 0
+    kw = {"resolution": resolution, "confidence": confidence}
+    while rounds < max_rounds:
+        rounds += 1
+        ans = derive(cells, names, records, **kw)
+        open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
+        if not open_q:
+            break
+        by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
+        for r in records:
+            by_cell.setdefault((r.config, r.shape), []).append(r)
+        work = []
+        for c in cells:
+            mine = by_cell.get(c.key, [])
+            want = [t for t in names if (c.shape.key, t) in open_q and c.config in open_q[(c.shape.key, t)].alive
+                    and not cell_bounds(c, t, mine, resolution).resolved]
+            if not want:
+                continue
+            cost = _predicted_probe_s(c, mine, overhead_s) * c.gpus
+            work.append((len(want) / max(cost, 1e-9), c, want, mine))
+        if not work:
+            break
+        work.sort(key=lambda w: -w[0])
+        for _, c, want, mine in work:
+            if budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s:
+                budget_hit = True
+                break
+            # refine the tier whose bracket is widest (relative); a probe serves every tier all the same
+            tb = {t: cell_bounds(c, t, mine, resolution) for t in want}
+            tier = max(want, key=lambda t: _width(tb[t], c))
+            key = (c.key, tier)
+            if key not in starts:
+                starts[key] = prior_capacity(c, tiers[tier], noise, calibration(c.config, records))
+            load = next_load(c, tb[tier], starts[key], mine, tier)
+            if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
+                continue
+            rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
+                                   resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
+                                   max_probe_s=max_probe_s)
+            rec.order = len(records) + 1
+            if c.config not in seconds:
+                seconds[c.config] = c.start_s
+            seconds[c.config] += rec.seconds
+            records.append(rec)
+            mine.append(rec)
+            if on_probe is not None:
+                on_probe(derive(cells, names, records, **kw))
+        if budget_hit:
+            break
+    final = derive(cells, names, records, complete=not budget_hit, **kw)
+    return DecisionRun(final, records, seconds, {k: gpus[k] for k in seconds}, rounds, budget_hit)
+
+
+def _width(b: Bounds, cell: Cell) -> float:
+    lo, hi = b.bracket
+    lo_v = lo if lo is not None else cell.lower
+    hi_v = hi if hi is not None else cell.upper * 2
+    return math.log(max(hi_v, lo_v + 1) / max(lo_v, 1))
+
+
+def _predicted_probe_s(cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float) -> float:
+    load = max((r.load for r in mine), default=cell.lower)
+    p = cell.predicted(load)
+    return overhead_s + max(40, 2 * load) / max(p["throughput"], 1e-9)
+
+
+# ---------------------------------------------------------------- ground truth and the simulated measurement
+
+
+def exhaustive(cells: Sequence[Cell], tier_texts: Mapping[str, Sequence[str]], noise: Noise) -> dict[
+    tuple[str, str], dict[str, float]
+]:
+    """The exhaustive answer on a known model: every concurrency of every cell checked on the population values;
+    {(shape, tier): {config: tok/s per GPU at its capacity (0: fails at lower)}}."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for name, texts in tier_texts.items():
+        slos = parse_tier(list(texts))
+        for c in cells:
+            cap = capacity(c, slos, noise)
+            v = 0.0 if cap is None else noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
+            out.setdefault((c.shape.key, name), {})[c.config] = v
+    return out
+
+
+def simulated_measure(noise: Noise, truth: Mapping[tuple[str, str], Callable[[int], Prediction]], seed: int) -> Measure:
+    """Probes drawn from a known model (seeded): `truth[(config, shape)](load)` is the population's prediction;
+    each probe's stream is one seeded draw that later looks extend."""
+
+    def measure(cell: Cell, load: int) -> Callable[[int], Measured]:
+        p = truth[cell.key](load)
+        rng = np.random.default_rng([seed, zlib.crc32('/'.join(cell.key).encode()), load])
+        stream: dict[str, np.ndarray] = {m: np.zeros(0) for m in ("ttft", "tpot", "e2e")}
+
+        def draw(n: int) -> Measured:
+            have = stream["ttft"].size
+            if n > have:
+                more = noise.draw(p, n - have, rng)
+                for m in stream:
+                    stream[m] = np.concatenate([stream[m], more[m]])
+            return Measured(stream["ttft"][:n], stream["tpot"][:n], stream["e2e"][:n], cell.shape.output)
+
+        return draw
+
+    return measure
+
+
+def agreement(
+    decided: Mapping[tuple[str, str], str | None], truth: Mapping[tuple[str, str], Mapping[str, float]],
+    resolution: float,
+) -> dict[str, Any]:
+    """How often the decision's best configuration is the exhaustive one: exactly, and within resolution (its true
+    value at least best / (1 + resolution): a tie the resolution cannot tell apart); the misses, explained."""
+    exact = within = 0
+    misses = []
+    for q, vals in truth.items():
+        top = max(vals.values())
+        best = max(vals, key=lambda k: vals[k]) if top > 0 else None
+        got = decided.get(q)
+        got_v = vals.get(got, 0.0) if got else 0.0
+        if got == best:
+            exact += 1
+            within += 1
+            continue
+        tie = (top == 0 and got_v == 0) or (top > 0 and got_v * (1 + resolution) >= top)
+        within += tie
+        misses.append({"question": q, "decided": got, "exhaustive": best, "decided_value": round(got_v, 2),
+                       "best_value": round(top, 2), "within_resolution": tie})
+    n = max(1, len(truth))
+    return {"questions": len(truth), "exact": exact / n, "within_resolution": within / n, "misses": misses}
