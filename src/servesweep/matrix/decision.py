@@ -319,9 +319,12 @@ def _resolution_step(load: int, rel: float) -> float:
     return max(1.0, rel * load)
 
 
-def cell_bounds(cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float) -> Bounds:
+def cell_bounds(
+    cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float, prior_high: float = math.inf
+) -> Bounds:
     """[low, high] of a cell's value for a tier from its probes (monotone capacity: a pass above the first fail is
-    left out, as in matrix/search.py)."""
+    left out, as in matrix/search.py). Without a failing load the upper bound is `prior_high` (the step model's
+    value times PRIOR_MARGIN: an assumption on the model's error, not a measurement; inf: none)."""
     fails = [r for r in records if r.verdicts.get(tier) == "fail"]
     hi = min(fails, key=lambda r: r.load) if fails else None
     passes = [r for r in records if r.verdicts.get(tier) == "pass" and (hi is None or r.load < hi.load)]
@@ -335,7 +338,7 @@ def cell_bounds(cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: floa
         return Bounds(low, est, lo.tput[2], bracket, True)
     # tput(first fail) bounds the value from above; where noise makes it read below the last pass, the last pass's
     # own upper bound is kept (the bounds never cross)
-    high = max(hi.tput[2], lo.tput[2] if lo else 0.0) if hi else math.inf
+    high = max(hi.tput[2], lo.tput[2] if lo else 0.0) if hi else max(prior_high, lo.tput[2] if lo else 0.0)
     resolved = lo is not None and hi is not None and hi.load - lo.load <= _resolution_step(lo.load, rel) + 1e-9
     return Bounds(low, est, high, bracket, resolved)
 
@@ -348,6 +351,7 @@ def derive(
     resolution: float,
     confidence: float,
     complete: bool = False,
+    prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
 ) -> Answer:
     """Every question's answer from the probes so far: racing (drop a configuration whose upper bound is below
     another's lower bound), then decided / tie / none / leading / open. Pure: the same probes give the same answer."""
@@ -360,7 +364,12 @@ def derive(
     out = []
     for shape, group in shapes.items():
         for tier in tiers:
-            b = {c.config: cell_bounds(c, tier, by_cell.get(c.key, []), resolution) for c in group}
+            b = {
+                c.config: cell_bounds(
+                    c, tier, by_cell.get(c.key, []), resolution, (prior_high or {}).get((c.key, tier), math.inf)
+                )
+                for c in group
+            }
             floor = max(x.low for x in b.values())
             alive = [k for k, x in b.items() if x.high >= floor]
             dropped = [k for k in b if k not in alive]
@@ -390,11 +399,27 @@ def derive(
 
 def answer(
     cells: Sequence[Cell], tiers: Sequence[str], records: Sequence[ProbeRecord], *, resolution: float,
-    confidence: float,
+    confidence: float, prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
 ) -> Answer:
     """The anytime answer: the labelled best-so-far of every question from whatever probes have been measured (a
     run stopped at any point, e.g. half its budget, reports this)."""
-    return derive(cells, tiers, records, resolution=resolution, confidence=confidence)
+    return derive(cells, tiers, records, resolution=resolution, confidence=confidence, prior_high=prior_high)
+
+
+PRIOR_MARGIN = 2.0  # an unfailed cell's value is assumed at most this many times the step model's prediction
+
+
+def prior_bounds(
+    cells: Sequence[Cell], tiers: Mapping[str, Sequence[Slo]], noise: Noise
+) -> dict[tuple[tuple[str, str], str], float]:
+    """PRIOR_MARGIN × the step model's value of every (cell, tier) at its predicted capacity (at least the value
+    at the lowest load: a tier the model says fails there may still hold)."""
+    out = {}
+    for c in cells:
+        for name, slos in tiers.items():
+            cap = capacity(c, slos, noise) or c.lower
+            out[(c.key, name)] = PRIOR_MARGIN * noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
+    return out
 
 
 # ---------------------------------------------------------------- choosing the next probe
@@ -472,12 +497,15 @@ def run_decision(
     overhead_s: float = 6.0,
     noise: Noise | None = None,
     budget_gpu_s: float | None = None,
-    max_rounds: int = 200,
+    max_rounds: int = 5000,
+    use_prior: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
 ) -> DecisionRun:
-    """Decide every (shape, tier) question. Rounds: every cell still contending in an open question gets one probe,
-    the most open questions per predicted GPU-second first; `measure(cell, load)` gives the probe's request stream.
-    Stops when every question is settled, or at `budget_gpu_s` (the answer is then labelled best-so-far)."""
+    """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
+    the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
+    over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
+    cells are bounded by the step model's prior (`use_prior`, PRIOR_MARGIN). Stops when every question is settled
+    or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far)."""
     noise = noise or Noise()
     tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
     names = list(tiers)
@@ -487,56 +515,71 @@ def run_decision(
     gpus = {c.config: c.gpus for c in cells}
     budget_hit = False
     rounds = 0
-    kw = {"resolution": resolution, "confidence": confidence}
+    kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
+    if use_prior:
+        kw["prior_high"] = prior_bounds(cells, tiers, noise)
+    stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
+    by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
     while rounds < max_rounds:
-        rounds += 1
         ans = derive(cells, names, records, **kw)
         open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
         if not open_q:
             break
-        by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
-        for r in records:
-            by_cell.setdefault((r.config, r.shape), []).append(r)
+        top = {k: max((x for x in (_high(q),) if math.isfinite(x)), default=1.0) for k, q in open_q.items()}
         work = []
         for c in cells:
             mine = by_cell.get(c.key, [])
-            want = [t for t in names if (c.shape.key, t) in open_q and c.config in open_q[(c.shape.key, t)].alive
-                    and not cell_bounds(c, t, mine, resolution).resolved]
+            want = []
+            score = 0.0
+            for t in names:
+                q = open_q.get((c.shape.key, t))
+                if q is None or c.config not in q.alive or (c.key, t) in stuck:
+                    continue
+                bt = cell_bounds(c, t, mine, resolution, kw.get("prior_high", {}).get((c.key, t), math.inf))
+                if bt.resolved:
+                    continue
+                want.append(t)
+                # the chance to be the answer: its upper bound against the question's best lower bound
+                score += min(bt.high, 10 * top[(c.shape.key, t)]) / max(top[(c.shape.key, t)], 1e-9)
             if not want:
                 continue
             cost = _predicted_probe_s(c, mine, overhead_s) * c.gpus
-            work.append((len(want) / max(cost, 1e-9), c, want, mine))
+            work.append((score / max(cost, 1e-9), c, want, mine))
         if not work:
             break
-        work.sort(key=lambda w: -w[0])
-        for _, c, want, mine in work:
-            if budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s:
-                budget_hit = True
-                break
-            # refine the tier whose bracket is widest (relative); a probe serves every tier all the same
-            tb = {t: cell_bounds(c, t, mine, resolution) for t in want}
-            tier = max(want, key=lambda t: _width(tb[t], c))
-            key = (c.key, tier)
-            if key not in starts:
-                starts[key] = prior_capacity(c, tiers[tier], noise, calibration(c.config, records))
-            load = next_load(c, tb[tier], starts[key], mine, tier)
-            if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
-                continue
-            rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
-                                   resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
-                                   max_probe_s=max_probe_s)
-            rec.order = len(records) + 1
-            if c.config not in seconds:
-                seconds[c.config] = c.start_s
-            seconds[c.config] += rec.seconds
-            records.append(rec)
-            mine.append(rec)
-            if on_probe is not None:
-                on_probe(derive(cells, names, records, **kw))
-        if budget_hit:
+        if budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s:
+            budget_hit = True
             break
+        rounds += 1
+        _, c, want, mine = max(work, key=lambda w: w[0])
+        # refine the tier whose bracket is widest (relative); a probe serves every tier all the same
+        tb = {t: cell_bounds(c, t, mine, resolution) for t in want}
+        tier = max(want, key=lambda t: _width(tb[t], c))
+        key = (c.key, tier)
+        if key not in starts:
+            starts[key] = prior_capacity(c, tiers[tier], noise, calibration(c.config, records))
+        load = next_load(c, tb[tier], starts[key], mine, tier)
+        if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
+            stuck.add(key)
+            continue
+        rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
+                               resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
+                               max_probe_s=max_probe_s)
+        rec.order = len(records) + 1
+        if c.config not in seconds:
+            seconds[c.config] = c.start_s
+        seconds[c.config] += rec.seconds
+        records.append(rec)
+        by_cell.setdefault(c.key, []).append(rec)
+        if on_probe is not None:
+            on_probe(derive(cells, names, records, **kw))
     final = derive(cells, names, records, complete=not budget_hit, **kw)
     return DecisionRun(final, records, seconds, {k: gpus[k] for k in seconds}, rounds, budget_hit)
+
+
+def _high(q: QuestionAnswer) -> float:
+    """The question's best lower bound so far (what a rival must beat), from its leader."""
+    return q.value.low if q.value is not None and q.value.low > 0 else math.inf
 
 
 def _width(b: Bounds, cell: Cell) -> float:
