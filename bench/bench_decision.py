@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     hosts = list(sched.hosts)
     noise = D.Noise()
     prior = planner.decision_cells(plan)
-    max_probe_s = a.max_probe_time if a.max_probe_time is not None else d.max_probe_s
+    max_probe_s = a.max_probe_time if a.max_probe_time is not None else d.max_probe_time_s
     grid = {
         "serial_s": plan.total_s,
         "packed_s": sched.makespan_s,

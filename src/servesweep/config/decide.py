@@ -56,7 +56,7 @@ class DecideBlock(BaseModel):
     lower: int = Field(1, ge=1)
     upper: int | None = Field(None, ge=1, description="None: the largest of load.concurrency")
     max_requests: int = Field(800, ge=20)
-    max_probe_s: float | None = Field(900.0, gt=0, description="a probe's requests take at most this long")
+    max_probe_time_s: float | None = Field(900.0, gt=0, description="a probe's requests take at most this long")
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,124 @@
+"""The decision planner (matrix/decision.py): against synthetic cells whose latency against load is known in closed
+form, its answers match the exhaustive ones, a dominated configuration is raced out with fewer probes, a probe far
+from its thresholds stops at its first look, and a run cut short still gives a labelled best-so-far answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from servesweep.matrix import decision as D
+
+pytestmark = pytest.mark.fast
+
+TIERS = {"slow": ["decode_tokens_per_s_p50>=20", "ttft_p95<=5s"], "fast": ["decode_tokens_per_s_p50>=60"]}
+NOISE = D.Noise()
+
+
+def _cell(config: str, tpot0: float, knee: float, gpus: int = 1, shape=D.Shape("single", 1000, 200)) -> D.Cell:
+    """TPOT grows linearly with load past a knee; TTFT with load; a closed loop's throughput follows."""
+
+    def predict(c: int) -> D.Prediction:
+        tpot = tpot0 * (1 + c / knee)
+        ttft = 0.2 * (1 + c / 10)
+        e2e = ttft + tpot * shape.output
+        return {"ttft": ttft, "tpot": tpot, "e2e": e2e, "itl": tpot, "throughput": c / e2e}
+
+    return D.Cell(config, shape, gpus, 1, 256, predict)
+
+
+def _run(cells, seed=0, **kw):
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, seed)
+    return D.run_decision(cells, TIERS, measure, overhead_s=5.0, noise=NOISE, **kw)
+
+
+def test_exhaustive_capacity_is_the_closed_form():
+    c = _cell("a", 0.01, 40)  # p50 speed = 1 / tpot >= 20: tpot <= 0.05: 1 + C/40 <= 5: C <= 160
+    slos = D.parse_tier(["decode_tokens_per_s_p50>=20"])
+    assert D.capacity(c, slos, NOISE) == 160
+    truth = D.exhaustive([c], {"t": ["decode_tokens_per_s_p50>=20"]}, NOISE)
+    assert truth[(c.shape.key, "t")]["a"] == pytest.approx(NOISE.throughput(c.predicted(160), 160, 200))
+
+
+def test_look_errors_sum_to_alpha():
+    assert sum(D.look_alpha(0.05, k) for k in range(1, 100_000)) == pytest.approx(0.05, rel=1e-4)
+
+
+def test_a_probe_far_from_its_thresholds_stops_at_its_first_look():
+    c = _cell("a", 0.01, 40)
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted}, 1)
+    far = D.sequential_probe(c, 4, tiers, tiers, measure(c, 4), confidence=0.95, resolution=0.05,
+                             max_requests=800, overhead_s=0)
+    assert far.verdicts == {"slow": "pass", "fast": "pass"} and not far.at_cap
+    # capacity for 'fast' (tpot <= 1/60) is C = 26: at 27 the p50 sits within 2 % of the threshold
+    near = D.sequential_probe(c, 27, tiers, tiers, measure(c, 27), confidence=0.95, resolution=0.05,
+                              max_requests=800, overhead_s=0)
+    assert near.requests > far.requests
+    assert far.tput[0] < far.tput[1] < far.tput[2]
+
+
+def test_a_dominated_configuration_is_raced_out_and_the_answer_matches():
+    good, bad = _cell("good", 0.005, 60), _cell("bad", 0.012, 30)
+    run = _run([good, bad])
+    assert run.answer.complete and run.answer.best() == {
+        (good.shape.key, "slow"): "good",
+        (good.shape.key, "fast"): "good",
+    }
+    assert all(q.status == "decided" for q in run.answer.questions)
+    probes = {k: sum(1 for r in run.records if r.config == k) for k in ("good", "bad")}
+    assert probes["bad"] < probes["good"]
+
+
+def test_per_gpu_ranking_and_agreement_with_the_exhaustive_answer():
+    # tp4 twice as fast per user, but four GPUs: per GPU the one-GPU configuration wins the slow tier
+    shapes = [D.Shape("single", 1000, o) for o in (200, 800)]
+    cells = [
+        _cell(name, tpot, knee, gpus, s)
+        for s in shapes
+        for name, tpot, knee, gpus in (("tp1", 0.012, 40, 1), ("tp4", 0.006, 80, 4), ("tp1-spec", 0.009, 30, 1))
+    ]
+    truth = D.exhaustive(cells, TIERS, NOISE)
+    for seed in range(3):
+        run = _run(cells, seed)
+        agree = D.agreement(run.answer.best(), truth, 0.05)
+        assert agree["within_resolution"] == 1.0, agree["misses"]
+    assert all(v["tp1"] > v["tp4"] for (shape, tier), v in truth.items() if tier == "slow")
+
+
+def test_a_tier_no_configuration_holds_is_answered_none():
+    cells = [_cell("a", 0.05, 40), _cell("b", 0.04, 40)]  # at best 25 tok/s per user: 'fast' never holds
+    run = _run(cells)
+    fast = [q for q in run.answer.questions if q.tier == "fast"]
+    assert [q.status for q in fast] == ["none"] and fast[0].best is None
+    assert D.agreement(run.answer.best(), D.exhaustive(cells, TIERS, NOISE), 0.05)["exact"] == 1.0
+
+
+def test_anytime_answer_before_and_at_half_budget():
+    cells = [_cell("good", 0.005, 60), _cell("bad", 0.012, 30), _cell("mid", 0.007, 50)]
+    empty = D.answer(cells, list(TIERS), [], resolution=0.05, confidence=0.95)
+    assert {q.status for q in empty.questions} == {"open"} and all(q.best is None for q in empty.questions)
+    assert empty.label.startswith("best so far (not finished): 0/2 questions settled")
+    full = _run(cells)
+    half = _run(cells, budget_gpu_s=full.answer.gpu_seconds / 2)
+    assert half.budget_hit and not half.answer.complete
+    assert half.answer.label.startswith("best so far (not finished)")
+    assert half.answer.gpu_seconds < full.answer.gpu_seconds
+    assert all(q.best is not None for q in half.answer.questions)  # every question has a best-so-far
+    # the anytime function on the first half of the full run's probes says the same as a run stopped there
+    again = D.answer(cells, list(TIERS), full.records[: len(half.records)], resolution=0.05, confidence=0.95)
+    assert again.best() == D.derive(cells, list(TIERS), half.records, resolution=0.05, confidence=0.95).best()
+
+
+def test_the_prior_bound_spares_probes_and_calibration_reads_the_model_error():
+    cells = [_cell(f"c{i}", 0.005 * (1 + i), 60) for i in range(5)]
+    with_prior, without = _run(cells), _run(cells, use_prior=False)
+    assert with_prior.answer.best() == without.answer.best()
+    assert len(with_prior.records) <= len(without.records)
+    slow = _cell("c0", 0.0055, 60)  # measured 10 % slower than predicted
+    truth = {slow.key: slow.predicted}
+    measure = D.simulated_measure(NOISE, truth, 0)
+    rec = [D.sequential_probe(cells[0], 8, {k: D.parse_tier(v) for k, v in TIERS.items()}, TIERS,
+                              measure(slow, 8), confidence=0.95, resolution=0.05, max_requests=800, overhead_s=0)]
+    assert math.isclose(D.calibration("c0", rec)["tpot"], 1.1, rel_tol=0.05)
