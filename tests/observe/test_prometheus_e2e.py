@@ -4,7 +4,8 @@ run_point, the exporter, a real Prometheus scraping both through file_sd, a real
 One module fixture builds the world once (about 30 s):
   1. an "old" run (1 point) is done while no Prometheus is watching; its clock is set 40 days back, so it is
      history, and it is imported with servesweep.observe.promconfig.backfill into a fresh Prometheus data dir;
-  2. Prometheus starts on that data dir and scrapes (every second) the exporter and the emulator;
+  2. Prometheus starts on that data dir and scrapes (every second) the exporter, the emulator and the GPU sampler
+     beside it (reading the emulator's NVML-shaped /sim/gpu; both runs' points get gpu.json through it);
   3. a live run (3 points) feeds the exporter with the records of each point, then its summary.
 Then every query of every dashboard panel, annotation and variable runs against that Prometheus and must return
 finite data; the History queries must show the old run next to the live one.
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -25,6 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.config.point import LoadPoint
+from servesweep.driver.ansible import ansible_dir
 from servesweep.driver.point import run_point
 from servesweep.observe.dashboards import build_all, expressions, metric_names
 from servesweep.observe.exporter import ClientMetrics
@@ -49,6 +53,20 @@ SIM_ARGS = ["--model-path", MODEL, "--enable-metrics", "--enable-cache-report",
 # (concurrency, prompt tokens): shapes shared by both runs so A vs B can match them
 OLD_POINTS = [(4, 200)]
 LIVE_POINTS = [(1, 200), (4, 200), (4, 600)]
+
+
+SAMPLER = ansible_dir() / "roles" / "sglang_server" / "files" / "gpu_sampler.py"
+
+
+def _start_sampler(work: Path, sim) -> str:
+    """The GPU sampler the role starts beside a server, on the emulator's /sim/gpu; it exits with the emulator."""
+    r = subprocess.run(
+        [sys.executable, str(SAMPLER), "--state", "started", "--workdir", str(work), "--interval", "0.25",
+         "--sim-url", f"http://127.0.0.1:{sim.port}/sim/gpu", "--watch-pid", str(sim.proc.pid)],
+        capture_output=True, text=True, timeout=60, env=os.environ.copy(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["url"]
 
 
 def _free_port() -> int:
@@ -80,6 +98,8 @@ CAPACITY_ROW = {
     "binding": "ttft_p99<=2s", "probes": 5,
     "at_capacity": {"output_tokens_per_s_per_gpu": 250.0, "request_rate_per_gpu": 2.0, "ttft_p99_ms": 80.0,
                     "itl_p99_ms": 9.0, "decode_tokens_per_s_p50": 110.0},
+    "energy": {"output_tokens_per_joule": 2.5, "joules_per_output_token": 0.4, "power_avg_w": 650.0,
+               "capacity_per_kw": 6.2},  # results/capacity.add_energy: the probe's GPU telemetry
 }  # fmt: skip
 
 
@@ -96,9 +116,9 @@ ISOLATION = {
 # capacity.json's frontier (matrix/capacity_run.py): the search's probes, the Pareto ones marked
 FRONTIER = [
     {"config": CONFIG, "load": 4, "tokens_per_s_per_gpu": 250.0, "user_tokens_per_s": 110.0,
-     "search": "s01-chat-p200-o24", "pareto": True},
+     "search": "s01-chat-p200-o24", "pareto": True, "output_tokens_per_joule": 2.5, "energy_pareto": True},
     {"config": CONFIG, "load": 5, "tokens_per_s_per_gpu": 240.0, "user_tokens_per_s": 90.0,
-     "search": "s01-chat-p200-o24", "pareto": False},
+     "search": "s01-chat-p200-o24", "pareto": False, "output_tokens_per_joule": 2.0, "energy_pareto": False},
 ]  # fmt: skip
 
 
@@ -146,11 +166,14 @@ def _build(w: World) -> None:
     tmp = w.tmp
     w.sim = start_sim(SIM_ARGS, log_path=tmp / "sim.log")
     base = w.sim.base_url
+    w.sampler_url = _start_sampler(tmp / "sampler", w.sim)
+    gpu = [w.sampler_url]
+    time.sleep(1.0)  # idle samples before the first point: its baseline
 
     # 1. an old run nobody scraped, moved 40 days into the past, imported with promtool
     old_dir = tmp / "runs" / OLD_RUN
     for c, p in OLD_POINTS:
-        run_point(_point(base, c, p), old_dir / f"c{c}-p{p}", slos="ttft<=10s")
+        run_point(_point(base, c, p), old_dir / f"c{c}-p{p}", slos="ttft<=10s", gpu_telemetry=gpu)
     for sp in old_dir.glob("*/summary.json"):
         s = json.loads(sp.read_text())
         s["started_unix"] -= 40 * DAY
@@ -174,7 +197,8 @@ def _build(w: World) -> None:
     w.procs.append(pg)
     sd = tmp / "targets"
     write_targets(sd, LIVE_RUN, exporters=[f"127.0.0.1:{exp_port}"],
-                  servers=[{"target": f"127.0.0.1:{w.sim.port}", "config": CONFIG}])  # fmt: skip
+                  servers=[{"target": f"127.0.0.1:{w.sim.port}", "config": CONFIG},
+                           {"target": w.sampler_url.split("//", 1)[1], "config": CONFIG}])  # fmt: skip
     cfg = write_prometheus_config(tmp / "prometheus.yml", sd_dir=sd, scrape_interval="1s",
                                   pushgateway=f"127.0.0.1:{pg_port}")  # fmt: skip
     check = subprocess.run(
@@ -194,7 +218,7 @@ def _build(w: World) -> None:
         w.metrics.point_started(pid, _axes(c, p))
         w.metrics.set_users(c)
         time.sleep(1.2)  # a scrape sees the point start (counters at 0) before the records land
-        summary = run_point(_point(base, c, p), live_dir / pid, slos="ttft<=10s")
+        summary = run_point(_point(base, c, p), live_dir / pid, slos="ttft<=10s", gpu_telemetry=gpu)
         # what `servesweep run` adds from its configuration's needle probes (matrix/answer_probes.py)
         summary["needle_accuracy"] = 1.0
         w.metrics.observe_many(read_parquet(live_dir / pid / "records.parquet").to_pylist())
@@ -292,7 +316,7 @@ def test_every_dashboard_metric_is_exposed_and_sglang_names_are_sglangs(world):
         return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
     exposed_sim = names(world.sim.base_url)
-    exposed_exp = names(world.exporter_url)
+    exposed_exp = names(world.exporter_url) | names(world.sampler_url)  # servesweep_gpu_*: the GPU sampler's
     for dash, d in build_all().items():
         for e in expressions(d):
             for m in metric_names(e["expr"]):
