@@ -269,3 +269,56 @@ def test_trace_cli_convert_stats_sample(tmp_path, shared):
     assert r.exit_code == 0 and "wrote 20 of 40 requests" in r.output
     r = run(trace_cli, ["stats", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 1 and "no such trace file" in r.output
+
+
+# ------------------------------------------------------------------------------------------- replay schedule, point
+
+
+def test_schedule_keeps_sessions_on_one_worker_and_the_traces_times():
+    from servesweep.workload.arrivals import TraceSchedule, session_worker
+
+    reqs = [req(i * 10.0, 5, [i]) for i in range(20)]
+    reqs += [req(5.0 + 40 * s + k, 5, [100 + 10 * s + k], session_id=f"s{s}", turn=k, delay_ms=20.0 if k else None)
+             for s in range(6) for k in range(3)]  # fmt: skip
+    t = Trace(block_size=512, requests=sorted(reqs, key=lambda r: r.timestamp_ms))
+    args = ([r.timestamp_ms for r in t.requests], [r.session_id for r in t.requests],
+            [r.delay_ms for r in t.requests], [r.turn for r in t.requests])  # fmt: skip
+    shares = [TraceSchedule(*args, speed_up=2.0, index=w, count=2, start_ns=0) for w in range(2)]
+    starts = [[s for _, s in iter(sch.next_start, None)] for sch in shares]
+    got = sorted(i for ss in starts for s in ss for i in s.indices)
+    assert got == list(range(len(t.requests)))  # every request once, over the two workers
+    for w, ss in enumerate(starts):
+        assert [s.offset_ns for s in ss] == sorted(s.offset_ns for s in ss)
+        for s in ss:
+            sid = t.requests[s.indices[0]].session_id
+            if sid is not None:
+                assert len(s.indices) == 3 and session_worker(sid, 2) == w
+                assert [t.requests[i].turn for i in s.indices] == [0, 1, 2] and s.delays_ms == (None, 10.0, 10.0)
+    one = TraceSchedule(*args, speed_up=2.0, start_ns=1000)
+    slot, first = one.next_start()
+    assert slot == 1000 and first.indices == (0,)
+    slot, second = one.next_start()
+    assert slot == 1000 + int(5.0 / 2 * 1e6) and len(second.indices) == 3
+
+
+def test_a_trace_point_and_its_workload(tmp_path, shared):
+    from servesweep.config.point import LoadPoint
+    from servesweep.workload.build import build_workload
+
+    path = write(tmp_path, "mooncake", shared.trace)
+    base = {"base_url": "http://127.0.0.1:1", "concurrency": 4, "requests": 1, "model": "m", "probe": False}
+    with pytest.raises(ValueError, match="the trace workload needs a trace file"):
+        LoadPoint(**base, workload="trace")
+    with pytest.raises(ValueError, match="a trace replays at its own timestamps"):
+        LoadPoint(**base, workload="trace", trace=str(path), arrival="constant", rate_rps=2)
+    with pytest.raises(ValueError, match="trace: only with workload trace"):
+        LoadPoint(**base, trace=str(path))
+    p = LoadPoint(**base, workload="trace", trace=str(path), trace_start_s=1.0, trace_window_s=1.0, trace_speedup=4)
+    with pytest.raises(ValueError, match="does not replay traces at their timestamps yet"):
+        build_workload(p)
+    w = build_workload(p, trace_replay=True)
+    assert w.trace is not None and len(w.bodies) == 10 and w.nonce_digits == 0
+    assert w.output_tokens == [8] * 10 and w.path == "/v1/chat/completions"
+    body = json.loads(b"".join(w.bodies[0]))
+    assert body["max_tokens"] == 8 and body["ignore_eos"] is True and body["stream"] is True
+    assert w.trace.trace.requests[0].timestamp_ms == 0.0 and w.trace.speed_up == 4

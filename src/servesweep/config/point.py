@@ -217,7 +217,7 @@ class LoadPoint(BaseModel):
         "the keys the load generator sets: model, messages, prompt, stream, max_tokens)",
     )
     # -- workloads (docs/workloads.md) --
-    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] = knob(
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent", "trace"] = knob(
         "synthetic",
         cli="--workload",
         group="workload",
@@ -266,6 +266,47 @@ class LoadPoint(BaseModel):
         group="workload",
         help="agent: a session ends before its context passes this",
         ge=1,
+    )
+    # trace replay (docs/workloads.md, "Trace replay"); experiment files do not set these yet (config/experiment.py)
+    trace: str | None = knob(
+        None,
+        cli="--trace",
+        group="workload",
+        help="trace: the trace file (native, Mooncake, Azure, Bailian or sessions; servesweep trace convert)",
+        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
+    )
+    trace_speedup: float = knob(
+        1.0,
+        cli="--trace-speedup",
+        group="workload",
+        help="trace: replay this many times faster (timestamps and think times divided by it)",
+        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
+        gt=0,
+    )
+    trace_start_s: float = knob(
+        0.0,
+        cli="--trace-start",
+        group="workload",
+        help="trace: the window starts this far into the trace (e.g. 10m)",
+        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
+        ge=0,
+    )
+    trace_window_s: float | None = knob(
+        None,
+        cli="--trace-window",
+        group="workload",
+        help="trace: the window's length (e.g. 5m); unset: to the trace's end",
+        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
+        gt=0,
+    )
+    trace_sample: float = knob(
+        1.0,
+        cli="--trace-sample",
+        group="workload",
+        help="trace: fraction of the window's requests replayed (whole sessions), seeded by --seed",
+        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
+        gt=0,
+        le=1,
     )
     # -- timeouts (each counts from the start of its own wait: docs/metrics.md) --
     connect_s: float = knob(
@@ -364,6 +405,18 @@ class LoadPoint(BaseModel):
             )
         if self.workload != "shared_prefix" and self.shared_prefix_tokens:
             raise ValueError("shared_prefix_tokens: only with workload shared_prefix")
+        if self.workload == "trace":
+            if not self.trace:
+                raise ValueError("trace: the trace workload needs a trace file")
+            if self.arrival != "closed" or self.rate_rps is not None:
+                raise ValueError(
+                    f"arrival={self.arrival!r}: a trace replays at its own timestamps (--trace-speedup scales "
+                    f"them); leave arrival and rate_rps unset"
+                )
+            if self.endpoint == "generate":
+                raise ValueError("endpoint='generate': trace replay sends chat or completions requests")
+        elif self.trace:
+            raise ValueError("trace: only with workload trace")
         if self.workload == "dataset" and not self.dataset:
             raise ValueError("dataset: the dataset workload needs a file (ShareGPT JSON or JSONL)")
         if self.workload == "agent":

@@ -2,7 +2,8 @@
 
 `build_workload(point)` turns a resolved LoadPoint into pre-encoded request bodies (synthetic, shared-prefix and
 dataset prompts, each with its own output length when `output_dist` is set), or, for agent sessions, the pieces a
-session is grown from turn by turn. No Locust or gevent import: `run_point` builds (and disk-caches) it before the
+session is grown from turn by turn, or, for a trace replay, one body per trace request in the trace's order with
+the schedule to send them on (`TraceSpec`). No Locust or gevent import: `run_point` builds (and disk-caches) it before the
 Locust process starts.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from servesweep.config.output_dist import parse_output_dist
 from servesweep.config.point import LoadPoint
@@ -53,6 +55,35 @@ class Workload:
     path: str
     output_tokens: list[int]  # per body: its max_tokens (target_output_tokens of its records)
     agent: AgentSpec | None = None
+    trace: TraceSpec | None = None  # a trace replay: body i is the window's request i
+
+
+@dataclass
+class TraceSpec:
+    """A trace replay's schedule and what its fidelity check needs (docs/workloads.md, "Trace replay").
+
+    `trace` is the replayed window at speed 1 (its timestamps as in the file, less the window's start); body i of
+    the Workload is its request i. `schedule(index, count)` gives worker `index` of `count` its starts (requests
+    and whole sessions) at the trace's timestamps divided by `speed_up`."""
+
+    trace: Any  # servesweep.workload.trace.model.Trace (kept untyped here: no import at module load)
+    speed_up: float
+    source: str
+
+    def schedule(self, index: int = 0, count: int = 1, start_ns: int | None = None):
+        from servesweep.workload.arrivals import TraceSchedule
+
+        reqs = self.trace.requests
+        return TraceSchedule(
+            [r.timestamp_ms for r in reqs],
+            [r.session_id for r in reqs],
+            [r.delay_ms for r in reqs],
+            [r.turn for r in reqs],
+            speed_up=self.speed_up,
+            index=index,
+            count=count,
+            start_ns=start_ns,
+        )
 
 
 @dataclass
@@ -115,12 +146,23 @@ def output_lengths(point: LoadPoint, n: int, refs: list[int | None] | None = Non
     return [dist.draw(rng) for _ in range(n)]
 
 
-def build_workload(point: LoadPoint) -> Workload:
-    """The point's request bodies (the point must be resolved: model, template overhead, continuous usage)."""
+def build_workload(point: LoadPoint, *, trace_replay: bool = False) -> Workload:
+    """The point's request bodies (the point must be resolved: model, template overhead, continuous usage).
+
+    A trace point's bodies are only useful to a caller that sends body i at its slot of `Workload.trace`: such a
+    caller says so with `trace_replay=True`; any other gets a ValueError rather than a replay in the wrong order."""
     if point.model is None:
         raise ValueError("build_workload: the point has no model yet; resolve it first (load.resolve_point)")
     if point.workload == "agent":
         return _build_agent(point, point.model)
+    if point.workload == "trace":
+        if not trace_replay:
+            raise ValueError(
+                "workload trace: this load generator does not replay traces at their timestamps yet (the Locust "
+                "user must send body i at its TraceSchedule slot); build it with build_workload(point, "
+                "trace_replay=True) from a caller that does"
+            )
+        return _build_trace(point, point.model)
     pool_endpoint = "completions" if point.endpoint == "generate" else point.endpoint
     pool = _pool(point, pool_endpoint)
     lengths = output_lengths(point, len(pool), [p.output_tokens for p in pool.prompts])
@@ -131,6 +173,41 @@ def build_workload(point: LoadPoint) -> Workload:
     ]
     digits = int(pool.nonce_digits) if point.cache_bust else 0
     return Workload(bodies, digits, pool.nonce_format, PATHS[point.endpoint], lengths)
+
+
+# ---------------------------------------------------------------- trace replay
+
+
+def load_point_trace(point: LoadPoint):
+    """The point's trace window (read, cut to trace_start_s/trace_window_s, sampled by trace_sample with the seed),
+    at speed 1."""
+    from servesweep.workload.trace.readers import read_trace
+    from servesweep.workload.trace.window import window
+
+    assert point.trace is not None  # LoadPoint's check: the trace workload needs a file
+    t = read_trace(point.trace)
+    return window(t, point.trace_start_s, point.trace_window_s, point.trace_sample, point.seed)
+
+
+def _build_trace(point: LoadPoint, model: str) -> Workload:
+    from servesweep.workload.trace.prompts import TracePrompts
+
+    t = load_point_trace(point)
+    if not t.requests:
+        raise ValueError(f"trace {point.trace}: no request in the window (start {point.trace_start_s:g} s)")
+    endpoint = point.endpoint
+    tp = TracePrompts(
+        t,
+        tokenizer=point.tokenizer,
+        endpoint=endpoint,
+        template_overhead=point.template_overhead if endpoint == "chat" else None,
+        seed=point.seed,
+    )
+    extra = request_extra(point)
+    lengths = [max(1, r.output_length) for r in t.requests]  # a server rejects max_tokens 0
+    bodies = [tp.prompt(i).body_parts(model, n, endpoint, extra) for i, n in enumerate(lengths)]
+    spec = TraceSpec(trace=t, speed_up=point.trace_speedup, source=t.source or str(point.trace))
+    return Workload(bodies, 0, "digits", PATHS[endpoint], lengths, trace=spec)
 
 
 # ---------------------------------------------------------------- agent sessions

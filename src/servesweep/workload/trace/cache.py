@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from servesweep.workload.trace.model import Trace
 
@@ -36,27 +37,64 @@ def parse_tokens(v: str | int | None) -> int | None:
     return int(float(m[1]) * _MULT[m[2].lower()])
 
 
-def ideal_cached_tokens(trace: Trace, cache_tokens: int | None = None) -> list[int]:
+def ideal_cached_tokens(
+    trace: Trace,
+    cache_tokens: int | None = None,
+    *,
+    sent_ns: Sequence[int | None] | None = None,
+    ready_ns: Sequence[int | None] | None = None,
+) -> list[int]:
     """Per request (in `trace.requests` order): the prompt tokens an ideal radix cache of `cache_tokens` tokens
-    (None: unlimited) serves it."""
-    order = sorted(range(len(trace.requests)), key=lambda i: trace.requests[i].timestamp_ms)
+    (None: unlimited) serves it.
+
+    Untimed (the trace's order, each request's blocks in the cache before the next one arrives), or, given when each
+    request was sent (`sent_ns`) and when its prefill was done (`ready_ns`, e.g. its first token), timed: a request
+    finds only the blocks of requests whose prefill was done when it was sent, as a server's radix cache holds a
+    prompt's blocks from the end of its prefill. Unknown times (None): the request is left out of the cache."""
+    n = len(trace.requests)
+    if sent_ns is None:
+        order = sorted(range(n), key=lambda i: trace.requests[i].timestamp_ms)
+        events = [(k, 0, i) for k, i in enumerate(order)] + [(k, 1, i) for k, i in enumerate(order)]
+        events.sort(key=lambda e: (e[0], e[1]))  # each request matches, then inserts, before the next
+    else:
+        if len(sent_ns) != n or ready_ns is None or len(ready_ns) != n:
+            raise ValueError("ideal_cached_tokens: sent_ns and ready_ns need one entry per request")
+        events = []
+        for i in range(n):
+            s, r = sent_ns[i], ready_ns[i]
+            if s is not None:
+                events.append((s, 1, i))  # at equal times a prefill done counts first
+                if r is not None:
+                    events.append((r, 0, i))
+        events.sort(key=lambda e: (e[0], e[1]))
     cache: OrderedDict[int, int] = OrderedDict()  # chain key -> block tokens; oldest first
     held = 0
-    out = [0] * len(trace.requests)
-    for i in order:
-        r = trace.requests[i]
-        sizes = trace.block_sizes(r)
-        keys = []
-        h = 0
-        for bid, size in zip(r.hash_ids, sizes, strict=True):
-            h = hash((h, bid, size))
-            keys.append(h)
-        hit = 0
-        for key, size in zip(keys, sizes, strict=True):
-            if key not in cache:
-                break
-            hit += size
-        out[i] = min(hit, r.input_length - 1)
+    out = [0] * n
+    chains: dict[int, tuple[list[int], list[int]]] = {}
+
+    def chain(i: int) -> tuple[list[int], list[int]]:
+        if i not in chains:
+            r = trace.requests[i]
+            sizes = trace.block_sizes(r)
+            keys, h = [], 0
+            for bid, size in zip(r.hash_ids, sizes, strict=True):
+                h = hash((h, bid, size))
+                keys.append(h)
+            chains[i] = (keys, sizes)
+        return chains[i]
+
+    timed = sent_ns is not None
+    for _, kind, i in events:
+        keys, sizes = chain(i)
+        if kind == (1 if timed else 0):  # arrival: the longest cached run of leading blocks
+            hit = 0
+            for key, size in zip(keys, sizes, strict=True):
+                if key not in cache:
+                    break
+                hit += size
+                cache.move_to_end(key)
+            out[i] = min(hit, trace.requests[i].input_length - 1)
+            continue
         for key, size in zip(reversed(keys), reversed(sizes), strict=True):  # parents end up most recent
             if key in cache:
                 cache.move_to_end(key)
