@@ -98,6 +98,26 @@ def capacity_search_cost(exp, plan, cells, hosts):
     }
 
 
+def explain(miss, run, truth_cells, tier_texts, noise) -> str:
+    """Why a miss: the decided configuration's bracket against its true capacity, and how close its binding SLO
+    sits to the threshold there on the truth (a few % means a tie of the SLO the probes could not split)."""
+    shape, tier = miss["question"]
+    q = next(x for x in run.answer.questions if (x.shape, x.tier) == (shape, tier))
+    cell = next(c for c in truth_cells if c.config == miss["decided"] and c.shape.key == shape)
+    slos = D.parse_tier(list(tier_texts[tier]))
+    cap = D.capacity(cell, slos, noise)
+    lo = q.value.bracket[0] if q.value is not None and q.value.bracket[0] else cell.lower
+    p = cell.predicted(lo)
+    dist = []
+    for s in slos:
+        qq = float(s.stat[1:]) / 100.0 if s.stat else 0.5
+        x = noise.quantile(s.metric, p[D.PER_METRIC[s.metric]], qq)
+        dist.append(((x - s.value) / s.value * (1 if s.upper_limit else -1), s.text))
+    worst = max(dist)
+    return (f"bracket {q.value.bracket if q.value else None}, true capacity {cap}; at load {lo} its "
+            f"{worst[1]} is {worst[0]:+.1%} past its threshold on the truth")
+
+
 def packed(run, hosts) -> float:
     jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
     return schedule(jobs, hosts).makespan_s if jobs else 0.0
@@ -109,6 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--model-error", type=float, default=0.10, help="log-sd of each calibration factor")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
+    ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -122,6 +143,7 @@ def main(argv=None) -> int:
     noise = D.Noise()
     prior = planner.decision_cells(plan)
     max_probe_s = a.max_probe_time if a.max_probe_time is not None else d.max_probe_time_s
+    margin = a.prior_margin if a.prior_margin is not None else d.prior_margin
     grid = {
         "serial_s": plan.total_s,
         "packed_s": sched.makespan_s,
@@ -133,7 +155,8 @@ def main(argv=None) -> int:
         truth = planner.decision_cells(plan, timer_for=perturbed_timer(exp, a.model_error, seed))
         answer = D.exhaustive(truth, d.tiers, noise)
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
-                  max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise)
+                  max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
+                  max_looks=d.max_looks, prior_margin=margin)
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
         run = D.run_decision(prior, d.tiers, measure, **kw)
         agree = D.agreement(run.answer.best(), answer, d.resolution)
@@ -141,6 +164,8 @@ def main(argv=None) -> int:
         half = D.run_decision(prior, d.tiers, measure, budget_gpu_s=gpu_s / 2, **kw)
         half_agree = D.agreement(half.answer.best(), answer, d.resolution)
         grid_agree = D.agreement(grid_answer(exp, truth, noise), answer, d.resolution)
+        for m in agree["misses"]:
+            m["why"] = explain(m, run, truth, d.tiers, noise)
         rows.append({
             "seed": seed,
             "probes": len(run.records),
@@ -158,6 +183,7 @@ def main(argv=None) -> int:
         "seeds": a.seeds,
         "model_error": a.model_error,
         "max_probe_s": max_probe_s,
+        "prior_margin": margin,
         "noise": D.Noise().__dict__,
         "questions": rows[0]["agreement"]["questions"] if rows else 0,
         "grid": grid,
@@ -174,7 +200,7 @@ def main(argv=None) -> int:
         return float(np.mean([f(r, k) for r in rows]))
 
     print(f"{exp.name}: {out['questions']} questions, {a.seeds} seeds, model error {a.model_error:.0%}, "
-          f"max probe {max_probe_s:g}s, bench {out['bench_s']}s")
+          f"max probe {max_probe_s:g}s, prior margin {margin:g}, bench {out['bench_s']}s")
     print("| method | GPU-h | serial h | packed h (8 GPUs) | agreement exact | within resolution |")
     print("|---|---|---|---|---|---|")
     g_ex = mean("", lambda r, k: r["grid_agreement"]["exact"])
@@ -195,7 +221,7 @@ def main(argv=None) -> int:
         print(f"seed {r['seed']}: {r['probes']} probes, {r['requests']} requests, {r['counts']}; misses:")
         for m in r["agreement"]["misses"]:
             print(f"  {m['question']}: decided {m['decided']} ({m['decided_value']}) vs {m['exhaustive']} "
-                  f"({m['best_value']}){' tie within resolution' if m['within_resolution'] else ''}")
+                  f"({m['best_value']}){' tie within resolution' if m['within_resolution'] else ''}; {m['why']}")
     return 0
 
 

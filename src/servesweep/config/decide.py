@@ -14,7 +14,10 @@ decide:
   lower: 1                            # concurrencies a capacity may lie in; upper null: max of load.concurrency
   upper: null
   max_requests: 800                   # a probe stops at this many requests whatever its intervals say ...
-  max_probe_time: 15m                 # ... or once its requests would take this long
+  max_probe_time: 15m                 # ... or once its requests would take this long, or after max_looks looks
+  max_looks: 4                        # (n0, 2 n0, 4 n0, 8 n0 requests); then the point estimates decide
+  prior_margin: 2                     # a configuration not yet seen failing is assumed worth at most this many
+                                      # times the step model's prediction (racing drops it below that)
 ```
 
 A tier is judged on quantiles (pNN) of per-request metrics only: their anytime-valid intervals are distribution-free
@@ -57,6 +60,8 @@ class DecideBlock(BaseModel):
     upper: int | None = Field(None, ge=1, description="None: the largest of load.concurrency")
     max_requests: int = Field(800, ge=20)
     max_probe_time_s: float | None = Field(900.0, gt=0, description="a probe's requests take at most this long")
+    max_looks: int = Field(4, ge=1, le=20, description="looks at n0, 2 n0, ...: then the estimates decide")
+    prior_margin: float = Field(2.0, ge=1.0, description="unfailed value <= margin x the step model's")
 
     @model_validator(mode="before")
     @classmethod

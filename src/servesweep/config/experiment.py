@@ -28,6 +28,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
 from servesweep.config.answers import Answers
+from servesweep.config.decide import DecideBlock
 from servesweep.config.point import (
     DEFAULT_MAX_FAILURE_RATE,
     check_arrival,
@@ -35,7 +36,6 @@ from servesweep.config.point import (
     parse_seconds,
     seconds_alias,
 )
-from servesweep.config.decide import DecideBlock
 from servesweep.config.search import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,

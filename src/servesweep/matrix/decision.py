@@ -167,10 +167,10 @@ def look_alpha(alpha: float, k: int) -> float:
     return alpha * 6.0 / (math.pi**2 * k * k)
 
 
-def _judge(s: Slo, v: np.ndarray, confidence: float, at_cap: bool, resolution: float) -> str:
-    """pass / fail when the interval clears the threshold; when the whole interval lies within the resolution of
-    the threshold the statistic is known as well as the question needs it and the point estimate decides (the
-    capacity is then right to about the resolution either way); at the request or time cap likewise."""
+def _judge(s: Slo, v: np.ndarray, confidence: float, at_cap: bool, tolerance: float) -> str:
+    """pass / fail when the interval clears the threshold; when the whole interval lies within `tolerance`
+    (relative) of the threshold the statistic is known as well as the question needs it and the point estimate
+    decides (the capacity is then right to about the resolution either way); at the request or time cap likewise."""
     q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
     vals = 1.0 / v if s.metric == "decode_tokens_per_s" else 1000.0 * v
     srt = np.sort(vals)
@@ -180,7 +180,7 @@ def _judge(s: Slo, v: np.ndarray, confidence: float, at_cap: bool, resolution: f
         return "pass"
     if not s.holds(best):
         return "fail"
-    near = math.isfinite(low) and math.isfinite(high) and high - low <= 2 * resolution * abs(s.value)
+    near = math.isfinite(low) and math.isfinite(high) and high - low <= 2 * tolerance * abs(s.value)
     if at_cap or near:
         return "pass" if s.holds(float(np.quantile(srt, q))) else "fail"
     return "undecided"
@@ -198,6 +198,7 @@ def sequential_probe(
     max_requests: int,
     overhead_s: float,
     max_probe_s: float | None = None,
+    max_looks: int = 4,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
@@ -205,22 +206,24 @@ def sequential_probe(
     that keeps going: later looks see a longer prefix of the same stream)."""
     need = max(_min_samples(s) for slos in tiers.values() for s in slos)
     n = min(max_requests, max(need, 2 * load))
+    most_looks = max(1, int(max_looks))
     alpha = 1.0 - confidence
     want = set(open_tiers) or set(tiers)
     p = cell.predicted(load)
     most = max_requests
     if max_probe_s is not None and p["throughput"] > 0:  # the requests that fit the probe's time
         most = max(n, min(max_requests, int(max_probe_s * p["throughput"])))
+    tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     k = 0
     while True:
         k += 1
         m = draw(n)
         a_k = look_alpha(alpha, k)
-        cap = n >= most
+        cap = n >= most or k >= most_looks
         verdicts = {}
         for name, slos in tiers.items():
             vs = [_judge(s, m.tpot if s.metric in ("tpot", "decode_tokens_per_s") else getattr(m, s.metric),
-                         1.0 - a_k, cap, resolution) for s in slos]
+                         1.0 - a_k, cap, tol[s.text]) for s in slos]
             verdicts[name] = "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
         mean, sd = float(np.mean(m.e2e)), float(np.std(m.e2e, ddof=1))
         half = _z(a_k) * sd / math.sqrt(n)
@@ -234,6 +237,21 @@ def sequential_probe(
     ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
     return ProbeRecord(cell.config, cell.shape.key, load, n, overhead_s + window, cell.gpus, verdicts, tput,
                        ratios, at_cap=cap)
+
+
+def slo_tolerance(cell: Cell, s: Slo, load: int, resolution: float) -> float:
+    """How close to its threshold a statistic may be left: the change the step model predicts for it over one
+    capacity resolution step of load (elasticity × resolution), at least 1 %: a verdict decided inside that band
+    moves the capacity by about one resolution step, which the question tolerates."""
+    up = max(load + 1, int(math.ceil(load * (1 + resolution))))
+    if up > cell.upper:
+        up, load = load, max(cell.lower, int(math.floor(load / (1 + resolution))))
+        if up == load:
+            return resolution
+    a, b = cell.predicted(load)[PER_METRIC[s.metric]], cell.predicted(up)[PER_METRIC[s.metric]]
+    if a <= 0 or b <= 0:
+        return resolution
+    return min(resolution, max(0.01, abs(math.log(b / a))))
 
 
 def _min_samples(s: Slo) -> int:
@@ -324,7 +342,7 @@ def cell_bounds(
 ) -> Bounds:
     """[low, high] of a cell's value for a tier from its probes (monotone capacity: a pass above the first fail is
     left out, as in matrix/search.py). Without a failing load the upper bound is `prior_high` (the step model's
-    value times PRIOR_MARGIN: an assumption on the model's error, not a measurement; inf: none)."""
+    value times decide.prior_margin: an assumption on the model's error, not a measurement; inf: none)."""
     fails = [r for r in records if r.verdicts.get(tier) == "fail"]
     hi = min(fails, key=lambda r: r.load) if fails else None
     passes = [r for r in records if r.verdicts.get(tier) == "pass" and (hi is None or r.load < hi.load)]
@@ -406,19 +424,16 @@ def answer(
     return derive(cells, tiers, records, resolution=resolution, confidence=confidence, prior_high=prior_high)
 
 
-PRIOR_MARGIN = 2.0  # an unfailed cell's value is assumed at most this many times the step model's prediction
-
-
 def prior_bounds(
-    cells: Sequence[Cell], tiers: Mapping[str, Sequence[Slo]], noise: Noise
+    cells: Sequence[Cell], tiers: Mapping[str, Sequence[Slo]], noise: Noise, margin: float = 2.0
 ) -> dict[tuple[tuple[str, str], str], float]:
-    """PRIOR_MARGIN × the step model's value of every (cell, tier) at its predicted capacity (at least the value
+    """`margin` × the step model's value of every (cell, tier) at its predicted capacity (at least the value
     at the lowest load: a tier the model says fails there may still hold)."""
     out = {}
     for c in cells:
         for name, slos in tiers.items():
             cap = capacity(c, slos, noise) or c.lower
-            out[(c.key, name)] = PRIOR_MARGIN * noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
+            out[(c.key, name)] = margin * noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
     return out
 
 
@@ -494,6 +509,8 @@ def run_decision(
     resolution: float = 0.05,
     max_requests: int = 800,
     max_probe_s: float | None = 900.0,
+    max_looks: int = 4,
+    prior_margin: float = 2.0,
     overhead_s: float = 6.0,
     noise: Noise | None = None,
     budget_gpu_s: float | None = None,
@@ -504,7 +521,7 @@ def run_decision(
     """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
     the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
     over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
-    cells are bounded by the step model's prior (`use_prior`, PRIOR_MARGIN). Stops when every question is settled
+    cells are bounded by the step model's prior times `prior_margin` (`use_prior`). Stops when every question is settled
     or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far)."""
     noise = noise or Noise()
     tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
@@ -517,7 +534,7 @@ def run_decision(
     rounds = 0
     kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
     if use_prior:
-        kw["prior_high"] = prior_bounds(cells, tiers, noise)
+        kw["prior_high"] = prior_bounds(cells, tiers, noise, prior_margin)
     stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
     by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
     while rounds < max_rounds:
@@ -564,7 +581,7 @@ def run_decision(
             continue
         rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
                                resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
-                               max_probe_s=max_probe_s)
+                               max_probe_s=max_probe_s, max_looks=max_looks)
         rec.order = len(records) + 1
         if c.config not in seconds:
             seconds[c.config] = c.start_s

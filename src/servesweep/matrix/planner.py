@@ -113,6 +113,7 @@ class Plan:
     pitfalls: list[dict[str, Any]] = field(
         default_factory=list
     )  # structured, one entry per code (see PITFALLS)
+    decision: dict[str, Any] | None = None  # the decide block's predicted time to decision (attach_decision)
 
     @property
     def total_s(self) -> float:
@@ -874,7 +875,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "warnings": plan.warnings,
         "pitfalls": plan.pitfalls,
         "packed": packed_json(plan),
-        "decision": getattr(plan, "decision", None),
+        "decision": plan.decision,
     }
 
 
@@ -895,7 +896,7 @@ def print_plan(plan: Plan, console) -> None:
         print_search_plan(plan, console)
     _print_totals(plan, console)
     print_packed(plan, console)
-    if getattr(plan, "decision", None):
+    if plan.decision:
         _print_decision(plan.decision, console)
 
 
@@ -1037,11 +1038,20 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
                     flags_gpus(cp.config.flags, exp.launcher.gpus),
                     d.lower,
                     upper,
-                    lambda c, t=timer, rs=cp.resolved, p=p, o=o: predicted(t, rs, p, o, c),
+                    _predictor(predicted, timer, cp.resolved, p, o),
                     start_s=cp.start_s + cp.stop_s,
                 )
             )
     return cells
+
+
+def _predictor(predicted, timer, rs, prompt: int, output: int):
+    """The step model's closed-loop figures of one (configuration, shape) as a function of concurrency."""
+
+    def at(concurrency: int) -> dict[str, float]:
+        return predicted(timer, rs, prompt, output, concurrency)
+
+    return at
 
 
 def decision_overhead_s(exp: Experiment) -> float:
@@ -1077,6 +1087,8 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         resolution=d.resolution,
         max_requests=d.max_requests,
         max_probe_s=d.max_probe_time_s,
+        max_looks=d.max_looks,
+        prior_margin=d.prior_margin,
         overhead_s=decision_overhead_s(exp),
         noise=noise,
         on_probe=watch,
