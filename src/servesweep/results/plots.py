@@ -213,9 +213,12 @@ def energy_frontier(
         for x, y, load in pts:
             ax.annotate(load, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if front:
-        ax.plot(*zip(*front, strict=True), color="black", linewidth=2, alpha=0.6, label="energy Pareto frontier")
+        # ringed too: a frontier of one probe is no line
+        ax.plot(*zip(*front, strict=True), color="black", linewidth=2, alpha=0.6, marker="s", ms=10, mfc="none",
+                label="energy Pareto frontier")  # fmt: skip
     if throttled:
         ax.plot(*zip(*throttled, strict=True), ls="none", marker="o", ms=11, mfc="none", mec="red",
                 label="GPU throttled")  # fmt: skip
+    ax.margins(0.1)  # the load labels above the highest point stay inside
     _finish(ax, len(series) + bool(front) + bool(throttled))
     return _svg(fig)
