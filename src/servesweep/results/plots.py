@@ -60,6 +60,24 @@ def throughput_vs_concurrency(series: Mapping[str, Sequence[tuple[float, float]]
     return _svg(fig)
 
 
+
+def tokens_per_joule_vs_concurrency(
+    series: Mapping[str, Sequence[tuple[float, float]]], title: str, throttled: Sequence[tuple[float, float]] = ()
+) -> str:
+    """Output tokens per joule of GPU energy (summary.json's gpu, idle included) against concurrency, one line per
+    configuration / prompt length; points whose GPUs throttled ringed red (higher is better)."""
+    fig, ax = _figure(title, "concurrency (users)", "output tokens per joule")
+    for i, (label, pts) in enumerate(series.items()):
+        pts = sorted(p for p in pts if _finite(p[1]))
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=_MARKERS[i % len(_MARKERS)], label=label)
+    if throttled:
+        ax.plot(*zip(*throttled, strict=True), ls="none", marker="o", ms=11, mfc="none", mec="red",
+                label="GPU throttled")  # fmt: skip
+    _concurrency_x(ax, [p[0] for pts in series.values() for p in pts])
+    _finish(ax, len(series) + bool(throttled))
+    return _svg(fig)
+
 def ttft_vs_prompt(
     series: Mapping[str, Sequence[tuple[float, float, float, int]]], title: str, small_sample: int = 0
 ) -> str:
