@@ -114,7 +114,7 @@ def test_replayed_mooncake_trace_is_cache_faithful(sim, tmp_path):
     assert {int(k[3:]): d["cached_tokens"] for k, d in gt.items()} == dict(enumerate(ideal_cached_tokens(w.trace.trace)))
     assert f.requests_cache_off == 0
     late_ms = [(gt[f"mc-{i}"]["recv_ns"] - due[i]) / 1e6 for i in range(16)]
-    assert max(late_ms) < 50, late_ms
+    assert max(late_ms) < 100, late_ms  # a thread woken on a loaded 2-core machine
     ts = [w.trace.trace.requests[i].timestamp_ms / 2 for i in range(16)]
     sent = [(due[i] - due[0]) / 1e6 for i in range(16)]
     assert sent == pytest.approx(ts, abs=1.0)
