@@ -199,15 +199,16 @@ def sequential_probe(
     overhead_s: float,
     max_probe_s: float | None = None,
     max_looks: int = 4,
+    min_rounds: float = 2.0,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
     max_requests (or once its requests would take max_probe_s) the point estimates decide (`at_cap`). `draw(n)` gives the first n requests of the probe (a run
     that keeps going: later looks see a longer prefix of the same stream)."""
-    need = max(_min_samples(s) for slos in tiers.values() for s in slos)
-    n = min(max_requests, max(need, 2 * load))
-    most_looks = max(1, int(max_looks))
     alpha = 1.0 - confidence
+    need = max(_first_look(s, look_alpha(alpha, 1)) for slos in tiers.values() for s in slos)
+    n = min(max_requests, max(need, int(math.ceil(min_rounds * load))))
+    most_looks = max(1, int(max_looks))
     want = set(open_tiers) or set(tiers)
     p = cell.predicted(load)
     most = max_requests
@@ -254,10 +255,16 @@ def slo_tolerance(cell: Cell, s: Slo, load: int, resolution: float) -> float:
     return min(resolution, max(0.01, abs(math.log(b / a))))
 
 
-def _min_samples(s: Slo) -> int:
+def _first_look(s: Slo, alpha_1: float) -> int:
+    """Requests of the first look: matrix/search.py's minimum, and enough that the order-statistic interval of
+    the percentile has a finite bound on the side that can prove a pass at look 1 (q^n <= alpha/2 for an upper
+    limit on the value, (1 - q)^n for a lower one; decode speed is 1 / TPOT: its sides swap)."""
     from servesweep.matrix.search import min_samples
 
-    return min_samples(s)
+    q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
+    tail = q if s.upper_limit else 1.0 - q
+    n = math.ceil(math.log(alpha_1 / 2) / math.log(tail)) if 0 < tail < 1 else 1
+    return max(min_samples(s), n)
 
 
 # ---------------------------------------------------------------- what the probes so far say
@@ -511,6 +518,7 @@ def run_decision(
     max_probe_s: float | None = 900.0,
     max_looks: int = 4,
     prior_margin: float = 2.0,
+    min_rounds: float = 2.0,
     overhead_s: float = 6.0,
     noise: Noise | None = None,
     budget_gpu_s: float | None = None,
@@ -581,7 +589,7 @@ def run_decision(
             continue
         rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
                                resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
-                               max_probe_s=max_probe_s, max_looks=max_looks)
+                               max_probe_s=max_probe_s, max_looks=max_looks, min_rounds=min_rounds)
         rec.order = len(records) + 1
         if c.config not in seconds:
             seconds[c.config] = c.start_s
