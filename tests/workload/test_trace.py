@@ -322,3 +322,18 @@ def test_a_trace_point_and_its_workload(tmp_path, shared):
     body = json.loads(b"".join(w.bodies[0]))
     assert body["max_tokens"] == 8 and body["ignore_eos"] is True and body["stream"] is True
     assert w.trace.trace.requests[0].timestamp_ms == 0.0 and w.trace.speed_up == 4
+
+
+def test_trace_synth_writes_a_trace_stats_reads_back(tmp_path):
+    run = CliRunner().invoke
+    for fmt in ("mooncake", "native", "sessions"):
+        out = tmp_path / f"s-{fmt}.jsonl"
+        r = run(trace_cli, ["synth", str(out), "--format", fmt, "--requests", "12", "--groups", "3"])
+        assert r.exit_code == 0, r.output
+        said = r.output.rsplit("ideal hit rate ", 1)[1].strip()
+        r = run(trace_cli, ["stats", str(out), "--json"])
+        assert r.exit_code == 0, r.output
+        assert said == f"{100 * json.loads(r.output)['ideal_hit_ratio']:.1f}%", fmt
+    b = tmp_path / "b.jsonl"
+    assert run(trace_cli, ["synth", str(b), "--format", "bailian", "--block-size", "16"]).exit_code == 0
+    assert read_trace(b).block_size == 16

@@ -7,5 +7,5 @@ for the public formats, the trace's ideal prefix-cache behaviour, and cache-fait
 - `window`: cutting a window (start, duration, sample fraction) out of a trace;
 - `prompts`: each hash id as an exact block of tokens by the target's tokenizer;
 - `synth`: small generated traces in every format, with known sharing (tests, examples);
-- `cli`: `servesweep trace convert|stats|sample`.
+- `cli`: `servesweep trace convert|stats|sample|synth`.
 """

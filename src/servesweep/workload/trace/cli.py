@@ -1,4 +1,5 @@
-"""`servesweep trace`: convert a public trace into the native format, print its statistics, cut a window of it.
+"""`servesweep trace`: convert a public trace into the native format, print its statistics, cut a window of it,
+write a generated one (`synth`).
 
 `stats` prints what a user wants to know before spending GPU hours on a replay: the request rate over time, the
 input and output length distributions, sessions, and the ideal prefix-cache hit rate at a cache size
@@ -79,6 +80,47 @@ def sample(src, dst, fmt, block_size, start, duration, fraction, seed):
         raise click.ClickException(str(e)) from None
     w.save(dst)
     click.echo(f"wrote {len(w.requests)} of {len(t.requests)} requests to {dst}")
+
+
+@command.command("synth")
+@click.argument("dst", type=click.Path(dir_okay=False))
+@click.option("--format", "out_fmt", type=click.Choice(("native", "mooncake", "azure", "bailian", "sessions")),
+              default="mooncake", show_default=True, help="The file format written.")
+@click.option("--requests", "n", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--groups", type=click.IntRange(min=1), default=4, show_default=True, help="Groups sharing a prefix.")
+@click.option("--prefix-blocks", type=click.IntRange(min=0), default=2, show_default=True, help="Blocks a group shares.")
+@click.option("--own-blocks", type=click.IntRange(min=0), default=1, show_default=True, help="Full blocks of each request's own.")
+@click.option("--block-size", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--rate", type=float, default=10.0, show_default=True, help="Requests per second (evenly spaced).")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def synth_cmd(dst, out_fmt, n, groups, prefix_blocks, own_blocks, block_size, rate, output_tokens, seed):
+    """Write a small generated trace with known sharing (prints its ideal hit rate); for trying a replay.
+
+    `--format sessions` writes agentic sessions instead: REQUESTS turns over GROUPS sessions, each turn repeating
+    its previous turn's full blocks."""
+    from pathlib import Path
+
+    from servesweep.workload.trace import synth
+
+    if not rate > 0:
+        raise click.BadParameter("expected a positive rate", param_hint="--rate")
+    if out_fmt == "sessions":
+        s = synth.session_requests(groups, max(1, n // groups), first_blocks=max(1, prefix_blocks),
+                                   grow_blocks=max(1, own_blocks), block_size=block_size,
+                                   output_length=output_tokens)  # fmt: skip
+    else:
+        s = synth.shared_prefix_requests(n, groups=groups, prefix_blocks=prefix_blocks, own_blocks=own_blocks,
+                                         block_size=block_size, rate_rps=rate, output_length=output_tokens,
+                                         seed=seed)  # fmt: skip
+    path = Path(dst)
+    if out_fmt == "native":
+        s.trace.save(path)
+    else:
+        {"mooncake": synth.write_mooncake, "azure": synth.write_azure, "bailian": synth.write_bailian,
+         "sessions": synth.write_sessions}[out_fmt](path, s.trace)  # fmt: skip
+    hit = "0.0% (the Azure format has no block ids)" if out_fmt == "azure" else f"{100 * s.expected_hit_ratio:.1f}%"
+    click.echo(f"wrote {len(s.trace.requests)} requests ({out_fmt}) to {dst}; ideal hit rate {hit}")
 
 
 @command.command("stats")
