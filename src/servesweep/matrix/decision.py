@@ -213,7 +213,9 @@ def sequential_probe(
     p = cell.predicted(load)
     most = max_requests
     if max_probe_s is not None and p["throughput"] > 0:  # the requests that fit the probe's time
-        most = max(n, min(max_requests, int(max_probe_s * p["throughput"])))
+        floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
+        most = max(floor, min(max_requests, int(max_probe_s * p["throughput"])))
+        n = min(n, max(most, floor))  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     k = 0
     while True:
@@ -255,16 +257,20 @@ def slo_tolerance(cell: Cell, s: Slo, load: int, resolution: float) -> float:
     return min(resolution, max(0.01, abs(math.log(b / a))))
 
 
+def _min_samples(s: Slo) -> int:
+    from servesweep.matrix.search import min_samples
+
+    return min_samples(s)
+
+
 def _first_look(s: Slo, alpha_1: float) -> int:
     """Requests of the first look: matrix/search.py's minimum, and enough that the order-statistic interval of
     the percentile has a finite bound on the side that can prove a pass at look 1 (q^n <= alpha/2 for an upper
     limit on the value, (1 - q)^n for a lower one; decode speed is 1 / TPOT: its sides swap)."""
-    from servesweep.matrix.search import min_samples
-
     q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
     tail = q if s.upper_limit else 1.0 - q
     n = math.ceil(math.log(alpha_1 / 2) / math.log(tail)) if 0 < tail < 1 else 1
-    return max(min_samples(s), n)
+    return max(_min_samples(s), n)
 
 
 # ---------------------------------------------------------------- what the probes so far say
