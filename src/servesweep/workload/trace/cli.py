@@ -188,7 +188,7 @@ def trace_stats(t: Trace, cache_tokens: int | None, bucket_s: float = 60.0) -> d
         "block_size": t.block_size,
         "requests": len(reqs),
         "duration_s": dur,
-        "rate_rps": len(reqs) / dur if dur > 0 else 0.0,
+        "rate_rps": (len(reqs) - 1) / dur if dur > 0 else 0.0,  # arrivals after the first, over their span
         "rate_over_time": [c / bucket_s for c in counts],
         "bucket_s": bucket_s,
         "input_length": _dist([r.input_length for r in reqs]),
