@@ -290,9 +290,9 @@ class _Tracker:
 
     def sample(self) -> None:
         try:
-            # One pass over the process table per sample (ppid of every process): psutil's children() scans the
-            # whole table on each call, and a sample used three scans per playbook process tree. This runs at
-            # every ansible event (about 100 a playbook) on a controller that also runs Locust.
+            # The children of this process and of the playbook's tree only, each read once per sample (psutil's
+            # children() scans the whole process table on each call). This runs at every ansible event (about 100
+            # a playbook) on a controller that also runs Locust.
             kids = _ProcessTable()
             tops = [c for c in kids.children(self.me.pid) if self._is_top(c)]
             new = []
@@ -366,23 +366,46 @@ class _Tracker:
 
 
 class _ProcessTable:
-    """Who is whose child, from one pass over the process table (`_ppid_table`); psutil.Process objects are made
-    only for the parents asked about, once each."""
+    """Who is whose child, read once per parent per sample; psutil.Process objects are made only for the parents
+    asked about, once each. Linux lists a thread's children in /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN,
+    on in the distributions' kernels): a sample reads a few files for the playbook's tree instead of the stat file of
+    every process on the machine (a test suite's controller runs hundreds). Without those files: one pass over the
+    process table (`_ppid_table`)."""
 
-    def __init__(self) -> None:
-        self.table = _ppid_table()
+    def __init__(self, children_files: bool | None = None) -> None:
+        use_files = _CHILDREN_FILES if children_files is None else children_files
+        self.table: dict[int, list[int]] | None = None if use_files else _ppid_table()
         self._made: dict[int, list[psutil.Process]] = {}
+
+    def _child_pids(self, ppid: int) -> list[int]:
+        if self.table is not None:
+            return self.table.get(ppid, [])
+        pids: list[int] = []
+        try:
+            tids = os.listdir(f"/proc/{ppid}/task")
+        except OSError:
+            return pids  # gone meanwhile
+        for tid in tids:
+            try:
+                with open(f"/proc/{ppid}/task/{tid}/children", "rb") as f:
+                    pids.extend(int(x) for x in f.read().split())
+            except (OSError, ValueError):
+                continue  # the thread ended meanwhile
+        return pids
 
     def children(self, ppid: int) -> list[psutil.Process]:
         if ppid not in self._made:
             procs = []
-            for pid in self.table.get(ppid, []):
+            for pid in self._child_pids(ppid):
                 try:
                     procs.append(psutil.Process(pid))
                 except psutil.Error:
                     pass  # gone since the table was read
             self._made[ppid] = procs
         return self._made[ppid]
+
+
+_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def _ppid_table() -> dict[int, list[int]]:
