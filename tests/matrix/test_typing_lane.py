@@ -1,7 +1,7 @@
-"""orchestrator.Lane, the Runner subclass each placement of a packed run runs as (servesweep.matrix.packed),
-declared where mypy checks it against Runner (no longer built with type() at run time): its own port, base
-URL, host and GPUs over the main Runner's shared manifest; the isolation twins left to the isolation phase; a
-stop asked by a lane reaches the whole run, and a lane never clears one."""
+"""orchestrator.Lane, what each placement of a packed run runs as (servesweep.matrix.packed): a ServerRun of its
+own (no copy of the main Runner's attributes, no class built at run time) with its own port, base URL, host, GPUs
+and Ansible state over the run's one RunState (manifest, plan); the isolation twins left to the isolation phase;
+a stop asked by a lane reaches the whole run, and a lane never clears one."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def _placement(config: str, slot: int, gpus: str, port: int) -> PlacementRecord:
 def test_a_lane_runs_the_runners_code_on_its_own_placement(runner):
     cid = next(iter(runner.m.configs))
     lane = orchestrator.Lane(runner, _placement(cid, 1, "2,3", 31234), orchestrator.Interrupted)
-    assert isinstance(lane, orchestrator.Runner) and lane.m is runner.m and lane.plan is runner.plan
+    assert not isinstance(lane, orchestrator.Runner)  # it holds no run-level state (exporter, signals, packing)
+    assert lane.shared is runner.shared and lane.m is runner.m and lane.plan is runner.plan
     assert (lane.port, lane.tag, lane.base_url()) == (31234, "gpu-a:2,3", "http://127.0.0.2:31234")
     assert runner.port != 31234 and runner.base_url() != lane.base_url()  # the main Runner keeps its own
     v = lane.role_vars(cid, "started")
@@ -101,8 +102,9 @@ def test_a_lanes_stop_reaches_the_run_and_a_lane_never_clears_it(runner):
     lane.stop_requested = False
     assert runner.stop_requested and lane.stop_requested
     lane.in_ansible = True
+    assert not runner.in_ansible  # a lane's Ansible run is its own: the main thread's signal handler does not wait
     status.update("in Ansible: its next poll stops it")
     lane.in_ansible = False
-    runner.stop_signal = signal.SIGTERM
+    runner.shared.stop.signal = signal.SIGTERM  # the signal the main thread's handler took
     with pytest.raises(orchestrator.Interrupted, match="SIGTERM"), status:
         status.update("running")

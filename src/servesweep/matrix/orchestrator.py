@@ -20,7 +20,9 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -377,46 +379,107 @@ def _point_entry(cp: ConfigPlan, pp, point) -> dict[str, Any]:
     }
 
 
-class Runner:
-    def __init__(self, m: mf.Manifest, *, console, keep_server: bool = False):
-        self.m = m
+@dataclass
+class StopState:
+    """A stop asked of the whole run (a signal, or a lane that failed): set from the main thread's signal handler or
+    from any lane, cleared by the run only (before it stops the servers), read by every part of it."""
+
+    requested: bool = False
+    signal: signal.Signals | int = signal.SIGINT  # the signal that asked (the run's exit code is 128 + it)
+
+    def name(self) -> str:
+        return signal.Signals(self.signal).name
+
+
+@dataclass
+class RunState:
+    """What the parts of one run share: the serial run and each lane of a packed run (servesweep.matrix.packed)
+    read it all; nothing else is shared between them (each part's own state is its ServerRun's).
+
+    Lane threads change it only as follows: the manifest's entries of their own configuration and its points, its
+    `events` (appended) and `hosts` (set by key), saved with Manifest.save (one snapshot under the manifest's lock);
+    `stop` (set, never cleared); the exporter's read count (`note_last_summary`, under `lock`). The rest is set by
+    the run (main thread) before any lane starts or after they all ended."""
+
+    m: mf.Manifest
+    exp: Experiment
+    plan: Plan
+    keep_server: bool
+    owned: mf.OwnedProcesses  # processes.json: the Locust groups and Ansible processes of this run
+    api_key: str | None
+    key_env: str | None  # the variable each Locust child gets the run's key under (driver.point.run_point)
+    stop: StopState = field(default_factory=StopState)
+    metrics: ClientMetrics | None = None  # while the run runs (Runner._start_exporter)
+    exporter_at: str | None = None
+    targets: RunTargets | None = None  # what this run registered for Prometheus
+    reads_at_finish: int | None = None  # metrics.reads when the last point's summary was set
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def note_last_summary(self, reads: int) -> None:
+        """The exporter's read count when a point's summary was set: Runner.close waits for a read after the last."""
+        with self.lock:
+            self.reads_at_finish = reads
+
+
+class ServerRun:
+    """One configuration's server and its points at one address: start the server, run the points, restart a dead
+    server and retry its point. The serial run is one (Runner, the run's port); each placement of a packed run is one
+    (Lane, the placement's host, GPUs and port). Its own state: `port`, `console`, `in_ansible` (its Ansible run in
+    progress: a signal then waits for the run's next poll), the point being watched; the rest is `shared`."""
+
+    def __init__(self, shared: RunState, *, port: int, console: Any):
+        self.shared = shared
+        self.port = port
         self.console = console
-        self.keep_server = keep_server
-        self.exp = Experiment.model_validate(m.data["experiment"])
-        self.plan: Plan = make_plan(self.exp)
-        self.port = int(m.data["port"])
-        self.stop_requested = False
-        self.stop_signal = signal.SIGINT
         self.in_ansible = False
-        # processes.json: the Locust groups and Ansible processes this run starts, by pid and start time; a resumed
-        # run stops the ones the interrupted run left (and nothing else)
-        self.owned = mf.OwnedProcesses(m.run_dir)
-        self.server_up = False
-        self.metrics: ClientMetrics | None = None  # while the run runs (see _start_exporter)
-        self._reads_at_finish: int | None = None  # metrics.reads when the last point's summary was set
-        self.exporter_at: str | None = None
-        # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
-        self.packed = bool(
-            m.data.get("packing")
-            or (self.exp.target.managed and self.exp.parallel and (m.data.get("max_parallel") or 1) > 1)
-        )
-        self.targets: RunTargets | None = None  # what this run registered for Prometheus
         self._watch: PointWatch | None = None  # the point running
-        # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
-        self.api_key = resolve_run_key(self.exp, m.data.get("experiment_file"))
-        # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it in
-        # its own environment (driver.point.run_point)
-        self.key_env = hold_key(self.api_key)
 
-    # -- signals: SIGINT / SIGTERM / SIGHUP set a flag; outside Ansible they interrupt at once --
+    # -- the run's shared state, read-only here (RunState says who changes what) --
 
-    def _on_signal(self, signum, frame):
-        if self.stop_requested:
-            return  # the first signal's stop is under way: a second one must not break it
-        self.stop_requested = True
-        self.stop_signal = signum
-        if not self.in_ansible:
-            raise Interrupted(signal.Signals(signum).name)
+    @property
+    def m(self) -> mf.Manifest:
+        return self.shared.m
+
+    @property
+    def exp(self) -> Experiment:
+        return self.shared.exp
+
+    @property
+    def plan(self) -> Plan:
+        return self.shared.plan
+
+    @property
+    def keep_server(self) -> bool:
+        return self.shared.keep_server
+
+    @property
+    def owned(self) -> mf.OwnedProcesses:
+        return self.shared.owned
+
+    @property
+    def api_key(self) -> str | None:
+        return self.shared.api_key
+
+    @property
+    def key_env(self) -> str | None:
+        return self.shared.key_env
+
+    @property
+    def metrics(self) -> ClientMetrics | None:
+        return self.shared.metrics
+
+    @property
+    def stop_signal(self) -> signal.Signals | int:
+        return self.shared.stop.signal
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.shared.stop.requested
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        if value:  # any part may stop the whole run; only the run clears a stop (Runner.stop_requested)
+            self.shared.stop.requested = True
 
     # -- helpers --
 
@@ -570,176 +633,6 @@ class Runner:
             if self.stop_requested:
                 raise Interrupted(signal.Signals(self.stop_signal).name)
 
-    # -- the run --
-
-    def run(self) -> int:
-        old = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
-        try:
-            self._adopt_and_clean()
-            self._start_exporter()
-            self.m.data["status"] = "running"
-            self.m.data.pop("error", None)  # a resumed run's previous stop
-            self.m.data.setdefault("resumed", [])
-            self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
-            self.m.save()
-            if self.packed:
-                from servesweep.matrix.packed import PackedRun, packing_of
-
-                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted, Lane).run()
-            else:
-                for cp in self.plan.configs:
-                    if self.stop_requested:
-                        raise Interrupted(signal.Signals(self.stop_signal).name)
-                    self._run_config(cp)
-            self.m.data["status"] = "finished"
-            self.m.save()
-        except Interrupted:
-            self.stop_requested = True
-            self._mark_interrupted()
-            name = signal.Signals(self.stop_signal).name
-            msg = (
-                f"interrupted by {name}: the load generator is stopped, finished points are kept; resume with  "
-                f"servesweep run --resume {self.run_dir}"
-            )
-            click.echo(msg, err=True)
-            self._stop_server_quietly()
-            return 128 + int(self.stop_signal)
-        except DiskTrouble as e:
-            for tmp in self.run_dir.glob(".tmp-*"):
-                shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                self._mark_interrupted()  # may fail too: the previous manifest then stays, whole
-            except OSError:
-                pass
-            self.console.print(
-                f"[red]stopped: {e}[/]\nfinished points are kept; make room, then resume with  "
-                f"servesweep run --resume {self.run_dir}"
-            )
-            self._stop_server_quietly(outside_run_dir=True)
-            return 4
-        except OSError as e:
-            if not _is_disk_error(e):
-                raise
-            self._stop_server_quietly(outside_run_dir=True)
-            self.console.print(
-                f"[red]stopped: the results folder cannot be written ({e.strerror}: {e.filename})[/]\n"
-                f"finished points are kept; fix it, then resume with  servesweep run --resume {self.run_dir}"
-            )
-            return 4
-        except Exception as e:
-            # A bug (ours or a library's): its traceback follows, but the server is not left running on its GPUs
-            # and the manifest does not claim a running run (found on the real-SGLang tier: an orphaned server)
-            self._on_unexpected_error(e)
-            raise
-        finally:
-            for sig, h in old.items():
-                signal.signal(sig, h)
-        if not self.keep_server:
-            self._stop_server_quietly()
-        self.print_results()
-        self.write_report()
-        not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
-        if not_done:
-            click.echo(
-                f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({_first_ids(not_done)}; their "
-                "status and reason in manifest.json)",
-                err=True,
-            )
-            return COULD_NOT_RUN
-        degraded = [
-            pid
-            for pid, p in self.m.points.items()
-            if p["status"] == mf.DONE and (p.get("result") or {}).get("degraded")
-        ]
-        if degraded:  # measured, but not at the asked load: not what was asked (servesweep.exit_codes)
-            from servesweep.results.degraded import exit_line
-
-            click.echo(exit_line(COULD_NOT_RUN, degraded), err=True)
-            return COULD_NOT_RUN
-        if self.exp.search is not None:
-            from servesweep.matrix.capacity_run import unfinished
-
-            if unfinished(self.m.data):
-                click.echo(f"exit {COULD_NOT_RUN}: the capacity search did not finish", err=True)
-                return COULD_NOT_RUN
-        checks = [
-            fc
-            for p in self.m.points.values()
-            # a capacity probe's failures are the search's evidence (its SLOs judge them, error_rate included):
-            # a probe past the capacity may fail requests by design, and the search says what it found
-            if p["status"] == mf.DONE and not p.get("search") and (fc := (p.get("result") or {}).get("failure_check"))
-        ]
-        # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
-        # 500s. (.get: a point finished before failure checks had warnings has none.)
-        for fc in checks:
-            if fc["pass"] and fc.get("warning"):
-                click.secho(f"WARNING: {fc['warning']}", err=True, fg="yellow", bold=True)
-        over = [fc["message"] for fc in checks if not fc["pass"]]
-        for msg in over:
-            click.echo(f"failed: {msg}", err=True)
-        if over:
-            click.echo(
-                f"exit 3: {len(over)} point(s) failed the failure check (load.max_failure_rate "
-                f"{self.exp.load.max_failure_rate:.1%}; 1.0 allows any share short of no success at all)",
-                err=True,
-            )
-        if over:
-            return FAILED_REQUESTS
-        # the experiment's slo: at each measured point (a capacity probe's SLOs are the search's to judge)
-        breached = [
-            pid
-            for pid, p in self.m.points.items()
-            if p["status"] == mf.DONE and not p.get("search") and (p.get("result") or {}).get("slos_pass") is False
-        ]
-        if breached:
-            click.echo(
-                f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
-                f"{_first_ids(breached)} (servesweep gate RUN --details)",
-                err=True,
-            )
-            return BREACH
-        return PASS
-
-    # -- live client metrics (docs/observability.md) --
-
-    def _start_exporter(self) -> None:
-        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here: during a point from the
-        Locust process's live record feed (about once a second), at its end from the records the feed did not
-        carry, and the point's summary (point_finished). Locust gets no metrics_port and each request id is
-        observed once, so nothing is counted twice. A resumed run serves again (new port unless fixed)."""
-        ex = self.exp.exporter
-        if not ex.enabled or self.metrics is not None:
-            return
-        from servesweep.observe.exporter import ClientMetrics
-
-        m = ClientMetrics(self.m.data["run_id"])
-        try:
-            port = m.serve(ex.host, ex.port)
-        except OSError as e:
-            raise CouldNotRun(
-                f"exporter: cannot serve client metrics on {ex.host}:{ex.port} ({e.strerror}); "
-                "set exporter.port to a free port, or exporter.enabled: false"
-            ) from None
-        self.metrics = m
-        self.exporter_at = f"{ex.host}:{port}"
-        self.m.data["exporter"] = {"host": ex.host, "port": port, "url": f"http://{self.exporter_at}/metrics"}
-        self.event(f"client metrics (Prometheus): http://{self.exporter_at}/metrics")
-
-    def close(self) -> None:
-        """Stop serving client metrics (after the run; a test scrapes them in between) once the stack's Prometheus
-        has read the last point's summary (bounded: observe.targets.last_scrape), remove the run's targets from the
-        observe stack's folder; let go of the run's key."""
-        if self.metrics is not None:
-            if self._reads_at_finish is not None:
-                from servesweep.observe.targets import last_scrape
-
-                last_scrape(self.metrics, self._reads_at_finish, self.run_dir.parent)
-            self.metrics.stop()
-            self.metrics = None
-        if self.targets is not None:
-            self.targets.close()
-        drop_key()
-
     def _write_targets(self, cid: str) -> None:
         """Register the exporter and this configuration's server /metrics in the observe stack's one targets
         folder (`<results root>/.observe/targets`, docs/observability.md); the next configuration replaces it."""
@@ -756,11 +649,12 @@ class Runner:
         """This run's observe.targets.RunTargets, made at first use with the run's exporter registered in it."""
         from servesweep.observe.targets import RunTargets, scrape_address
 
-        if self.targets is None:
-            self.targets = RunTargets(self.m.data["run_id"], self.run_dir.parent)
-            if self.exporter_at is not None:
-                self.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
-        return self.targets
+        s = self.shared
+        if s.targets is None:
+            s.targets = RunTargets(self.m.data["run_id"], self.run_dir.parent)
+            if s.exporter_at is not None:
+                s.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
+        return s.targets
 
     def _point_watch(self, pid: str, head: str) -> PointWatch:
         """The point's live view: the feed's records go to the exporter as they arrive; without a terminal, plain
@@ -793,72 +687,12 @@ class Runner:
             except (OSError, ValueError) as e:  # the gauges still come from the summary
                 self.console.print(f"[yellow]client metrics: records of {pid} not read ({e})[/]")
         self.metrics.point_finished(pid, summary)
-        self._note_last_summary(self.metrics.reads)
+        self.shared.note_last_summary(self.metrics.reads)
 
     def _gpu_samplers(self, cid: str) -> list[str] | None:
         """The GPU sampler the role started beside the configuration's server (docs/gpu-telemetry.md), if any."""
         gs = (self.m.configs[cid].get("server") or {}).get("gpu_sampler") or {}
         return [gs["url"]] if gs.get("running") and gs.get("url") else None
-
-    def _note_last_summary(self, reads: int) -> None:
-        """The exporter's read count when a point's summary was set: close() waits for a read after the last."""
-        self._reads_at_finish = reads
-
-    def _adopt_and_clean(self) -> None:
-        """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
-        finished point folders the manifest did not get to record."""
-        from servesweep.driver.ansible import remove_private_dirs
-
-        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first,
-        # exactly those it recorded in processes.json (pid and start time); a server it left is stopped through its
-        # pidfile when the role starts this run's (force restart)
-        n = self.owned.stop_previous()
-        remove_private_dirs(self.ansible_tag)
-        if n:
-            what = ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
-            self.event(f"stopped what the interrupted run left running: {what} process(es)")
-        for tmp in self.run_dir.glob(".tmp-*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-        changed = False
-        for pid, p in self.m.points.items():
-            d = self.run_dir / pid
-            if p["status"] != mf.DONE and (d / "summary.json").is_file():
-                p.update(
-                    status=mf.DONE, dir=pid, result=_headline(json.loads((d / "summary.json").read_text()))
-                )
-                changed = True
-            elif p["status"] == mf.RUNNING:
-                p["status"] = mf.PENDING
-                changed = True
-        if changed:
-            self.m.save()
-
-    def _on_unexpected_error(self, e: Exception) -> None:
-        """The run stops on an exception no handler expects: points in flight go back to pending, the manifest
-        says why, the server is stopped through the role (unless --keep-server), and the console says how to
-        resume. Nothing here may hide `e`: its own failures are reported and swallowed."""
-        what = f"{type(e).__name__}: {e}"
-        try:
-            self.m.data["error"] = what
-            self._mark_interrupted()
-        except Exception as save_error:  # noqa: BLE001 - the manifest of the last save stays, whole
-            click.echo(f"could not save the manifest: {save_error}", err=True)
-        click.echo(
-            f"servesweep stopped on an unexpected error ({what}); finished points are kept; resume with  "
-            f"servesweep run --resume {self.run_dir}",
-            err=True,
-        )
-        try:
-            self._stop_server_quietly()
-        except Exception as stop_error:  # noqa: BLE001
-            click.echo(f"could not stop the server: {stop_error}", err=True)
-
-    def _mark_interrupted(self) -> None:
-        for p in self.m.points.values():
-            if p["status"] == mf.RUNNING:
-                p["status"] = mf.PENDING
-        self.m.data["status"] = "interrupted"
-        self.m.save()
 
     def _pending(self, cfg_id: str) -> list[str]:
         return [
@@ -942,7 +776,6 @@ class Runner:
             from servesweep.sglang.server_log import decisive_line
 
             log = self.run_dir / "servers" / cid / "server.log"
-            self.server_up = False
             # the line that says why (SGLang's argparse `error:` line, a traceback's last line) before the role's
             # message, whose tail of the log is mostly usage text or stack frames
             decisive = decisive_line(log.read_text(errors="replace")) if log.is_file() else None
@@ -954,7 +787,6 @@ class Runner:
             head = "" if decisive is None else f"[bold]{escape(decisive)}[/]\n  "
             self.event(f"[red]✗ {cid}[/]: {head}{escape(res.error()[:2000])}")
             return False
-        self.server_up = True
         self._save_server_files(cid, server, res.artifact_data.get("sglang_server_log"))
         c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
         if server and server.get("facts"):
@@ -1124,7 +956,6 @@ class Runner:
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
         """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
         records; the configuration keeps a list of its crashes."""
-        self.server_up = False
         c = self.m.configs[cid]
         p = self.m.points[failed_pid]
         if self.exp.target.managed:
@@ -1150,6 +981,277 @@ class Runner:
         )
         self.m.save()
         self.event(f"[red]✗ {cid}[/] crashed during {failed_pid}; its log: {attached}")
+
+
+class Runner(ServerRun):
+    """`servesweep run`: the whole matrix, its signals, exporter, results table and report. Serially it is the one
+    ServerRun of the run (the run's port); a packed run's placements run as Lanes (servesweep.matrix.packed) that
+    share its RunState."""
+
+    def __init__(self, m: mf.Manifest, *, console, keep_server: bool = False):
+        exp = Experiment.model_validate(m.data["experiment"])
+        # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
+        api_key = resolve_run_key(exp, m.data.get("experiment_file"))
+        shared = RunState(
+            m=m,
+            exp=exp,
+            plan=make_plan(exp),
+            keep_server=keep_server,
+            # a resumed run stops the processes the interrupted run left (and nothing else)
+            owned=mf.OwnedProcesses(m.run_dir),
+            api_key=api_key,
+            # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it
+            # in its own environment (driver.point.run_point)
+            key_env=hold_key(api_key),
+        )
+        super().__init__(shared, port=int(m.data["port"]), console=console)
+        # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
+        self.packed = bool(
+            m.data.get("packing")
+            or (exp.target.managed and exp.parallel and (m.data.get("max_parallel") or 1) > 1)
+        )
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.shared.stop.requested
+
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        # cleared before the servers are stopped: the stop's own Ansible runs must not cancel themselves
+        self.shared.stop.requested = value
+
+    # -- signals: SIGINT / SIGTERM / SIGHUP set a flag; outside Ansible they interrupt at once --
+
+    def _on_signal(self, signum, frame):
+        if self.stop_requested:
+            return  # the first signal's stop is under way: a second one must not break it
+        self.stop_requested = True
+        self.shared.stop.signal = signum
+        if not self.in_ansible:
+            raise Interrupted(signal.Signals(signum).name)
+
+    def run(self) -> int:
+        old = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        try:
+            self._adopt_and_clean()
+            self._start_exporter()
+            self.m.data["status"] = "running"
+            self.m.data.pop("error", None)  # a resumed run's previous stop
+            self.m.data.setdefault("resumed", [])
+            self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
+            self.m.save()
+            if self.packed:
+                from servesweep.matrix.packed import PackedRun, packing_of
+
+                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted, Lane).run()
+            else:
+                for cp in self.plan.configs:
+                    if self.stop_requested:
+                        raise Interrupted(signal.Signals(self.stop_signal).name)
+                    self._run_config(cp)
+            self.m.data["status"] = "finished"
+            self.m.save()
+        except Interrupted:
+            self.stop_requested = True
+            self._mark_interrupted()
+            name = signal.Signals(self.stop_signal).name
+            msg = (
+                f"interrupted by {name}: the load generator is stopped, finished points are kept; resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            click.echo(msg, err=True)
+            self._stop_server_quietly()
+            return 128 + int(self.stop_signal)
+        except DiskTrouble as e:
+            for tmp in self.run_dir.glob(".tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                self._mark_interrupted()  # may fail too: the previous manifest then stays, whole
+            except OSError:
+                pass
+            self.console.print(
+                f"[red]stopped: {e}[/]\nfinished points are kept; make room, then resume with  "
+                f"servesweep run --resume {self.run_dir}"
+            )
+            self._stop_server_quietly(outside_run_dir=True)
+            return 4
+        except OSError as e:
+            if not _is_disk_error(e):
+                raise
+            self._stop_server_quietly(outside_run_dir=True)
+            self.console.print(
+                f"[red]stopped: the results folder cannot be written ({e.strerror}: {e.filename})[/]\n"
+                f"finished points are kept; fix it, then resume with  servesweep run --resume {self.run_dir}"
+            )
+            return 4
+        except Exception as e:
+            # A bug (ours or a library's): its traceback follows, but the server is not left running on its GPUs
+            # and the manifest does not claim a running run (found on the real-SGLang tier: an orphaned server)
+            self._on_unexpected_error(e)
+            raise
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+        if not self.keep_server:
+            self._stop_server_quietly()
+        self.print_results()
+        self.write_report()
+        not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
+        if not_done:
+            click.echo(
+                f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({_first_ids(not_done)}; their "
+                "status and reason in manifest.json)",
+                err=True,
+            )
+            return COULD_NOT_RUN
+        degraded = [
+            pid
+            for pid, p in self.m.points.items()
+            if p["status"] == mf.DONE and (p.get("result") or {}).get("degraded")
+        ]
+        if degraded:  # measured, but not at the asked load: not what was asked (servesweep.exit_codes)
+            from servesweep.results.degraded import exit_line
+
+            click.echo(exit_line(COULD_NOT_RUN, degraded), err=True)
+            return COULD_NOT_RUN
+        if self.exp.search is not None:
+            from servesweep.matrix.capacity_run import unfinished
+
+            if unfinished(self.m.data):
+                click.echo(f"exit {COULD_NOT_RUN}: the capacity search did not finish", err=True)
+                return COULD_NOT_RUN
+        checks = [
+            fc
+            for p in self.m.points.values()
+            # a capacity probe's failures are the search's evidence (its SLOs judge them, error_rate included):
+            # a probe past the capacity may fail requests by design, and the search says what it found
+            if p["status"] == mf.DONE and not p.get("search") and (fc := (p.get("result") or {}).get("failure_check"))
+        ]
+        # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
+        # 500s. (.get: a point finished before failure checks had warnings has none.)
+        for fc in checks:
+            if fc["pass"] and fc.get("warning"):
+                click.secho(f"WARNING: {fc['warning']}", err=True, fg="yellow", bold=True)
+        over = [fc["message"] for fc in checks if not fc["pass"]]
+        for msg in over:
+            click.echo(f"failed: {msg}", err=True)
+        if over:
+            click.echo(
+                f"exit 3: {len(over)} point(s) failed the failure check (load.max_failure_rate "
+                f"{self.exp.load.max_failure_rate:.1%}; 1.0 allows any share short of no success at all)",
+                err=True,
+            )
+        if over:
+            return FAILED_REQUESTS
+        # the experiment's slo: at each measured point (a capacity probe's SLOs are the search's to judge)
+        breached = [
+            pid
+            for pid, p in self.m.points.items()
+            if p["status"] == mf.DONE and not p.get("search") and (p.get("result") or {}).get("slos_pass") is False
+        ]
+        if breached:
+            click.echo(
+                f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
+                f"{_first_ids(breached)} (servesweep gate RUN --details)",
+                err=True,
+            )
+            return BREACH
+        return PASS
+
+    def _start_exporter(self) -> None:
+        """One ClientMetrics per run, served over HTTP for Prometheus. It is fed here: during a point from the
+        Locust process's live record feed (about once a second), at its end from the records the feed did not
+        carry, and the point's summary (point_finished). Locust gets no metrics_port and each request id is
+        observed once, so nothing is counted twice. A resumed run serves again (new port unless fixed)."""
+        ex = self.exp.exporter
+        if not ex.enabled or self.metrics is not None:
+            return
+        from servesweep.observe.exporter import ClientMetrics
+
+        m = ClientMetrics(self.m.data["run_id"])
+        try:
+            port = m.serve(ex.host, ex.port)
+        except OSError as e:
+            raise CouldNotRun(
+                f"exporter: cannot serve client metrics on {ex.host}:{ex.port} ({e.strerror}); "
+                "set exporter.port to a free port, or exporter.enabled: false"
+            ) from None
+        self.shared.metrics = m
+        self.shared.exporter_at = at = f"{ex.host}:{port}"
+        self.m.data["exporter"] = {"host": ex.host, "port": port, "url": f"http://{at}/metrics"}
+        self.event(f"client metrics (Prometheus): http://{at}/metrics")
+
+    def close(self) -> None:
+        """Stop serving client metrics (after the run; a test scrapes them in between) once the stack's Prometheus
+        has read the last point's summary (bounded: observe.targets.last_scrape), remove the run's targets from the
+        observe stack's folder; let go of the run's key."""
+        if self.metrics is not None:
+            reads = self.shared.reads_at_finish
+            if reads is not None:
+                from servesweep.observe.targets import last_scrape
+
+                last_scrape(self.metrics, reads, self.run_dir.parent)
+            self.metrics.stop()
+            self.shared.metrics = None
+        if self.shared.targets is not None:
+            self.shared.targets.close()
+        drop_key()
+
+    def _adopt_and_clean(self) -> None:
+        """Before (re)starting: kill load generators left by a killed run, drop half-written point folders, and adopt
+        finished point folders the manifest did not get to record."""
+        from servesweep.driver.ansible import remove_private_dirs
+
+        # a SIGKILLed run leaves its Ansible (which may be starting a server) and Locust running: stop them first,
+        # exactly those it recorded in processes.json (pid and start time); a server it left is stopped through its
+        # pidfile when the role starts this run's (force restart)
+        n = self.owned.stop_previous()
+        remove_private_dirs(self.ansible_tag)
+        if n:
+            what = ", ".join(f"{v} {k}" for k, v in sorted(n.items()))
+            self.event(f"stopped what the interrupted run left running: {what} process(es)")
+        for tmp in self.run_dir.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        changed = False
+        for pid, p in self.m.points.items():
+            d = self.run_dir / pid
+            if p["status"] != mf.DONE and (d / "summary.json").is_file():
+                p.update(
+                    status=mf.DONE, dir=pid, result=_headline(json.loads((d / "summary.json").read_text()))
+                )
+                changed = True
+            elif p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+                changed = True
+        if changed:
+            self.m.save()
+
+    def _on_unexpected_error(self, e: Exception) -> None:
+        """The run stops on an exception no handler expects: points in flight go back to pending, the manifest
+        says why, the server is stopped through the role (unless --keep-server), and the console says how to
+        resume. Nothing here may hide `e`: its own failures are reported and swallowed."""
+        what = f"{type(e).__name__}: {e}"
+        try:
+            self.m.data["error"] = what
+            self._mark_interrupted()
+        except Exception as save_error:  # noqa: BLE001 - the manifest of the last save stays, whole
+            click.echo(f"could not save the manifest: {save_error}", err=True)
+        click.echo(
+            f"servesweep stopped on an unexpected error ({what}); finished points are kept; resume with  "
+            f"servesweep run --resume {self.run_dir}",
+            err=True,
+        )
+        try:
+            self._stop_server_quietly()
+        except Exception as stop_error:  # noqa: BLE001
+            click.echo(f"could not stop the server: {stop_error}", err=True)
+
+    def _mark_interrupted(self) -> None:
+        for p in self.m.points.values():
+            if p["status"] == mf.RUNNING:
+                p["status"] = mf.PENDING
+        self.m.data["status"] = "interrupted"
+        self.m.save()
 
     def _stop_server_quietly(self, *, outside_run_dir: bool = False) -> None:
         """Stop the server through the role. With a full results folder Ansible's artifacts go to a temporary
@@ -1178,8 +1280,6 @@ class Runner:
         finally:
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
-
-    # -- results --
 
     def write_report(self) -> None:
         """The report helper's HTML + Markdown report of this run folder; a report problem never fails the run."""
@@ -1257,12 +1357,13 @@ class Runner:
             print_table(self.console, self.run_dir)
 
 
+
 # -- a packed run's lanes: servesweep.matrix.packed runs them (it may not import this module) --
 
 
 class _LaneStatus:
     """The progress line of a lane: no live display (one per console at most), and the moment a lane's running
-    Locust point notices a stop (Runner._run_point's progress callback updates it about once a second)."""
+    Locust point notices a stop (ServerRun._run_point's progress callback updates it about once a second)."""
 
     def __init__(self, lane: Lane):
         self.lane = lane
@@ -1275,7 +1376,7 @@ class _LaneStatus:
 
     def update(self, text: str) -> None:
         if self.lane.stop_requested and not self.lane.in_ansible:
-            raise self.lane.interrupted(signal.Signals(self.lane.main.stop_signal).name)
+            raise self.lane.interrupted(self.lane.shared.stop.name())
 
 
 class _LaneConsole:
@@ -1296,35 +1397,21 @@ class _LaneConsole:
         self.console.print(f"\\[{self.lane.tag}] -- {text}", **kw)
 
 
-class Lane(Runner):
-    """One placement's view of a packed run (servesweep.matrix.packed): the main Runner's state shared
-    (manifest, owned processes, metrics, key), its own server address, port, host and GPUs."""
+class Lane(ServerRun):
+    """One placement of a packed run (servesweep.matrix.packed): a ServerRun on the placement's host, GPUs and port
+    over the run's RunState. Its own: the placement, its port and base URL, its console (lines prefixed host:gpus),
+    its Ansible state and point watch, and its pending points (the isolation twins are left to the isolation
+    phase). A stop it asks reaches the whole run; it never clears one."""
 
     def __init__(self, main: Runner, placement: PlacementRecord, interrupted: type[BaseException]):
-        # the main Runner's attributes, not Runner.__init__: the lane shares its manifest, plan and key
-        self.__dict__.update(main.__dict__)
-        self.interrupted = interrupted
-        self.main = main
+        self.main = main  # the run's Runner: its stop (matrix/isolation.py reads main.stop_requested)
         self.placement = placement
-        self.port = int(placement["port"])
-        self.in_ansible = False
+        self.interrupted = interrupted
         self.tag = f"{placement['host']}:{placement['gpus']}"
-        self.console = _LaneConsole(self, main.console)
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.main.stop_requested
-
-    @stop_requested.setter
-    def stop_requested(self, value: bool) -> None:
-        if value:
-            self.main.stop_requested = True
+        super().__init__(main.shared, port=int(placement["port"]), console=_LaneConsole(self, main.console))
 
     def base_url(self) -> str:
         return f"http://{self.placement['address']}:{self.port}"
-
-    def _note_last_summary(self, reads: int) -> None:
-        self.main._note_last_summary(reads)  # the run's exporter is the main Runner's; it closes it
 
     def _pending(self, cfg_id: str) -> list[str]:
         # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
@@ -1354,7 +1441,7 @@ class Lane(Runner):
         try:
             self._run_config(cp)
         finally:
-            if self.exp.target.managed and not self.keep_server and not self.main.stop_requested:
+            if self.exp.target.managed and not self.keep_server and not self.stop_requested:
                 self.stop_server()
 
     def stop_server(self, artifact_dir: Path | None = None) -> bool:

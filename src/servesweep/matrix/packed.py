@@ -13,9 +13,13 @@ its Ansible run at its next poll; then the main thread stops the server of every
 (stop_placements, all at once), so a Ctrl-C or SIGTERM leaves no server on any GPU. A placement's server that its
 lane stopped is marked (`server_stopped` on its configuration), so a resume after a SIGKILL stops exactly the
 servers the killed run left: those of placements still to run are restarted where they stood (same host, GPUs,
-port, work folder), those of finished placements are stopped before anything starts. `Lane` is declared in
-servesweep.matrix.orchestrator (a Runner subclass): the orchestrator imports this module, which may not import
-it back (pyproject.toml: no import circles), so the orchestrator hands the class in (LaneFactory).
+port, work folder), those of finished placements are stopped before anything starts.
+
+A lane's state is explicit (servesweep.matrix.orchestrator): `Lane` is a ServerRun of its own (placement, port,
+base URL, console, Ansible state, pending points) over the run's RunState, the one object every lane shares
+(manifest, experiment, plan, owned processes, exporter, the stop), which says what lane threads may change and
+how. The orchestrator imports this module, which may not import it back (pyproject.toml: no import circles), so
+it hands the class in (LaneFactory) and this module sees the run through RunView.
 """
 
 from __future__ import annotations
@@ -26,13 +30,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from servesweep.matrix.isolation import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
 from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.packing import is_isolation_sample
+
+if TYPE_CHECKING:
+    from servesweep.config.experiment import Experiment
+    from servesweep.matrix.planner import Plan
+    from servesweep.observe.targets import RunTargets
 
 POLL_S = 0.2
 
@@ -50,6 +59,31 @@ class PlacementRecord(TypedDict):
     planned_end_s: float
 
 
+class RunView(Protocol):
+    """What this module reads and changes of the run (orchestrator.Runner, the main thread's)."""
+
+    port: int  # the run's port: the first placement's when the target is local
+    console: Any
+    in_ansible: bool  # set while the placements' servers are stopped: a signal then waits for the stops
+    stop_requested: bool  # set to stop every lane; cleared by stop_placements before its own Ansible runs
+
+    @property
+    def m(self) -> mf.Manifest: ...
+
+    @property
+    def exp(self) -> Experiment: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def keep_server(self) -> bool: ...
+
+    def event(self, text: str) -> None: ...
+
+    def run_targets(self) -> RunTargets: ...
+
+
 class PlacementLane(Protocol):
     """What the scheduler asks of one placement's lane (orchestrator.Lane)."""
 
@@ -60,11 +94,12 @@ class PlacementLane(Protocol):
     def stop_server(self, artifact_dir: Path | None = None) -> bool: ...
 
 
-# orchestrator.Lane: called with (the run's Runner, a PlacementRecord, the run's Interrupted)
+# orchestrator.Lane: called with (the run's Runner, a PlacementRecord, the run's Interrupted); Callable[...]: the
+# class takes the Runner itself, of which RunView is a part
 LaneFactory = Callable[..., PlacementLane]
 
 
-def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
+def packing_of(runner: RunView, max_parallel: int | None) -> dict[str, Any]:
     """The run's placements, from the manifest when a previous run stored them, else planned now and stored."""
     kept = runner.m.data.get("packing")
     if kept:
@@ -108,7 +143,7 @@ def packing_of(runner, max_parallel: int | None) -> dict[str, Any]:
     return packing
 
 
-def holding(runner, packing: dict[str, Any]) -> list[PlacementRecord]:
+def holding(runner: RunView, packing: dict[str, Any]) -> list[PlacementRecord]:
     """The placements that may hold a server: their lane started (this run or a killed one) and did not stop it."""
     out: list[PlacementRecord] = []
     for pl in packing.get("placements", []):
@@ -119,7 +154,7 @@ def holding(runner, packing: dict[str, Any]) -> list[PlacementRecord]:
 
 
 def stop_placements(
-    runner,
+    runner: RunView,
     interrupted: type[BaseException],
     lane_cls: LaneFactory,
     placements: list[PlacementRecord],
@@ -167,7 +202,11 @@ class PackedRun:
     handler raises `interrupted` here) tells every lane to stop and waits for them."""
 
     def __init__(
-        self, runner, packing: dict[str, Any], interrupted: type[BaseException], lane_cls: LaneFactory
+        self,
+        runner: RunView,
+        packing: dict[str, Any],
+        interrupted: type[BaseException],
+        lane_cls: LaneFactory,
     ):
         self.runner = runner
         self.packing = packing
