@@ -143,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model-error", type=float, default=0.10, help="log-sd of each calibration factor")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
+    ap.add_argument("--ablate", action="store_true", help="also run without racing and without sequential looks")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -181,7 +182,19 @@ def main(argv=None) -> int:
             m["why"], m["slo_tie"] = explain(m, run, truth, d.tiers, noise)
         agree["explained"] = (agree["questions"] * agree["exact"] + sum(
             1 for m in agree["misses"] if m["within_resolution"] or m["slo_tie"])) / max(1, agree["questions"])
+        ratios = {m: [r.ratios[m] for r in run.records] for m in ("ttft", "tpot", "e2e")}
+        ablation = {}
+        if a.ablate:
+            for name, over in (("no racing", {"race": False}), ("no sequential looks (one look)", {"max_looks": 1}),
+                               ("no prior bound", {"use_prior": False})):
+                alt = D.run_decision(prior, d.tiers, measure, **{**kw, **over})
+                ablation[name] = {
+                    "gpu_s": alt.as_dict()["gpu_seconds"],
+                    "within_resolution": D.agreement(alt.answer.best(), answer, d.resolution)["within_resolution"],
+                }
         rows.append({
+            "ratios": ratios,
+            "ablation": ablation,
             "seed": seed,
             "probes": len(run.records),
             "requests": sum(r.requests for r in run.records),
@@ -233,6 +246,16 @@ def main(argv=None) -> int:
     hw = mean("", lambda r, k: r["half_budget"]["agreement"]["within_resolution"])
     print(f"| decision stopped at half its GPU time (anytime) | {mean('gpu_s') / 2 / h:.1f} | - | - | {hx:.1%} | "
           f"{hw:.1%} | - |")
+    if a.ablate:
+        print("| lever switched off | GPU-h | within resolution |")
+        print("|---|---|---|")
+        for name in rows[0]["ablation"]:
+            print(f"| {name} | {np.mean([r['ablation'][name]['gpu_s'] for r in rows]) / h:.1f} | "
+                  f"{np.mean([r['ablation'][name]['within_resolution'] for r in rows]):.1%} |")
+    allr = {m: np.concatenate([r["ratios"][m] for r in rows]) for m in ("ttft", "tpot", "e2e")}
+    print("step model's prediction error (measured median / predicted, over every probe): " + "; ".join(
+        f"{m} {np.exp(np.mean(np.log(v))):.3f} (95 % of probes in {np.quantile(v, 0.025):.3f}-"
+        f"{np.quantile(v, 0.975):.3f})" for m, v in allr.items()))
     for r in rows:
         print(f"seed {r['seed']}: {r['probes']} probes, {r['requests']} requests, {r['counts']}; misses:")
         for m in r["agreement"]["misses"]:

@@ -122,3 +122,11 @@ def test_the_prior_bound_spares_probes_and_calibration_reads_the_model_error():
     rec = [D.sequential_probe(cells[0], 8, {k: D.parse_tier(v) for k, v in TIERS.items()}, TIERS,
                               measure(slow, 8), confidence=0.95, resolution=0.05, max_requests=800, overhead_s=0)]
     assert math.isclose(D.calibration("c0", rec)["tpot"], 1.1, rel_tol=0.05)
+
+
+def test_racing_spends_less_than_searching_every_cell_to_resolution():
+    cells = [_cell(f"c{i}", 0.005 * (1 + 0.5 * i), 60) for i in range(4)]
+    raced, full = _run(cells), _run(cells, race=False)
+    assert raced.answer.best() == full.answer.best()
+    assert raced.answer.gpu_seconds < full.answer.gpu_seconds
+    assert {r.config for r in full.records} == {c.config for c in cells}

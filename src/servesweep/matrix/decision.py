@@ -530,13 +530,15 @@ def run_decision(
     budget_gpu_s: float | None = None,
     max_rounds: int = 5000,
     use_prior: bool = True,
+    race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
 ) -> DecisionRun:
     """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
     the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
     over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
     cells are bounded by the step model's prior times `prior_margin` (`use_prior`). Stops when every question is settled
-    or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far)."""
+    or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far). `race=False`
+    (for measuring what racing saves): every cell is searched until its brackets are resolved."""
     noise = noise or Noise()
     tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
     names = list(tiers)
@@ -554,7 +556,7 @@ def run_decision(
     while rounds < max_rounds:
         ans = derive(cells, names, records, **kw)
         open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
-        if not open_q:
+        if not open_q and race:
             break
         top = {k: max((x for x in (_high(q),) if math.isfinite(x)), default=1.0) for k, q in open_q.items()}
         work = []
@@ -564,14 +566,15 @@ def run_decision(
             score = 0.0
             for t in names:
                 q = open_q.get((c.shape.key, t))
-                if q is None or c.config not in q.alive or (c.key, t) in stuck:
+                if (c.key, t) in stuck or (race and (q is None or c.config not in q.alive)):
                     continue
                 bt = cell_bounds(c, t, mine, resolution, kw.get("prior_high", {}).get((c.key, t), math.inf))
                 if bt.resolved:
                     continue
                 want.append(t)
                 # the chance to be the answer: its upper bound against the question's best lower bound
-                score += min(bt.high, 10 * top[(c.shape.key, t)]) / max(top[(c.shape.key, t)], 1e-9)
+                best = top.get((c.shape.key, t), 1.0)
+                score += min(bt.high, 10 * best) / max(best, 1e-9)
             if not want:
                 continue
             cost = _predicted_probe_s(c, mine, overhead_s) * c.gpus
