@@ -130,3 +130,9 @@ def test_racing_spends_less_than_searching_every_cell_to_resolution():
     assert raced.answer.best() == full.answer.best()
     assert raced.answer.gpu_seconds < full.answer.gpu_seconds
     assert {r.config for r in full.records} == {c.config for c in cells}
+
+
+def test_a_measured_configuration_gets_a_tighter_prior_margin():
+    assert D.calibrated_margin(1.5, 0) == 1.5
+    assert D.calibrated_margin(1.5, 3) == pytest.approx(1.25)
+    assert D.calibrated_margin(1.5, 100) == pytest.approx(1.25)  # never below half the excess

@@ -438,16 +438,58 @@ def answer(
 
 
 def prior_bounds(
-    cells: Sequence[Cell], tiers: Mapping[str, Sequence[Slo]], noise: Noise, margin: float = 2.0
+    cells: Sequence[Cell],
+    tiers: Mapping[str, Sequence[Slo]],
+    noise: Noise,
+    margin: float = 2.0,
+    cal: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[tuple[tuple[str, str], str], float]:
     """`margin` × the step model's value of every (cell, tier) at its predicted capacity (at least the value
-    at the lowest load: a tier the model says fails there may still hold)."""
+    at the lowest load: a tier the model says fails there may still hold). `cal`: per configuration, the
+    measured / predicted ratios (`calibration`) applied first (its capacity found by bisection: monotone)."""
     out = {}
     for c in cells:
+        ratio = (cal or {}).get(c.config)
         for name, slos in tiers.items():
-            cap = capacity(c, slos, noise) or c.lower
-            out[(c.key, name)] = margin * noise.throughput(c.predicted(cap), cap, c.shape.output) / c.gpus
+            if ratio is None:
+                cap = capacity(c, slos, noise) or c.lower
+                p = c.predicted(cap)
+            else:
+                f = _calibrated(c, ratio)
+                cap = _capacity_bisect(c, slos, noise, f) or c.lower
+                p = f(cap)
+            out[(c.key, name)] = margin * noise.throughput(p, cap, c.shape.output) / c.gpus
     return out
+
+
+def calibrated_margin(margin: float, probes: int) -> float:
+    """The prior margin of a configuration measured `probes` times: its excess over 1 shrinks as 1 / sqrt(1 + n)
+    (the calibration removes the configuration's own model error) down to half (the error between shapes stays)."""
+    return 1.0 + (margin - 1.0) * max(0.5, 1.0 / math.sqrt(1.0 + probes))
+
+
+def _calibrated(cell: Cell, cal: Mapping[str, float]) -> Callable[[int], Prediction]:
+    def f(c: int) -> Prediction:
+        p = cell.predicted(c)
+        return {**p, **{m: p[m] * cal[m] for m in ("ttft", "tpot", "e2e")}}
+
+    return f
+
+
+def _capacity_bisect(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> int | None:
+    """`capacity` by bisection (the tier is assumed monotone in load): O(log(upper)) predictions."""
+    if not holds_population(slos, f(cell.lower), noise):
+        return None
+    lo, hi = cell.lower, cell.upper + 1  # holds at lo; hi: fails (or beyond the range)
+    if holds_population(slos, f(cell.upper), noise):
+        return cell.upper
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if holds_population(slos, f(mid), noise):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 # ---------------------------------------------------------------- choosing the next probe
@@ -464,12 +506,7 @@ def calibration(config: str, records: Sequence[ProbeRecord]) -> dict[str, float]
 
 def prior_capacity(cell: Cell, slos: Sequence[Slo], noise: Noise, cal: Mapping[str, float]) -> int:
     """The calibrated step model's capacity (lower when it predicts a fail there): where the search starts."""
-
-    def f(c: int) -> Prediction:
-        p = cell.predicted(c)
-        return {**p, **{m: p[m] * cal[m] for m in ("ttft", "tpot", "e2e")}}
-
-    return capacity(cell, slos, noise, f) or cell.lower
+    return _capacity_bisect(cell, slos, noise, _calibrated(cell, cal)) or cell.lower
 
 
 def next_load(cell: Cell, bounds: Bounds, start: int, records: Sequence[ProbeRecord], tier: str) -> int:
@@ -530,13 +567,15 @@ def run_decision(
     budget_gpu_s: float | None = None,
     max_rounds: int = 5000,
     use_prior: bool = True,
+    calibrate_prior: bool = True,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
 ) -> DecisionRun:
     """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
     the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
     over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
-    cells are bounded by the step model's prior times `prior_margin` (`use_prior`). Stops when every question is settled
+    cells are bounded by the step model's prior times `prior_margin` (`use_prior`); once a configuration is
+    measured, by its calibrated model times a margin that shrinks with its probes (`calibrate_prior`). Stops when every question is settled
     or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far). `race=False`
     (for measuring what racing saves): every cell is searched until its brackets are resolved."""
     noise = noise or Noise()
@@ -605,6 +644,13 @@ def run_decision(
         seconds[c.config] += rec.seconds
         records.append(rec)
         by_cell.setdefault(c.key, []).append(rec)
+        if use_prior and calibrate_prior:  # the configuration's cells re-bounded by its calibrated model
+            n_c = sum(1 for r in records if r.config == c.config)
+            mine_cells = [x for x in cells if x.config == c.config]
+            kw["prior_high"].update(
+                prior_bounds(mine_cells, tiers, noise, calibrated_margin(prior_margin, n_c),
+                             {c.config: calibration(c.config, records)})
+            )
         if on_probe is not None:
             on_probe(derive(cells, names, records, **kw))
     final = derive(cells, names, records, complete=not budget_hit, **kw)
