@@ -60,6 +60,26 @@ def perturbed_timer(exp, err: float, seed: int):
     return make
 
 
+def with_shape_error(cells, err: float, seed: int):
+    """Each cell's truth off by its own seeded factor on TTFT, TPOT and E2E (log-sd `err`): the part of the model's
+    error one configuration's calibration cannot carry to its other shapes."""
+    for c in cells:
+        rng = np.random.default_rng([seed, 7, zlib.crc32("/".join(c.key).encode())])
+        f = float(np.exp(err * rng.standard_normal()))
+        base = c.predict
+
+        def predict(load, base=base, f=f):
+            p = dict(base(load))
+            for m in ("ttft", "tpot", "e2e", "itl"):
+                p[m] *= f
+            p["throughput"] /= f
+            return p
+
+        c.predict = predict
+        c._cache.clear()
+    return cells
+
+
 def grid_answer(exp, truth_cells, noise):
     """The grid's answer with perfect measurements: capacity only at the grid's concurrencies."""
     out = {}
@@ -141,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("experiment", nargs="?", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--model-error", type=float, default=0.10, help="log-sd of each calibration factor")
+    ap.add_argument("--shape-error", type=float, default=0.05, help="log-sd of each cell's own factor")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
     ap.add_argument("--ablate", action="store_true", help="also run without racing and without sequential looks")
@@ -167,6 +188,8 @@ def main(argv=None) -> int:
     rows = []
     for seed in range(a.seeds):
         truth = planner.decision_cells(plan, timer_for=perturbed_timer(exp, a.model_error, seed))
+        if a.shape_error > 0:
+            with_shape_error(truth, a.shape_error, seed)
         answer = D.exhaustive(truth, d.tiers, noise)
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
                   max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
@@ -186,7 +209,8 @@ def main(argv=None) -> int:
         ablation = {}
         if a.ablate:
             for name, over in (("no racing", {"race": False}), ("no sequential looks (one look)", {"max_looks": 1}),
-                               ("no prior bound", {"use_prior": False})):
+                               ("no prior bound", {"use_prior": False}),
+                               ("no calibrated prior (the step model's, fixed margin)", {"calibrate_prior": False})):
                 alt = D.run_decision(prior, d.tiers, measure, **{**kw, **over})
                 ablation[name] = {
                     "gpu_s": alt.as_dict()["gpu_seconds"],
@@ -210,6 +234,7 @@ def main(argv=None) -> int:
         "experiment": exp.name,
         "seeds": a.seeds,
         "model_error": a.model_error,
+        "shape_error": a.shape_error,
         "max_probe_s": max_probe_s,
         "prior_margin": margin,
         "noise": D.Noise().__dict__,
@@ -227,7 +252,8 @@ def main(argv=None) -> int:
     def mean(k, f=lambda r, k: r[k]):
         return float(np.mean([f(r, k) for r in rows]))
 
-    print(f"{exp.name}: {out['questions']} questions, {a.seeds} seeds, model error {a.model_error:.0%}, "
+    print(f"{exp.name}: {out['questions']} questions, {a.seeds} seeds, model error {a.model_error:.0%} "
+          f"per configuration + {a.shape_error:.0%} per cell, "
           f"max probe {max_probe_s:g}s, prior margin {margin:g}, bench {out['bench_s']}s")
     print("| method | GPU-h | serial h | packed h (8 GPUs) | agreement exact | within resolution | + SLO ties |")
     print("|---|---|---|---|---|---|---|")
