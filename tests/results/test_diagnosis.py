@@ -58,8 +58,8 @@ def _summary(state=None, slo_pass=False, **kw):
 
 
 @pytest.mark.fast
-def test_queueing_names_the_wait_and_the_share_of_the_point_at_the_cap():
-    levels = [[6, 0.07], [8, 0.93]]
+def test_queueing_names_the_wait_and_the_share_of_the_point_above_the_cap():
+    levels = [[6, 0.07], [20, 0.93]]
     s = _summary(
         _state(running=(7.9, 8), queued=(12.0, 20), queue_s=124.0, queue_n=10),
         diagnosis_evidence={"in_flight_levels": levels, "itl_spikes": None},
@@ -68,11 +68,15 @@ def test_queueing_names_the_wait_and_the_share_of_the_point_at_the_cap():
     d = dg.diagnose(s)
     assert d.first == "queueing"
     assert d.causes[0].line == (
-        "queueing: 12.40 s mean wait, 12.0 queued on average, in flight at cap 8 for 93% of the point"
+        "queueing: 12.40 s mean wait, 12.0 queued on average, in flight above cap 8 for 93% of the point"
     )
-    # without the scheduler's queue-time histogram: Little's law on the sampled queue (12 / 4 req/s = 3 s)
+    # without the scheduler's queue-time histogram: Little's law on the sampled queue (12 / 4 req/s = 3 s), which
+    # a wait cannot exceed TTFT p50 (900 ms) by
     s["server_state"]["counters"].update(queue_time_s=0, queue_time_count=0)
+    assert "0.90 s wait at most (TTFT p50; queue / rate says more)" in dg.diagnose(s).line
+    s["ttft_ms"] = {"p50": 5000.0, "mean": 5200.0}
     assert "3.00 s mean wait (queue / rate)" in dg.diagnose(s).line
+    s["ttft_ms"] = {"p50": 900.0, "mean": 1000.0}
     # with the configuration's lowest-load point: TTFT p50 over its queue-free TTFT (900 - 40 ms)
     base = _summary(_state(running=(1.0, 1)), slo_pass=True, ttft_ms={"p50": 40.0, "mean": 41.0})
     base["point"] = {"concurrency": 1, "labels": {"max_running_requests": "8"}}
@@ -80,9 +84,106 @@ def test_queueing_names_the_wait_and_the_share_of_the_point_at_the_cap():
         "0.86 s median wait (TTFT p50 over the 40 ms at the lowest load)"
         in dg.diagnose_all([base, s])[1].line
     )
-    # below the cap most of the time: not the server's queue
-    s["diagnosis_evidence"]["in_flight_levels"] = [[6, 0.6], [8, 0.4]]
+    # above the cap a minority of the time: not the server's queue
+    s["diagnosis_evidence"]["in_flight_levels"] = [[6, 0.6], [20, 0.4]]
     assert dg.diagnose(s).first != "queueing"
+    # at the cap but never above it: the client sent no more than the server ran, nothing waited for the cap
+    s["diagnosis_evidence"]["in_flight_levels"] = [[6, 0.07], [8, 0.93]]
+    assert dg.queueing(s, s["server_state"]) is None
+
+
+@pytest.mark.fast
+def test_a_closed_loop_the_server_runs_whole_is_not_queueing():
+    """CI, roomy-c8: 8 users against a server without a running cap; SGLang ran all 8 (the cap read is the most it
+    ran), one of ~7 one-second samples caught returning requests waiting for the step in flight (queue mean 0.57),
+    the scheduler's queue time was not recorded, and Little's law (0.57 / 10 req/s = 57 ms) exceeded TTFT itself
+    (40 ms): queueing outranked the client. The cap does not bind (never more in flight than it ran); with a cap
+    of 2 the same figures are queueing."""
+
+    def closed_loop_of_8(running_max: int) -> dict:
+        return _summary(
+            _state(samples=7, running=(running_max - 0.1, running_max), queued=(0.57, 2)),
+            request_rate=10.0,
+            ttft_ms={"p50": 40.0, "mean": 41.0},
+            itl_ms={"p50": 10.0},
+            diagnosis_evidence={"in_flight_levels": [[7, 0.05], [8, 0.95]], "itl_spikes": None},
+        )
+
+    roomy = closed_loop_of_8(8)
+    assert dg.queueing(roomy, roomy["server_state"]) is None
+    assert "queueing" not in [c.name for c in dg.diagnose(roomy).causes]
+    # an older summary without the records' levels: the concurrency against the cap
+    old = {**roomy, "diagnosis_evidence": None}
+    assert dg.queueing(old, old["server_state"]) is None
+    capped = closed_loop_of_8(2)
+    q = dg.queueing(capped, capped["server_state"])
+    assert q is not None and dg.diagnose(capped).first == "queueing"
+    # the wait estimate is at most TTFT p50 (Little's law said 57 ms), so strength stays below 1
+    assert q.evidence["mean_wait_s"] == pytest.approx(0.040) and q.strength < 1.0
+    assert q.text.startswith("0.04 s wait at most (TTFT p50; queue / rate says more), 0.6 queued on average")
+    assert dg.queueing({**capped, "diagnosis_evidence": None}, capped["server_state"]) is not None
+    # the scheduler's own queue time says 5 ms, half an ITL: requests waited for a step, not for the cap
+    capped["server_state"]["counters"].update(queue_time_s=0.4, queue_time_count=80)
+    assert dg.queueing(capped, capped["server_state"]) is None
+
+
+@pytest.mark.fast
+def test_the_emulator_records_each_requests_queue_time_as_sglang_does():
+    """sglang:queue_time_seconds: one observation per request, its first forward entry minus its queue entry (SGLang
+    0.5.x req_time_stats.py set_forward_entry_time). 6 requests at once through 2 running slots: two start at once,
+    the others wait whole waves."""
+    import random
+
+    from servesweep.sglang.serverargs import resolve_server
+    from servesweep.sim.engine import Engine, EngineRequest
+
+    eng = Engine(resolve_server({"model_path": "meta-llama/Llama-3.1-8B-Instruct", "sim_gpu": "H100",
+                                 "max_running_requests": 2}))  # fmt: skip
+    rng = random.Random(1)
+
+    def req(i):
+        return EngineRequest(f"r{i}", [rng.randrange(1, 100_000) for _ in range(500)], 32, lambda *a: None,
+                             ignore_eos=True)  # fmt: skip
+
+    reqs = [req(i) for i in range(6)]
+    assert reqs[0].queue_time is None  # before its first forward
+    eng.run_simulated(reqs)
+    waits = [r.queue_time for r in reqs]
+    assert waits[0] == waits[1] == 0.0 and all(w is not None for w in waits)
+    assert 0 < waits[2] == waits[3] < waits[4] == waits[5]
+    for r in reqs:  # the wait precedes the first token, the prefill after it
+        assert r.first_token_time is not None and r.queue_time < r.first_token_time - r.queue_start
+
+
+@pytest.mark.fast
+def test_gauges_are_read_over_the_samples_under_load():
+    """server_state's `load`: the idle samples the sampler takes before the first request and after the last are
+    left out of the means the diagnosis reads; idle samples between busy ones stay in."""
+    from servesweep.results.server_state import server_state
+
+    def snap(running, queued, usage):
+        return {
+            "sglang:num_running_reqs": running,
+            "sglang:num_queue_reqs": queued,
+            "sglang:token_usage": usage,
+        }
+
+    samples = [
+        snap(0, 0, 0.0),
+        snap(4, 2, 0.9),
+        snap(0, 0, 0.1),
+        snap(4, 0, 0.7),
+        snap(0, 0, 0.0),
+        snap(0, 0, 0),
+    ]
+    st = server_state(list(enumerate(samples)))
+    assert st["gauges"]["num_queue_reqs"]["mean"] == pytest.approx(2 / 6)
+    assert st["load"]["samples"] == 3
+    assert st["load"]["gauges"]["num_queue_reqs"]["mean"] == pytest.approx(2 / 3)
+    assert st["load"]["gauges"]["token_usage"] == {"mean": pytest.approx(1.7 / 3), "max": 0.9}
+    st["samples"] = 6
+    assert dg._gauge(st, "num_queue_reqs", "mean") == pytest.approx(2 / 3)
+    assert server_state([(0, snap(0, 0, 0)), (1, snap(0, 0, 0))])["load"] is None
 
 
 @pytest.mark.fast
@@ -323,7 +424,7 @@ def _verdict(summaries: dict, name: str) -> dg.Diagnosis:
 @pytest.mark.parametrize(
     "name, cause, evidence",
     [
-        ("queue", "queueing", "in flight at cap 2 for"),
+        ("queue", "queueing", "in flight above cap 2 for"),
         ("kv", "KV pressure", "retraction"),
         ("errors", "server errors", "requests failed (http_5xx"),
         ("prefill", "prefill interference", "of it spans another request's prefill"),
@@ -345,6 +446,9 @@ def test_each_emulated_cause_is_named_first_with_its_number(emulated, name, caus
     if cause != "client-bound" and summaries[name]["client_saturated"] and named[0] == "client-bound":
         named, d.causes = named[1:], d.causes[1:]
     assert named[0] == cause and evidence in d.causes[0].text, d.line
+    if name == "queue":  # the emulator observes SGLang's queue-time histogram: the wait read exactly
+        assert summaries[name]["server_state"]["counters"]["queue_time_count"] > 0
+        assert " s mean wait, " in d.causes[0].text, d.line
 
 
 @pytest.mark.timeout(300)

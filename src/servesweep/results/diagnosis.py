@@ -30,10 +30,12 @@ CLIENT_MERGED_FULL_SHARE = 0.1  # ITL gaps that were chunks read together
 CLIENT_LAG_FULL_MS = 100.0  # event-loop lag p99
 CLIENT_MERGED_OTHER_WEIGHT = 0.25  # what merged gaps weigh when no ITL/TPOT SLO broke (they move only ITL)
 ERROR_SHARE_MIN = 0.01  # failed requests above this share of the measured ones are a cause
-QUEUE_MEAN_MIN = 0.5  # mean requests waiting in SGLang's queue (num_queue_reqs) that count as queueing
-AT_CAP_SHARE_MIN = (
-    0.5  # ...with the client's in-flight requests at or above the running cap this share of the time
-)
+# queueing: mean requests in SGLang's queue (num_queue_reqs, samples under load), with the client holding more in
+# flight than the running cap this share of the time, and a wait of this many ITL p50s (a request waiting for the
+# step in flight to end is not a queue: with no cap, a closed loop's returning request waits about one step)
+QUEUE_MEAN_MIN = 0.5
+AT_CAP_SHARE_MIN = 0.5
+QUEUE_WAIT_ITL_MIN = 2.0
 KV_USAGE_HIGH = 0.95  # token (or mamba) usage max at or above this: the pool is full
 SPIKE_FACTOR = 3.0  # an ITL gap this many times the point's median gap is a spike
 SPIKE_TIME_SHARE_MIN = 0.2  # spikes must hold at least this share of the decode time (the sum of ITL gaps)
@@ -67,7 +69,7 @@ CAUSE_ORDER = (
 @dataclass
 class Cause:
     name: str  # one of CAUSE_ORDER
-    text: str  # its evidence, e.g. "12.4 s mean wait, in flight at cap 48 for 93% of the point"
+    text: str  # its evidence, e.g. "12.4 s mean wait, in flight above cap 48 for 93% of the point"
     strength: float  # 0..1: how much of the point it explains; the ranking's key
     evidence: dict = field(default_factory=dict)
 
@@ -236,9 +238,12 @@ def diagnose(summary: dict, baseline: dict | None = None) -> Diagnosis:
 
 
 def _gauge(state: dict | None, key: str, stat: str) -> float | None:
+    """A gauge's figure over the samples under load (server_state's `load`: the idle samples before the first
+    request and after the last left out), else over every sample (an older summary)."""
     if state is None or (state.get("samples") or 0) < MIN_STATE_SAMPLES:
         return None  # a few samples show the server before or after the load, not under it
-    g = (state.get("gauges") or {}).get(key)
+    load = (state.get("load") or {}).get("gauges")
+    g = load.get(key) if isinstance(load, dict) and key in load else (state.get("gauges") or {}).get(key)
     return None if g is None else g.get(stat)
 
 
@@ -332,10 +337,12 @@ def running_cap(summary: dict, state: dict | None) -> float | None:
 
 def mean_wait_s(summary: dict, state: dict | None, baseline: dict | None = None) -> tuple[float | None, str]:
     """(the wait in SGLang's queue in s, how it was read): the scheduler's queue-time histogram (mean) when it
-    measured any; else TTFT p50 over the configuration's lowest-load point's (its queue-free TTFT: the median
-    wait); else Little's law on the sampled queue (mean queued requests / request rate)."""
+    measured any (`sglang:queue_time_seconds`: each request's first forward minus its queue entry); else TTFT p50
+    over the configuration's lowest-load point's (its queue-free TTFT: the median wait); else Little's law on the
+    sampled queue (mean queued requests / request rate), at most TTFT p50 (a wait cannot exceed the time to the
+    first token; a few one-second samples of a short queue can say more)."""
     total, count = _counter(state, "queue_time_s"), _counter(state, "queue_time_count")
-    if total and count:
+    if total is not None and count:
         return total / count, "mean wait"
     ttft = (summary.get("ttft_ms") or {}).get("p50")
     free = ((baseline or {}).get("ttft_ms") or {}).get("p50")
@@ -343,32 +350,52 @@ def mean_wait_s(summary: dict, state: dict | None, baseline: dict | None = None)
         return (ttft - free) / 1000.0, f"median wait (TTFT p50 over the {free:.0f} ms at the lowest load)"
     queued, rate = _gauge(state, "num_queue_reqs", "mean"), summary.get("request_rate")
     if queued is not None and rate:
-        return queued / rate, "mean wait (queue / rate)"
+        little = queued / rate
+        if ttft and little > ttft / 1000.0:
+            return ttft / 1000.0, "wait at most (TTFT p50; queue / rate says more)"
+        return little, "mean wait (queue / rate)"
     return None, ""
 
 
+def over_cap_share(summary: dict, state: dict | None, cap: float) -> float:
+    """The share of the point the client held more requests in flight than the running cap (so some waited in
+    SGLang's queue because of the cap): from the records' in-flight levels; an older summary without them: a closed
+    loop whose concurrency is above the cap, for as long as running's mean stayed near its max."""
+    levels = (summary.get("diagnosis_evidence") or {}).get("in_flight_levels")
+    if levels:
+        return share_at_least(levels, cap + 1)
+    pt = summary.get("point") or {}
+    conc = pt.get("concurrency") if pt.get("arrival", "closed") == "closed" else None
+    rmean, rmax = _gauge(state, "num_running_reqs", "mean"), _gauge(state, "num_running_reqs", "max")
+    if not isinstance(conc, int | float) or conc <= cap or rmean is None or not rmax:
+        return 0.0
+    return rmean / rmax
+
+
 def queueing(summary: dict, state: dict | None, baseline: dict | None = None) -> Cause | None:
-    """Requests waiting in SGLang's queue (num_queue_reqs mean ≥ QUEUE_MEAN_MIN) while the client held at least
-    the running cap in flight for AT_CAP_SHARE_MIN of the point (or, without records' evidence, running's mean
-    near its max)."""
+    """Requests waiting in SGLang's queue because of its running cap: num_queue_reqs mean ≥ QUEUE_MEAN_MIN, the
+    cap binding (the client held more requests in flight than the cap for AT_CAP_SHARE_MIN of the point: with no
+    cap set, the cap read is the most SGLang ran, and a closed loop of N that ran N waits for no cap), and a
+    material wait (at least QUEUE_WAIT_ITL_MIN × ITL p50: a returning request that waits for the step in flight is
+    no queue). Strength: the wait's share of the mean TTFT."""
     queued = _gauge(state, "num_queue_reqs", "mean")
     if queued is None or queued < QUEUE_MEAN_MIN:
         return None
     cap = running_cap(summary, state)
-    levels = (summary.get("diagnosis_evidence") or {}).get("in_flight_levels")
-    if cap and levels:
-        at_cap = share_at_least(levels, cap)
-    else:  # an older summary: how close the running mean stayed to its max
-        rmean, rmax = _gauge(state, "num_running_reqs", "mean"), _gauge(state, "num_running_reqs", "max")
-        at_cap = (rmean / rmax) if rmean is not None and rmax else 0.0
-    if at_cap < AT_CAP_SHARE_MIN:
+    if not cap:
+        return None
+    over = over_cap_share(summary, state, cap)
+    if over < AT_CAP_SHARE_MIN:
         return None
     wait, how = mean_wait_s(summary, state, baseline)
+    itl = (summary.get("itl_ms") or {}).get("p50")
+    if wait is not None and itl and wait * 1000 < QUEUE_WAIT_ITL_MIN * itl:
+        return None
     ttft = (summary.get("ttft_ms") or {}).get("mean")
-    strength = min(1.0, wait * 1000 / ttft) if wait is not None and ttft else at_cap
+    strength = min(1.0, wait * 1000 / ttft) if wait is not None and ttft else over
     lead = f"{wait:.2f} s {how}, " if wait is not None else ""
-    text = f"{lead}{queued:.1f} queued on average, in flight at cap {cap:g} for {at_cap:.0%} of the point"
-    ev = {"queue_mean": queued, "cap": cap, "at_cap_share": at_cap, "mean_wait_s": wait}
+    text = f"{lead}{queued:.1f} queued on average, in flight above cap {cap:g} for {over:.0%} of the point"
+    ev = {"queue_mean": queued, "cap": cap, "over_cap_share": over, "mean_wait_s": wait}
     return Cause("queueing", text, strength, ev)
 
 
@@ -414,15 +441,23 @@ def prefill_interference(summary: dict) -> Cause | None:
 
 def decode_bound(summary: dict, state: dict | None, baseline: dict | None) -> Cause | None:
     """Decode steps slowed by the batch: ITL/chunk p50 at least DECODE_SLOWDOWN_MIN × the configuration's
-    lowest-load point's while nothing queues (num_queue_reqs mean below QUEUE_MEAN_MIN). Without a baseline: an
-    ITL or TPOT SLO broken while nothing queues."""
+    lowest-load point's while nothing queues (num_queue_reqs mean below QUEUE_MEAN_MIN, or no queueing at a
+    binding cap: requests that wait for the step in flight only). Without a baseline: an ITL or TPOT SLO broken
+    while nothing queues."""
     itl = (summary.get("itl_ms") or {}).get("p50")
     queued = _gauge(state, "num_queue_reqs", "mean")
-    if itl is None or (queued is not None and queued >= QUEUE_MEAN_MIN):
+    if itl is None:
+        return None
+    if queued is not None and queued >= QUEUE_MEAN_MIN and queueing(summary, state, baseline) is not None:
         return None
     batch = _gauge(state, "num_running_reqs", "mean") or (summary.get("in_flight") or {}).get("mean")
     at = f" at batch {batch:.0f}" if batch else ""
-    nothing_queued = "nothing queued" if queued is not None else "queue not sampled"
+    if queued is None:
+        nothing_queued = "queue not sampled"
+    elif queued < QUEUE_MEAN_MIN:
+        nothing_queued = "nothing queued"
+    else:
+        nothing_queued = f"{queued:.1f} queued on average, none of it at a cap"
     base_itl = ((baseline or {}).get("itl_ms") or {}).get("p50")
     if baseline is not None and base_itl and baseline is not summary:
         slowdown = itl / base_itl

@@ -111,6 +111,12 @@ class StateAccumulator:
         self.first_t: float | None = None
         self.last_t: float | None = None
         self._gauge: dict[str, list[float]] = {}  # key -> [count, sum, max]
+        # the same over the samples under load only (`load`): from the first busy sample to the last one, so the
+        # idle samples the sampler takes before the first request and after the last are left out
+        self._load: dict[str, list[float]] = {}
+        self._idle: dict[str, list[float]] = {}  # idle samples since the last busy one: load's if one comes
+        self.n_load = 0
+        self._n_idle = 0
         self._sized: set[str] = set()  # pool gauges whose pool showed a size or a value above 0
         self._inc = dict.fromkeys(TRACKED, 0.0)
         self._prev: dict[str, float] = {}
@@ -121,17 +127,24 @@ class StateAccumulator:
         self.n += 1
         self.first_t = float(t) if self.first_t is None else self.first_t
         self.last_t = float(t)
+        busy = _busy(snap)
+        if busy and self._n_idle:  # idle samples between two busy ones: under load after all
+            if self.n_load:
+                for key, g in self._idle.items():
+                    _fold(self._load, key, g)
+                self.n_load += self._n_idle
+            self._idle.clear()
+            self._n_idle = 0
+        if busy:
+            self.n_load += 1
+        else:
+            self._n_idle += 1
         for key, (name, _how) in GAUGES.items():
             if name not in snap:
                 continue
             v = snap[name]
-            g = self._gauge.get(key)
-            if g is None:
-                self._gauge[key] = [1.0, v, v]
-            else:
-                g[0] += 1.0
-                g[1] += v
-                g[2] = max(g[2], v)
+            _fold(self._gauge, key, [1.0, v, v])
+            _fold(self._load if busy else self._idle, key, [1.0, v, v])
             if v > 0:
                 self._sized.add(key)
         for key, names in POOL_GAUGES.items():
@@ -156,20 +169,45 @@ class StateAccumulator:
             return None
         assert self.first_t is not None and self.last_t is not None  # set by the first add()
         span = self.last_t - self.first_t
-        gauges: dict[str, dict | None] = {}
-        for key, (_name, how) in GAUGES.items():
-            g = self._gauge.get(key)
-            if g is None or (key in POOL_GAUGES and key not in self._sized):
-                gauges[key] = None
-                continue
-            gauges[key] = {"mean": g[1] / g[0], "max": _tidy(g[2]) if how == "sum" else g[2]}
         return {
             "samples": self.n,
             "interval_s": span / (self.n - 1) if self.n > 1 else interval_s,
             "span_s": span,
-            "gauges": gauges,
+            "gauges": self._means(self._gauge),
             "counters": {key: _tidy(self._inc[key]) for key in COUNTERS},
+            # the gauges over the samples under load (first to last sample with a request running or queued);
+            # None when no sample was busy. The diagnosis reads these (results/diagnosis.py)
+            "load": {"samples": self.n_load, "gauges": self._means(self._load)} if self.n_load else None,
         }
+
+    def _means(self, acc: dict[str, list[float]]) -> dict[str, dict | None]:
+        gauges: dict[str, dict | None] = {}
+        for key, (_name, how) in GAUGES.items():
+            g = acc.get(key)
+            if g is None or (key in POOL_GAUGES and key not in self._sized):
+                gauges[key] = None
+                continue
+            gauges[key] = {"mean": g[1] / g[0], "max": _tidy(g[2]) if how == "sum" else g[2]}
+        return gauges
+
+
+def _busy(snap: dict[str, float]) -> bool:
+    """A sample under load: a request running or queued (a server that exposes neither gauge: assumed busy)."""
+    names = [GAUGES["num_running_reqs"][0], GAUGES["num_queue_reqs"][0]]
+    if not any(n in snap for n in names):
+        return True
+    return any(snap.get(n, 0.0) > 0 for n in names)
+
+
+def _fold(acc: dict[str, list[float]], key: str, g: list[float]) -> None:
+    """Adds [count, sum, max] g into acc[key]."""
+    have = acc.get(key)
+    if have is None:
+        acc[key] = list(g)
+    else:
+        have[0] += g[0]
+        have[1] += g[1]
+        have[2] = max(have[2], g[2])
 
 
 def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float | None = None) -> dict | None:
@@ -178,7 +216,10 @@ def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float 
 
     {"samples": N, "interval_s": mean gap between samples, "span_s": first to last,
      "gauges": {key: {"mean", "max"} or None (the server does not have it)},
-     "counters": {key: increase over the point (a reset counts from 0, as Prometheus' increase() does)}}"""
+     "counters": {key: increase over the point (a reset counts from 0, as Prometheus' increase() does)},
+     "load": {"samples": N, "gauges": {...}}: the gauges over the samples under load only, from the first sample
+       with a request running or queued to the last one (the sampler's samples before the first request and after
+       the last are idle, and would pull a short point's means toward 0); None when no sample was busy}"""
     acc = StateAccumulator()
     for t, s in samples:
         if isinstance(s, str):

@@ -80,6 +80,15 @@ class EngineRequest:
     _arrival_seq: int = 0
     _fwd_entry: float = 0.0  # engine time of its first prefill step's start (per_stage_req_latency_seconds)
     _chunk_done: float = 0.0  # engine time its last middle prefill chunk ended
+    _queued_s: float | None = None  # queue_time's value, set at its first forward entry
+
+    @property
+    def queue_time(self) -> float | None:
+        """Its wait in the waiting queue, as SGLang's `sglang:queue_time_seconds` observes it (req_time_stats.py
+        `set_forward_entry_time`: once per request, its first forward entry minus its wait-queue entry; a wait after
+        a retraction is not observed again): seconds, None before its first forward (or without one: aborted while
+        waiting, rejected at validation)."""
+        return self._queued_s
 
 
 class QueueFull(Exception):
@@ -704,6 +713,7 @@ class Engine:
                 self.c_prompt_tokens += len(r.prompt_ids)
                 self.c_cached_tokens += prefix
                 r._fwd_entry = self._t0 + self._vt  # this step's start (forward entry)
+                r._queued_s = max(0.0, (self._vt if self._sim else r._fwd_entry) - r.queue_start)
             self._pending_hit += prefix
             hit_total = r._need
             self._last_hit_rate = prefix / hit_total if hit_total else 0.0

@@ -325,9 +325,7 @@ class GenerationStream:
             "finish_reason": None,
             "prompt_tokens": self.prompt_tokens,
             "weight_version": "default",
-            ("num_retractions" if self.app.version >= (0, 5, 12) else "total_retractions"): getattr(
-                e, "retractions", 0
-            )
+            ("num_retractions" if self.app.version >= (0, 5, 12) else "total_retractions"): e.num_retractions
             if e is not None
             else 0,
             "reasoning_tokens": 0,
@@ -584,9 +582,7 @@ class GenerationStream:
                     if ch[i + 1]:
                         itl.append(((ch[i] - ch[i - 2]) / 1e9, ch[i + 1]))
             ttft = (ch[0] - self.t_recv) / 1e9 if ch else None
-            qt = None
-            if e.first_token_time is not None and e.queue_start:
-                qt = None  # engine-clock queue time is not split out per request; SGLang's includes prefill wait
+            qt = e.queue_time  # first forward entry minus queue entry, SGLang's one observation per request
             app.metrics.on_finish(
                 streaming=self.stream,
                 prompt=self.prompt_tokens,
