@@ -131,6 +131,23 @@ def nvmlDeviceGetTotalEnergyConsumption(h):
     if h == 1:
         raise NVMLError("Not Supported")
     return int(650 * (time.time() - _T0) * 1000)
+# link counters: GPU 0 has PCIe byte counters (2 MB/s out, 5 MB/s in) and two NVLink links (1 MiB/s each out, in
+# KiB); GPU 1 has none of them (an older driver): its PCIe rate comes from nvmlDeviceGetPcieThroughput (KB/s)
+class _V:
+    def __init__(self, v): self.ullVal = v
+class _F:
+    def __init__(self, fid, scope, ret, v): self.fieldId, self.scopeId, self.nvmlReturn, self.value = fid, scope, ret, _V(v)
+def nvmlDeviceGetFieldValues(h, ids):
+    if h == 1:
+        raise NVMLError("Function Not Found")
+    dt = time.time() - _T0
+    rate = {197: 2e6, 198: 5e6, 138: 1024.0, 139: 512.0}
+    out = []
+    for fid, scope in ids:
+        ok = fid in (197, 198) or (fid in (138, 139) and scope < 2)
+        out.append(_F(fid, scope, 0 if ok else 3, int(10**9 + rate.get(fid, 0) * dt) if ok else 0))
+    return out
+def nvmlDeviceGetPcieThroughput(h, counter): return 3000 if counter == 0 else 4000
 """
 
 
@@ -157,7 +174,31 @@ def test_sampler_reads_nvml_and_integrates_power_only_where_the_counter_is_missi
             650,
             4,
         )
+        # link traffic: counters and their rates (GPU 0), the 20 ms throughput call where the counters are missing
+        assert g0["pcie_tx_bps"] == pytest.approx(2e6, rel=0.05) and g0["pcie_rx_bps"] == pytest.approx(
+            5e6, rel=0.05
+        )
+        assert (
+            g0["nvlink_tx_bytes"] > 2 * 1024 * 10**9 and g0["pcie_tx_bytes"] > 10**9
+        )  # 2 links summed, KiB -> B
+        assert g0["nvlink_tx_bps"] == pytest.approx(2 * 1024 * 1024, rel=0.05)
+        assert g0["nvlink_rx_bps"] == pytest.approx(2 * 512 * 1024, rel=0.05)
+        assert (g1["pcie_tx_bps"], g1["pcie_rx_bps"], g1["pcie_tx_bytes"], g1["nvlink_tx_bytes"]) == (
+            3e6,
+            4e6,
+            None,
+            None,
+        )
         fam = families(out["url"])
+        pcie_total = fam["servesweep_gpu_pcie_transmit_bytes"].samples  # a counter: its family drops _total
+        assert {s.labels["gpu"] for s in pcie_total if s.name.endswith("_total")} == {"0"}
+        rates = {
+            s.labels["gpu"]: s.value for s in fam["servesweep_gpu_pcie_transmit_bytes_per_second"].samples
+        }
+        assert rates["1"] == 3e6 and rates["0"] == pytest.approx(2e6, rel=0.05)
+        assert {s.labels["gpu"] for s in fam["servesweep_gpu_nvlink_receive_bytes_per_second"].samples} == {
+            "0"
+        }
         src = {
             s.labels["gpu"]: s.labels["energy_source"]
             for s in fam["servesweep_gpu_energy_source_info"].samples

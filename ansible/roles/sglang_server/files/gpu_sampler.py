@@ -6,7 +6,9 @@ Sources (--source):
   nvml   NVML through pynvml: per GPU utilization, memory used/total, SM and memory clock, power draw, power limit,
          temperature, clock-event (throttle) reasons and the energy counter (nvmlDeviceGetTotalEnergyConsumption, mJ
          since the driver loaded). A GPU without the counter gets the integral of its power draw instead, and its
-         samples say so (energy_source "integrated_power").
+         samples say so (energy_source "integrated_power"). Link traffic where NVML has it: PCIe and NVLink (all
+         links) byte counters through nvmlDeviceGetFieldValues, and their rates between samples (*_bps);
+         nvmlDeviceGetPcieThroughput's 20 ms rate where the PCIe counters are missing (hosts of up to two GPUs).
   URL    an NVML-shaped JSON document (the emulator's GET /sim/gpu): the same fields, read over HTTP.
   dcgm:URL  a dcgm-exporter's /metrics (e.g. dcgm:http://127.0.0.1:9400/metrics; the emulator's GET /sim/dcgm).
   auto   nvml when NVML answers, else --sim-url when given, else no source (the sampler does not start).
@@ -64,6 +66,15 @@ THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
 POWER_CAP = 0x4
 FIELDS = ("util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
           "power_w", "power_limit_w", "temp_c", "throttle_reasons", "energy_mj")
+# link traffic, where NVML has it: byte counters since the driver loaded (the sampler turns two successive readings
+# into the rates *_bps, bytes per second); a GPU or driver without them has None
+LINK_COUNTERS = ("pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes")
+LINK_RATES = ("pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps")
+# nvml.h field ids (nvmlDeviceGetFieldValues): PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES, R550+) and
+# NVLink data throughput counters per link, in KiB (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX; scopeId = link)
+FI_PCIE_TX, FI_PCIE_RX, FI_NVLINK_TX, FI_NVLINK_RX = 197, 198, 138, 139
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+PCIE_UTIL_TX, PCIE_UTIL_RX = 0, 1  # NVML_PCIE_UTIL_TX/RX_BYTES, for nvmlDeviceGetPcieThroughput
 
 
 def reason_names(mask):
@@ -88,6 +99,59 @@ class NvmlSource:
                                 "uuid": _text(self._call(pynvml.nvmlDeviceGetUUID, h))})
         events = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         self._reasons = events or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.links = [self._link_fields(h) for h in self.handles]
+        # nvmlDeviceGetPcieThroughput (KB/s over a 20 ms window, so ~20 ms a call) stands in for the PCIe counters
+        # where the driver lacks them, only while its two calls per GPU cost under a tenth of a second in all
+        self._pcie_poll = len(self.handles) * 2 * 0.02 <= 0.1 and hasattr(pynvml, "nvmlDeviceGetPcieThroughput")
+
+    def _fields(self, h, ids):
+        """[(field, scope), ...] -> the values NVML answers for (None for each it does not)."""
+        get = getattr(self.nv, "nvmlDeviceGetFieldValues", None)
+        if get is None or not ids:
+            return [None] * len(ids)
+        try:
+            vals = get(h, ids)
+        except Exception:  # NVMLError, or an old binding
+            return [None] * len(ids)
+        out = []
+        for v in vals:
+            if getattr(v, "nvmlReturn", 1) != 0:
+                out.append(None)
+                continue
+            u = v.value
+            out.append(getattr(u, "ullVal", None) if not isinstance(u, int) else u)
+        return out
+
+    def _link_fields(self, h):
+        """Which link counters this GPU answers: {"pcie": [(id, scope)...], "nvlink_tx": [...], "nvlink_rx": [...]}."""
+        pcie = [(FI_PCIE_TX, 0), (FI_PCIE_RX, 0)]
+        tx = [(FI_NVLINK_TX, link) for link in range(NVLINK_MAX_LINKS)]
+        rx = [(FI_NVLINK_RX, link) for link in range(NVLINK_MAX_LINKS)]
+        got = self._fields(h, pcie + tx + rx)
+        ok = [ids for ids, v in zip(pcie + tx + rx, got, strict=True) if v is not None]
+        return {"pcie": pcie if all(p in ok for p in pcie) else [],
+                "nvlink_tx": [i for i in tx if i in ok], "nvlink_rx": [i for i in rx if i in ok]}
+
+    def _links(self, i, h):
+        lf = self.links[i]
+        ids = lf["pcie"] + lf["nvlink_tx"] + lf["nvlink_rx"]
+        vals = self._fields(h, ids) if ids else []
+        out = dict.fromkeys(LINK_COUNTERS)
+        if lf["pcie"] and vals[0] is not None and vals[1] is not None:
+            out["pcie_tx_bytes"], out["pcie_rx_bytes"] = int(vals[0]), int(vals[1])
+        elif self._pcie_poll:  # KB/s now: a rate, no counter
+            tx = self._call(self.nv.nvmlDeviceGetPcieThroughput, h, PCIE_UTIL_TX)
+            rx = self._call(self.nv.nvmlDeviceGetPcieThroughput, h, PCIE_UTIL_RX)
+            out["pcie_tx_bps"] = tx * 1000.0 if tx is not None else None
+            out["pcie_rx_bps"] = rx * 1000.0 if rx is not None else None
+        n = len(lf["pcie"])
+        tx = vals[n:n + len(lf["nvlink_tx"])]
+        rx = vals[n + len(lf["nvlink_tx"]):]
+        if tx and all(v is not None for v in tx):
+            out["nvlink_tx_bytes"] = int(sum(tx)) * 1024
+        if rx and all(v is not None for v in rx):
+            out["nvlink_rx_bytes"] = int(sum(rx)) * 1024
+        return out
 
     def _call(self, fn, *args):
         try:
@@ -117,6 +181,7 @@ class NvmlSource:
                 "temp_c": c(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
                 "throttle_reasons": c(self._reasons, h),
                 "energy_mj": c(nv.nvmlDeviceGetTotalEnergyConsumption, h),
+                **self._links(i, h),
             })
         return out
 
@@ -144,7 +209,7 @@ class HttpSource:
         with urllib.request.urlopen(self.url, timeout=self.timeout) as r:
             doc = json.loads(r.read())
         return [{"index": int(g.get("index", i)), "name": str(g.get("name", "")), "uuid": str(g.get("uuid", "")),
-                 **{k: g.get(k) for k in FIELDS}} for i, g in enumerate(doc.get("gpus", []))]
+                 **{k: g.get(k) for k in FIELDS + LINK_COUNTERS}} for i, g in enumerate(doc.get("gpus", []))]
 
     def close(self):
         pass
@@ -273,6 +338,15 @@ class Sampler:
                 g["energy_mj"] = acc
             else:
                 g["energy_source"] = "counter"
+            prev = self.last and next((p for p in self.last["gpus"] if p["index"] == g["index"]), None)
+            for counter, rate in zip(LINK_COUNTERS, LINK_RATES, strict=True):
+                if g.get(counter) is None:
+                    continue
+                before = prev.get(counter) if prev else None
+                dt = t - self.last["t"] if prev else 0.0
+                # a counter that went back (driver reload, wrap) gives no rate for that interval
+                g[rate] = (g[counter] - before) / dt if before is not None and dt > 0 and g[counter] >= before \
+                    else g.get(rate)
         s = {"t": t, "gpus": gpus}
         line = json.dumps(s, separators=(",", ":"))
         with self.lock:
@@ -314,6 +388,22 @@ METRICS = (  # name, type, help, sample key, scale
     ("servesweep_gpu_energy_joules_total", "counter",
      "energy since the driver loaded (NVML counter), or the sampler's power integral where the counter is missing",
      "energy_mj", 1e-3),
+    ("servesweep_gpu_pcie_transmit_bytes_total", "counter", "PCIe bytes sent by the GPU (NVML counter)",
+     "pcie_tx_bytes", 1),
+    ("servesweep_gpu_pcie_receive_bytes_total", "counter", "PCIe bytes received by the GPU (NVML counter)",
+     "pcie_rx_bytes", 1),
+    ("servesweep_gpu_nvlink_transmit_bytes_total", "counter", "NVLink data bytes sent, all links (NVML counter)",
+     "nvlink_tx_bytes", 1),
+    ("servesweep_gpu_nvlink_receive_bytes_total", "counter", "NVLink data bytes received, all links (NVML counter)",
+     "nvlink_rx_bytes", 1),
+    ("servesweep_gpu_pcie_transmit_bytes_per_second", "gauge", "PCIe send rate over the last sample interval",
+     "pcie_tx_bps", 1),
+    ("servesweep_gpu_pcie_receive_bytes_per_second", "gauge", "PCIe receive rate over the last sample interval",
+     "pcie_rx_bps", 1),
+    ("servesweep_gpu_nvlink_transmit_bytes_per_second", "gauge", "NVLink send rate over the last sample interval",
+     "nvlink_tx_bps", 1),
+    ("servesweep_gpu_nvlink_receive_bytes_per_second", "gauge", "NVLink receive rate over the last sample interval",
+     "nvlink_rx_bps", 1),
 )
 
 
