@@ -224,3 +224,52 @@ def test_field_examples_report_their_pitfalls():
     assert not pro["within_budget"] and pro["cut_first"]
     ddtree = [c for c in pro["configs"] if c["bundle"].startswith("ddtree") and c["feasible"]]
     assert ddtree and all(c["facts"]["spec_algorithm"] == "DDTREE" for c in ddtree)
+
+
+def test_points_past_the_kv_pool_are_kept_on_purpose_and_labelled(tmp_path):
+    """keep: [kv_overflow]: a point whose running requests × context exceed the KV pool runs (instead of being
+    dropped), labelled in plan --json (kept, its pitfall with the pool), the printed plan and the point's warnings
+    (the manifest's, which the report badges); a point one request of which does not fit is still dropped."""
+    body = """\
+        launcher: {emulator: true, gpu: RTX A6000, gpus_per_host: 2}
+        server: {base: {context_length: 131072, tp_size: 2}}
+        load: {concurrency: [1, 2, 4], prompt_tokens: [100k], output_tokens: 500, requests: 2}
+        """
+    (cfg,) = _plan(body)["configs"]
+    pool = cfg["facts"]["kv_capacity_tokens"]
+    fit = pool // 100_500
+    assert fit == 2 and [p["feasible"] for p in cfg["points"]] == [True, True, False]
+    plan = _plan(body + "keep: [kv_overflow]\n")
+    (cfg,) = plan["configs"]
+    c4 = cfg["points"][2]
+    assert c4["feasible"] and c4["kept"] == ["kv_overflow"] and c4["pitfalls"][0] == "kv_overflow"
+    assert c4["warnings"][0] == (
+        f"kv_overflow: kept past the KV pool on purpose (keep kv_overflow); KV capacity {pool} tokens < 4 running × "
+        "100500 "
+        "tokens: at most 2 requests of this size fit, the rest would queue or be retracted"
+    )
+    assert [p["kept"] for p in cfg["points"][:2]] == [[], []] and plan["points_feasible"] == 3
+    (pf,) = [p for p in plan["pitfalls"] if p["code"] == "kv_overflow"]
+    assert pf["points"] == [c4["id"]] and f"pool {cfg['id']}: {pool:,} tokens" in pf["message"]
+    assert c4["estimate"]["request_s"] > 0  # priced at the 2 that fit at once
+    f = tmp_path / "e.yaml"
+    head = "name: t\nsglang_version: 0.5.23\ntarget: {inventory: local}\nmodel: {path: Qwen/Qwen3.6-27B}\n"
+    f.write_text(head + textwrap.dedent(body) + "keep: [kv_overflow]\n")
+    r = CliRunner(env={"COLUMNS": "250"}).invoke(command, [str(f)])
+    assert r.exit_code == 0, r.output
+    assert (
+        "points kept past the KV pool on purpose (1, keep kv_overflow)" in r.output and c4["id"] in r.output
+    )
+    assert "KV capacity 266317 tokens < 4 running × 100500 tokens" in r.output
+    assert "dropped points" not in r.output
+    # one request larger than the pool is not kept: it cannot run at all
+    small = body.replace("prompt_tokens: [100k]", f"prompt_tokens: [{pool}]")
+    (cfg,) = _plan(small + "keep: [kv_overflow]\n")["configs"]
+    assert not any(p["feasible"] for p in cfg["points"])
+    # an unknown value is an error naming the file and line
+    f.write_text(head + textwrap.dedent(body) + "keep:\n  - kv_overflw\n")
+    r = CliRunner().invoke(command, [str(f)])
+    assert (
+        r.exit_code == 2
+        and "e.yaml:8: keep: unknown keep 'kv_overflw' (did you mean 'kv_overflow'?)" in r.output
+    )

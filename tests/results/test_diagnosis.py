@@ -193,6 +193,18 @@ def test_kv_pressure_from_usage_near_one_or_a_retraction():
     d = dg.diagnose(_summary(_state(token=(0.5, 0.8), retracted=3)))
     assert d.line.startswith("KV pressure: 3 retractions")
     assert dg.kv_pressure(_state(token=(0.5, 0.94))) is None  # KV_USAGE_HIGH is 0.95
+    # with the pool's size (sglang:max_total_num_tokens): named, and against the point's requests
+    st = _state(token=(0.9, 0.97))
+    st["gauges"]["kv_pool_tokens"] = {"mean": 3000, "max": 3000}
+    s = _summary(st)  # 8 users of 200 + 64 tokens: 11 fit
+    assert dg.diagnose(s).causes[0].text == "token usage max 0.97 (mean 0.90), KV pool 3,000 tokens"
+    s["point"].update(concurrency=12, prompt_tokens=400, output_tokens=160)  # 5 fit: past the pool
+    kv = dg.diagnose(s).causes[0]
+    assert (
+        kv.text
+        == "KV pool 3,000 tokens holds 5 requests of 560 tokens, 12 in flight, token usage max 0.97 (mean 0.90)"
+    )
+    assert kv.strength == 1.0 and kv.evidence["requests_that_fit"] == 5
 
 
 @pytest.mark.fast
@@ -395,24 +407,55 @@ SETUPS = {
 }
 
 
+# the "kv" point is also a matrix point kept past the KV pool on purpose: the small-kv server's flags as an
+# experiment with keep: [kv_overflow] (its 8 running × 560 tokens exceed the 3000-token pool: the planner would drop it)
+KEPT = f"""\
+name: kept
+sglang_version: 0.5.23
+target: {{inventory: local}}
+model: {{path: {MODEL}}}
+launcher: {{emulator: true, gpu: H200}}
+server: {{base: {{max_running_requests: 8, max_total_tokens: 3000, context_length: 4096, enable_metrics: true}}}}
+load: {{concurrency: 12, prompt_tokens: 400, output_tokens: 160, requests: 24}}
+keep: [kv_overflow]
+"""
+KEPT_POINT = "kv"
+
+
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    """One folder of points, each made against the emulator setup that causes its verdict (about a minute)."""
+    """One folder of points, each made against the emulator setup that causes its verdict (about a minute); the
+    KEPT_POINT also runs as the point of a matrix run folder (`kept/`: planned and labelled by the planner)."""
+    import shutil
+
+    from servesweep.config.experiment import parse_experiment
     from servesweep.config.point import LoadPoint
     from servesweep.driver.point import run_point
+    from servesweep.matrix.orchestrator import create_run
     from servesweep.sim.launch import start_sim
 
     root = tmp_path_factory.mktemp("diagnosis")
+    kept = create_run(parse_experiment(KEPT), root / "kept")  # plans it: the manifest holds the point's label
+    ((kept_id, kept_entry),) = kept.data["points"].items()
     summaries = {}
     for flags, points in SETUPS.values():
         with start_sim(SIM + flags) as sim:
             for name, knobs in points:
                 knobs = {"prompt_tokens": 200, "output_tokens": 64, **knobs}
+                out = root / "run" / name
+                if name == KEPT_POINT:
+                    labels = {"config_id": kept_entry["config_id"], "run_id": kept.run_dir.name}
+                    knobs.update(point_id=kept_id, labels=labels)
+                    out = kept.run_dir / kept_id
                 point = LoadPoint(
                     base_url=sim.base_url, model=MODEL, probe=False, template_overhead=0, continuous_usage=False,
                     endpoint="chat", warmup_s=0, **knobs,
                 )  # fmt: skip
-                summaries[name] = run_point(point, root / "run" / name, slos=SLO, max_failure_rate=0.6)
+                summaries[name] = run_point(point, out, slos=SLO, max_failure_rate=0.6)
+                if name == KEPT_POINT:
+                    kept_entry.update(status="done", dir=kept_id)
+                    kept.save()
+                    shutil.copytree(out, root / "run" / name)
     return root, summaries
 
 
@@ -425,7 +468,7 @@ def _verdict(summaries: dict, name: str) -> dg.Diagnosis:
     "name, cause, evidence",
     [
         ("queue", "queueing", "in flight above cap 2 for"),
-        ("kv", "KV pressure", "retraction"),
+        ("kv", "KV pressure", "KV pool 3,000 tokens holds 5 requests of 560 tokens, 12 in flight"),
         ("errors", "server errors", "requests failed (http_5xx"),
         ("prefill", "prefill interference", "of it spans another request's prefill"),
         ("prefix", "prefix-cache misses", "of prompt tokens cached (server), the workload's target"),
@@ -449,6 +492,39 @@ def test_each_emulated_cause_is_named_first_with_its_number(emulated, name, caus
     if name == "queue":  # the emulator observes SGLang's queue-time histogram: the wait read exactly
         assert summaries[name]["server_state"]["counters"]["queue_time_count"] > 0
         assert " s mean wait, " in d.causes[0].text, d.line
+
+
+@pytest.mark.timeout(300)
+def test_a_point_kept_past_the_kv_pool_runs_labelled_and_named_kv_pressure(emulated):
+    """keep: [kv_overflow]: the planner keeps the point (its manifest entry says why), it runs on the emulator
+    against the 3000-token pool, the report badges it with the legend, and its verdict names KV pressure first
+    with the pool."""
+    from servesweep.results.report import write_report
+
+    root, summaries = emulated
+    run = root / "kept"
+    manifest = json.loads((run / "manifest.json").read_text())
+    ((pid, entry),) = manifest["points"].items()
+    assert entry["status"] == "done" and entry["warnings"][0].startswith("kv_overflow: kept past the KV pool")
+    assert "KV capacity 3000 tokens < 8 running × 560 tokens" in entry["warnings"][0]
+    assert manifest["plan"]["points_feasible"] == 1 and manifest["plan"]["pitfalls"][0]["code"] in (
+        "kv_overflow", "kv_state_memory")  # fmt: skip
+    s = summaries[KEPT_POINT]
+    assert s["point_id"] == pid and s["requests"]["ok"] > 0
+    assert s["server_state"]["gauges"]["kv_pool_tokens"]["max"] == 3000
+    d = dg.diagnose(s)
+    named = [c.name for c in d.causes]
+    if s["client_saturated"] and named[0] == "client-bound":  # a shared machine's client said first
+        named, d.causes = named[1:], d.causes[1:]
+    assert named[0] == "KV pressure", d.line
+    assert d.causes[0].text.startswith("KV pool 3,000 tokens holds 5 requests of 560 tokens, 12 in flight")
+    assert "retraction" in d.causes[0].text, d.line
+    html_path, md_path = write_report(run)
+    html, md = html_path.read_text(), md_path.read_text()
+    assert 'data-flag="KV overflow"' in html and "<dd>kept past the KV pool on purpose" in html
+    assert "KV overflow: kept past the KV pool on purpose (keep kv_overflow); KV capacity 3000 tokens" in md
+    section = md[md.index("### Diagnosis") :]
+    assert f"| {dg.diagnose_all([s])[0].line} |" in section
 
 
 @pytest.mark.timeout(300)

@@ -54,6 +54,13 @@ _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FLAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
+# `keep:` values: points the planner would drop that an experiment keeps on purpose (labelled in the plan, the
+# manifest's point warnings and the report). kv_overflow: running requests × (prompt + output) above the KV pool
+# (each request alone fits): the point measures the pool, queueing and retractions, which is what it is kept for
+KV_OVERFLOW = "kv_overflow"
+KEEP = {
+    KV_OVERFLOW: "points whose running requests × (prompt + output) exceed the KV pool (each one alone fits)"
+}
 
 
 class ExperimentError(ValueError):
@@ -553,6 +560,11 @@ class Experiment(_Strict):
     server: Server = Field(default_factory=Server)
     load: Load
     exclude: list[dict[str, Any]] = Field(default_factory=list)
+    keep: list[str] = Field(
+        default_factory=list,
+        description="points the planner would drop, kept on purpose and labelled: kv_overflow (running requests "
+        "× context above the KV pool)",
+    )
     flush_cache_between_points: bool = True
     parallel: bool = Field(
         True, description="false: one server at a time even where configurations would fit side by side"
@@ -602,6 +614,19 @@ class Experiment(_Strict):
         if isinstance(v, list):
             parse_slos([str(x) for x in v])
         return v
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _keep(cls, v):
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list):
+            raise ValueError(f"expected a list such as [{KV_OVERFLOW}], got {v!r}")
+        for x in v:
+            if x not in KEEP:
+                known = "; ".join(f"{k}: {what}" for k, what in KEEP.items())
+                hint = did_you_mean(str(x), list(KEEP))
+                raise ValueError(f"unknown keep {x!r}{hint}; one of {known}")
+        return list(dict.fromkeys(v))
 
     @field_validator("sglang_version", mode="before")
     @classmethod

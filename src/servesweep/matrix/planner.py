@@ -15,7 +15,14 @@ from typing import Any
 
 import click
 
-from servesweep.config.experiment import Experiment, ExperimentError, PointSpec, ServerConfig, load_experiment
+from servesweep.config.experiment import (
+    KV_OVERFLOW,
+    Experiment,
+    ExperimentError,
+    PointSpec,
+    ServerConfig,
+    load_experiment,
+)
 from servesweep.matrix.timeline import attach_schedule, packed_json, print_packed
 
 # Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
@@ -39,6 +46,8 @@ TP_OVER_KV_HEADS = "tp_exceeds_kv_heads"  # KV heads replicate: KV capacity per 
 MEMORY_FIT = (
     "kv_state_memory"  # KV pool and recurrent-state slots per tp and memory fraction; points that do not fit
 )
+# points past the KV pool kept on purpose (`keep: [kv_overflow]`): run and labelled instead of dropped
+KV_OVERFLOW_KEPT = KV_OVERFLOW
 SPEC_RESET = "spec_resets_max_running_requests"  # any spec algorithm sets max_running_requests=48 when unset
 MULTI_MINUTE_PREFILL = "multi_minute_prefill"  # TTFT of the last concurrent prompt above a minute
 OVER_BUDGET = "over_budget"  # the estimate exceeds budget.wall_time; the points to cut first
@@ -58,6 +67,7 @@ PITFALLS = (
     CONTEXT_ABOVE_MAX,
     TP_OVER_KV_HEADS,
     MEMORY_FIT,
+    KV_OVERFLOW_KEPT,
     SPEC_RESET,
     MULTI_MINUTE_PREFILL,
     OVER_BUDGET,
@@ -342,12 +352,19 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
             f"(tp {rs.tp_size}, mem_fraction_static {rs.mem_fraction_static})"
         )
     elif min(c, mrr) * (p + o) > rs.max_total_num_tokens:
-        pp.codes.append(MEMORY_FIT)
         fit = rs.max_total_num_tokens // (p + o)
-        pp.reasons.append(
+        over = (
             f"KV capacity {rs.max_total_num_tokens} tokens < {min(c, mrr)} running × {p + o} tokens: at most {fit} "
             "requests of this size fit, the rest would queue or be retracted"
         )
+        if KV_OVERFLOW in exp.keep:  # measured on purpose: runs, labelled in the plan, manifest and report
+            pp.codes.append(KV_OVERFLOW_KEPT)
+            pp.warnings.append(
+                f"{KV_OVERFLOW}: kept past the KV pool on purpose (keep {KV_OVERFLOW}); {over}"
+            )
+        else:
+            pp.codes.append(MEMORY_FIT)
+            pp.reasons.append(over)
     pp.feasible = not pp.reasons
     if pp.feasible and c > mrr:
         why = " (speculative decoding's reset to 48)" if spec_reset else ""
@@ -395,7 +412,8 @@ class _Timer:
 def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) -> None:
     ld = exp.load
     p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
-    b = max(1, min(c, rs.effective_max_running_requests))
+    # the batch: the running cap, and the KV pool (a point kept past it runs as many as fit)
+    b = max(1, min(c, rs.effective_max_running_requests, rs.max_total_num_tokens // max(1, p + o)))
     if timer is not None:
         prefill = timer.prefill_s(p)
         steps = math.ceil(max(1, o - 1) / timer.accept)
@@ -653,6 +671,24 @@ def _memory_fit(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
     )
 
 
+def _kv_overflow_kept(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
+    """The points kept past the KV pool on purpose (`keep: [kv_overflow]`), with each configuration's pool."""
+    kept = _points_with(live, KV_OVERFLOW_KEPT)
+    if not kept:
+        return None
+    pools = {cp.config.id: cp.resolved.max_total_num_tokens for cp in live if any(
+        KV_OVERFLOW_KEPT in pp.codes for pp in cp.points)}  # fmt: skip
+    where = ", ".join(f"{cid}: {n:,} tokens" for cid, n in list(pools.items())[:6])
+    return _pitfall(
+        KV_OVERFLOW_KEPT,
+        f"{len(kept)} points run past the KV pool on purpose (keep {KV_OVERFLOW}; pool {where}): they measure the "
+        "pool (requests queue for KV and are retracted), and their verdicts name KV pressure",
+        list(pools),
+        kept,
+        {"kv_capacity_tokens": pools},
+    )
+
+
 def _spec_reset(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
     """Speculative decoding sets an unset max_running_requests to 48, capping the concurrency sweep."""
     reset = [
@@ -762,6 +798,7 @@ _PITFALL_CHECKS = (
     _context_above_max,
     _tp_over_kv_heads,
     _memory_fit,
+    _kv_overflow_kept,
     _spec_reset,
     _multi_minute_prefill,
     _over_budget,
@@ -847,6 +884,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                         "est_s": round(p.est_s, 2),
                         "estimate": p.detail,
                         "pitfalls": p.codes,
+                        "kept": [KV_OVERFLOW] if KV_OVERFLOW_KEPT in p.codes else [],
                         "search": p.search,
                     }
                     for p in cp.points
@@ -889,6 +927,7 @@ def print_plan(plan: Plan, console) -> None:
         for w in cp.warnings:
             console.print(f"[yellow]! {cp.config.id}[/]: {w}")
     _print_dropped_points(plan, console)
+    _print_kept_points(plan, console)
     _print_point_warnings(plan, console)
     if plan.experiment.search is not None:
         from servesweep.matrix.capacity_plan import print_search_plan
@@ -950,27 +989,45 @@ def _config_table(plan: Plan):
 
 def _print_dropped_points(plan: Plan, console) -> None:
     """The infeasible points of startable configurations with their reasons (the first 60)."""
+    drops = [(p.spec.id, "; ".join(p.reasons)) for cp in plan.configs if not cp.error for p in cp.points
+             if not p.feasible]  # fmt: skip
+    _print_points(console, f"dropped points ({len(drops)})", "reason", drops)
+
+
+def _print_kept_points(plan: Plan, console) -> None:
+    """The points kept past the KV pool on purpose (keep: [kv_overflow]), each with its arithmetic (the first 60).
+    No square brackets in the texts: rich would read them as markup."""
+    kept = [(p.spec.id, w.split("; ", 1)[-1]) for cp in plan.configs for p in cp.feasible_points
+            for w in p.warnings if w.startswith(f"{KV_OVERFLOW}:")]  # fmt: skip
+    title = f"points kept past the KV pool on purpose ({len(kept)}, keep {KV_OVERFLOW})"
+    _print_points(console, title, "KV overflow", kept)
+
+
+def _print_points(console, title: str, what: str, rows: list[tuple[str, str]]) -> None:
+    """A table of points and one text each (the first 60); nothing without a row."""
     from rich.table import Table
 
-    drops = [(cp, p) for cp in plan.configs if not cp.error for p in cp.points if not p.feasible]
-    if not drops:
+    if not rows:
         return
-    d = Table(title=f"dropped points ({len(drops)})")
-    d.add_column("point")
-    d.add_column("reason")
-    for _, p in drops[:60]:
-        d.add_row(p.spec.id, "; ".join(p.reasons))
-    if len(drops) > 60:
-        d.add_row("…", f"{len(drops) - 60} more (see --json)")
-    console.print(d)
+    t = Table(title=title)
+    t.add_column("point")
+    t.add_column(what)
+    for pid, text in rows[:60]:
+        t.add_row(pid, text)
+    if len(rows) > 60:
+        t.add_row("…", f"{len(rows) - 60} more (see --json)")
+    console.print(t)
 
 
 def _print_point_warnings(plan: Plan, console) -> None:
-    """Each kind of point warning once per configuration (the kind is the text before its first colon)."""
+    """Each kind of point warning once per configuration (the kind is the text before its first colon); the kept
+    points' KV overflow has its own table."""
     seen = set()
     for cp in plan.configs:
         for p in cp.feasible_points:
             for w in p.warnings:
+                if w.startswith(f"{KV_OVERFLOW}:"):
+                    continue
                 key = (cp.config.id, w.split(":")[0])
                 if key not in seen:
                     seen.add(key)

@@ -215,7 +215,7 @@ def diagnose(summary: dict, baseline: dict | None = None) -> Diagnosis:
         for c in (
             client_bound(summary),
             server_errors(summary),
-            kv_pressure(state),
+            kv_pressure(state, summary),
             queueing(summary, state, baseline),
             prefix_cache_misses(summary),
             prefill_interference(summary),
@@ -305,8 +305,11 @@ def server_errors(summary: dict) -> Cause | None:
     )
 
 
-def kv_pressure(state: dict | None) -> Cause | None:
-    """The KV (or mamba state) pool full: usage max at KV_USAGE_HIGH or above, or requests retracted."""
+def kv_pressure(state: dict | None, summary: dict | None = None) -> Cause | None:
+    """The KV (or mamba state) pool full: usage max at KV_USAGE_HIGH or above, or requests retracted. With the
+    pool's size (`kv_pool_tokens`, SGLang's sglang:max_total_num_tokens) the text names it, and how many of the
+    point's requests (prompt + output tokens each) it holds against the number in flight: a point kept past the
+    pool on purpose (experiment `keep: [kv_overflow]`) reads as the pool's, at full strength."""
     token_max = _gauge(state, "token_usage", "max")
     mamba_max = _gauge(state, "mamba_usage", "max")
     retracted = _counter(state, "retracted_requests") or 0
@@ -321,7 +324,25 @@ def kv_pressure(state: dict | None) -> Cause | None:
     if retracted > 0:
         parts.append(f"{retracted:g} retraction{'s' if retracted != 1 else ''}")
     strength = max([v for _, v in full] + ([1.0] if retracted > 0 else []))
-    ev = {"token_usage_max": token_max, "mamba_usage_max": mamba_max, "retracted_requests": retracted}
+    pool, fit, asked = _gauge(state, "kv_pool_tokens", "max"), None, None
+    pt = (summary or {}).get("point") or {}
+    need = (pt.get("prompt_tokens") or 0) + (pt.get("output_tokens") or 0)
+    if pool:
+        pool = int(pool)
+        asked = pt.get("concurrency") if pt.get("arrival", "closed") == "closed" else None
+        fit = pool // need if need else None
+        if fit is not None and asked and asked > fit:
+            parts.insert(0, f"KV pool {pool:,} tokens holds {fit} requests of {need:,} tokens, {asked} in flight")
+            strength = 1.0
+        else:
+            parts.append(f"KV pool {pool:,} tokens")
+    ev = {
+        "token_usage_max": token_max,
+        "mamba_usage_max": mamba_max,
+        "retracted_requests": retracted,
+        "kv_pool_tokens": pool,
+        "requests_that_fit": fit,
+    }
     return Cause("KV pressure", ", ".join(parts), strength, ev)
 
 

@@ -23,6 +23,7 @@ from typing import TypeGuard
 
 import click
 
+from servesweep.config.experiment import KV_OVERFLOW
 from servesweep.files import write_atomic
 from servesweep.results.answers_report import answers_html, answers_markdown, answers_tables
 from servesweep.results.capacity import frontier_svg, load_capacity
@@ -166,6 +167,8 @@ class Flag:
 # badge -> what it means (the legend under a table that shows it); DEGRADED first: the loudest
 FLAG_LEGEND = {
     "DEGRADED": "the point ran at a lower load than asked (a Locust worker was lost): its figures are not its label's",
+    "KV overflow": "kept past the KV pool on purpose (experiment keep: [kv_overflow]): its running requests × "
+    "context exceed the pool, so it measures the pool (queueing for KV, retractions), not the concurrency",
     "client CPU": "a load-generating process used more than 90% of a core: the client may have set the numbers",
     "loop lag": "a load-generating process's event loop woke more than 20 ms late at p99: stamps can be that late",
     "merged gaps": "more than 1% of ITL gaps were chunks read together (the client fell a chunk gap behind)",
@@ -255,12 +258,19 @@ def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
         failed=int((~s.ok).sum()),
         failures=failures,
         slos=list(summary.get("slos") or []),
-        flags=([Flag("DEGRADED", deg.text)] if deg is not None else []) + flags,
+        flags=([Flag("DEGRADED", deg.text)] if deg is not None else []) + kept_flags(p) + flags,
         itl=s.pooled["itl"][0].tolist(),
         samples=percentile_samples(s),
         server_state=summary.get("server_state") if isinstance(summary.get("server_state"), dict) else None,
         degraded=deg,
     )
+
+
+def kept_flags(p: PointInfo) -> list[Flag]:
+    """A point the planner would have dropped and the experiment kept (its manifest warning `kv_overflow: ...`,
+    matrix/planner.py): the KV overflow badge with the planner's arithmetic."""
+    mark = f"{KV_OVERFLOW}: "
+    return [Flag("KV overflow", w[len(mark) :]) for w in p.warnings if w.startswith(mark)]
 
 
 def server_state_value(state: dict | None, path: tuple[str, ...] | Callable) -> float | None:

@@ -34,6 +34,8 @@ GAUGES: dict[str, tuple[str, str]] = {
     "num_retracted_reqs": ("sglang:num_retracted_reqs", "sum"),
     "mamba_usage": ("sglang:mamba_usage", "max"),
     "swa_token_usage": ("sglang:swa_token_usage", "max"),
+    # the KV pool in tokens (a constant SGLang 0.5.12+ emits at start-up; None before): what KV pressure names
+    "kv_pool_tokens": ("sglang:max_total_num_tokens", "max"),
 }
 # gauges kept only when the server has the pool: key -> the samples that size it
 POOL_GAUGES: dict[str, tuple[str, ...]] = {
