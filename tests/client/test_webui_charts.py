@@ -38,7 +38,7 @@ STEPS, HOLD_S = (2, 4), 6
 LONG_OUTPUT = 1000  # tokens: a stream of ~3.7 s on the emulator at speedup=4
 L, R, T, B, W, H = 56, 12, 10, 30, 600, 220  # charts.js's plot margins and viewBox
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)  # a 2-core machine under the whole suite (five workers)
 
 
 def _get_json(url: str) -> dict:

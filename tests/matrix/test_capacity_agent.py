@@ -45,7 +45,7 @@ def agent_probe(base_url: str, root: Path, files: dict[int, list[Path]]):
     return probe
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_agent_sessions_capacity_matches_a_grid_of_sessions(tmp_path):
     from servesweep.sim.launch import start_sim
 

@@ -58,7 +58,7 @@ def _calibration(server_dir: Path) -> str:
     return [argv[i + 1] for i, a in enumerate(argv) if a == "--sim-calibration"][-1]
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_doubled_step_time_on_the_emulator_gets_about_half_the_capacity(tmp_path):
     exp = tmp_path / "doubled-step-time.yaml"
     exp.write_text(EXPERIMENT)

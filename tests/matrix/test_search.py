@@ -422,7 +422,7 @@ def emulator_probe(base_url: str, root: Path, costs: list[float]):
     return probe
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_emulator_capacity_matches_a_fine_grid(tmp_path):
     """Per-request output speed tiers against the emulator: the grid (every concurrency 1..9, 30 requests each)
     gives the true capacity; the search (start 4, bounds 1..64, one step) must land within one step of it."""

@@ -17,7 +17,7 @@ import pytest
 from servesweep.net import free_port
 from servesweep.sim.launch import start_sim
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)  # a 2-core machine under the whole suite (five workers)
 
 SIM = ["--model-path", "Qwen/Qwen3.6-27B", "--context-length", "2048", "--sim-load-time", "0"]
 

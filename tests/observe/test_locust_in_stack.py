@@ -39,7 +39,7 @@ from servesweep.observe.dashboards.queries import summ, with_axes
 from servesweep.observe.promconfig import start_pushgateway
 from servesweep.sim.launch import start_sim
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = str(ROOT / "locustfiles" / "llm.py")

@@ -32,7 +32,7 @@ from ruamel.yaml import YAML
 from servesweep.observe import stack, stackdir
 from servesweep.observe.stackdir import Layout, register_targets, stack_dir, unregister
 
-pytestmark = [pytest.mark.timeout(60)]  # prometheus and promtool: Debian's packages (make test installs them)
+pytestmark = [pytest.mark.timeout(300)]  # prometheus and promtool: Debian's packages (make test installs them)
 REPO_DASHBOARDS = Path(__file__).resolve().parents[2] / "grafana" / "dashboards"
 
 

@@ -305,7 +305,7 @@ EMULATOR = [
 ]  # fmt: skip
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 def test_a_point_against_a_hybrid_model_records_the_servers_state_and_the_report_shows_it(
     tmp_path, monkeypatch
 ):
