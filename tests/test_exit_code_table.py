@@ -1,9 +1,10 @@
 """One meaning per exit code for `servesweep load`, `servesweep run`, `servesweep gate` and plain headless Locust
 (issue 34, item 7; servesweep.exit_codes; docs/reports.md "Exit codes"): 0 pass, 1 an SLO breached, 2 could not
 run (server unreachable, bad input), 3 too many failed requests. Real processes, as a CI job runs them; the
-breach (1) and failed-requests (3) codes of load, gate and Locust are checked beside their features
-(tests/driver/test_load_cli.py, tests/results/test_gates.py, tests/client/test_load_locustfile.py,
-tests/inlocust/test_headless.py), the ones here are those that used to be 1 for "could not run"."""
+breach (1) and failed-requests (3) codes of load and Locust are checked beside their features
+(tests/driver/test_load_cli.py, tests/client/test_load_locustfile.py, tests/inlocust/test_headless.py), and every
+code of gate, each from a real gate on a run folder, in tests/results/test_gates.py (it reads gate's column of the
+table here); the ones here are those that used to be 1 for "could not run"."""
 
 from __future__ import annotations
 
@@ -34,6 +35,29 @@ def _locust(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_codes():
     assert (exit_codes.PASS, exit_codes.BREACH, exit_codes.COULD_NOT_RUN, exit_codes.FAILED_REQUESTS) == (0, 1, 2, 3)
     assert exit_codes.CouldNotRun("x").exit_code == 2
+
+
+def _docs_table() -> dict[int, dict[str, str]]:
+    """docs/reports.md's one table: {code: {command column: cell}}."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "reports.md").read_text()
+    rows = docs[docs.index("| code | means |") :].split("\n\n", 1)[0].splitlines()
+
+    def cells(row: str) -> list[str]:
+        return [c.strip() for c in row.strip().strip("|").split("|")]
+
+    header = cells(rows[0])
+    return {int(c[0]): dict(zip(header[2:], c[2:], strict=True)) for c in map(cells, rows[2:]) if c[0].isdigit()}
+
+
+def test_every_command_has_every_code_in_the_docs_table():
+    """One meaning per code for every command a CI job runs: no command lacks one (gate's 3 was "–" before it
+    judged a point's failed requests as load and run do)."""
+    table = _docs_table()
+    assert sorted(table) == [0, 1, 2, 3], table
+    for code, row in table.items():
+        assert list(row) == ["`load`", "`run`", "`gate`", "`locust --headless`"], row
+        missing = [cmd for cmd, cell in row.items() if not cell or cell.startswith(("–", "-"))]
+        assert not missing, f"exit code {code}: no meaning for {missing} in docs/reports.md"
 
 
 def test_the_docs_table_gives_a_degraded_point_2():

@@ -1,6 +1,7 @@
-"""servesweep gate on real run folders (made by test_compare's helpers against the emulator): every exit code (0 pass,
-1 breach, 2 could not run), the JUnit file, SLO values equal to hand computations from records.parquet, the
-regression injected through a slower emulator caught with --baseline, and evaluate_records for the Locust side.
+"""servesweep gate on real run folders (made by test_compare's helpers against the emulator): every exit code of the
+one table (0 pass, 1 breach, 2 could not run, 3 too many failed requests; docs/reports.md "Exit codes"), the JUnit
+file, SLO values equal to hand computations from records.parquet, the regression injected through a slower emulator
+caught with --baseline, and evaluate_records for the Locust side.
 """
 
 from __future__ import annotations
@@ -152,13 +153,75 @@ def test_experiment_slos_are_used_when_none_given(runs):
     assert code == 2 and "nothing to check" in out
 
 
-def test_failed_points_are_breaches(runs, tmp_path):
+def test_points_not_measured_could_not_run(runs, tmp_path):
+    """A failed or server_failed point is "could not run" (2), as `servesweep run` exits for the same folder, not a
+    breach (1): CI tells an outage from a regression (issue 34, item 7)."""
     j = tmp_path / "gate.xml"
     code, out, _ = gate(runs["dead"], "--slo", "ttft_p99<=30s", "--junit", j)
-    assert code == 1
+    assert code == 2, out
+    assert out.startswith(f"NOT MEASURED {runs['dead'].name}: 2 point(s) not measured"), out
     cases = junit(j)
     assert sorted(c["message"].split(":")[0] for c in cases) == ["point failed", "point server_failed"]
     assert any("cannot reach the server" in c["message"] for c in cases)
+    code, out, _ = gate(runs["dead"], "--slo", "ttft_p99<=30s", "--json")
+    assert code == 2 and json.loads(out)["verdict"] == "not measured"
+
+
+def test_too_many_failed_requests_exit_3(runs, tmp_path):
+    """The failure check of `load` and `run` (exit 3), from the point's records. The load folder's point lost a
+    quarter of its requests to the first-token timeout; it was measured with --max-failure-rate 100%, which the gate
+    keeps by default (test_experiment_slos_are_used_when_none_given: 0)."""
+    (rec,) = runs["load"].glob("*/records.parquet")
+    rows = [r for r in pq.read_table(rec).to_pylist() if not r["warmup"]]
+    failed = sum(r["error_class"] is not None for r in rows)
+    assert 0 < failed < len(rows)
+    # 0: any failure fails the check, as `load --max-failure-rate 0` (the seeded stalls are 1 or more of 10)
+    share = f"{failed} of {len(rows)} requests failed ({failed / len(rows):.1%} > max failure rate 0.0%)"
+    j = tmp_path / "gate.xml"
+    code, out, _ = gate(runs["load"], "--max-failure-rate", "0%", "--junit", j)
+    assert code == 3, out
+    assert out.startswith(f"FAILED {runs['load'].name}: 1 point(s) with too many failed requests"), out
+    assert share in out and "; top error class " in out, out
+    (case,) = [c for c in junit(j) if c["outcome"] == "failure"]
+    assert case["name"] == "failed share <= 0.0%" and case["message"].startswith(share), case
+    # 3 wins over a breach (the latencies of the rest mean little), and says the breach too
+    code, out, _ = gate(runs["load"], "--max-failure-rate", "0", "--slo", "ttft_p50<=0.001ms")
+    assert code == 3 and "besides, 1 of 2 checks failed" in out, out
+    code, out, _ = gate(runs["load"], "--max-failure-rate", f"{failed / len(rows) / 2:.4f}", "--json")
+    v = json.loads(out)
+    assert (v["verdict"], v["exit_code"]) == ("failed", 3) and v["max_failure_rate"] > 0, v
+    # a limit at or above the share passes; a share that is not one is bad input (2)
+    assert gate(runs["load"], "--max-failure-rate", f"{failed / len(rows) * 100 + 1:.0f}%")[0] == 0
+    assert gate(runs["load"], "--max-failure-rate", f"{failed / len(rows)}")[0] == 0  # above it, not at it
+    code, out, _ = gate(runs["load"], "--max-failure-rate", "lots")
+    assert code == 2 and "--max-failure-rate" in out, out
+    code, out, _ = gate(runs["load"], "--max-failure-rate", "150%")
+    assert code == 2 and "not a share between 0 and 1" in out, out
+
+
+def test_every_exit_code_of_the_table_from_a_real_gate(runs):
+    """The docs' one table (docs/reports.md "Exit codes") gives `gate` every code; each comes from a real gate on a
+    run folder: 0 pass, 1 an SLO breached, 2 a run that could not measure, 3 too many failed requests."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "reports.md").read_text()
+    table = docs[docs.index("| code | means |") :].split("\n\n", 1)[0].splitlines()
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    col = header.index("`gate`")
+    gate_cells = {
+        int(cells[0]): cells[col]
+        for row in table[2:]
+        if (cells := [c.strip() for c in row.strip("|").split("|")])[0].isdigit()
+    }
+    assert sorted(gate_cells) == [0, 1, 2, 3], gate_cells
+    assert all(c.startswith("✓") for c in gate_cells.values()), gate_cells
+    got = {
+        0: gate(runs["fast"], "--slo", "ttft_p99<=30s"),
+        1: gate(runs["fast"], "--slo", "ttft_p99<=0.001ms"),
+        2: gate(runs["dead"], "--slo", "ttft_p99<=30s"),
+        3: gate(runs["load"], "--slo", "ttft_p99<=30s", "--max-failure-rate", "1%"),
+    }
+    words = {0: "PASS ", 1: "BREACH ", 2: "NOT MEASURED ", 3: "FAILED "}
+    for code, (rc, out, err) in got.items():
+        assert rc == code and out.startswith(words[code]), (code, rc, out, err)
 
 
 def test_goodput_from_per_request_slos(runs):
@@ -206,6 +269,32 @@ def test_evaluate_records_for_locust(runs):
     assert v.passed
     with pytest.raises(GateError, match="'ttft_p99 <= fast'"):
         evaluate_records(table, ["ttft_p99 <= fast"])
+
+
+@pytest.mark.fast
+def test_the_code_that_says_least_was_measured_wins():
+    """When several hold (servesweep.exit_codes): could not run (2: a point not measured or degraded), then too many
+    failed requests (3), then a breach (1); the verdict line leads with the one that wins and counts the rest."""
+    from servesweep.results.gates import CheckResult, Verdict
+
+    ok = CheckResult("a", "error_rate<=1%", "slo", True)
+    slo = CheckResult("a", "ttft_p99<=2s", "slo", False, message="ttft_p99 = 3 s (breaks <= 2s)")
+    fail = CheckResult("a", "failed share <= 1.0%", "failures", False, message="7 of 10 requests failed")
+    lost = CheckResult("b", "measured", "status", False, message="point server_failed: no server")
+    deg = CheckResult("c", "not degraded", "degraded", False, message="degraded: worker lost")
+    cases = [
+        ([ok], 0, "pass", "PASS r: 1 checks passed"),
+        ([ok, slo], 1, "breach", "BREACH r: 1 of 2 checks failed — a ttft_p99 = 3 s (breaks <= 2s)"),
+        ([slo, fail], 3, "failed", "FAILED r: 1 point(s) with too many failed requests (their latencies mean "
+         "little); besides, 1 of 2 checks failed — a 7 of 10 requests failed"),
+        ([slo, fail, lost], 2, "not measured", "NOT MEASURED r: 1 point(s) not measured (the run could not run "
+         "them); besides, 2 of 3 checks failed — b point server_failed: no server"),
+        ([fail, lost, deg], 2, "degraded", "DEGRADED r: 1 point(s) measured at a lower load than asked"),
+    ]  # fmt: skip
+    for results, code, word, line in cases:
+        v = Verdict(results, "r")
+        assert (v.exit_code, v.as_dict()["verdict"]) == (code, word) and v.line.startswith(line), (v.line, code)
+    assert Verdict([], "r", error="bad").as_dict()["verdict"] == "error"
 
 
 @pytest.mark.fast

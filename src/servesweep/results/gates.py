@@ -6,8 +6,11 @@ for goodput_ratio / goodput_per_s). Every value is computed from records.parquet
 Regression limits use compare's verdicts: a metric breaches when compare calls it "worse" (its bootstrap interval
 excludes zero) and its change is beyond the limit (relative; error rate in percentage points).
 
-Exit codes: 0 pass, 1 breach, 2 could not run (bad expression, missing or unreadable run folder, nothing to check,
-or a degraded point: measured at a lower load than asked, results/degraded.py; --allow-degraded accepts it).
+Exit codes (servesweep.exit_codes, the same as `load`, `run` and headless Locust): 0 pass, 1 breach, 2 could not
+run (bad expression, missing or unreadable run folder, nothing to check, a point not measured, or a degraded point:
+measured at a lower load than asked, results/degraded.py; --allow-degraded accepts it), 3 too many failed requests
+(a point with no success, or a failed share above the max failure rate the point was measured with, or
+--max-failure-rate). When several hold, the one that says least was measured wins: 2, then 3, then 1.
 `evaluate_records(records, slos)` gives the same verdict for one set of records (the Locust side at the end of a
 headless run).
 """
@@ -25,8 +28,9 @@ from typing import Any
 
 import click
 
+from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE
 from servesweep.config.slo import SLO, SLOError, metric_label, parse_slos
-from servesweep.exit_codes import BREACH, COULD_NOT_RUN, PASS
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS
 from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
@@ -59,6 +63,13 @@ class GateError(ValueError):
     """The gate cannot run (exit 2); the message names what is wrong."""
 
 
+class Unset:
+    """No value given (None means something: no share check)."""
+
+
+UNSET = Unset()
+
+
 # ---------------------------------------------------------------- evaluation
 
 
@@ -66,7 +77,9 @@ class GateError(ValueError):
 class CheckResult:
     point: str
     check: str
-    kind: str  # slo, regression, status, degraded (a point measured at a lower load than asked)
+    # slo, regression, capacity; status (a point not measured), degraded (a point measured at a lower load than
+    # asked): exit 2 when failed; failures (the point's failed share above its max failure rate): exit 3
+    kind: str
     passed: bool | None  # None: skipped (an infeasible point, a point the baseline lacks)
     value: str = ""
     message: str = ""
@@ -88,10 +101,23 @@ class Verdict:
     def checked(self) -> list[CheckResult]:
         return [r for r in self.results if r.passed is not None]
 
+    def _failed(self, kind: str) -> list[CheckResult]:
+        return [r for r in self.breaches if r.kind == kind]
+
     @property
     def degraded(self) -> list[CheckResult]:
         """The degraded points not allowed: the run could not measure them as asked (exit 2)."""
-        return [r for r in self.breaches if r.kind == "degraded"]
+        return self._failed("degraded")
+
+    @property
+    def not_measured(self) -> list[CheckResult]:
+        """The points the run did not measure (failed, server_failed, pending, interrupted): exit 2, as `run`."""
+        return self._failed("status")
+
+    @property
+    def failed_requests(self) -> list[CheckResult]:
+        """The points whose failure check failed: no success, or a failed share above the limit (exit 3)."""
+        return self._failed("failures")
 
     @property
     def passed(self) -> bool:
@@ -99,10 +125,30 @@ class Verdict:
 
     @property
     def exit_code(self) -> int:
-        # the one that says least was measured wins (servesweep.exit_codes): a degraded point before a breach
-        if self.error is not None or self.degraded:
+        # the one that says least was measured wins (servesweep.exit_codes): not measured as asked (2), then too
+        # many failed requests (3: the latencies of the rest mean little), then a breach (1)
+        if self.error is not None or self.degraded or self.not_measured:
             return ERROR
+        if self.failed_requests:
+            return FAILED_REQUESTS
         return BREACH if self.breaches else PASS
+
+    @property
+    def verdict(self) -> str:
+        """pass, breach, failed (requests), degraded, not measured or error: the word of the exit code."""
+        if self.error is None and self.degraded:
+            return "degraded"
+        if self.error is None and self.not_measured:
+            return "not measured"
+        return {PASS: "pass", BREACH: "breach", FAILED_REQUESTS: "failed", ERROR: "error"}[self.exit_code]
+
+    def _headline(self, word: str, group: list[CheckResult], what: str) -> str:
+        """`WORD subject: N point(s) <what>; besides, k of n checks failed — the first three`."""
+        shown = "; ".join(f"{r.point} {r.message}" for r in group[:3])
+        more = f"; +{len(group) - 3} more" if len(group) > 3 else ""
+        others = len(self.breaches) - len(group)
+        also = f"; besides, {others} of {len(self.checked)} checks failed" if others else ""
+        return f"{word} {self.subject}: {len(group)} point(s) {what}{also} — {shown}{more}"
 
     @property
     def line(self) -> str:
@@ -110,14 +156,18 @@ class Verdict:
         if self.error is not None:
             return f"ERROR {self.subject}: {self.error}"
         if self.degraded:
-            shown = "; ".join(f"{r.point} {r.message}" for r in self.degraded[:3])
-            more = f"; +{len(self.degraded) - 3} more" if len(self.degraded) > 3 else ""
-            others = len(self.breaches) - len(self.degraded)
-            also = f"; besides, {others} of {len(self.checked)} checks failed" if others else ""
-            return (
-                f"DEGRADED {self.subject}: {len(self.degraded)} point(s) measured at a lower load than asked, "
-                f"their figures are not the asked load ({ALLOW_HINT.replace('RUN ', '')}){also} — {shown}{more}"
+            what = (
+                "measured at a lower load than asked, their figures are not the asked load "
+                f"({ALLOW_HINT.replace('RUN ', '')})"
             )
+            return self._headline("DEGRADED", self.degraded, what)
+        if self.not_measured:
+            return self._headline(
+                "NOT MEASURED", self.not_measured, "not measured (the run could not run them)"
+            )
+        if self.failed_requests:
+            what = "with too many failed requests (their latencies mean little)"
+            return self._headline("FAILED", self.failed_requests, what)
         allowed = [r for r in self.results if r.kind == "degraded" and r.passed]
         n = len(self.checked)
         skipped = len(self.results) - n
@@ -132,9 +182,7 @@ class Verdict:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "verdict": "degraded"
-            if self.error is None and self.degraded
-            else {PASS: "pass", BREACH: "breach", ERROR: "error"}[self.exit_code],
+            "verdict": self.verdict,
             "exit_code": self.exit_code,
             "line": self.line,
             "subject": self.subject,
@@ -265,7 +313,11 @@ def evaluate_run(
     resamples: int = 1000,
     seed: int = 0,
     allow_degraded: bool = False,
+    max_failure_rate: float | None | Unset = UNSET,
 ) -> Verdict:
+    """Every check of a run: each point measured, not degraded, its failure check, its SLOs; the regressions
+    against `baseline`. `max_failure_rate`: the failure check's limit for every point (None: no share check);
+    by default each point's own (failure_limit)."""
     results: list[CheckResult] = []
     for p in run.points:
         if p.status == "infeasible":
@@ -277,7 +329,11 @@ def evaluate_run(
             continue
         results += degraded_check(p, allow_degraded)
         try:
-            results += check_sample(p.point_id, point_sample(p), slos)
+            sample = point_sample(p)
+            if not (p.entry or {}).get("search"):
+                limit = failure_limit(run, p) if isinstance(max_failure_rate, Unset) else max_failure_rate
+                results += failure_check(p, sample, limit)
+            results += check_sample(p.point_id, sample, slos)
         except RunError as e:
             raise GateError(str(e)) from None
     ctx: dict[str, Any] = {
@@ -285,6 +341,8 @@ def evaluate_run(
         "slos": [s.text for s in slos],
         "allow_degraded": allow_degraded,
     }
+    if not isinstance(max_failure_rate, Unset):
+        ctx["max_failure_rate"] = max_failure_rate
     if baseline is not None:
         mets = regression_metrics or [metric(n) for n in REGRESSION_METRICS]
         # per GPU left out: with one GPU count on both sides it would repeat each total's check
@@ -345,6 +403,58 @@ def degraded_check(p: PointInfo, allowed: bool) -> list[CheckResult]:
     return [CheckResult(p.point_id, "not degraded", "degraded", allowed, d.short, msg[:1000])]
 
 
+def failure_limit(run: Run, p: PointInfo) -> float | None:
+    """The max failure rate a point was measured with: its summary's failure check (`servesweep load
+    --max-failure-rate`, the experiment's `load.max_failure_rate`), else the experiment's, else the default (1%, as
+    for a bare Locust records file)."""
+    fc = (p.summary or {}).get("failure_check")
+    if isinstance(fc, dict) and "max_failure_rate" in fc:
+        return fc["max_failure_rate"]
+    exp = ((run.manifest.get("experiment") or {}).get("load") or {}).get("max_failure_rate")
+    return float(exp) if isinstance(exp, int | float) else DEFAULT_MAX_FAILURE_RATE
+
+
+def failure_check(p: PointInfo, s: PointSample, max_failure_rate: float | None) -> list[CheckResult]:
+    """The failure check of `servesweep load` and `run` (exit 3), on the point's records: none of its measured
+    requests succeeded, or their failed share is above `max_failure_rate` (None: no share check). A check only
+    where it fails, as for degraded points (the run's own stderr says any failure within the limit)."""
+    measured, ok = s.n, int(s.ok.sum())
+    failed = measured - ok
+    limit = "no max failure rate" if max_failure_rate is None else f"max failure rate {max_failure_rate:.1%}"
+    if ok == 0:
+        msg = f"0 of {measured} measured requests succeeded"
+    elif max_failure_rate is not None and failed / measured > max_failure_rate:
+        msg = f"{failed} of {measured} requests failed ({failed / measured:.1%} > {limit})"
+    else:
+        return []
+    if failed and p.records_path is not None:
+        msg += _top_error(p.records_path, measured)
+    check = "failed share <= " + ("-" if max_failure_rate is None else f"{max_failure_rate:.1%}")
+    return [CheckResult(p.point_id, check, "failures", False, f"{failed}/{measured}", msg)]
+
+
+def _top_error(records: Path, measured: int) -> str:
+    """`; top error class http_5xx (7 of 10)`: the most frequent error class of the measured requests."""
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(records, columns=["warmup", "error_class"]).to_pydict()
+    n = Counter(e for w, e in zip(t["warmup"], t["error_class"], strict=True) if e is not None and not w)
+    if not n:
+        return ""
+    cls, k = n.most_common(1)[0]
+    return f"; top error class {cls} ({k} of {measured})"
+
+
+def parse_share(text: str, what: str) -> float:
+    """'5%' or '0.05' -> 0.05, within 0 and 1; click.BadParameter naming the option otherwise."""
+    v = parse_fraction(text, what)
+    if v > 1:
+        raise click.BadParameter(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", param_hint=what)
+    return v
+
+
 def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> list[CheckResult]:
     """--min-capacity: one check per search × tier of a run with a search: block (results/capacity.py)."""
     from servesweep.results.capacity import gate
@@ -378,6 +488,12 @@ def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> 
     help="accept points measured at a lower load than asked (a lost Locust worker); they are still listed",
 )
 @click.option(
+    "--max-failure-rate",
+    default=None,
+    help="exit 3 when a point's failed share of requests is above this (5% or 0.05; 100%: only a point with no "
+    "success); default: the one the point was measured with (load.max_failure_rate, load --max-failure-rate), else 1%",
+)
+@click.option(
     "--min-capacity",
     default=None,
     help="a run with a search: block: every capacity at least this load, or this share of --baseline's (90%)",
@@ -395,17 +511,21 @@ def command(
     seed,
     min_capacity,
     allow_degraded=False,
+    max_failure_rate=None,
 ):
     """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
     and a baseline run.
 
-    Exit 0 pass, 1 breach, 2 could not run (a degraded point too: measured at a lower load than asked, unless
-    --allow-degraded). Prints a one-line verdict; --junit writes one testcase per
-    point × check."""
+    Exit 0 pass, 1 breach, 2 could not run (a point not measured; a degraded point too: measured at a lower load
+    than asked, unless --allow-degraded), 3 too many failed requests (as `servesweep load` and `run`). Prints a
+    one-line verdict; --junit writes one testcase per point × check."""
     subject = str(run_dir)
     try:
         try:
             limit = parse_fraction(max_regression, "--max-regression")
+            fail_limit = (
+                UNSET if max_failure_rate is None else parse_share(max_failure_rate, "--max-failure-rate")
+            )
         except click.BadParameter as e:
             raise GateError(e.format_message()) from None
         run = load_run(run_dir)
@@ -434,6 +554,7 @@ def command(
             resamples=resamples,
             seed=seed,
             allow_degraded=allow_degraded,
+            max_failure_rate=fail_limit,
         )
         if min_capacity is not None:
             verdict.results += capacity_checks(run_dir, min_capacity, baseline)
