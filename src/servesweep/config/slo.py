@@ -6,14 +6,17 @@ An expression is `METRIC OP VALUE[UNIT]`, several separated by commas:
 - METRIC names a figure of docs/metrics.md: a latency-like metric with a statistic (`ttft_p99`, `itl_p50`,
   `tpot_mean`, `decode_tokens_per_s_p50`; LATENCIES × STATS), a scalar of the point (`output_tokens_per_s`,
   `request_rate`, `error_rate`, `cache_hit_ratio`, `degenerate_rate`; SCALARS) or goodput (`goodput_ratio`, `goodput_per_s`;
-  GOODPUT). ALIASES holds the other spellings (`output_tok_s`, `output_tps`, ...).
+  GOODPUT), or the point's GPU energy (`joules_per_token`, `joules_per_output_token`, `output_tokens_per_joule`,
+  `tokens_per_joule`, `power_avg_w`; ENERGY: from its gpu.json, docs/gpu-telemetry.md, where a GPU sampler ran).
+  ALIASES holds the other spellings (`output_tok_s`, `output_tps`, `j_per_tok`, ...).
 - `itl` is the gap between token-bearing chunks (ITL per chunk), `itl_per_token` each gap divided by the tokens of
   its chunk, once per token (ITL per token); QUALIFIERS holds the words every surface labels them with.
 - A latency of PER_REQUEST without a statistic (`ttft<=2s`, `itl<=100ms` for the request's largest gap) is a
   per-request SLO: it says which requests are *good* for goodput and is no check by itself.
 - OP is `<=`, `>=`, `<` or `>`.
 - UNIT: `ms` or `s` for latencies (default ms); `%` or a fraction for ratios; `tok/s`, `req/s` (or `/s`) optionally
-  for rates. An SLO's `value` is in its metric's unit: ms for latencies, a fraction for ratios.
+  for rates; `J/tok` (or `J`), `tok/J`, `W` (or `kW`) optionally for energy. An SLO's `value` is in its metric's
+  unit: ms for latencies, a fraction for ratios, J per token, tokens per J, W.
 
 A new metric is one row of LATENCIES or SCALARS (its unit and which direction is better); each place that measures
 SLOs (results/summary.py, results/gates.py through results/compare.py, the web UI) then gives its value.
@@ -66,6 +69,17 @@ GOODPUT: dict[str, Kind] = {
     "goodput_ratio": Kind("ratio", True, relative=False),
     "goodput_per_s": Kind("req/s", True),
 }
+# One value per point from the GPUs' energy during it (gpu.json's `total`, results/energy.py); no per-request values,
+# so compare's interval for them comes from the point's throughput (results/compare.py) and the counter is taken as
+# exact (it agreed with integrated power within 0.6 % on the H200, BENCHMARKS.md).
+ENERGY: dict[str, Kind] = {
+    "joules_per_token": Kind("J/tok", False),
+    "joules_per_output_token": Kind("J/tok", False),
+    "joules_per_output_token_above_idle": Kind("J/tok", False),
+    "output_tokens_per_joule": Kind("tok/J", True),
+    "tokens_per_joule": Kind("tok/J", True),
+    "power_avg_w": Kind("W", False),
+}
 ALIASES = {
     "output_tok_s": "output_tokens_per_s",
     "output_tps": "output_tokens_per_s",
@@ -73,6 +87,14 @@ ALIASES = {
     "req_s": "request_rate",
     "decode_tok_s": "decode_tokens_per_s",
     "per_request_tok_s": "decode_tokens_per_s",
+    "j_per_tok": "joules_per_token",
+    "j_per_token": "joules_per_token",
+    "j_per_output_token": "joules_per_output_token",
+    "j_per_out_tok": "joules_per_output_token",
+    "out_tok_per_j": "output_tokens_per_joule",
+    "tok_per_j": "tokens_per_joule",
+    "power_w": "power_avg_w",
+    "avg_power_w": "power_avg_w",
 }
 # The two inter-token latencies (docs/metrics.md, "ITL: per chunk and per token"): every surface that shows one says
 # which in its label, with these words (CLI table, report, compare, gate, exporter, Grafana, the Locust web UI).
@@ -85,9 +107,16 @@ OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 
 _EXPR = re.compile(
     r"^\s*(?P<name>[A-Za-z][A-Za-z0-9_.]*)\s*(?P<op><=|>=|<|>)\s*"
-    r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%|tok/s|req/s|/s)?\s*$"
+    r"(?P<num>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+    r"(?P<unit>ms|s|%|tok/s|req/s|/s|J/tok|tok/J|J|kW|W)?\s*$"
 )
-_RATE_UNITS = {"tok/s": (None, "tok/s"), "req/s": (None, "req/s", "/s")}
+_RATE_UNITS = {
+    "tok/s": (None, "tok/s"),
+    "req/s": (None, "req/s", "/s"),
+    "J/tok": (None, "J/tok", "J"),
+    "tok/J": (None, "tok/J"),
+    "W": (None, "W", "kW"),
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +142,7 @@ def metric_name(text: str, *, any_percentile: bool = False) -> MetricName:
     are STATS; `any_percentile` also takes p0..p100 (p95, p99.9: `servesweep compare --metric`)."""
     raw = text.strip()
     n = ALIASES.get(raw, raw)
-    for table in (SCALARS, GOODPUT):
+    for table in (SCALARS, GOODPUT, ENERGY):
         if n in table:
             return _named(n, n, None, table[n])
     base, _, stat = n.rpartition("_")
@@ -126,7 +155,7 @@ def metric_name(text: str, *, any_percentile: bool = False) -> MetricName:
             raise SLOError(f"unknown metric {text!r}: {stat} is not one of {', '.join(STATS)}{also}")
     if n in LATENCIES:
         raise SLOError(f"metric {text!r} needs a statistic: {n}_p50, {n}_p99, {n}_mean, ...")
-    known = sorted([*SCALARS, *GOODPUT, *ALIASES, *(f"{b}_{'|'.join(STATS)}" for b in LATENCIES)])
+    known = sorted([*SCALARS, *GOODPUT, *ENERGY, *ALIASES, *(f"{b}_{'|'.join(STATS)}" for b in LATENCIES)])
     raise SLOError(f"unknown metric {text!r}; known: {', '.join(known)}")
 
 
@@ -172,6 +201,11 @@ class SLO:
     def goodput(self) -> bool:
         return self.metric.base in GOODPUT
 
+    @property
+    def energy(self) -> bool:
+        """Judged on the point's GPU telemetry (gpu.json), not on its requests."""
+        return self.metric.base in ENERGY
+
     def holds(self, x: float | None) -> bool:
         return x is not None and math.isfinite(x) and bool(OPS[self.op](x, self.value))
 
@@ -215,8 +249,9 @@ def _in_unit(text: str, met: MetricName, num: float, unit: str | None) -> float:
             raise SLOError(f"SLO {text!r}: {num:g} is not a fraction; write {num:g}% or {num / 100:g}")
         return num
     if unit not in _RATE_UNITS.get(met.unit, (None,)):
-        raise SLOError(f"SLO {text!r}: a rate in {met.unit} takes no unit {unit!r}")
-    return num
+        what = "an energy figure" if met.base in ENERGY else "a rate"
+        raise SLOError(f"SLO {text!r}: {what} in {met.unit} takes no unit {unit!r}")
+    return num * 1000 if unit == "kW" else num
 
 
 def parse_slos(spec: str | list[str] | tuple[str, ...] | None) -> list[SLO]:

@@ -26,7 +26,7 @@ from typing import Any
 import click
 import numpy as np
 
-from servesweep.config.slo import GOODPUT, MetricName, SLOError, metric_label, metric_name
+from servesweep.config.slo import ENERGY, GOODPUT, MetricName, SLOError, metric_label, metric_name
 from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
@@ -55,6 +55,9 @@ class PointSample:
     cached: np.ndarray  # cached tokens where reported, NaN elsewhere
     prompt: np.ndarray  # prompt tokens from usage of ok requests, NaN elsewhere
     degenerate: np.ndarray | None = None  # 1 degenerate, 0 not, NaN not judged (results/degeneration.py)
+    energy: dict | None = (
+        None  # the point's GPU energy, gpu.json's `total` (results/energy.py); None: no sampler
+    )
 
     _sorted: dict = field(default_factory=dict, repr=False)
 
@@ -135,8 +138,22 @@ def point_sample(p: PointInfo) -> PointSample:
             table = read_parquet(p.records_path)
         except (OSError, ValueError) as e:
             raise RunError(f"point {p.point_id}: {e}") from None
-        p.cache["sample"] = PointSample.from_table(table)
+        sample = PointSample.from_table(table)
+        sample.energy = point_energy(p)
+        p.cache["sample"] = sample
     return p.cache["sample"]
+
+
+def point_energy(p: PointInfo) -> dict | None:
+    """The point's gpu.json `total` (its GPUs' energy, J per token...), None where no GPU sampler measured it."""
+    if p.dir is None:
+        return None
+    try:
+        doc = json.loads((p.dir / "gpu.json").read_text())
+    except (OSError, ValueError):
+        return None
+    t = doc.get("total") or {}
+    return t if t.get("energy_j") is not None else None
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -168,6 +185,14 @@ DEFAULT_METRICS = (
     "e2e_p50",
     "error_rate",
 )
+
+
+# What compare adds where both runs measured their GPUs (gpu.json): energy per output token and per token.
+ENERGY_METRICS = ("joules_per_output_token", "joules_per_token", "output_tokens_per_joule", "power_avg_w")
+
+
+def _has_energy(run: Run) -> bool:
+    return any(p.dir is not None and (p.dir / "gpu.json").is_file() for p in run.done_points())
 
 
 @dataclass(frozen=True)
@@ -217,6 +242,8 @@ def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
         has = ~np.isnan(s.cached) & ~np.isnan(s.prompt)
         den = float(np.dot(w[has], s.prompt[has]))
         return float(np.dot(w[has], s.cached[has])) / den if has.any() and den > 0 else math.nan
+    if base in ENERGY:
+        return _energy(base, s, w)
     if base == "degenerate_rate":
         deg = s.degenerate
         if deg is None:  # not judged: no request counts
@@ -225,6 +252,32 @@ def _scalar(base: str, s: PointSample, w: np.ndarray) -> float:
         den = float(w[has].sum())
         return float(np.dot(w[has], deg[has])) / den if den > 0 else math.nan
     raise KeyError(base)
+
+
+def _token_rate(s: PointSample, w: np.ndarray, with_prompt: bool) -> float:
+    """Tokens per second of the sample weighted by w (Little's law, as output_tokens_per_s): output tokens, or
+    output + prompt tokens."""
+    busy = float(np.dot(w, s.busy_s))
+    conc = float(s.busy_s.sum() / s.window_s) if s.window_s > 0 else math.nan
+    tok = s.tokens + (np.nan_to_num(s.prompt) if with_prompt else 0.0)
+    return conc * float(np.dot(w, tok)) / busy if busy > 0 else math.nan
+
+
+def _energy(base: str, s: PointSample, w: np.ndarray) -> float:
+    """An ENERGY metric: the observed figure of gpu.json, and under a resample of the requests the same energy over
+    the resample's tokens: the counter is one measurement (taken as exact), the point's token rate is what varies,
+    so joules per token scale with observed / resampled token rate (tokens per joule the other way)."""
+    obs = (s.energy or {}).get(base)
+    if obs is None or not math.isfinite(float(obs)):
+        return math.nan
+    if base == "power_avg_w":
+        return float(obs)
+    with_prompt = base in ("joules_per_token", "tokens_per_joule")
+    r_obs = _token_rate(s, np.ones(s.n), with_prompt)
+    r_w = _token_rate(s, w, with_prompt)
+    if not (r_obs > 0 and r_w > 0):
+        return math.nan
+    return float(obs) * (r_w / r_obs if base.endswith("per_joule") else r_obs / r_w)
 
 
 def metric(name: str) -> Metric:
@@ -448,8 +501,12 @@ def compare_runs(
     min_effect: float = 0.02,
     per_gpu: bool = True,
 ) -> RunComparison:
-    """Every matched point's changes; with `per_gpu`, output tok/s and req/s per GPU after their totals."""
-    metrics = metrics or [metric(n) for n in DEFAULT_METRICS]
+    """Every matched point's changes; with `per_gpu`, output tok/s and req/s per GPU after their totals. By default
+    (no `metrics`) the energy metrics follow (ENERGY_METRICS) where both runs have GPU telemetry."""
+    if not metrics:
+        metrics = [metric(n) for n in DEFAULT_METRICS]
+        if _has_energy(a) and _has_energy(b):
+            metrics += [metric(n) for n in ENERGY_METRICS]
     # a packed run's isolation sample (its points re-run alone) is for its own report, not a matrix point
     ka = {_match_key(a, p): p for p in a.done_points() if not is_isolation_sample(p.entry)}
     kb = {_match_key(b, p): p for p in b.done_points() if not is_isolation_sample(p.entry)}

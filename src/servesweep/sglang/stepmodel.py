@@ -18,6 +18,16 @@ layers only), state_rank = the GDN state slot of a hybrid model (read and writte
 The constants are few and named (`Calibration`); built-in profiles hold fitted values per GPU, and
 `--sim-calibration key=value` overrides any of them. Everything here runs once per engine step, O(1) in the batch:
 the engine hands in B, sum(ctx), N and sum(n (c + n/2)).
+
+Power (set_power, for the emulator's power model, sim/power.py; docs/gpu-telemetry.md "The power limit"): a step's
+compute share a = T_comp / max(T_mem, T_comp) sets what it draws above idle, as a share of the profile's dynamic
+range (load_w - idle_w): share = (1 - a) * mem_share + a * r^alpha, where r is the SM clock relative to the clock
+the calibration assumes (the default limit's). The default limit is the profile's load_w, so r = 1 there. Under a
+lower limit, a step whose share would pass cap = (limit - idle) / (load - idle) runs at
+r = ((cap - (1 - a) * mem_share) / a)^(1/alpha) (at least R_MIN), and its compute term takes T_comp / r: a
+compute-bound prefill slows, a memory-bound decode (a small) barely does, since HBM bandwidth does not follow the
+SM clock. Each priced step adds to `acct` (seconds, share-weighted seconds, clock-weighted seconds, seconds at the
+cap), which the power meter reads as NVML's power, SM clock and power-cap reason.
 """
 
 from __future__ import annotations
@@ -27,6 +37,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from servesweep.sglang.serverargs import ResolvedServer
+
+# The power model's constants (set_power; sim/power.py documents the sources): the share of the dynamic power range a
+# busy, memory-bound step draws (the H200 serving a memory-/launch-bound decode drew 280 W at 90 % utilization, idle
+# 126 W, against a 120-700 W range: (280 - 126) / 0.9 / 580 = 0.30, BENCHMARKS.md); the exponent of dynamic power in
+# the SM clock (CMOS dynamic power C V^2 f with the voltage following the clock along the DVFS curve: ~f^3); the
+# lowest clock ratio a power cap drives the SMs to.
+MEM_SHARE = 0.30
+ALPHA = 3.0
+R_MIN = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +160,8 @@ class StepModel:
         "_speed",
         "_dp",
         "spec",
+        "_pw",
+        "acct",
     )
 
     def __init__(self, resolved: ResolvedServer, cal: Calibration):
@@ -181,6 +202,9 @@ class StepModel:
         else:
             self._ar_fixed = self._ar_per_tok = 0.0
         self._speed = 1.0 / max(cal.speedup, 1e-9)
+        self._pw: tuple[float, float, float] | None = None  # (cap, mem_share, 1/alpha): set_power
+        # priced seconds, seconds x power share, seconds x clock ratio, seconds at the power cap (set_power)
+        self.acct = [0.0, 0.0, 0.0, 0.0]
         self._dp = max(
             1, int(resolved.dp_size)
         )  # the engine hands in all ranks' work; each rank does 1/dp of it
@@ -216,6 +240,37 @@ class StepModel:
                     steps * 2 * (a.mtp_layer_params / tp + a.vocab * a.hidden / tp) * topk / self._f_draft
                 )
 
+    def set_power(self, cap: float | None, mem_share: float = MEM_SHARE, alpha: float = ALPHA) -> None:
+        """Price steps under a power limit: cap = (limit - idle) / (load - idle), the share of the GPU's dynamic
+        power range the limit leaves (>= 1: no slowdown); None: the default limit. The docstring above has the
+        model."""
+        self._pw = None if cap is None else (float(cap), float(mem_share), 1.0 / float(alpha))
+
+    def _core(self, t_mem: float, t_comp: float) -> tuple[float, float, float, bool]:
+        """(max(T_mem, T_comp at the clock the power limit allows), the step's power share, its clock ratio, whether
+        it runs at the cap); the docstring above has the model."""
+        a = t_comp / (t_mem if t_mem > t_comp else t_comp) if t_comp > 0 else 0.0
+        pw = self._pw
+        if pw is None:
+            share = (1.0 - a) * MEM_SHARE + a
+            return (t_mem if t_mem > t_comp else t_comp), share, 1.0, share >= 0.98
+        cap, mem, inv_alpha = pw
+        share = (1.0 - a) * mem + a
+        if share <= cap:
+            return (t_mem if t_mem > t_comp else t_comp), share, 1.0, share >= 0.98 * cap
+        room = cap - (1.0 - a) * mem
+        r = max(R_MIN, (room / a) ** inv_alpha) if room > 0 else R_MIN
+        t_comp /= r
+        return (t_mem if t_mem > t_comp else t_comp), max(0.0, min(share, cap)), r, True
+
+    def _book(self, t: float, share: float, r: float, capped: bool) -> None:
+        acct = self.acct
+        acct[0] += t
+        acct[1] += t * share
+        acct[2] += t * r
+        if capped:
+            acct[3] += t
+
     def _weights(self, n_tokens: int) -> float:
         if not self._n_experts:
             return self._w_dense_rank
@@ -237,11 +292,14 @@ class StepModel:
         t_comp = (
             2.0 * self._p_active_rank * n + self._attn_flop_per_ctx * q * sum_ctx
         ) / self._f_dec + n * self._gdn_tok
-        t = cal.step_overhead_s + (t_mem if t_mem > t_comp else t_comp) + batch * cal.per_seq_s
+        core, share, r, capped = self._core(t_mem, t_comp)
+        t = cal.step_overhead_s + core + batch * cal.per_seq_s
         t += self._ar_fixed + self._ar_per_tok * n
         if self._spec_steps:
             t += self._draft_fixed + self._draft_per_seq * batch
-        return t * self._speed
+        t *= self._speed
+        self._book(t, share, r, capped)
+        return t
 
     def prefill(self, batch: int, new_tokens: int, sum_prefix: int, attn_area: float) -> float:
         """One prefill (extend) step: `new_tokens` over `batch` chunks; attn_area = sum n_j (c_j + n_j / 2)."""
@@ -260,9 +318,12 @@ class StepModel:
         t_comp = (
             2.0 * self._p_active_rank * new_tokens + self._attn_flop_per_ctx * attn_area
         ) / self._f_pre + new_tokens * self._gdn_tok
-        t = cal.prefill_overhead_s + (t_mem if t_mem > t_comp else t_comp) + batch * cal.per_seq_s
+        core, share, r, capped = self._core(t_mem, t_comp)
+        t = cal.prefill_overhead_s + core + batch * cal.per_seq_s
         t += self._ar_fixed + self._ar_per_tok * new_tokens
         if self._spec_steps:
             # The draft model also prefills (EAGLE/MTP extend the draft KV); one pass.
             t += self._draft_fixed / max(1, self._spec_steps) + self._draft_per_seq * batch
-        return t * self._speed
+        t *= self._speed
+        self._book(t, share, r, capped)
+        return t

@@ -132,7 +132,15 @@ def build_parser(
         help="GPU telemetry fault (GET /sim/gpu): a power or thermal clock-event reason while busy (sim/power.py)",
     )
     s.add_argument(
-        "--sim-gpu-power-limit", type=float, default=None, help="W, within the GPU's range (sim/power.py)"
+        "--sim-gpu-power-limit",
+        type=float,
+        default=None,
+        help="W, within the GPU's range: caps the modelled power and slows compute-bound steps (sim/power.py)",
+    )
+    s.add_argument(
+        "--sim-nvml-state",
+        default=None,
+        help="the NVML stand-in's state file (sim/power.py SimNvml): run under the power limits set there",
     )
     s.add_argument(
         "--sim-extra-spec-algorithms", type=_csv_upper, default=[], help="DDTREE,... (forked builds)"

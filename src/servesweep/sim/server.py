@@ -113,7 +113,11 @@ class SimApp:
             memory_used_bytes=int(resolved.gpu.memory_bytes * resolved.mem_fraction_static),
             power_limit_w=getattr(args, "sim_gpu_power_limit", None),
             throttle=getattr(args, "sim_gpu_throttle", None),
+            # the step model prices each step's power share and, under a power limit, its slower compute
+            model=self.engine.model,
+            nvml_state=getattr(args, "sim_nvml_state", None),
         )
+        self.gpu_meter.watch_state()
         self.routes = {
             "/health": self.h_health,
             "/health_generate": self.h_health,
