@@ -5,6 +5,8 @@ autoregressive and an MTP bundle of one model) on emulators whose answers are br
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +37,22 @@ def bundles(m: dict) -> tuple[str, str]:
     return ar[0], spec[0]
 
 
-def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
+PROGRESS_S = 0.1  # the probes' progress interval in the run below (SERVESWEEP_PROBE_PROGRESS_S; 5 s by default)
+PROGRESS = re.compile(
+    r"(\S+): (\d+) of (\d+) needle probe\(s\) answered(?:, (\d+) outstanding at ([\d, ]+) prompt tokens)? \(([\d.]+) s\)"
+)
+
+
+def probe_progress(text: str) -> dict[str, list[tuple[int, int, int, float]]]:
+    """{config id: [(answered, of, outstanding, seconds), ...]} of the probes' progress lines, in order."""
+    out: dict[str, list[tuple[int, int, int, float]]] = {}
+    for cid, k, n, pending, _at, s in PROGRESS.findall(text):
+        out.setdefault(cid, []).append((int(k), int(n), int(pending or 0), float(s)))
+    return out
+
+
+def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVESWEEP_PROBE_PROGRESS_S", str(PROGRESS_S))
     m, run_dir, out = dry_run(tmp_path, "wrong_past:3000", [1000, 6000])
     ar, spec = bundles(m)
     for cid in (ar, spec):
@@ -50,6 +67,16 @@ def test_wrong_past_is_caught_by_the_needle_at_the_long_prompt_only(tmp_path):
     sent = f"{ar}: 6 needle probe(s) at 1,000, 6,000 prompt tokens sent"
     answered = f"{ar}: 6 of 6 needle probe(s) answered ("
     assert sent in text and answered in text and text.index(sent) < text.index(answered), out[-3000:]
+    # ... while they are out, not only when one comes back: probes held past the interval (a 6000-token prefill on
+    # the emulated GPU) get a line each interval, with what is answered, what is outstanding and the time
+    for cid in (ar, spec):
+        lines = probe_progress(text)[cid]
+        *during, last = lines
+        assert last[:3] == (6, 6, 0) and last[3] > PROGRESS_S, lines
+        assert during and all(pending > 0 and k + pending == n == 6 for k, n, pending, _ in during), lines
+        times = [t for *_, t in lines]
+        gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+        assert times == sorted(times) and max(gaps) < PROGRESS_S + 1.5, gaps  # bounded (a loaded 2-core box)
     for p in m["points"].values():  # fluent and wrong: not degenerate, and every load figure still reported
         assert p["result"]["degenerate_rate"] == 0.0 and p["result"]["output_tokens_per_s"] > 0
         assert p["result"]["needle_accuracy"] == (1.0 if p["prompt_tokens"] == 1000 else 0.0)
@@ -78,6 +105,49 @@ def test_spec_diverge_gives_a_mismatch_between_the_speculative_and_autoregressiv
     assert all(
         a != s and a.split()[:8] == s.split()[:8] for a, s in zip(answers[ar], answers[spec], strict=True)
     )
+
+
+def _counts(line: str) -> tuple[int, int, int, float]:
+    """(answered, of, outstanding, seconds) of one progress line without its config id."""
+    ((row,),) = probe_progress("cfg: " + line).values()
+    return row
+
+
+@pytest.mark.fast
+def test_outstanding_probes_are_said_every_interval_until_the_last_is_in():
+    """A probe held longer than the interval (a 100k-token prefill takes minutes) is said every interval, with how
+    many are answered, how many are outstanding at which lengths, and the time; then one line when all are in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from servesweep.matrix.answer_probes import wait_with_progress
+
+    lines: list[str] = []
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(3) as ex:
+        futures = {ex.submit(time.sleep, 0.05): 1000, ex.submit(time.sleep, 0.05): 1000}
+        futures[ex.submit(time.sleep, 0.7)] = 100_000
+        took = wait_with_progress(futures, lines.append, 0.1)
+    assert 0.7 <= took <= time.monotonic() - t0
+    *during, last = lines
+    assert last == f"3 of 3 needle probe(s) answered ({took:.1f} s)", lines
+    assert len(during) >= 4, lines  # ~6 intervals of 0.1 s while the slow one is out
+    assert all(k + pending == 3 and pending for k, _, pending, _ in map(_counts, during)), lines
+    assert during[-1].startswith("2 of 3 needle probe(s) answered, 1 outstanding at 100,000 prompt tokens ("), lines
+    times = [_counts(line)[3] for line in lines]
+    assert times == sorted(times)
+
+
+@pytest.mark.fast
+def test_a_slow_prompt_build_is_said_once_while_it_runs():
+    from servesweep.matrix.answer_probes import said_if_slow
+
+    lines: list[str] = []
+    with said_if_slow(lines.append, "building", after_s=0.1):
+        time.sleep(0.35)
+    with said_if_slow(lines.append, "quick", after_s=0.1):
+        pass
+    time.sleep(0.2)  # a quick build's line never comes, even later
+    assert lines == ["building (over 0.1 s so far)"]
 
 
 @pytest.mark.fast

@@ -7,14 +7,21 @@ point's summary (`needle_accuracy` at its prompt length). The same prompts (same
 names its prompt) go to every configuration of the run, so a speculative bundle's answers compare with the
 autoregressive bundle's, prompt by prompt. Greedy (temperature 0), EOS allowed, `max_tokens` with room for a
 thinking model's reasoning (its `reasoning_content` and any `<think>` block are not the answer).
+
+While the probes are out, a line says how many are answered, how many are outstanding (at which prompt lengths)
+and for how long, every PROGRESS_EVERY_S (`SERVESWEEP_PROBE_PROGRESS_S` sets it): a 100k-token probe takes minutes.
+Building the probes' prompts says so once when it takes more than SLOW_BUILD_S (tokenizing long prompts).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +82,50 @@ def _model(base_url: str, exp: Experiment, api_key: str | None) -> str:
         return exp.model.path
 
 
-PROGRESS_EVERY_S = 5.0  # a probe line at most this often while probes are out (one 100k-token probe takes minutes)
+PROGRESS_EVERY_S = 5.0  # a probe line this often while probes are out (one 100k-token probe takes minutes)
+PROGRESS_ENV = "SERVESWEEP_PROBE_PROGRESS_S"  # sets it (the tests' short probes)
+SLOW_BUILD_S = 2.0  # building the probes' prompts takes longer than this: said once while it runs
+
+
+def progress_every_s() -> float:
+    """The interval of the probes' progress lines: $SERVESWEEP_PROBE_PROGRESS_S, else PROGRESS_EVERY_S."""
+    try:
+        return max(0.01, float(os.environ.get(PROGRESS_ENV) or PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+
+
+@contextmanager
+def said_if_slow(say: Callable[[str], None], what: str, after_s: float = SLOW_BUILD_S) -> Iterator[None]:
+    """Run the block; when it takes more than `after_s`, `say` gets one line while it still runs."""
+    timer = threading.Timer(after_s, say, args=(f"{what} (over {after_s:g} s so far)",))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def wait_with_progress(
+    futures: dict[Future, int], say: Callable[[str], None], every_s: float, what: str = "needle probe(s)"
+) -> float:
+    """Wait for every future ({future: its prompt length}); while some are out, every `every_s` a line says how
+    many are answered, how many are outstanding and at which lengths, and the time since the call; a last line
+    when all are in. Returns the seconds it took."""
+    t0 = time.monotonic()
+    pending = set(futures)
+    while pending:
+        _, pending = wait(pending, timeout=every_s)
+        if pending:
+            at = ", ".join(f"{n:,}" for n in sorted({futures[f] for f in pending}))
+            say(
+                f"{len(futures) - len(pending)} of {len(futures)} {what} answered, {len(pending)} outstanding at "
+                f"{at} prompt tokens ({time.monotonic() - t0:.1f} s)"
+            )
+    took = time.monotonic() - t0
+    say(f"{len(futures)} of {len(futures)} {what} answered ({took:.1f} s)")
+    return took
 
 
 def run_probes(
@@ -87,17 +137,26 @@ def run_probes(
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Send the probes of every length (all at once: a few requests) and score them; `progress` gets a line when
-    they go out, then "k of n answered" at most every PROGRESS_EVERY_S, and when the last is in."""
+    they go out, then "k of n answered, m outstanding" every progress_every_s() while some are out, and one when
+    the last is in (and one while their prompts are built, if that takes more than SLOW_BUILD_S)."""
     from servesweep.workload.prompts import build_pool
 
     a = exp.answers
+    say = progress or (lambda _line: None)
+    shown = ", ".join(f"{n:,}" for n in sorted(lengths))
     model = _model(base_url, exp, api_key)
     jobs: list[tuple[dict[str, Any], dict]] = []
+    t_build = time.monotonic()
+    with said_if_slow(say, f"building the needle probes' prompts at {shown} tokens, cached for later runs"):
+        pools = {
+            length: build_pool(
+                length, a.probes_per_length, tokenizer=exp.model.tokenizer, seed=a.seed, cache_bust=False
+            )
+            for length in sorted(lengths)
+        }
+    built_s = time.monotonic() - t_build
     for length, out_tokens in sorted(lengths.items()):
-        pool = build_pool(
-            length, a.probes_per_length, tokenizer=exp.model.tokenizer, seed=a.seed, cache_bust=False
-        )
-        for i, prompt in enumerate(pool):
+        for i, prompt in enumerate(pools[length]):
             body = {
                 "model": model,
                 "messages": prompt.render(""),
@@ -107,18 +166,14 @@ def run_probes(
             }
             jobs.append(({"id": f"{length}/{i}", "prompt_tokens": length, "expected": prompt.answer}, body))
     url = base_url + "/v1/chat/completions"
-    say = progress or (lambda _line: None)
-    shown = ", ".join(f"{n:,}" for n in sorted(lengths))
-    say(f"{len(jobs)} needle probe(s) at {shown} prompt tokens sent (greedy, up to {a.timeout_s:g} s each)")
-    t0 = last = time.monotonic()
+    built = f"; prompts built in {built_s:.1f} s" if built_s > SLOW_BUILD_S else ""
+    say(f"{len(jobs)} needle probe(s) at {shown} prompt tokens sent (greedy, up to {a.timeout_s:g} s each{built})")
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as ex:
-        futures = [ex.submit(_ask, url, body, api_key, a.timeout_s) for _meta, body in jobs]
-        for k, _done in enumerate(as_completed(futures), 1):
-            now = time.monotonic()
-            if k == len(futures) or now - last >= PROGRESS_EVERY_S:
-                say(f"{k} of {len(futures)} needle probe(s) answered ({now - t0:.1f} s)")
-                last = now
-        got = [f.result() for f in futures]
+        futures = {
+            ex.submit(_ask, url, body, api_key, a.timeout_s): meta["prompt_tokens"] for meta, body in jobs
+        }
+        wait_with_progress(futures, say, progress_every_s())
+        got = [f.result() for f in futures]  # in the order sent (dicts keep it)
     probes = []
     for (meta, _), g in zip(jobs, got, strict=True):
         ok = g["answer"] is not None and meta["expected"] is not None
