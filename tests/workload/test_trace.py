@@ -314,7 +314,7 @@ def test_a_trace_point_and_its_workload(tmp_path, shared):
     with pytest.raises(ValueError, match="trace: only with workload trace"):
         LoadPoint(**base, trace=str(path))
     p = LoadPoint(**base, workload="trace", trace=str(path), trace_start_s=1.0, trace_window_s=1.0, trace_speedup=4)
-    with pytest.raises(ValueError, match="does not replay traces at their timestamps yet"):
+    with pytest.raises(ValueError, match="not cycled as a pool; build them with build_workload"):
         build_workload(p)
     w = build_workload(p, trace_replay=True)
     assert w.trace is not None and len(w.bodies) == 10 and w.nonce_digits == 0
@@ -337,3 +337,24 @@ def test_trace_synth_writes_a_trace_stats_reads_back(tmp_path):
     b = tmp_path / "b.jsonl"
     assert run(trace_cli, ["synth", str(b), "--format", "bailian", "--block-size", "16"]).exit_code == 0
     assert read_trace(b).block_size == 16
+
+
+@pytest.mark.fast
+def test_peers_replay_formats_read_as_mooncake_and_bailian(tmp_path):
+    # AIPerf's mooncake_trace and vLLM's timed-trace make hash_ids optional: such lines get blocks of their own
+    p = tmp_path / "aiperf.jsonl"
+    p.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [7, 8]}\n'
+        '{"timestamp": 250, "input_length": 700, "output_length": 5}\n'
+    )
+    t = read_trace(p)
+    assert t.source.startswith("mooncake:") and [len(r.hash_ids) for r in t.requests] == [2, 2]
+    assert not set(t.requests[0].hash_ids) & set(t.requests[1].hash_ids)
+    # guidellm's trace replay: absolute Unix seconds, no block ids: `--from bailian`, re-timed from the first request
+    g = tmp_path / "guidellm.jsonl"
+    g.write_text(
+        '{"timestamp": 1733300000.0, "input_length": 256, "output_length": 128}\n'
+        '{"timestamp": 1733300000.5, "input_length": 300, "output_length": 64}\n'
+    )
+    t = read_trace(g, "bailian", block_size=512)
+    assert [r.timestamp_ms for r in t.requests] == [0.0, 500.0] and t.block_size == 512

@@ -230,7 +230,8 @@ def build_context(point: LoadPoint) -> LoadContext:
     from servesweep.workload.build import build_workload
 
     point = resolve_point(point)
-    w = build_workload(point)
+    # a trace point's bodies are sent at the trace's slots, body i at request i's: this user does (user.py)
+    w = build_workload(point, trace_replay=point.workload == "trace")
     headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream",
@@ -249,6 +250,7 @@ def build_context(point: LoadPoint) -> LoadContext:
         nonce_format=w.nonce_format,
         output_tokens=w.output_tokens,
         agent=w.agent,
+        trace=w.trace,
     )
 
 
@@ -282,6 +284,7 @@ def _context_for(point_json: str | None, point: LoadPoint) -> LoadContext:
             nonce_format=pre.nonce_format,
             output_tokens=pre.output_tokens,
             agent=pre.agent,
+            trace=pre.trace,
         )
     return build_context(point)
 
@@ -826,10 +829,18 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
         ctx.budget = 0
         ctx.end_ns = 1
         index, count = 0, 1
+    elif ctx.trace is not None:
+        # A trace replay: this process's starts (whole sessions on one worker, by a stable hash of their id), its
+        # budget the requests they hold (the trace's, whatever the point's `requests`). The schedule starts when the
+        # first user asks for a start, as the open loop's does.
+        ctx.trace_schedule = ctx.trace.schedule(index, count, start_ns=None)
+        ctx.budget = sum(len(s.indices) for s in ctx.trace_schedule.starts)
     elif p.requests is not None and count > 1:
         ctx.budget = split_budget(p.requests, index, count)
     loop = "closed loop"
-    if p.arrival != "closed":
+    if ctx.trace is not None:
+        loop = f"trace replay at {ctx.trace.speed_up:g}x, {len(ctx.trace_schedule or ())} starts"
+    elif p.arrival != "closed":
         assert p.rate_rps is not None  # LoadPoint: an open loop has a rate
         loop = f"{p.arrival} at {p.rate_rps / count:g}/s"
         if p.duration_s is not None and p.duration_s < _FOREVER:
@@ -846,6 +857,12 @@ def _split(environment, ctx: LoadContext, now: int) -> None:
             runner.quit()
 
         ctx.on_budget_done = _done
+    if ctx.trace is not None and ctx.budget == 0 and not ctx.quit_requested:
+        # no session of the trace hashed to this worker: nothing will complete, so leave now
+        import gevent
+
+        ctx.quit_requested = True
+        gevent.spawn_later(ctx.quit_delay_s, ctx.on_budget_done or runner.quit)
     log.info(
         "servesweep: worker %d of %d: budget %s, %s",
         index,

@@ -39,7 +39,13 @@ from servesweep.results.records import RecordBuffer
 from servesweep.workload.arrivals import Arrivals
 
 if TYPE_CHECKING:
-    from servesweep.workload.build import AgentSpec
+    from servesweep.workload.arrivals import TraceSchedule, TraceStart
+    from servesweep.workload.build import AgentSpec, TraceSpec
+
+
+# A trace start handed out this long after its slot waited for a free user (the concurrency cap bound); less is the
+# hub's own latency between a user's request and its next start.
+CAP_BOUND_LATE_NS = 5_000_000
 
 
 class LLMFailure(Exception):
@@ -62,6 +68,8 @@ class LoadContext:
     nonce_format: str = "digits"  # the pool's (prompts.nonce_scheme): "spaced" puts a space before each digit
     output_tokens: list[int] | None = None  # per body: its max_tokens (None: the point's output_tokens)
     agent: AgentSpec | None = None  # users run agent sessions instead of single requests
+    trace: TraceSpec | None = None  # a trace replay: body i is the trace's request i (docs/workloads.md)
+    trace_schedule: TraceSchedule | None = None  # its starts for this process (set at test start)
     sessions_started: int = 0
     buffer: RecordBuffer = field(default_factory=RecordBuffer)
     measure_start_ns: int = 0  # requests scheduled before this are warmup
@@ -210,6 +218,9 @@ class LLMUser(FastHttpUser):
             prepare = getattr(self.environment, "servesweep_prepare", None)
             if prepare is not None:
                 prepare(ctx)
+        if ctx.trace is not None:
+            self._trace_start(ctx)
+            return
         if ctx.point.arrival != "closed" and ctx.arrivals is None:
             gevent.sleep(0.01)  # open loop: the schedule starts with the test (test_start sets it)
             return
@@ -304,6 +315,55 @@ class LLMUser(FastHttpUser):
             warm = scheduled < ctx.measure_start_ns
             if ctx.closing or (not warm and not ctx.claim()):
                 return
+
+    def _trace_start(self, ctx: LoadContext) -> None:
+        """One start of a trace replay: at its slot, its request, or a session's turns in order (each its delay
+        after the previous one ended, the delay already divided by the speed-up). Every request of the trace is
+        measured (no warmup) and sent once, a failed turn included: the next turn's prompt is the trace's, not
+        grown from the answer. A slot that finds every user busy is sent late and keeps its slot as `scheduled_ns`
+        (the schedule lag, as in the open loop)."""
+        sched = ctx.trace_schedule
+        if sched is None:
+            gevent.sleep(0.01)  # the schedule starts with the test (test_start sets it)
+            return
+        nxt = None if ctx.closing else sched.next_start()
+        if nxt is None:
+            gevent.sleep(0.2)  # this process's share is all handed out: idle until the runner quits
+            return
+        scheduled, start = nxt
+        # Starts are handed out in slot order to the first free user: one handed out after its slot found every
+        # user busy (sending, or holding a later slot's session) at that time: the concurrency cap held it back.
+        bound = time.monotonic_ns() - scheduled > CAP_BOUND_LATE_NS
+        self._trace_turns(ctx, sched, scheduled, start, bound)
+
+    def _trace_turns(
+        self, ctx: LoadContext, sched: TraceSchedule, scheduled: int, start: TraceStart, bound: bool
+    ) -> None:
+        spec = ctx.trace
+        assert spec is not None and sched.start_ns is not None  # a trace point's context, its schedule started
+        reqs = spec.trace.requests
+        prev_end = 0
+        for k, i in enumerate(start.indices):
+            if k:
+                d = start.delays_ms[k]
+                # a delay counts from the previous turn's end (its last read's arrival); a turn without one keeps
+                # its own trace time
+                own = sched.start_ns + start.offsets_ns[k]
+                scheduled = prev_end + int(d * 1e6) if d is not None else max(prev_end, own)
+            wait_ns = scheduled - time.monotonic_ns()
+            if wait_ns > 0:
+                gevent.sleep(wait_ns / 1e9)
+            if ctx.closing or not ctx.claim():
+                return
+            r = reqs[i]
+            head, tail = ctx.bodies[i]
+            out = ctx.output_tokens[i] if ctx.output_tokens else r.output_length
+            rec = self._new_record(
+                ctx, scheduled, False, r.input_length, out, "trace",
+                trace_index=i, session_id=r.session_id, turn=r.turn, cap_bound=bound and not k,
+            )  # fmt: skip
+            self._send(ctx, head + tail, rec, False)
+            prev_end = rec["end_ns"]
 
     def _do_request(self, ctx: LoadContext, body: bytes, headers: dict, rec: dict) -> None:
         # One function on purpose: this is the per-chunk read path (one pass per socket read, kernel-stamped), the

@@ -267,7 +267,8 @@ class LoadPoint(BaseModel):
         help="agent: a session ends before its context passes this",
         ge=1,
     )
-    # trace replay (docs/workloads.md, "Trace replay"); experiment files do not set these yet (config/experiment.py)
+    # trace replay (docs/workloads.md, "Trace replay"): `servesweep load` and the Locust form replay through the Locust
+    # user; experiment files do not set these yet (config/experiment.py)
     trace: str | None = knob(
         None,
         cli="--trace",
@@ -415,6 +416,11 @@ class LoadPoint(BaseModel):
                 )
             if self.endpoint == "generate":
                 raise ValueError("endpoint='generate': trace replay sends chat or completions requests")
+            if self.warmup_s:
+                raise ValueError(
+                    f"warmup_s={self.warmup_s:g}: a trace replay measures every request of its window (start the "
+                    f"window later with trace_start_s instead)"
+                )
         elif self.trace:
             raise ValueError("trace: only with workload trace")
         if self.workload == "dataset" and not self.dataset:

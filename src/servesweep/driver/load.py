@@ -437,9 +437,12 @@ def _points(run: _Run, base_url: str) -> list[LoadPoint]:
 
     by_field = {k.name: k.cli for k in knobs("cli")}
     points = []
+    trace_n = _trace_requests(run) if run.fields["workload"] == "trace" else None
     for c, rate in [(c, r) for c in run.levels for r in run.rates]:
         fields = dict(run.fields)
-        if fields["requests"] is None and fields["duration_s"] is None:
+        if trace_n is not None:
+            fields["requests"] = trace_n  # a replay sends its window's requests, each once
+        elif fields["requests"] is None and fields["duration_s"] is None:
             # closed loop: two requests per user; open loop: 10 s of arrivals at the rate
             w = run.opts["workers"]
             fields["requests"] = max(8, 2 * c, w) if rate is None else max(8, math.ceil(10 * rate), w)
@@ -451,6 +454,32 @@ def _points(run: _Run, base_url: str) -> list[LoadPoint]:
             names = ", ".join(by_field.get(w, w) for w in sorted(where))
             raise click.UsageError(f"{names}: {e}") from None
     return points
+
+
+def _trace_requests(run: _Run) -> int:
+    """A trace replay's request count: its window's (read here, so a bad file or an empty window is a usage error
+    before anything starts). --requests and --duration do not apply: --trace-window and --trace-sample cut it."""
+    from servesweep.workload.build import load_point_trace
+    from servesweep.workload.trace.model import TraceError
+
+    f = run.fields
+    for name, cli in (("requests", "--requests"), ("duration_s", "--duration")):
+        if f[name] is not None:
+            raise click.BadParameter(
+                "a trace replay sends every request of its window once; cut it with --trace-start, --trace-window "
+                "and --trace-sample",
+                param_hint=cli,
+            )
+    try:
+        point = LoadPoint(base_url="http://127.0.0.1", concurrency=1, requests=1, probe=False, model="-", **{
+            k: v for k, v in f.items() if k not in ("requests", "model", "probe")
+        })  # fmt: skip
+        n = len(load_point_trace(point).requests)
+    except (TraceError, OSError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--trace") from None
+    if not n:
+        raise click.BadParameter(f"trace {f['trace']}: no request in the window", param_hint="--trace-start")
+    return n
 
 
 def _load(state: dict, run: _Run) -> None:
@@ -704,6 +733,10 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
         out.print(f"results: {run_dir}")
     for line in table_notes(summaries):
         err.print(line)
+    for s in summaries:  # a trace replay's fidelity check (driver/point.py replay_fidelity)
+        if tf := s.get("trace_fidelity"):
+            style = "green" if tf.get("faithful") else "bold yellow"
+            err.print(f"[{style}]{s['point_id']}: {escape(tf['verdict'])}[/]", highlight=False, soft_wrap=True)
     # Any failed request is said, even within --max-failure-rate: a green CI job should not hide a few 500s.
     for s in summaries:
         if warning := s["failure_check"].get("warning"):

@@ -23,7 +23,7 @@ from servesweep.driver.gpu_telemetry import sampler_urls as gpu_telemetry_urls
 from servesweep.driver.gpu_telemetry import write_point_gpu
 from servesweep.results.energy import summary_fields as gpu_summary_fields
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
-from servesweep.workload.build import build_bodies
+from servesweep.workload.build import build_bodies, build_workload
 
 # ---------------------------------------------------------------- one point
 
@@ -238,7 +238,13 @@ def run_point(
     if workers and worker_hosts:
         raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")
     remote = _check_worker_hosts(worker_hosts) if worker_hosts else None
-    if workers and point.requests is not None and point.requests < workers:
+    if point.workload == "trace":
+        # a replay sends its window's requests, each once, whatever its caller asked (an experiment's load.requests,
+        # a search's probe): the point says how many (its summary's, the budget the workers split by session)
+        from servesweep.workload.build import load_point_trace
+
+        point = point.model_copy(update={"requests": len(load_point_trace(point).requests)})
+    elif workers and point.requests is not None and point.requests < workers:
         raise ValueError(
             f"requests={point.requests} < workers={workers}: every worker process needs a share of the budget"
         )
@@ -250,7 +256,15 @@ def run_point(
     probes = probes if probes is not None else ProbeLog()
     point = resolve_point(point, probes)
     # build (and cache on disk) the pool here, so the child's start is quick and errors show early
-    build_bodies(point)
+    trace = None
+    flushed = False
+    if point.workload == "trace":  # the replayed window too, for the fidelity check at the end
+        trace = build_workload(point, trace_replay=True).trace
+        # the expected hits assume an empty cache: a replay of the same trace before this one (another point of
+        # the sweep, a search's probe) has left its prompts there
+        flushed = flush_server_cache(point)
+    else:
+        build_bodies(point)
     sampler = ServerSampler(point)  # the point as resolved: its key is read in this process
     # the key goes to the child in its environment, under one name; the point it reads says which
     point, env = child_env(point)
@@ -290,6 +304,10 @@ def run_point(
         summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
     elif point.workload == "agent" and cached is not None:
         summary["server_cached_tokens"] = cached
+    if trace is not None:
+        summary["trace_fidelity"] = replay_fidelity(
+            point, trace.trace, work / "records.parquet", summary, cached, flushed=flushed
+        )
     os.replace(work / "records.parquet", out_dir / "records.parquet")
     for name in ("locust-report.html",):
         if (work / name).is_file():
@@ -501,6 +519,81 @@ def shared_prefix_check(point: LoadPoint, summary: dict, server_cached: float | 
         "measured_hit_ratio": summary["cache_hit_ratio"],
         "server_cached_tokens": server_cached,
     }
+
+
+def replay_fidelity(
+    point: LoadPoint, trace, records: Path, summary: dict, server_cached: float | None, *, flushed: bool = True
+) -> dict:
+    """A trace replay's fidelity check (results/trace_fidelity.py) from its records: the trace's expected cached
+    tokens with the server's cache size (None: unknown, an unbounded cache) against the `cached_tokens` the server
+    reported and its own counter's increase, requests sent against the trace, the schedule lag p99, the starts the
+    concurrency cap held back. Its `verdict` is the line the summary and the report show; `cache_flushed` says
+    whether the server's cache was emptied before the replay (the expected figure assumes it was)."""
+    from servesweep.results.records import read_parquet
+    from servesweep.results.trace_fidelity import trace_fidelity
+
+    cols = ["trace_index", "error_class", "prompt_tokens", "cached_tokens", "sent_ns", "first_token_ns", "cap_bound"]
+    t = read_parquet(records).select([*cols, "mono_to_wall_ns"]).to_pylist()
+    rows = [{**r, "ok": r["error_class"] is None} for r in t if r["trace_index"] is not None]
+    cache = server_cache_tokens(point)
+    lag = (summary.get("schedule_lag_ms") or {}).get("p99")
+    f = trace_fidelity(
+        trace,
+        rows,
+        cache_tokens=cache,
+        server_cached_tokens=None if server_cached is None else int(server_cached),
+        schedule_lag_p99_ms=lag,
+    )
+    out = f.model_dump(mode="json")
+    out["requests_sent"] = len(rows)
+    out["requests_sent_twice"] = len(rows) - len({r["trace_index"] for r in rows})
+    out["cache_flushed"] = flushed
+    if not flushed:
+        out["verdict"] += "; the server's cache was not flushed before the replay (no /flush_cache)"
+    return out
+
+
+def flush_server_cache(point: LoadPoint) -> bool:
+    """POST /flush_cache (SGLang, the emulator), retried while requests still run; False when the server has no
+    such path or never took it (another server: its cache keeps what earlier points left)."""
+    from servesweep.config.secrets import api_key_for
+    from servesweep.target import http
+
+    retry = http.Retry(attempts=10, first_delay_s=0.5, max_delay_s=0.5, also=frozenset({400}))
+    try:
+        status = http.retrying(
+            "flushing the cache",
+            lambda: http.status(
+                "POST", point.base_url + "/flush_cache", api_key=api_key_for(point), extra_headers=point.headers
+            ),
+            retry,
+        )
+    except http.ServerError:
+        return False
+    return status == 200
+
+
+def server_cache_tokens(point: LoadPoint) -> int | None:
+    """The server's KV cache pool in tokens (SGLang's `max_total_num_tokens` in /server_info, older servers'
+    /get_server_info); None when it does not say (another server, an error)."""
+    from servesweep.config.secrets import api_key_for
+    from servesweep.target import http
+
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = http.get_json(
+                point.base_url + path, api_key=api_key_for(point), extra_headers=point.headers, timeout=5.0
+            )
+        except Exception:  # noqa: BLE001 - not an SGLang server, or it is gone: the check assumes no eviction
+            continue
+        if not isinstance(info, dict):
+            continue
+        states = info.get("internal_states")
+        for d in (info, *(states if isinstance(states, list) else [])):
+            v = d.get("max_total_num_tokens") if isinstance(d, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return None
 
 
 def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:

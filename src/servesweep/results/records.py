@@ -94,9 +94,9 @@ _FIELDS: list[pa.Field] = (
         pa.field("mono_to_wall_ns", pa.int64(), nullable=False),  # wall-clock anchor of the worker
         pa.field("first_reasoning_ns", pa.int64()),  # first chunk carrying reasoning_content
         pa.field("first_answer_ns", pa.int64()),  # first chunk carrying content (or text, tool calls)
-        pa.field("session_id", pa.string()),  # agent sessions: the session this turn belongs to
-        pa.field("turn", pa.int32()),  # agent sessions: 0-based turn within the session
-        pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent
+        pa.field("session_id", pa.string()),  # agent and trace sessions: the session this turn belongs to
+        pa.field("turn", pa.int32()),  # agent and trace sessions: 0-based turn within the session
+        pa.field("workload", pa.string()),  # what made the request: synthetic, shared_prefix, dataset, agent, trace
         pa.field("rx_clock", pa.string()),  # arrival stamps: 'kernel' (SO_TIMESTAMPNS) or 'user'
         pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
         pa.field("response_text", pa.string()),  # the answer as streamed (content; a completion's text)
@@ -105,12 +105,16 @@ _FIELDS: list[pa.Field] = (
         pa.field("choices", pa.int32()),  # choices the stream carried (1 for n = 1); null without a token
         pa.field("lead_choice", pa.int32()),  # n > 1: the index of the choice chunk_ns holds
         pa.field("choice_completion_tokens", pa.list_(pa.int32())),  # n > 1: per choice, when the server said
+        pa.field("trace_index", pa.int32()),  # a trace replay: the request's index in the replayed window
+        # a trace replay's start (a request, a session's first turn) that found every user busy at its slot: the
+        # concurrency cap held it back (sent late, its lag in scheduled_ns)
+        pa.field("cap_bound", pa.bool_()),
     ]
 )
 SCHEMA = pa.schema(_FIELDS)
 COLUMNS = tuple(SCHEMA.names)
 # columns a records file written before they existed may lack: read as nulls
-LATER_COLUMNS = ("choices", "lead_choice", "choice_completion_tokens")
+LATER_COLUMNS = ("choices", "lead_choice", "choice_completion_tokens", "trace_index", "cap_bound")
 
 
 def to_table(rows: Iterable[dict]) -> pa.Table:

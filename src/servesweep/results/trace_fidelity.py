@@ -6,7 +6,8 @@ request was sent and when its first token came, also the least the cache could h
 prompt cached only from its first token on): two requests that share a prefix and arrive together both miss it on
 any server, so a measured rate between the two is faithful too, and the verdict says so. Measured: the `cached_tokens` the server reported per
 request (its usage), and the server's own counter (`sglang:cached_tokens_total`'s change, when given). Also:
-requests sent vs the trace, prompts whose `prompt_tokens` is not the trace's `input_length`, the schedule lag p99.
+requests sent vs the trace, prompts whose `prompt_tokens` is not the trace's `input_length`, the schedule lag p99,
+and the starts the concurrency cap held back (records' `cap_bound`: sent late because every user was busy).
 
 The verdict is one line for the summary and the report:
 "replay faithful: cache hits 61.2% expected / 60.8% measured", or "replay NOT faithful: ..." with the reasons
@@ -51,6 +52,8 @@ class TraceFidelity(BaseModel):
     # first token on; a server caches it a little earlier, at the end of its prefill); None: the records lack them
     least_hit_ratio: float | None = None
     cache_tokens: int | None = None
+    # starts (requests, sessions' first turns) that found every user busy at their slot; None: records do not say
+    cap_bound_starts: int | None = None
     tolerance_points: float = DEFAULT_TOLERANCE_POINTS
     faithful: bool
     verdict: str
@@ -73,6 +76,7 @@ def trace_fidelity(
     sent: list[int | None] = [None] * n
     ready: list[int | None] = [None] * n
     timed = True
+    bound: int | None = None
     for k, rec in enumerate(records):
         i = rec.get("trace_index", k)
         if i is None or not 0 <= int(i) < n:
@@ -84,6 +88,8 @@ def trace_fidelity(
             sent[i] = int(rec["sent_ns"]) + anchor
             if rec.get("first_token_ns") is not None:
                 ready[i] = int(rec["first_token_ns"]) + anchor
+        if rec.get("cap_bound") is not None:
+            bound = (bound or 0) + bool(rec["cap_bound"])
         if rec.get("ok", True) is False or rec.get("prompt_tokens") is None:
             continue
         seen[i] = rec
@@ -136,6 +142,8 @@ def trace_fidelity(
         line += "; " + ", ".join(reasons)
     if schedule_lag_p99_ms is not None:
         line += f"; schedule lag p99 {schedule_lag_p99_ms:.1f} ms"
+    if bound:
+        line += f"; concurrency cap bound: {bound} starts waited for a free user (raise the concurrency)"
     return TraceFidelity(
         requests_trace=n,
         requests_measured=len(seen),
@@ -151,6 +159,7 @@ def trace_fidelity(
         schedule_lag_p99_ms=schedule_lag_p99_ms,
         least_hit_ratio=low_ratio,
         cache_tokens=cache_tokens,
+        cap_bound_starts=bound,
         tolerance_points=tolerance_points,
         faithful=faithful,
         verdict=line,

@@ -149,8 +149,9 @@ def output_lengths(point: LoadPoint, n: int, refs: list[int | None] | None = Non
 def build_workload(point: LoadPoint, *, trace_replay: bool = False) -> Workload:
     """The point's request bodies (the point must be resolved: model, template overhead, continuous usage).
 
-    A trace point's bodies are only useful to a caller that sends body i at its slot of `Workload.trace`: such a
-    caller says so with `trace_replay=True`; any other gets a ValueError rather than a replay in the wrong order."""
+    A trace point's bodies are only useful to a caller that sends body i at its slot of `Workload.trace` (the Locust
+    user does: client/user.py): such a caller says so with `trace_replay=True`; any other (one that would cycle the
+    bodies as a pool) gets a ValueError rather than a replay in the wrong order."""
     if point.model is None:
         raise ValueError("build_workload: the point has no model yet; resolve it first (load.resolve_point)")
     if point.workload == "agent":
@@ -158,9 +159,9 @@ def build_workload(point: LoadPoint, *, trace_replay: bool = False) -> Workload:
     if point.workload == "trace":
         if not trace_replay:
             raise ValueError(
-                "workload trace: this load generator does not replay traces at their timestamps yet (the Locust "
-                "user must send body i at its TraceSchedule slot); build it with build_workload(point, "
-                "trace_replay=True) from a caller that does"
+                "workload trace: a trace's bodies are sent at their TraceSchedule slots, body i at request i's, not "
+                "cycled as a pool; build them with build_workload(point, trace_replay=True) from a caller that "
+                "replays them so (the Locust user)"
             )
         return _build_trace(point, point.model)
     pool_endpoint = "completions" if point.endpoint == "generate" else point.endpoint

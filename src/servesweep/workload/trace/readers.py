@@ -3,14 +3,20 @@
 | format | file | fields read |
 |---|---|---|
 | `native` | servesweep JSONL (header line first) | see `model` |
-| `mooncake` | Mooncake/FAST'25 JSONL | `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks) |
+| `mooncake` | Mooncake/FAST'25 JSONL | `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks; optional) |
 | `azure` | Azure LLM inference CSV (2023/2024) | `TIMESTAMP` (date and time), `ContextTokens`, `GeneratedTokens` |
-| `bailian` | Alibaba Qwen-Bailian JSONL or CSV | `timestamp` (s), `input_length`, `output_length`, `hash_ids` (16-token blocks), `chat_id`, `parent_chat_id`, `turn`, `type` |
+| `bailian` | Alibaba Qwen-Bailian JSONL or CSV | `timestamp` (s), `input_length`, `output_length`, `hash_ids` (16-token blocks; optional), `chat_id`, `parent_chat_id`, `turn`, `type` |
 | `sessions` | agentic session JSONL | `session_id`, `turn`, `input_length`, `output_length`, `delay_ms`, `timestamp_ms`, `hash_ids` (optional) |
 
-Traces without block ids (Azure; sessions without `hash_ids`) get ids of their own per block, so they share
-nothing, except a session's turn, which starts with its previous turn's full blocks (an agent's next prompt holds
-the conversation so far). A Bailian session is a root request and the requests whose `parent_chat_id` chain leads
+Traces without block ids (Azure; Mooncake or Bailian lines without `hash_ids`; sessions without them) get ids of
+their own per block, so they share nothing, except a session's turn, which starts with its previous turn's full
+blocks (an agent's next prompt holds the conversation so far). Timestamps that are absolute times (the first one a
+day or more after 0: guidellm's trace files, in Unix seconds) are re-timed from the first request.
+
+Peers' own replay formats are these: SGLang's `bench_serving --dataset-name mooncake` and vLLM's `bench serve
+--dataset-name timed-trace` (vLLM PR 39795) read the Mooncake JSONL itself (vLLM also Bailian's, `hash_ids`
+optional), AIPerf's `mooncake_trace` is Mooncake JSONL with optional `hash_ids`, and guidellm's trace replay reads
+JSONL of `timestamp` (s), `input_length`, `output_length` (read it `--from bailian`). A Bailian session is a root request and the requests whose `parent_chat_id` chain leads
 to it. Every error names file:line and the field.
 """
 
@@ -37,6 +43,10 @@ FORMATS = ("auto", "native", "mooncake", "azure", "bailian", "sessions")
 BAILIAN_BLOCK_SIZE = 16
 
 
+# a first timestamp this late (a day) is an absolute time: the trace is re-timed from its first request
+ABSOLUTE_AFTER_MS = 86_400_000.0
+
+
 def read_trace(path: str | Path, fmt: str = "auto", *, block_size: int | None = None) -> Trace:
     """The trace in `path`, read as `fmt` ("auto": from the file's first line). `block_size` overrides the format's
     own (Mooncake 512, Bailian 16; elsewhere the block size ids are made in, default 512)."""
@@ -58,6 +68,10 @@ def read_trace(path: str | Path, fmt: str = "auto", *, block_size: int | None = 
     bs = block_size or (BAILIAN_BLOCK_SIZE if fmt == "bailian" else DEFAULT_BLOCK_SIZE)
     reqs = reader(p, bs)
     reqs.sort(key=lambda r: r.timestamp_ms)  # stable: equal timestamps keep the file's order
+    if reqs and reqs[0].timestamp_ms >= ABSOLUTE_AFTER_MS:
+        # absolute times (guidellm's traces: Unix seconds): the trace starts at its first request, as a replay does
+        t0 = reqs[0].timestamp_ms
+        reqs = [r.model_copy(update={"timestamp_ms": r.timestamp_ms - t0}) for r in reqs]
     return Trace(block_size=bs, source=f"{fmt}:{p.name}", requests=reqs)
 
 
@@ -155,14 +169,24 @@ def _blocks(length: int, bs: int) -> int:
 # ---------------------------------------------------------------------------------------------------- formats
 
 
+def _ids_or_fresh(p: Path, n: int, obj: dict[str, Any], inp: int, bs: int, fresh: _FreshIds) -> list[int]:
+    """A line's hash_ids, or (a trace that gives none: AIPerf's and vLLM's timed-trace make them optional, guidellm's
+    trace_synthetic has none) ids of its own per block: nothing shared."""
+    if obj.get("hash_ids") in (None, ""):
+        return fresh.take(_blocks(max(inp, 1), bs))
+    return _ids(p, n, obj["hash_ids"])
+
+
 def _mooncake(p: Path, bs: int) -> list[TraceRequest]:
     out = []
+    fresh = _FreshIds()
     for n, obj in _json_lines(p):
+        inp = _int(p, n, obj, "input_length")
         fields = {
             "timestamp_ms": _number(p, n, obj, "timestamp"),
-            "input_length": _int(p, n, obj, "input_length"),
+            "input_length": inp,
             "output_length": _int(p, n, obj, "output_length"),
-            "hash_ids": _ids(p, n, _need(p, n, obj, "hash_ids")),
+            "hash_ids": _ids_or_fresh(p, n, obj, inp, bs, fresh),
         }
         out.append(make_request(p, n, fields, bs))
     return out
@@ -209,6 +233,7 @@ def _bailian(p: Path, bs: int) -> list[TraceRequest]:
     first = next((line for line in p.open(encoding="utf-8") if line.strip()), "")
     rows = _json_lines(p) if first.lstrip().startswith("{") else _csv_rows(p)
     raw = []
+    fresh = _FreshIds()
     for n, obj in rows:
         chat = obj.get("chat_id")
         parent = obj.get("parent_chat_id", -1)
@@ -217,11 +242,12 @@ def _bailian(p: Path, bs: int) -> list[TraceRequest]:
             parent = -1 if parent in (None, "") else int(parent)
         except (TypeError, ValueError):
             raise TraceError(f"{p}:{n}: chat_id/parent_chat_id: expected integers") from None
+        inp = _int(p, n, obj, "input_length")
         fields = {
             "timestamp_ms": _number(p, n, obj, "timestamp") * 1000.0,
-            "input_length": _int(p, n, obj, "input_length"),
+            "input_length": inp,
             "output_length": _int(p, n, obj, "output_length"),
-            "hash_ids": _ids(p, n, _need(p, n, obj, "hash_ids")),
+            "hash_ids": _ids_or_fresh(p, n, obj, inp, bs, fresh),
         }
         if obj.get("type") not in (None, ""):
             fields["kind"] = str(obj["type"])
