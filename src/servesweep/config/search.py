@@ -2,7 +2,8 @@
 
 ```yaml
 search:
-  axis: concurrency            # or rate (open loop, req/s; load.concurrency then caps the streams in flight)
+  axis: concurrency            # or rate (open loop, req/s; load.concurrency then caps the streams in flight), or
+                               # speedup (a trace replay's speed-up factor: the replay capacity, docs/workloads.md)
   tiers:                       # one capacity per tier, found in one search that reuses probes across tiers
     interactive: [decode_tokens_per_s_p50>=30, ttft_p95<=15s]
     fast: [decode_tokens_per_s_p50>=100]
@@ -36,7 +37,7 @@ RATE_UNITS = ("tok/s", "req/s")
 class SearchBlock(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    axis: Literal["concurrency", "rate"] = "concurrency"
+    axis: Literal["concurrency", "rate", "speedup"] = "concurrency"
     tiers: dict[str, list[str]] = Field(min_length=1, description="tier name -> SLO texts")
     lower: float = Field(1, gt=0)
     upper: float = Field(gt=0)
@@ -144,4 +145,12 @@ class SearchBlock(BaseModel):
             max_time_s=None,
             max_requests=64,
         )
+        if self.axis == "speedup":
+            # a trace the faster emulator keeps up with at `speedup` times the speed: the bounds scale with it (and
+            # each probe's replay is that much shorter)
+            d.update(
+                lower=self.lower * speedup,
+                upper=self.upper * speedup,
+                start=None if self.start is None else self.start * speedup,
+            )
         return d

@@ -39,6 +39,49 @@ from servesweep.results.capacity import CAPACITY_JSON, load_text
 from servesweep.results.pergpu import flags_gpus
 from servesweep.results.store import write_json_atomic
 
+# a probe point's id: <search>-<tag><load>-n<call> (c: concurrency, r: req/s, x: a trace replay's speed-up)
+AXIS_TAG = {"concurrency": "-c", "rate": "-r", "speedup": "-x"}
+
+
+def probe_tag(axis: str, load) -> str:
+    """The load's part of a probe point's id: c8, r2.5, x3.2."""
+    return f"c{int(load)}" if axis == "concurrency" else f"{AXIS_TAG[axis][1:]}{load:.4g}"
+
+
+def set_load(point: dict[str, Any], axis: str, load) -> None:
+    """A point's fields (LoadPoint's, as JSON) at a search's load: its concurrency, its open loop's rate, or its
+    trace replay's speed-up (the replay sends its window's requests, whatever the search asks: a probe of the
+    speed-up axis is one replay of the window, a top-up another one, the server's cache flushed before each)."""
+    if axis == "concurrency":
+        point["concurrency"] = int(load)
+    elif axis == "rate":
+        point["rate_rps"] = float(load)
+    else:
+        point["trace_speedup"] = float(load)
+
+
+def replay_probe(point, out_dir: Path, *, workers: int = 0, **run_kw: Any):
+    """probe(speed_up, requests) for search() over a trace replay's speed-up without a matrix: each call replays
+    `point`'s window at that speed-up with `run_point` into out_dir/x<speed-up>-n<call> (what capacity_run's probes
+    do inside a run; tests, scripts)."""
+    from servesweep.driver.point import run_point
+    from servesweep.results.records import read_parquet
+
+    calls: dict[Any, int] = {}
+
+    def probe(load, requests: int) -> ProbeResult:
+        call = calls[load] = calls.get(load, 0) + 1
+        d = point.model_dump(mode="json")
+        set_load(d, "speedup", load)
+        d["point_id"] = f"{probe_tag('speedup', load)}-n{call}"
+        p = type(point).model_validate(d)
+        folder = Path(out_dir) / p.point_id
+        t0 = time.monotonic()
+        run_point(p, folder, workers=workers, **run_kw)
+        return ProbeResult.from_records(read_parquet(folder / "records.parquet"), wall_s=time.monotonic() - t0)
+
+    return probe
+
 
 class ProbeFailed(RuntimeError):
     """A probe's point did not finish (the load generator or the server failed): the search stops there."""
@@ -48,7 +91,7 @@ def move_points_to_searches(exp, data: dict[str, Any], plan) -> None:
     """In a new manifest: the planned points (one per combination, at search.lower) become searches with the
     planner's estimate; the probe points are added as the searches run."""
     planned = {pp.spec.id: pp.search for cp in plan.configs for pp in cp.points}
-    cut = "-c" if exp.search.axis == "concurrency" else "-r"
+    cut = AXIS_TAG[exp.search.axis]
     searches = {}
     for pid, p in data["points"].items():
         searches[pid.rsplit(cut, 1)[0]] = {
@@ -84,9 +127,7 @@ class _Probe:
         self.calls: dict[Any, int] = {}
 
     def point_id(self, load, call: int) -> str:
-        axis = self.runner.exp.search.axis
-        tag = f"c{int(load)}" if axis == "concurrency" else f"r{load:.4g}"
-        return f"{self.sid}-{tag}-n{call}"
+        return f"{self.sid}-{probe_tag(self.runner.exp.search.axis, load)}-n{call}"
 
     def __call__(self, load, requests: int) -> ProbeResult:
         from servesweep.results.records import read_parquet
@@ -95,7 +136,7 @@ class _Probe:
         pid = self.point_id(load, call)
         m = self.runner.m
         p = m.points.get(pid)
-        if p is None or p["status"] != mf.DONE or p["point"]["requests"] != requests:
+        if p is None or p["status"] != mf.DONE or p.get("asked", p["point"]["requests"]) != requests:
             p = self._new_point(pid, load, requests)
             t0 = time.monotonic()
             self.runner._run_point(self.cid, pid)
@@ -113,14 +154,18 @@ class _Probe:
         p = copy.deepcopy(s["template"])
         axis = self.runner.exp.search.axis
         point = p["point"]
-        point.update(requests=requests, point_id=pid)
-        if axis == "concurrency":
-            point["concurrency"] = p["concurrency"] = int(load)
+        point["point_id"] = pid
+        if axis != "speedup":  # a replay sends its window's requests (its template's), each call one replay
+            point["requests"] = requests
+        set_load(point, axis, load)
+        if axis in ("concurrency", "rate"):
+            p[axis] = point["concurrency"] if axis == "concurrency" else point["rate_rps"]
         else:
-            point["rate_rps"] = p["rate"] = float(load)
+            p["speedup"] = float(load)
         p.update(
-            status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, search=self.sid, load=load
-        )
+            status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, search=self.sid, load=load,
+            asked=requests,
+        )  # fmt: skip
         self.runner.m.points[pid] = p
         return p
 
@@ -220,7 +265,8 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
                 "stop": tr.stop,
                 "binding": tr.binding,
                 "probes": tr.probes_used,
-                "load_unit": load_unit(t["workload"], result.axis),
+                # a replay capacity: the largest speed-up of the trace (×) at which the tier holds
+                "load_unit": "x trace" if result.axis == "speedup" else load_unit(t["workload"], result.axis),
                 "at_capacity": _at(by_load.get(tr.capacity) if tr.capacity is not None else None, gpus) | _sessions_at(runner, sid, t, tr.capacity),
             }
         )

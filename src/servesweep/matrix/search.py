@@ -32,8 +32,8 @@ import numpy as np
 # the per-GPU helpers are part of the search's API (re-exported; defined where the report can use them)
 from servesweep.results.pergpu import gpu_count, normalised, per_gpu  # noqa: F401
 
-Load = int | float  # a concurrency (closed loop) or a request rate in req/s (open loop)
-Axis = Literal["concurrency", "rate"]
+Load = int | float  # a concurrency (closed loop), a request rate in req/s (open loop) or a trace's speed-up factor
+Axis = Literal["concurrency", "rate", "speedup"]
 
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 # Per-request values a statistic can be taken of ("itl" is pooled over every gap of every ok request).
@@ -451,8 +451,8 @@ class SearchSpec:
     def __post_init__(self):
         if not 0 < self.lower <= self.upper:
             raise ValueError(f"bounds [{self.lower}, {self.upper}]: need 0 < lower <= upper")
-        if self.rel <= 0 and self.step <= 0 and self.axis == "rate":
-            raise ValueError("a rate search needs a resolution: rel > 0 or step > 0")
+        if self.rel <= 0 and self.step <= 0 and self.axis != "concurrency":
+            raise ValueError(f"a {self.axis} search needs a resolution: rel > 0 or step > 0")
 
     @property
     def integer(self) -> bool:

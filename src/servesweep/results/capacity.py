@@ -134,8 +134,15 @@ def _ms(x) -> str:
 
 
 def load_text(x) -> str:
-    """A load (concurrency, sessions or req/s) as printed: `-` when unknown."""
+    """A load (concurrency, sessions, req/s or a trace's speed-up) as printed: `-` when unknown."""
     return "-" if x is None else f"{x:g}"
+
+
+def _per_gpu_speedup(r: dict[str, Any]) -> str:
+    """A replay capacity (search axis speedup) reads as the trace's speed-up, and per GPU: `3.2× (1.6×/GPU)`."""
+    if r.get("load_unit") != "x trace" or r["capacity"] is None:
+        return ""
+    return f"× ({r['capacity'] / max(1, r['gpus'] or 1):.3g}×/GPU)"
 
 
 def table_rows(cap: dict[str, Any]) -> list[list[str]]:
@@ -155,6 +162,7 @@ def table_rows(cap: dict[str, Any]) -> list[list[str]]:
                 r["tier"],
                 load_text(r["capacity"])
                 + (" sessions" if r.get("load_unit") == "sessions" else "")  # agent sessions at once
+                + _per_gpu_speedup(r)
                 + (f" ({stop})" if stop else ""),
                 f"[{load_text(lo)}, {load_text(hi)})",
                 _n(a.get("output_tokens_per_s")),
