@@ -311,19 +311,13 @@ def _dry_run(tmp: Path, src: Path, extra_exclude: list[dict]) -> tuple[dict, Pat
 
 
 def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
-    m, run_dir = _dry_run(
-        tmp_path,
-        A6000,
-        [
-            {"prompt_tokens": 1000, "concurrency": [2, 4, 8, 32, 64]},
-            {"prompt_tokens": 30000, "concurrency": [2, 4]},
-        ],
-    )
+    m, run_dir = _dry_run(tmp_path, A6000, [{"prompt_tokens": 30000, "concurrency": [2, 4]}])
     done = sorted(
         (p["prompt_tokens"], p["concurrency"]) for p in m["points"].values() if p["status"] == "done"
     )
-    # the dry run keeps every configuration and the smallest and largest value of each load axis
-    assert done == [(1000, 1), (1000, 100), (30000, 1)]
+    # the dry run keeps every configuration, the smallest and largest prompt and output, and 4 concurrencies (the
+    # ends and two between them on a log scale): enough for the configuration's saturation knee
+    assert done == [(1000, 1), (1000, 4), (1000, 16), (1000, 100), (30000, 1)]
     # the dry run takes the ends of what would run: the 60k/100k points that do not fit are the planner's to report
     assert {p["status"] for p in m["points"].values()} == {"done"}
     from servesweep.matrix.planner import make_plan
@@ -349,6 +343,16 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
     for p in m["points"].values():
         assert p["result"]["needle_accuracy"] == 1.0 and p["result"]["degenerate_rate"] == 0.0, p
     assert 'id="answers"' in (run_dir / "report.html").read_text()
+    # a verdict per point and a knee per configuration (issue 32), as diagnose computes them from summary.json
+    from servesweep.results.diagnosis import diagnose_all
+
+    summaries = [json.loads((run_dir / p["dir"] / "summary.json").read_text()) for p in m["points"].values()]
+    section = report[report.index("### Diagnosis") :]
+    for s, d in zip(summaries, diagnose_all(summaries), strict=True):
+        assert f"| {d.line} |" in section, (s["point_id"], d.line)
+    sweep = "- saturation, config s01, chat p1000 o128"  # a dry run with 4 loads: outputs up to 128 tokens
+    knees = [line for line in section.splitlines() if line.startswith(sweep)]
+    assert len(knees) == 1 and "knee at concurrency ≈ " in knees[0], section
 
 
 def test_rtxpro_dry_run_completes_on_the_emulator(tmp_path):

@@ -181,13 +181,21 @@ def _is_disk_error(e: BaseException) -> bool:
 
 DRY_RUN_OUTPUT_TOKENS = 8
 DRY_RUN_SPEEDUP = 20
+# a dry run keeps 4 loads per sweep (for its knee) while it has at most this many points, and then outputs of up to
+# DRY_RUN_KNEE_OUTPUT_TOKENS: with 8, one request per user is mostly its prefill, and a prefill-bound sweep's
+# throughput is flat from its first load (no knee to see); decode steps cost little at DRY_RUN_SPEEDUP
+DRY_RUN_MAX_POINTS = 48
+DRY_RUN_KNEE_OUTPUT_TOKENS = 128
 
 
 def shrink_for_dry_run(exp: Experiment) -> Experiment:
     """The same matrix on the emulator on this machine, shrunk so the whole pipeline runs in minutes: same server
-    configurations (and GPU profile) and feasibility, but only the smallest and largest value of each load axis, one
-    request per user, short outputs, 2-turn agent sessions and an emulator running faster than real time. Proves Ansible restarts, verification, every point and the results
-    before GPU time is booked."""
+    configurations (and GPU profile) and feasibility, but only the smallest and largest prompt and output lengths,
+    4 loads where the load axis has 4 or more (concurrencies or rates: the ends and two spread between them, what a
+    saturation knee needs) unless that makes more than DRY_RUN_MAX_POINTS points (then the ends), one request per
+    user, short outputs (8 tokens; 128 with 4 loads), 2-turn agent sessions and an emulator running faster than
+    real time. Proves Ansible restarts, verification, every point and the results (a verdict per point, a knee per
+    configuration) before GPU time is booked."""
     if exp.launcher.generic:
         raise CouldNotRun(
             "--dry-run runs the matrix on the emulator, which takes SGLang's flags; launcher.command (a generic "
@@ -205,18 +213,36 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
     sim.setdefault("sim_calibration", f"speedup={DRY_RUN_SPEEDUP}")
     launcher["sim_args"] = sim
     load = d["load"]
-    # the ends of each load axis prove what the middle would: the longest prompt, the most users, the shortest.
-    # Ends among the points that would run (feasible, not excluded): a 100k prompt no configuration can take
-    # would leave the longest runnable one unproven.
+    # the ends of each length axis prove what the middle would: the longest prompt, the shortest. The load axis
+    # keeps its ends and two values between them: a configuration's sweep needs 4 loads for its saturation knee
+    # (results/diagnosis.py KNEE_MIN_POINTS), which the dry run's report shows. Values among the points that would
+    # run (feasible, not excluded): a 100k prompt no configuration can take would leave the longest runnable one
+    # unproven.
+    from servesweep.results.diagnosis import KNEE_MIN_POINTS
+
     ld = exp.load
     plan = make_plan(exp)
     runs = [pp.spec for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
-    for axis in ("concurrency", "prompt_tokens", "output_tokens"):
+    for axis in ("prompt_tokens", "output_tokens"):
         load[axis] = _ends([getattr(s, axis) for s in runs] or getattr(ld, axis))
-    if ld.rate:
-        load["rate"] = _ends([s.rate for s in runs if s.rate is not None] or ld.rate)
+    conc = [s.concurrency for s in runs] or ld.concurrency
+    rates = ([s.rate for s in runs if s.rate is not None] or ld.rate) if ld.rate else []
+    load["concurrency"], load["rate"] = _spread(conc), _spread(rates) if rates else None
+    kept = [
+        s
+        for s in runs
+        if s.prompt_tokens in load["prompt_tokens"]
+        and s.output_tokens in load["output_tokens"]
+        and s.concurrency in load["concurrency"]
+        and (s.rate is None or s.rate in load["rate"])
+    ]
+    # a large matrix: the ends of the load axis too, so its time stays minutes
+    if len(kept) > DRY_RUN_MAX_POINTS:
+        load["concurrency"], load["rate"] = _ends(conc), _ends(rates) if rates else None
+    sweeps = len(load["concurrency"]) >= KNEE_MIN_POINTS or len(load["rate"] or []) >= KNEE_MIN_POINTS
+    out_max = DRY_RUN_KNEE_OUTPUT_TOKENS if sweeps else DRY_RUN_OUTPUT_TOKENS
     load["worker_hosts"] = None  # a dry run is this machine only
-    load["output_tokens"] = sorted({min(o, DRY_RUN_OUTPUT_TOKENS) for o in load["output_tokens"]})
+    load["output_tokens"] = sorted({min(o, out_max) for o in load["output_tokens"]})
     # an agent session is many requests per user: two short turns still prove the multi-turn path
     for name, w in (load.get("workloads") or {}).items():
         if w.get("workload") == "agent" or (name == "agent" and not w.get("workload")):
@@ -234,6 +260,25 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
 
 def _ends(values: list) -> list:
     return sorted({min(values), max(values)})
+
+
+def _spread(values: list) -> list:
+    """A dry run's loads: KNEE_MIN_POINTS of the (positive) values, the smallest, the largest and those nearest to
+    evenly spaced points between them on a log scale (of 1, 2, 4, ..., 64, 100: 1, 4, 16, 100); an axis of fewer
+    values cannot show a knee, its ends only."""
+    import math
+
+    from servesweep.results.diagnosis import KNEE_MIN_POINTS
+
+    vs = sorted(set(values))
+    if len(vs) <= KNEE_MIN_POINTS:
+        return vs if len(vs) == KNEE_MIN_POINTS else _ends(vs)
+    lo, hi = math.log(vs[0]), math.log(vs[-1])
+    picked = [vs[0], vs[-1]]
+    for k in range(1, KNEE_MIN_POINTS - 1):
+        at = lo + (hi - lo) * k / (KNEE_MIN_POINTS - 1)
+        picked.append(min((v for v in vs if v not in picked), key=lambda v: abs(math.log(v) - at)))
+    return sorted(picked)
 
 
 def _endpoint(p: dict) -> str:
