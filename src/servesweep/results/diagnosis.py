@@ -43,6 +43,13 @@ SPIKE_PREFILL_SHARE_MIN = 0.5  # ...and at least this share of their time spans 
 SPIKE_PREFILL_LIFT_MIN = 2.0  # ...this many times more often than the other gaps do (prefills happen anyway)
 DECODE_SLOWDOWN_MIN = 1.5  # ITL/chunk p50 this many times the configuration's lowest-load point: decode-bound
 CACHE_HIT_SHORTFALL = 0.5  # a measured cache hit ratio below this fraction of the workload's target: misses
+# speculative decoding: drafts accepted below this share (sglang:spec_accept_rate), or without the rate fewer tokens
+# per verify step than this (sglang:spec_accept_length: accepted drafts + the bonus token), is a collapse: each step
+# pays for the draft and the verify and gains about one token. It moves ITL, TPOT and throughput, not TTFT: this
+# weight when no ITL/TPOT SLO broke
+SPEC_ACCEPT_RATE_LOW = 0.2
+SPEC_ACCEPT_LENGTH_LOW = 1.5
+SPEC_OTHER_WEIGHT = 0.5
 # the knee: the log-log slope of throughput over load (1 = scales, 0 = flat) must drop by this much at the break,
 # and latency must grow past it; slopes are scale-free, so a long context's long TTFT cannot trip it
 KNEE_SLOPE_DROP = 0.5
@@ -61,6 +68,7 @@ CAUSE_ORDER = (
     "KV pressure",
     "queueing",
     "prefix-cache misses",
+    "spec acceptance collapse",
     "prefill interference",
     "decode-bound",
 )
@@ -218,6 +226,7 @@ def diagnose(summary: dict, baseline: dict | None = None) -> Diagnosis:
             kv_pressure(state, summary),
             queueing(summary, state, baseline),
             prefix_cache_misses(summary),
+            spec_collapse(summary, state),
             prefill_interference(summary),
             decode_bound(summary, state, baseline),
         )
@@ -332,7 +341,9 @@ def kv_pressure(state: dict | None, summary: dict | None = None) -> Cause | None
         asked = pt.get("concurrency") if pt.get("arrival", "closed") == "closed" else None
         fit = pool // need if need else None
         if fit is not None and asked and asked > fit:
-            parts.insert(0, f"KV pool {pool:,} tokens holds {fit} requests of {need:,} tokens, {asked} in flight")
+            parts.insert(
+                0, f"KV pool {pool:,} tokens holds {fit} requests of {need:,} tokens, {asked} in flight"
+            )
             strength = 1.0
         else:
             parts.append(f"KV pool {pool:,} tokens")
@@ -433,6 +444,31 @@ def prefix_cache_misses(summary: dict) -> Cause | None:
         return None
     text = f"{got:.0%} {how}, the workload's target {target:.0%}"
     return Cause("prefix-cache misses", text, 1.0 - got / target, {"target": target, "measured": got})
+
+
+def spec_collapse(summary: dict, state: dict | None) -> Cause | None:
+    """Speculative decoding that accepts almost nothing: the mean share of drafts accepted (sglang:spec_accept_rate)
+    below SPEC_ACCEPT_RATE_LOW, or without the rate, the mean tokens per verify step (sglang:spec_accept_length)
+    below SPEC_ACCEPT_LENGTH_LOW. Strength: 1 - the rate (without it, how far the length is from the threshold
+    toward 1 token), × SPEC_OTHER_WEIGHT unless an ITL or TPOT SLO broke."""
+    length = _gauge(state, "spec_accept_length", "mean")
+    if length is None:
+        return None  # no speculative decoding (or not sampled)
+    rate = _gauge(state, "spec_accept_rate", "mean")
+    if rate is not None:
+        if rate >= SPEC_ACCEPT_RATE_LOW:
+            return None
+        strength = 1.0 - rate
+        text = f"{length:.2f} tokens per verify step, {rate:.0%} of drafts accepted (< {SPEC_ACCEPT_RATE_LOW:.0%})"
+    else:
+        if length >= SPEC_ACCEPT_LENGTH_LOW:
+            return None
+        strength = min(1.0, (SPEC_ACCEPT_LENGTH_LOW - length) / (SPEC_ACCEPT_LENGTH_LOW - 1.0))
+        text = f"{length:.2f} tokens per verify step (< {SPEC_ACCEPT_LENGTH_LOW:g})"
+    if not _decode_slo_broken(summary):
+        strength *= SPEC_OTHER_WEIGHT
+    ev = {"spec_accept_length": length, "spec_accept_rate": rate}
+    return Cause("spec acceptance collapse", text, strength, ev)
 
 
 def _server_hit_ratio(summary: dict, cached: float | None) -> float | None:

@@ -16,7 +16,9 @@ SGLang runs prometheus_client in multiprocess mode: a labelled family has no sam
 counter absent from an SGLang exposition counts as 0 (`sglang:num_retracted_requests_total` appears with the first
 retraction). `sglang:mamba_usage` and `sglang:swa_token_usage` are written by every SGLang (0 without such a
 pool): they are kept only when the server has the pool (a value above 0 in some sample, or a pool size in
-`mamba_{available,used}_tokens` / `swa_{available,used}_tokens`), else None: hybrid models only for mamba.
+`mamba_{available,used}_tokens` / `swa_{available,used}_tokens`), else None: hybrid models only for mamba. Likewise
+`sglang:spec_accept_length` and `spec_accept_rate` (0 without speculative decoding): kept when a sample is above 0,
+and a sample at 0 (before the first verify step) is left out of their mean and max.
 """
 
 from __future__ import annotations
@@ -36,11 +38,20 @@ GAUGES: dict[str, tuple[str, str]] = {
     "swa_token_usage": ("sglang:swa_token_usage", "max"),
     # the KV pool in tokens (a constant SGLang 0.5.12+ emits at start-up; None before): what KV pressure names
     "kv_pool_tokens": ("sglang:max_total_num_tokens", "max"),
+    # speculative decoding: tokens per verify step (accepted drafts + the bonus token) and the share of drafts
+    # accepted, over each decode log interval; 0 without speculative decoding (None here) and before the first
+    # verify step (left out of the mean and max)
+    "spec_accept_length": ("sglang:spec_accept_length", "max"),
+    "spec_accept_rate": ("sglang:spec_accept_rate", "max"),
 }
+# gauges whose 0 means "not measured yet", not a value: a sample at 0 is left out of their mean and max
+NONZERO_GAUGES = {"spec_accept_length", "spec_accept_rate"}
 # gauges kept only when the server has the pool: key -> the samples that size it
 POOL_GAUGES: dict[str, tuple[str, ...]] = {
     "mamba_usage": ("sglang:mamba_available_tokens", "sglang:mamba_used_tokens"),
     "swa_token_usage": ("sglang:swa_available_tokens", "sglang:swa_used_tokens"),
+    "spec_accept_length": (),  # kept when some sample is above 0: the server decodes speculatively
+    "spec_accept_rate": (),
 }
 # key in server_state["counters"] -> sample name (SGLang 0.5.11 to 0.5.23 alike)
 COUNTERS: dict[str, str] = {
@@ -145,6 +156,8 @@ class StateAccumulator:
             if name not in snap:
                 continue
             v = snap[name]
+            if key in NONZERO_GAUGES and v <= 0:
+                continue
             _fold(self._gauge, key, [1.0, v, v])
             _fold(self._load if busy else self._idle, key, [1.0, v, v])
             if v > 0:
@@ -194,11 +207,10 @@ class StateAccumulator:
 
 
 def _busy(snap: dict[str, float]) -> bool:
-    """A sample under load: a request running or queued (a server that exposes neither gauge: assumed busy)."""
-    names = [GAUGES["num_running_reqs"][0], GAUGES["num_queue_reqs"][0]]
-    if not any(n in snap for n in names):
-        return True
-    return any(snap.get(n, 0.0) > 0 for n in names)
+    """A sample under load: a request running or queued. Neither gauge in it (SGLang's multiprocess mode has no
+    sample of a gauge before it is first set): idle; a server that never exposes them has no `load` at all, and its
+    readers take every sample."""
+    return any(snap.get(GAUGES[k][0], 0.0) > 0 for k in ("num_running_reqs", "num_queue_reqs"))
 
 
 def _fold(acc: dict[str, list[float]], key: str, g: list[float]) -> None:
