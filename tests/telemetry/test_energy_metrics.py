@@ -80,3 +80,16 @@ def test_compare_interval_of_joules_per_token_comes_from_the_token_rate():
     )
     none = bootstrap_changes(a, sample(50, 128, 3, None), ms[1:2], resamples=50)[0]
     assert none.verdict == "n/a", "a point without GPU telemetry has no energy to compare"
+
+
+def test_gpu_json_carries_the_link_traffic_means_where_nvml_has_them():
+    from servesweep.results.energy import gpu_energy
+
+    samples = [
+        {"t": float(t), "gpus": [{"index": 0, "util_pct": 50, "power_w": 300.0, "energy_mj": 300_000 * t,
+                                  "pcie_tx_bps": 5e6 + 1e6 * (t % 2), "pcie_rx_bps": 12e6, "nvlink_tx_bps": None}]}
+        for t in range(10)
+    ]  # fmt: skip
+    g = gpu_energy(samples, 2.0, 8.0)[0]
+    assert g["pcie_tx_mb_s_mean"] == pytest.approx(5 + 3 / 7) and g["pcie_rx_mb_s_mean"] == 12.0
+    assert g["nvlink_tx_mb_s_mean"] is None and g["nvlink_rx_mb_s_mean"] is None

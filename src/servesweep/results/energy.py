@@ -25,6 +25,7 @@ IDLE_WINDOW_S = 30.0  # the baseline's look-back before a point
 # there under a bf16 matmul), so it is shown as `power_capped`, not as throttling.
 THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
 POWER_CAP = 0x4
+LINK_RATES = ("pcie_tx_bps", "pcie_rx_bps", "nvlink_tx_bps", "nvlink_rx_bps")  # the sampler's, where NVML has them
 REASONS = {
     0x8: "hw_slowdown",
     0x20: "sw_thermal_slowdown",
@@ -120,6 +121,11 @@ def gpu_energy(
         sms = [g["sm_clock_mhz"] for g in inside if g.get("sm_clock_mhz") is not None]
         temps = [g["temp_c"] for g in inside if g.get("temp_c") is not None]
         mem = [g["mem_used_bytes"] for g in inside if g.get("mem_used_bytes") is not None]
+        # link traffic where NVML has it (the sampler's rates between samples, bytes/s): mean over the point, MB/s
+        links = {
+            f"{k[: -len('_bps')]}_mb_s_mean": _mean(g[k] / 1e6 for g in inside if g.get(k) is not None)
+            for k in LINK_RATES
+        }
         last = rows[-1][1]
         out.append(
             {
@@ -149,6 +155,7 @@ def gpu_energy(
                 "sm_clock_min_mhz": min(sms) if sms else None,
                 "temp_max_c": max(temps) if temps else None,
                 "mem_used_max_bytes": max(mem) if mem else None,
+                **links,
                 "throttle": {
                     "seen": bool(reasons),
                     "reasons": [n for b, n in REASONS.items() if reasons & b],
