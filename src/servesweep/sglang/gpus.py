@@ -20,12 +20,23 @@ class PowerLimits:
     min_w: float
     max_w: float
     source: str
+    # The power model's two levels (the emulator's sim/power.py; the planner's estimate under a limit): a GPU a serving
+    # process holds with no kernel running, and a fully compute-bound step at the clock the default limit allows.
+    idle_w: float = 0.0
+    load_w: float = 0.0
 
     def problem(self, watts: float) -> str | None:
         """Why `watts` cannot be this GPU's power limit, or None."""
         if not self.min_w <= watts <= self.max_w:
             return f"{watts:g} W is outside the allowed range {self.min_w:g}-{self.max_w:g} W"
         return None
+
+    def cap_share(self, limit_w: float) -> float | None:
+        """The share of the dynamic range (load - idle) a limit leaves a step (StepModel.set_power); None where it
+        leaves all of it."""
+        if limit_w >= self.load_w or self.load_w <= self.idle_w:
+            return None
+        return (limit_w - self.idle_w) / (self.load_w - self.idle_w)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,12 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         450e9,
         12e-6,
         PowerLimits(
-            700.0, 200.0, 700.0, "measured: NVML on the H200 test machine (driver 580.159.04, 2026-12-02)"
+            700.0,
+            200.0,
+            700.0,
+            "measured: NVML on the H200 test machine (driver 580.159.04, 2026-12-02)",
+            idle_w=120.0,
+            load_w=700.0,
         ),
     ),
     "H100": GpuProfile(
@@ -63,7 +79,12 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         450e9,
         12e-6,
         PowerLimits(
-            700.0, 200.0, 700.0, "700 W TDP: NVIDIA H100 SXM datasheet; the 200 W floor assumed as H200's"
+            700.0,
+            200.0,
+            700.0,
+            "700 W TDP: NVIDIA H100 SXM datasheet; the 200 W floor assumed as H200's",
+            idle_w=70.0,
+            load_w=700.0,
         ),
     ),
     "RTX PRO 6000 Blackwell": GpuProfile(
@@ -74,7 +95,12 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         64e9,
         18e-6,
         PowerLimits(
-            600.0, 150.0, 600.0, "600 W TBP: NVIDIA RTX PRO 6000 Blackwell datasheet; the floor assumed"
+            600.0,
+            150.0,
+            600.0,
+            "600 W TBP: NVIDIA RTX PRO 6000 Blackwell datasheet; the floor assumed",
+            idle_w=30.0,
+            load_w=600.0,
         ),
     ),
     "RTX A6000": GpuProfile(
@@ -84,7 +110,14 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         154.8e12,
         25e9,
         20e-6,
-        PowerLimits(300.0, 100.0, 300.0, "300 W board power: NVIDIA RTX A6000 datasheet; the floor assumed"),
+        PowerLimits(
+            300.0,
+            100.0,
+            300.0,
+            "300 W board power: NVIDIA RTX A6000 datasheet; the floor assumed",
+            idle_w=22.0,
+            load_w=300.0,
+        ),
     ),
 }
 _GPU_ALIASES = {

@@ -59,9 +59,9 @@ WINDOW_S = 1.0  # the averaging window of power and utilization, like NVML's ~1 
 
 @dataclass(frozen=True, slots=True)
 class PowerProfile:
-    name: str  # the GPU profile's name (servesweep.sglang.gpus), which also holds its power limits
-    idle_w: float
-    load_w: float  # a fully compute-bound step at the default limit's clock
+    name: (
+        str  # the GPU profile's name (servesweep.sglang.gpus): its power limits, idle_w and load_w live there
+    )
     boost_mhz: int
     capped_mhz: int  # a fully compute-bound step at the default limit
     mem_clock_mhz: int
@@ -72,6 +72,15 @@ class PowerProfile:
         lim = get_gpu(self.name).power
         assert lim is not None, f"{self.name}: no power limits in its GPU profile"
         return lim
+
+    @property
+    def idle_w(self) -> float:
+        return self.limits.idle_w
+
+    @property
+    def load_w(self) -> float:
+        """A fully compute-bound step at the default limit's clock."""
+        return self.limits.load_w
 
     @property
     def tdp_w(self) -> float:
@@ -88,17 +97,13 @@ class PowerProfile:
 
     def cap_share(self, limit_w: float) -> float | None:
         """The share of the dynamic range (load - idle) a limit leaves; None where it leaves all of it."""
-        if limit_w >= self.load_w:
-            return None
-        return (limit_w - self.idle_w) / (self.load_w - self.idle_w)
+        return self.limits.cap_share(limit_w)
 
 
 POWER_PROFILES: dict[str, PowerProfile] = {
     # idle: a serving process holds a CUDA context and most of the memory, which the idle draw shows (BENCHMARKS.md)
     "H200": PowerProfile(
         "H200",
-        120.0,
-        700.0,
         1980,
         1480,
         3201,
@@ -110,8 +115,6 @@ POWER_PROFILES: dict[str, PowerProfile] = {
     ),
     "H100": PowerProfile(
         "H100",
-        70.0,
-        700.0,
         1980,
         1755,
         2619,
@@ -119,8 +122,6 @@ POWER_PROFILES: dict[str, PowerProfile] = {
     ),
     "RTX PRO 6000 Blackwell": PowerProfile(
         "RTX PRO 6000 Blackwell",
-        30.0,
-        600.0,
         2617,
         2280,
         14001,
@@ -128,8 +129,6 @@ POWER_PROFILES: dict[str, PowerProfile] = {
     ),
     "RTX A6000": PowerProfile(
         "RTX A6000",
-        22.0,
-        300.0,
         1800,
         1560,
         8001,
