@@ -73,6 +73,11 @@ def test_set_records_the_originals_keeps_them_across_a_crash_and_restores(tmp_pa
     assert {g["accepted_w"] for g in out["gpus"]} == {300.0}
     record = json.loads((tmp_path / "gpu_power_limit.json").read_text())
     assert record["requested_w"] == 300 and {g["original_w"] for g in record["gpus"].values()} == {700.0}
+    rc, shown = limit(tmp_path, "--state", "show", "--gpus", "1")  # read only
+    assert rc == 0 and not shown["changed"] and shown["recorded"]["requested_w"] == 300
+    assert [
+        (g["limit_w"], g["default_w"], g["enforced_w"], g["min_w"], g["max_w"]) for g in shown["gpus"]
+    ] == [(300.0, 700.0, 300.0, 200.0, 700.0)]
     rc, out = limit(tmp_path, "--state", "restored")
     assert rc == 0 and out["changed"] and {g["accepted_w"] for g in out["gpus"]} == {700.0}
     assert set(SimNvml(state).limits_w().values()) == {700.0}

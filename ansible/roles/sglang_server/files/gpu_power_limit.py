@@ -10,6 +10,8 @@ when the server stops, when a configuration without the axis starts, and on a re
                           (nvmlDeviceGetEnforcedPowerLimit): that is the accepted limit, reported per GPU.
   --state restored        set every recorded GPU back to its original limit and remove the record; nothing to do
                           without a record.
+  --state show            read only: each GPU's current, default and enforced limit and its allowed range, and the
+                          record if one is left; sets nothing.
   --gpus I,J              the server's GPUs (NVML index or UUID: its CUDA_VISIBLE_DEVICES); empty: every GPU.
   --nvml pynvml           NVML through nvidia-ml-py (setting a limit needs root, as `nvidia-smi -pl` does);
   --nvml sim:STATE        the emulator's NVML stand-in (servesweep.sim.power.SimNvml) over its state file: the same
@@ -140,9 +142,20 @@ def do_restore(a, nv, out):
     os.unlink(path)
 
 
+def do_show(a, nv, out):
+    for idx, uuid, h in handles(nv, a.gpus):
+        lo, hi = nv.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        out["gpus"].append({"index": idx, "uuid": uuid, "name": _text(nv.nvmlDeviceGetName(h)),
+                            "limit_w": nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0,
+                            "default_w": nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0,
+                            "enforced_w": nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+                            "min_w": lo / 1000.0, "max_w": hi / 1000.0})
+    out["recorded"] = read_record(os.path.join(a.workdir, RECORD))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--state", choices=["set", "restored"], required=True)
+    p.add_argument("--state", choices=["set", "restored", "show"], required=True)
     p.add_argument("--limit", type=float, default=None, help="W (--state set)")
     p.add_argument("--gpus", default="", help="NVML indexes or UUIDs, comma-separated; empty: every GPU")
     p.add_argument("--workdir", required=True)
@@ -156,7 +169,7 @@ def main(argv=None):
         os.makedirs(a.workdir, exist_ok=True)
         nv = load_nvml(a.nvml)
         try:
-            (do_set if a.state == "set" else do_restore)(a, nv, out)
+            {"set": do_set, "restored": do_restore, "show": do_show}[a.state](a, nv, out)
         finally:
             nv.nvmlShutdown()
     except Exception as e:  # Failure, NVMLError, no pynvml: said, not a traceback
