@@ -107,18 +107,19 @@ def test_the_limit_slows_compute_bound_prefill_by_the_clock_it_leaves_and_not_me
     rs = resolve_server({"model_path": "Qwen/Qwen3.6-27B", "tp_size": 1})
     m = StepModel(rs, calibration_for(rs))
     p = power_profile(rs.gpu.name)
+    acct = m.track_power()
     pre0, d1, d64 = prefill_decode(m)
-    assert m.acct[3] > 0, (
+    assert acct[3] > 0, (
         "at the default limit a compute-bound prefill runs at the cap (the H200 measured so)"
     )
     slow = {}
     for watts in (600, 450, 300):
         m.set_power(p.cap_share(watts))
-        m.acct[:] = [0.0] * 4
+        acct[:] = [0.0] * 4
         pre = m.prefill(1, 8192, 0, 8192 * 8192 / 2)
         r = ((watts - p.idle_w) / (p.load_w - p.idle_w)) ** (1 / 3)
-        assert m.acct[2] / m.acct[0] == pytest.approx(r, rel=0.02), "the clock ratio of a compute-bound step"
-        assert m.acct[1] / m.acct[0] <= (watts - p.idle_w) / (p.load_w - p.idle_w) + 1e-9, "its power fits"
+        assert acct[2] / acct[0] == pytest.approx(r, rel=0.02), "the clock ratio of a compute-bound step"
+        assert acct[1] / acct[0] <= (watts - p.idle_w) / (p.load_w - p.idle_w) + 1e-9, "its power fits"
         slow[watts] = pre / pre0
         _, d1w, d64w = prefill_decode(m)
         assert d1w == pytest.approx(d1) and d64w == pytest.approx(d64, rel=0.01), "decode is memory-bound"

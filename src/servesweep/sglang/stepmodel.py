@@ -26,7 +26,7 @@ the calibration assumes (the default limit's). The default limit is the profile'
 lower limit, a step whose share would pass cap = (limit - idle) / (load - idle) runs at
 r = ((cap - (1 - a) * mem_share) / a)^(1/alpha) (at least R_MIN), and its compute term takes T_comp / r: a
 compute-bound prefill slows, a memory-bound decode (a small) barely does, since HBM bandwidth does not follow the
-SM clock. Each priced step adds to `acct` (seconds, share-weighted seconds, clock-weighted seconds, seconds at the
+SM clock. With track_power, each priced step adds to `acct` (seconds, share-weighted seconds, clock-weighted seconds, seconds at the
 cap), which the power meter reads as NVML's power, SM clock and power-cap reason.
 """
 
@@ -203,8 +203,9 @@ class StepModel:
             self._ar_fixed = self._ar_per_tok = 0.0
         self._speed = 1.0 / max(cal.speedup, 1e-9)
         self._pw: tuple[float, float, float] | None = None  # (cap, mem_share, 1/alpha): set_power
-        # priced seconds, seconds x power share, seconds x clock ratio, seconds at the power cap (set_power)
-        self.acct = [0.0, 0.0, 0.0, 0.0]
+        # priced seconds, seconds x power share, seconds x clock ratio, seconds at the power cap (track_power; None:
+        # not booked, the planner's case)
+        self.acct: list[float] | None = None
         self._dp = max(
             1, int(resolved.dp_size)
         )  # the engine hands in all ranks' work; each rank does 1/dp of it
@@ -246,27 +247,36 @@ class StepModel:
         model."""
         self._pw = None if cap is None else (float(cap), float(mem_share), 1.0 / float(alpha))
 
-    def _core(self, t_mem: float, t_comp: float) -> tuple[float, float, float, bool]:
-        """(max(T_mem, T_comp at the clock the power limit allows), the step's power share, its clock ratio, whether
-        it runs at the cap); the docstring above has the model."""
+    def track_power(self) -> list[float]:
+        """Book every priced step from now on (the emulator's power meter reads `acct`); returns `acct`."""
+        if self.acct is None:
+            self.acct = [0.0, 0.0, 0.0, 0.0]
+        return self.acct
+
+    def _ratio(self, a: float, pw: tuple[float, float, float]) -> float:
+        """The SM clock ratio a step of compute share `a` runs at under the limit `pw` (1: the limit does not bind)."""
+        cap, mem, inv_alpha = pw
+        if (1.0 - a) * mem + a <= cap:
+            return 1.0
+        room = cap - (1.0 - a) * mem
+        return max(R_MIN, (room / a) ** inv_alpha) if room > 0 else R_MIN
+
+    def _limited(self, t_mem: float, t_comp: float, pw: tuple[float, float, float]) -> float:
+        """max(T_mem, T_comp at the clock the power limit allows)."""
+        a = t_comp / (t_mem if t_mem > t_comp else t_comp) if t_comp > 0 else 0.0
+        t_comp /= self._ratio(a, pw)
+        return t_mem if t_mem > t_comp else t_comp
+
+    def _book(self, acct: list[float], t: float, t_mem: float, t_comp: float) -> None:
+        """One priced step of `t` seconds into acct: its power share, clock ratio and whether it ran at the cap."""
         a = t_comp / (t_mem if t_mem > t_comp else t_comp) if t_comp > 0 else 0.0
         pw = self._pw
-        if pw is None:
-            share = (1.0 - a) * MEM_SHARE + a
-            return (t_mem if t_mem > t_comp else t_comp), share, 1.0, share >= 0.98
-        cap, mem, inv_alpha = pw
+        cap, mem = (pw[0], pw[1]) if pw is not None else (1.0, MEM_SHARE)
         share = (1.0 - a) * mem + a
-        if share <= cap:
-            return (t_mem if t_mem > t_comp else t_comp), share, 1.0, share >= 0.98 * cap
-        room = cap - (1.0 - a) * mem
-        r = max(R_MIN, (room / a) ** inv_alpha) if room > 0 else R_MIN
-        t_comp /= r
-        return (t_mem if t_mem > t_comp else t_comp), max(0.0, min(share, cap)), r, True
-
-    def _book(self, t: float, share: float, r: float, capped: bool) -> None:
-        acct = self.acct
+        r = self._ratio(a, pw) if pw is not None else 1.0
+        capped = r < 1.0 or share >= 0.98 * cap
         acct[0] += t
-        acct[1] += t * share
+        acct[1] += t * max(0.0, min(share, cap))
         acct[2] += t * r
         if capped:
             acct[3] += t
@@ -292,13 +302,15 @@ class StepModel:
         t_comp = (
             2.0 * self._p_active_rank * n + self._attn_flop_per_ctx * q * sum_ctx
         ) / self._f_dec + n * self._gdn_tok
-        core, share, r, capped = self._core(t_mem, t_comp)
+        pw = self._pw
+        core = (t_mem if t_mem > t_comp else t_comp) if pw is None else self._limited(t_mem, t_comp, pw)
         t = cal.step_overhead_s + core + batch * cal.per_seq_s
         t += self._ar_fixed + self._ar_per_tok * n
         if self._spec_steps:
             t += self._draft_fixed + self._draft_per_seq * batch
         t *= self._speed
-        self._book(t, share, r, capped)
+        if self.acct is not None:
+            self._book(self.acct, t, t_mem, t_comp)
         return t
 
     def prefill(self, batch: int, new_tokens: int, sum_prefix: int, attn_area: float) -> float:
@@ -318,12 +330,14 @@ class StepModel:
         t_comp = (
             2.0 * self._p_active_rank * new_tokens + self._attn_flop_per_ctx * attn_area
         ) / self._f_pre + new_tokens * self._gdn_tok
-        core, share, r, capped = self._core(t_mem, t_comp)
+        pw = self._pw
+        core = (t_mem if t_mem > t_comp else t_comp) if pw is None else self._limited(t_mem, t_comp, pw)
         t = cal.prefill_overhead_s + core + batch * cal.per_seq_s
         t += self._ar_fixed + self._ar_per_tok * new_tokens
         if self._spec_steps:
             # The draft model also prefills (EAGLE/MTP extend the draft KV); one pass.
             t += self._draft_fixed / max(1, self._spec_steps) + self._draft_per_seq * batch
         t *= self._speed
-        self._book(t, share, r, capped)
+        if self.acct is not None:
+            self._book(self.acct, t, t_mem, t_comp)
         return t

@@ -195,7 +195,7 @@ class GpuMeter:
         )
 
     def _model_acct(self) -> tuple[float, ...]:
-        return tuple(self.model.acct) if self.model is not None else (0.0, 0.0, 0.0, 0.0)
+        return tuple(self.model.track_power()) if self.model is not None else (0.0, 0.0, 0.0, 0.0)
 
     def _set_limit(self, watts: float) -> None:
         self.power_limit_w = float(watts)
