@@ -8,7 +8,7 @@ c = λ·E2E, so TPOT ≈ a / (1 − 16·λ·b) climbs steeply towards λ = 1 / (
 holds up to about s = 5.9 (closed form, a ≈ 0.8 ms). The exact answer is the engine's: `Engine.run_simulated`, the
 emulator's discrete-event loop in virtual time, replays the same 40 requests at any s in milliseconds, and a
 bisection over s gives the largest speed-up whose TPOT p50 holds: 5.68× (the replays through Locust measured the
-engine's TPOT p50 at each probe's speed-up to within 0.3 ms below the knee). The search (start 4.5, so its probes
+engine's TPOT p50 at each probe's speed-up to within 0.8 ms). The search (start 4.5, so its probes
 land 15% or more of TPOT away from the SLO; 5% resolution; one replay per probe) must bracket that answer: last pass
 ≤ s* < first fail."""
 
