@@ -729,6 +729,9 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
         out = Console() if sys.stdout.isatty() else Console(width=260)
         f = run.fields
         title = f"servesweep load — {f['prompt_tokens']} prompt / {f['output_tokens']} output tokens"
+        if f["workload"] == "trace":  # the trace's own lengths; its window and speed-up say what was replayed
+            n = summaries[0]["point"]["requests"] if summaries else "?"
+            title = f"servesweep load — trace {Path(f['trace']).name}: {n} requests at {f['trace_speedup']:g}x"
         out.print(results_table(summaries, title=title))
         out.print(f"results: {run_dir}")
     for line in table_notes(summaries):
