@@ -263,7 +263,12 @@ def check_sample(point: str, s: PointSample, slos: list[SLO]) -> list[CheckResul
         label = metric_label(slo.metric)  # itl_p50 (per chunk), itl_per_token_p50 (per token)
         msg = f"{label} = {shown} ({'within' if ok else 'breaks'} {slo.op} {slo.limit_text()})"
         if not math.isfinite(x):
-            msg = f"{label} has no value (no successful request to measure it on)"
+            msg = (
+                f"{label} has no value (no GPU telemetry for this point: its gpu.json needs a GPU sampler, "
+                "docs/gpu-telemetry.md)"
+                if slo.energy
+                else f"{label} has no value (no successful request to measure it on)"
+            )
         out.append(CheckResult(point, slo.text, "slo", ok, shown, msg))
     return out
 

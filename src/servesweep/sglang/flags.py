@@ -27,6 +27,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from servesweep.sglang.gpus import POWER_LIMIT_AXIS
+
 TABLE_FORMAT = 2
 _PACKAGE_DATA = "servesweep.sglang"
 
@@ -601,9 +603,12 @@ def _check_words(flag: Flag, words: list[str]) -> None:
 def render_argv(flags: dict[str, Any], version: str | None) -> list[str]:
     """The argv words for `flags` (experiment names) under SGLang `version`'s option strings, in name order. A
     name the version does not know (a forked build's flag), and every flag of a generic server (`version` None),
-    renders as `--name value` (true bare, false/null left out, a list several values, a mapping JSON)."""
+    renders as `--name value` (true bare, false/null left out, a list several values, a mapping JSON). Host
+    settings (HOST_SETTINGS: the GPUs' power limit, which the sglang_server role applies) are no server flag."""
     out: list[str] = []
     for name in sorted(flags):
+        if name in HOST_SETTINGS:
+            continue
         value = flags[name]
         flag = None if version is None else flag_in(name, version)
         out += flag_words(flag, value) if flag is not None else plain_words(name, value)
@@ -634,6 +639,23 @@ RESERVED_FLAGS = {
     "port": "target.port",
     "api_key": "secrets",
 }
+
+
+# Server axes that are settings of the GPU host, applied by the sglang_server role before the server starts, not
+# flags of the server: gpu_power_limit_w (W, the GPUs' power limit: tasks/power_limit.yml; docs/gpu-telemetry.md).
+# Any server (SGLang, the emulator, a generic one) may have them; the planner checks the value against the GPU
+# profile's allowed range (sglang/gpus.py power_limit_problem).
+HOST_SETTINGS = frozenset({POWER_LIMIT_AXIS})
+
+
+def host_setting_problem(key: str, value: Any) -> str | None:
+    """What is wrong with one value of a host setting, or None."""
+    if key == POWER_LIMIT_AXIS:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return f"expected watts (a positive number), got {value!r}"
+    return None
 
 
 def did_you_mean(name: str, options) -> str:
@@ -873,7 +895,11 @@ def _fix_flags(
     out: dict[str, Any] = {}
     for raw_key, val in d.items():
         kloc = loc + (raw_key,)
-        if version is None:  # a generic server's flags are its own: no SGLang names or types
+        if str(raw_key).replace("-", "_") in HOST_SETTINGS:  # the role's, for every server: checked here
+            key, flag = str(raw_key).replace("-", "_"), None
+            vals = val if is_axis and isinstance(val, list) else [val]
+            problem = next((p for p in (host_setting_problem(key, v) for v in vals) if p), None)
+        elif version is None:  # a generic server's flags are its own: no SGLang names or types
             key, flag, problem = raw_key.replace("-", "_"), None, None
             if key in RESERVED_FLAGS:
                 problem = f"set by servesweep from {RESERVED_FLAGS[key]}; do not give it as a flag"
