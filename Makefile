@@ -36,9 +36,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Real SGLang on this CPU (its own venv under $(SERVESWEEP_CACHE_DIR)/sglang-cpu, rebuilt when its pins change).
+# Real SGLang on this CPU: its own venv under $(SERVESWEEP_CACHE_DIR)/sglang-cpu (rebuilt when its pins change) and
+# the tiny offline model (built once into the cache: an install step, not the real-SGLang tier's time).
 sglang-cpu-env: $(STAMP)
 	$(PY) -m servesweep.cli sglang-cpu install
+	$(PY) -m servesweep.cli sglang-cpu model
 
 # Start real SGLang on this machine's CPU with a tiny offline model (127.0.0.1:30000; Ctrl-C stops it).
 sglang-cpu: sglang-cpu-env
