@@ -509,8 +509,8 @@ def _verdict(summaries: dict, name: str) -> dg.Diagnosis:
         (
             "client",
             "client-bound",
-            " > ",
-        ),  # each reason names its figure and limit: "CPU 97% of a core > 90%"
+            "> ",
+        ),  # each reason names its figure and limit: "CPU 97% of a core > 90%", "chunks read together (> 1%; ..."
     ],
 )
 def test_each_emulated_cause_is_named_first_with_its_number(emulated, name, cause, evidence):
