@@ -156,7 +156,9 @@ def make_plan(exp: Experiment) -> Plan:
 
 
 def _resolve_args(exp: Experiment, cfg: ServerConfig) -> dict[str, Any]:
-    args = {k: v for k, v in cfg.flags.items() if v is not None}
+    from servesweep.sglang.flags import HOST_SETTINGS
+
+    args = {k: v for k, v in cfg.flags.items() if v is not None and k not in HOST_SETTINGS}
     args["model_path"] = exp.model.path
     if exp.model.served_model_name:
         args["served_model_name"] = exp.model.served_model_name
@@ -175,6 +177,10 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
     points, dropped = exp.points_for(cfg)
     cp.excluded_points = len(dropped)
     cp.points = [PointPlan(p) for p in points]
+    why = _power_limit_problem(exp, cfg)
+    if why is not None:  # the role would refuse it on the host: refused here, before any server starts
+        cp.error = why
+        return cp
     if exp.launcher.generic:
         return _plan_generic(exp, cp)
     try:
@@ -207,6 +213,29 @@ def _plan_config(exp: Experiment, cfg: ServerConfig) -> ConfigPlan:
         )
     _plan_points(exp, cfg, rs, arch, cp)
     return cp
+
+
+def _power_limit_problem(exp: Experiment, cfg: ServerConfig) -> str | None:
+    """A gpu_power_limit_w outside the GPU's allowed range (its profile: launcher.gpu, the emulator's default GPU
+    where the emulator runs), or None. Without a known GPU (real hardware, launcher.gpu unset) the role's script
+    checks the range on the host (NVML's constraints) and fails the start instead."""
+    from servesweep.sglang.gpus import POWER_LIMIT_AXIS, power_limit_problem
+
+    watts = cfg.flags.get(POWER_LIMIT_AXIS)
+    if watts is None or not (exp.launcher.gpu or exp.launcher.emulator):
+        return None
+    why = power_limit_problem(exp.launcher.gpu or None, float(watts))
+    return f"{POWER_LIMIT_AXIS} {watts:g}: {why}" if why else None
+
+
+def _price_under_limit(timer: _Timer | None, cfg: ServerConfig) -> None:
+    """Steps priced under the configuration's power limit (a compute-bound prefill slows; StepModel.set_power)."""
+    from servesweep.sglang.gpus import POWER_LIMIT_AXIS
+
+    watts = cfg.flags.get(POWER_LIMIT_AXIS)
+    lim = timer.rs.gpu.power if timer is not None else None
+    if timer is not None and watts is not None and lim is not None:
+        timer.model.set_power(lim.cap_share(float(watts)))
 
 
 def _overrides_context(cfg: ServerConfig) -> bool:
@@ -267,6 +296,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
     except Exception as e:  # the step model is the emulator's; a plan must still print without it
         timer = None
         cp.warnings.append(f"time estimate without the step model ({e})")
+    _price_under_limit(timer, cfg)
     # one context length that covers every point of this configuration (what to set instead)
     need_max = max(
         (p.spec.prompt_tokens + p.spec.output_tokens + rs.num_reserved_tokens for p in cp.points), default=0
@@ -1082,6 +1112,8 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
         if cp.resolved is None or not cp.feasible_points:
             continue
         timer = timer_for(cp) if timer_for else _Timer(cp.resolved, exp)
+        if not timer_for:
+            _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
         for pp in cp.feasible_points:
             key = (pp.spec.workload, pp.spec.prompt_tokens, pp.spec.output_tokens)

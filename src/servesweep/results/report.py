@@ -73,6 +73,24 @@ COLUMNS = (
     ("error_rate", "error rate %", "error_rate", "%", 2),
     ("degenerate_rate", "degenerate %", "degenerate_rate", "%", 1),
 )
+# The GPUs' energy during each point (its gpu.json, where a GPU sampler ran: docs/gpu-telemetry.md), after COLUMNS
+# in a report where any point has it
+ENERGY_COLUMNS = (
+    ("joules_per_output_token", "GPU J/out tok", "joules_per_output_token", "", 3),
+    ("output_tokens_per_joule", "out tok/J", "output_tokens_per_joule", "", 3),
+    ("joules_per_token", "GPU J/tok", "joules_per_token", "", 4),
+    ("power_avg_w", "GPU avg W", "power_avg_w", "", 0),
+)
+
+
+def report_columns(sections: list[ConfigSection]) -> tuple:
+    """COLUMNS, and ENERGY_COLUMNS when a point of the report has GPU energy."""
+    has = any(_finite(r.values.get("joules_per_output_token")) for sec in sections for r in sec.rows)
+    return COLUMNS + ENERGY_COLUMNS if has else COLUMNS
+
+
+def _finite(x) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 def queue_s_per_request(state: dict | None) -> float | None:
@@ -234,7 +252,9 @@ class ConfigSection:
 def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
     """One done point's table row, recomputed from its records; totals also per GPU when `gpus` is known."""
     s = point_sample(p)
-    values = with_per_gpu({key: metric(name).value(s) for key, _, name, _, _ in COLUMNS if name}, gpus)
+    values = with_per_gpu(
+        {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS + ENERGY_COLUMNS if name}, gpus
+    )
     from collections import Counter
 
     import pyarrow.parquet as pq
@@ -474,6 +494,24 @@ def _add_plots(run: Run, sec: ConfigSection) -> None:
             plots.latency_throughput(lt, f"{name}: latency–throughput trade-off"),
         )
     )
+    energy: dict[str, list] = defaultdict(list)
+    hot: list[tuple[float, float]] = []
+    for r in rows:
+        tpj = r.values.get("output_tokens_per_joule")
+        ok = tpj is not None and math.isfinite(tpj)
+        energy[_group_label(r.info, wl, outs)].append((r.info.concurrency, tpj if ok else None))
+        if tpj is not None and ok and any(f.code == "GPU throttled" for f in r.flags):
+            hot.append((float(r.info.concurrency), float(tpj)))
+    if any(v is not None for pts in energy.values() for _, v in pts):
+        sec.plots.append(
+            (
+                "energy",
+                f"{name}: output tokens per joule of GPU energy by concurrency (gpu.json; ringed: a GPU throttled)",
+                plots.tokens_per_joule_vs_concurrency(
+                    energy, f"{name}: output tokens per joule vs concurrency", throttled=hot
+                ),
+            )
+        )
     dist = {f"{_group_label(r.info, wl, outs)}, c{r.info.concurrency}": r.itl for r in rows if r.itl}
     if dist:
         sec.plots.append(
@@ -532,6 +570,25 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
                 "throughput-all",
                 "aggregate output tokens/s by concurrency, every configuration",
                 plots.throughput_vs_concurrency(series, "throughput vs concurrency per configuration"),
+            )
+        )
+    tpj: dict[str, list] = defaultdict(list)
+    hot: list[tuple[float, float]] = []
+    for sec in sections:  # a power-limit axis: one line per limit (configuration)
+        for r in sec.rows:
+            v = r.values.get("output_tokens_per_joule")
+            if v is not None and math.isfinite(v):
+                tpj[f"{sec.config_id} p{r.info.prompt_tokens} o{r.info.output_tokens}"].append((r.info.concurrency, v))
+                if any(f.code == "GPU throttled" for f in r.flags):
+                    hot.append((float(r.info.concurrency), float(v)))
+    if len([s for s in sections if s.rows]) > 1 and tpj:
+        overview.append(
+            (
+                "energy-all",
+                "output tokens per joule of GPU energy by concurrency, every configuration (ringed: a GPU throttled)",
+                plots.tokens_per_joule_vs_concurrency(
+                    tpj, "output tokens per joule vs concurrency per configuration", throttled=hot
+                ),
             )
         )
     est = [
@@ -677,7 +734,7 @@ def render_html(rep: Report) -> str:
         facts=_run_facts(run),
         sections=rep.sections,
         overview=rep.overview_plots,
-        columns=COLUMNS,
+        columns=report_columns(rep.sections),
         fmt=fmt,
         fmt_s=fmt_s,
         failures_text=_failures_text,
@@ -731,13 +788,13 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _md_points(sec: ConfigSection) -> list[str]:
+def _md_points(sec: ConfigSection, columns: tuple = COLUMNS) -> list[str]:
     header = [
         "workload",
         "prompt",
         "output",
         "concurrency",
-        *[c[1] for c in COLUMNS],
+        *[c[1] for c in columns],
         "ok",
         "failures",
         "SLO",
@@ -749,7 +806,7 @@ def _md_points(sec: ConfigSection) -> list[str]:
             str(r.info.prompt_tokens),
             str(r.info.output_tokens),
             str(r.info.concurrency),
-            *[_cell(r, k, d, u) for k, _, _, u, d in COLUMNS],
+            *[_cell(r, k, d, u) for k, _, _, u, d in columns],
             str(r.ok),
             _failures_text(r),
             _slo_text(r),
@@ -816,10 +873,10 @@ def _md_diagnosis(sec: ConfigSection) -> list[str]:
     return ["### Diagnosis", "", _md_table(header, rows), "", *knees_md, *([""] if knees_md else [])]
 
 
-def _md_section(sec: ConfigSection) -> list[str]:
+def _md_section(sec: ConfigSection, columns: tuple = COLUMNS) -> list[str]:
     out = [f"## {sec.title}", ""]
     if sec.rows:
-        out += _md_points(sec) + _md_by_prompt(sec) + _md_server_state(sec) + _md_diagnosis(sec)
+        out += _md_points(sec, columns) + _md_by_prompt(sec) + _md_server_state(sec) + _md_diagnosis(sec)
     if sec.not_done:
         rows = [[p.point_id, p.status, p.reason or "-"] for p in sec.not_done]
         out += ["Points not measured:", "", _md_table(["point", "status", "reason"], rows), ""]
@@ -873,8 +930,9 @@ def render_markdown(rep: Report) -> str:
     out.append("")
     if rep.capacity:
         out += capacity_markdown(rep.capacity)
+    columns = report_columns(rep.sections)
     for sec in rep.sections:
-        out += _md_section(sec)
+        out += _md_section(sec, columns)
     out += answers_markdown(rep.answers)
     out += isolation_markdown(run.manifest)
     est = [p for p in run.points if p.est_s is not None and p.status == "done"]
