@@ -1,10 +1,7 @@
 """A trace replay in an experiment (issue 30): examples/traces/qwen36-27b-a6000-tp2-trace.yaml, the seed-B system
 replaying a generated Mooncake trace with a search over its speed-up (the replay capacity), parsed, planned and
 dry-run on the emulator: the capacity table's row is a speed-up of the trace (and per GPU), every probe replayed the
-whole window with its fidelity verdict in its summary.
-
-Needs config/experiment.py's trace fields (`load.workloads.<name>.trace`, `search.axis: speedup`): skipped until
-they are there."""
+whole window with its fidelity verdict in its summary."""
 
 from __future__ import annotations
 
@@ -15,18 +12,12 @@ import pytest
 from click.testing import CliRunner
 from support import run_servesweep
 
-from servesweep.config.experiment import ExperimentError, WorkloadSpec, load_experiment, parse_experiment
+from servesweep.config.experiment import ExperimentError, load_experiment, parse_experiment
 from servesweep.results.capacity import table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "traces" / "qwen36-27b-a6000-tp2-trace.yaml"
 TRACE = ROOT / "examples" / "traces" / "mooncake-synth-64.jsonl"
-
-pytestmark = pytest.mark.skipif(
-    "trace" not in WorkloadSpec.model_fields,
-    reason="config/experiment.py has no trace workload yet (issue 30 patch)",
-)
-
 
 @pytest.mark.fast
 def test_the_trace_example_parses_with_its_trace_next_to_it_and_plans_a_speedup_search():
@@ -79,8 +70,6 @@ def test_the_trace_example_dry_run_finds_a_replay_capacity(tmp_path):
 def test_the_planner_prices_a_replay_from_its_window():
     from servesweep.matrix import planner
 
-    if not hasattr(planner, "_trace_fields"):
-        pytest.skip("matrix/planner.py has no replay estimate yet (issue 30 patch)")
     r = CliRunner().invoke(planner.command, [str(EXAMPLE), "--json"])
     assert r.exit_code == 0, r.output
     (p,) = [p for c in json.loads(r.output)["configs"] for p in c["points"]]

@@ -302,7 +302,7 @@ def _chat_only() -> list[Endpoint]:
     return ["chat"]
 
 
-WORKLOAD_KINDS = ("synthetic", "shared_prefix", "dataset", "agent")
+WORKLOAD_KINDS = ("synthetic", "shared_prefix", "dataset", "agent", "trace")
 BUILTIN_WORKLOADS = ("single", "chat")  # single-shot synthetic prompts, no settings needed
 
 
@@ -311,7 +311,7 @@ class WorkloadSpec(_Strict):
     defaults (a test holds them so); `workload` may be left out when the name is a kind (agent, shared_prefix,
     dataset)."""
 
-    workload: Literal["synthetic", "shared_prefix", "dataset", "agent"] | None = None
+    workload: Literal["synthetic", "shared_prefix", "dataset", "agent", "trace"] | None = None
     shared_prefix_tokens: int = Field(0, ge=0)
     num_groups: int = Field(1, ge=1)
     dataset: str | None = None
@@ -323,16 +323,28 @@ class WorkloadSpec(_Strict):
     context_cap_tokens: int = Field(100_000, ge=1)
     output_dist: str | None = None
     thinking: bool | None = None
+    # trace replay (docs/workloads.md, "Trace replay"): the file (relative: to the experiment file), the speed-up
+    # (a search over `speedup` sets it per probe) and the window
+    trace: str | None = None
+    trace_speedup: float = Field(1.0, gt=0)
+    trace_start_s: float = Field(0.0, ge=0)
+    trace_window_s: float | None = Field(None, gt=0)
+    trace_sample: float = Field(1.0, gt=0, le=1)
 
     @field_validator("shared_prefix_tokens", "context_cap_tokens", "tool_result_tokens", mode="before")
     @classmethod
     def _tokens(cls, v):
         return human_int(v) if isinstance(v, str) else v
 
-    @field_validator("think_time_s", mode="before")
+    @field_validator("think_time_s", "trace_start_s", mode="before")
     @classmethod
     def _dur(cls, v):
         return duration_s(v)
+
+    @field_validator("trace_window_s", mode="before")
+    @classmethod
+    def _window(cls, v):
+        return None if v is None else duration_s(v)
 
 
 class WorkerHosts(_Strict):
@@ -591,7 +603,8 @@ class Experiment(_Strict):
         if isinstance(v, dict) and isinstance(v.get("search"), dict) and isinstance(v.get("load"), dict):
             s = v["search"]
             key = "rate" if s.get("axis") == "rate" else "concurrency"
-            if key not in v["load"]:
+            # a speed-up search keeps load.concurrency as it is written (the cap of the replay)
+            if s.get("axis") != "speedup" and key not in v["load"]:
                 v = dict(v)
                 v["load"] = {**v["load"], key: [s.get("lower", 1)]}
         return v
@@ -685,6 +698,8 @@ class Experiment(_Strict):
             # with only the built-in workload, ids and the `workload` label name the endpoint alone (short ids)
             head = f"{wl}-{ep}" if named else ep
             tail = "" if r is None else f"-r{r:g}"
+            if self.search is not None and self.search.axis == "speedup":  # the search's template: at its lower
+                tail = f"-x{self.search.lower:g}"
             pt = PointSpec(
                 id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
                 config_id=cfg.id,
@@ -818,7 +833,11 @@ def load_experiment(path: str | Path) -> Experiment:
         text = path.read_text()
     except OSError as e:
         raise ExperimentError([f"{path}: cannot read: {e.strerror}"]) from None
-    return parse_experiment(text, str(path))
+    exp = parse_experiment(text, str(path))
+    for spec in exp.load.workloads.values():  # a trace file relative to the experiment file
+        if spec.trace and not Path(spec.trace).expanduser().is_absolute():
+            spec.trace = str((path.parent / spec.trace).resolve())
+    return exp
 
 
 def _printable(text: str) -> str:
@@ -1027,6 +1046,7 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
             )
         )
     _check_workloads(exp, problems)
+    _check_traces(exp, problems)
     _check_search(exp, problems)
     _check_decide(exp, problems)
     known = set(LOAD_AXES) | {"bundle"} | set(srv.axes) | set(srv.env_axes) | set(srv.base) | set(srv.env)
@@ -1088,6 +1108,24 @@ def _check_workloads(exp: Experiment, problems: list) -> None:
                 break
 
 
+def _check_traces(exp: Experiment, problems: list) -> None:
+    """A trace workload replays at its own timestamps and measures every request of its window: no open loop, no
+    warm-up (docs/workloads.md, "Trace replay")."""
+    ld = exp.load
+    for name in ld.workloads:
+        if ld.workload_fields(name).get("workload") != "trace" or name not in ld.workload:
+            continue
+        if ld.arrival != "closed" or ld.rate is not None:
+            problems.append(
+                (("load", "arrival"), f"workload '{name}' replays a trace at its own timestamps: no load.arrival/rate")
+            )
+        if ld.warmup_s:
+            problems.append(
+                (("load", "warmup_s"), f"workload '{name}' measures every request of its trace window: warmup_s 0 "
+                 "(start the window later with trace_start_s instead)")
+            )
+
+
 def _combo_excluded(exp: Experiment, workload: str, endpoint: str, prompt_tokens: int) -> bool:
     """Whether a rule on these three axes alone drops every point of this combination (e.g. agent × completions)."""
     values = {"workload": workload, "endpoint": endpoint, "prompt_tokens": prompt_tokens}
@@ -1109,6 +1147,19 @@ def _check_search(exp: Experiment, problems: list) -> None:
             problems.append(
                 (("load", "concurrency"), "search.axis concurrency searches it: leave load.concurrency out")
             )
+    elif s.axis == "speedup":
+        # a replay capacity: the trace's speed-up, every workload a trace, the concurrency one cap
+        for i, name in enumerate(ld.workload):
+            if not (name in ld.workloads and ld.workload_fields(name).get("workload") == "trace"):
+                problems.append(
+                    (("load", "workload", i), f"search.axis speedup replays traces: workload '{name}' is not one")
+                )
+        if len(ld.concurrency) != 1:
+            problems.append(
+                (("load", "concurrency"), "a speed-up search replays at one concurrency cap: give one value")
+            )
+        if ld.rate is not None:
+            problems.append((("load", "rate"), "a trace replays at its own timestamps: leave load.rate out"))
     else:
         if ld.arrival == "closed":
             problems.append((("load", "arrival"), "a rate search is an open loop: set constant or poisson"))

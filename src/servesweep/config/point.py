@@ -267,21 +267,19 @@ class LoadPoint(BaseModel):
         help="agent: a session ends before its context passes this",
         ge=1,
     )
-    # trace replay (docs/workloads.md, "Trace replay"): `servesweep load` and the Locust form replay through the Locust
-    # user; experiment files do not set these yet (config/experiment.py)
+    # trace replay (docs/workloads.md, "Trace replay"): `servesweep load`, the Locust form and experiment files
+    # (load.workloads.<name>) replay through the Locust user
     trace: str | None = knob(
         None,
         cli="--trace",
         group="workload",
         help="trace: the trace file (native, Mooncake, Azure, Bailian or sessions; servesweep trace convert)",
-        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
     )
     trace_speedup: float = knob(
         1.0,
         cli="--trace-speedup",
         group="workload",
         help="trace: replay this many times faster (timestamps and think times divided by it)",
-        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
         gt=0,
     )
     trace_start_s: float = knob(
@@ -289,7 +287,6 @@ class LoadPoint(BaseModel):
         cli="--trace-start",
         group="workload",
         help="trace: the window starts this far into the trace (e.g. 10m)",
-        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
         ge=0,
     )
     trace_window_s: float | None = knob(
@@ -297,7 +294,6 @@ class LoadPoint(BaseModel):
         cli="--trace-window",
         group="workload",
         help="trace: the window's length (e.g. 5m); unset: to the trace's end",
-        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
         gt=0,
     )
     trace_sample: float = knob(
@@ -305,7 +301,6 @@ class LoadPoint(BaseModel):
         cli="--trace-sample",
         group="workload",
         help="trace: fraction of the window's requests replayed (whole sessions), seeded by --seed",
-        elsewhere={"yaml": "not yet (config/experiment.py's WorkloadSpec)"},
         gt=0,
         le=1,
     )

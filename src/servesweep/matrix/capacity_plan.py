@@ -51,9 +51,10 @@ def predicted_open(timer, rs, prompt: int, output: int, rate: float, cap: int) -
     return {**p, "ttft": p["ttft"] + wait, "e2e": p["e2e"] + wait, "throughput": rate}
 
 
-def model_probe(timer, rs, exp, prompt: int, output: int, log: list[float]):
+def model_probe(timer, rs, exp, prompt: int, output: int, log: list[float], rate_per_load: float | None = None):
     """A probe for search(): n identical requests at the predicted values; its cost (the time the real probe
-    would take) is appended to `log` and given as wall_s."""
+    would take) is appended to `log` and given as wall_s. A speed-up search (a trace replay) is an open loop at
+    load × `rate_per_load` req/s (the trace's mean rate at speed 1)."""
     axis = exp.search.axis
 
     def probe(load, n: int) -> ProbeResult:
@@ -61,8 +62,9 @@ def model_probe(timer, rs, exp, prompt: int, output: int, log: list[float]):
             p = predicted(timer, rs, prompt, output, load)
             window = n / p["throughput"]
         else:
-            p = predicted_open(timer, rs, prompt, output, load, max(exp.load.concurrency))
-            window = n / load
+            rate = load * rate_per_load if axis == "speedup" and rate_per_load else load
+            p = predicted_open(timer, rs, prompt, output, rate, max(exp.load.concurrency))
+            window = n / rate
         steps = max(1, output - 1)
         ms = {k: np.full(n, min(v, MAX_QUEUE_S) * 1000.0) for k, v in p.items() if k != "throughput"}
         wall = window + exp.load.warmup_s
@@ -100,13 +102,15 @@ def spec_for(block, start: float | None, **over: Any) -> SearchSpec:
     )
 
 
-def price_search(exp, rs, timer, prompt: int, output: int, overhead_s: float) -> dict[str, Any]:
+def price_search(
+    exp, rs, timer, prompt: int, output: int, overhead_s: float, rate_per_load: float | None = None
+) -> dict[str, Any]:
     """The planner's view of one search: the start (the first tier's predicted capacity), each tier's predicted
     capacity, and the probes, calls, requests and seconds the search takes if the model is right."""
     block = exp.search
     tiers = {name: parse_tier(texts) for name, texts in block.tiers.items()}
     log: list[float] = []
-    probe = model_probe(timer, rs, exp, prompt, output, log)
+    probe = model_probe(timer, rs, exp, prompt, output, log, rate_per_load)
     # the model's own search from the lower bound finds the predicted capacities (its probes are not counted)
     first = search(probe, tiers, spec_for(block, block.lower, bootstrap=50, bootstrap_pooled=20))
     caps = {name: t.capacity for name, t in first.tiers.items()}

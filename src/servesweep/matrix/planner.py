@@ -83,7 +83,7 @@ class PointPlan:
     reasons: list[str] = field(default_factory=list)  # why it was dropped
     warnings: list[str] = field(default_factory=list)
     est_s: float = 0.0
-    detail: dict[str, float] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s
+    detail: dict[str, Any] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s; replay
     codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
     search: dict[str, Any] | None = None  # a search block's combination: start, probes, time (capacity_plan)
 
@@ -308,7 +308,12 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
             if exp.search is not None and timer is not None:
                 from servesweep.matrix.capacity_plan import price_search
 
-                pp.search = price_search(exp, rs, timer, pp.spec.prompt_tokens, pp.spec.output_tokens, POINT_OVERHEAD_S)
+                prompt, output, rate = pp.spec.prompt_tokens, pp.spec.output_tokens, None
+                if (rp := (pp.detail.get("replay") or {})) and rp.get("requests"):
+                    # a speed-up search: the trace's mean lengths, its arrivals at speed 1 (workload/trace/plan.py)
+                    prompt, output = round(rp["prompt_mean"]), round(rp["output_mean"])
+                    rate = rp["rate_rps"] / rp["speed_up"]
+                pp.search = price_search(exp, rs, timer, prompt, output, POINT_OVERHEAD_S, rate_per_load=rate)
                 pp.est_s = pp.search["seconds"]
     if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
         want = _needed_context(need_max)
@@ -439,9 +444,29 @@ class _Timer:
         return self.model.decode(batch, batch * ctx)
 
 
+def _trace_fields(exp: Experiment, pp: PointPlan) -> dict[str, Any] | None:
+    """A trace point's LoadPoint fields (its workload's), None for any other point."""
+    ld = exp.load
+    try:
+        fields = ld.point_fields(pp.spec.workload if ld.workload_axis else "single")
+    except KeyError:
+        return None
+    return fields if fields.get("workload") == "trace" and fields.get("trace") else None
+
+
 def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) -> None:
     ld = exp.load
     p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    replay = None
+    if (fields := _trace_fields(exp, pp)) is not None:
+        from servesweep.workload.trace.plan import replay_plan
+
+        try:
+            replay = replay_plan(fields)
+        except (OSError, ValueError) as e:  # the file is checked again when the point runs
+            pp.warnings.append(f"trace {fields['trace']}: {e}")
+        if replay is not None and replay.requests:
+            p, o = max(1, round(replay.prompt_mean)), max(1, round(replay.output_mean))  # the mean request
     # the batch: the running cap, and the KV pool (a point kept past it runs as many as fit)
     b = max(1, min(c, rs.effective_max_running_requests, rs.max_total_num_tokens // max(1, p + o)))
     if timer is not None:
@@ -458,7 +483,13 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
         )
     # A wave of b requests: their prefills run one after the other (they stall decodes), then b decode together.
     wave = b * prefill + steps * itl
-    if ld.requests is not None:
+    if replay is not None:
+        # a replay: its schedule at the speed-up, or the server's pace when slower (workload/trace/plan.py)
+        request_s = prefill + steps * itl
+        measure = replay.seconds(request_s, b)
+        running = replay.running(request_s, min(c, b))
+        kv = replay.kv_tokens(running)
+    elif ld.requests is not None:
         measure = math.ceil(ld.requests / b) * wave
         if pp.spec.rate:  # open loop: the schedule, unless the server is slower than the rate
             measure = max(measure, ld.requests / pp.spec.rate)
@@ -470,6 +501,14 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
         "itl_s": round(itl / (timer.accept if timer else 1.0), 5),
         "request_s": round(prefill + steps * itl, 3),
     }
+    if replay is not None:
+        pp.detail["replay"] = replay.as_dict() | {"running": round(running, 1), "kv_tokens": kv}
+        if kv > rs.max_total_num_tokens:
+            pp.warnings.append(
+                f"the replay's ~{running:.0f} running requests hold ~{kv:,} KV tokens, more than the pool's "
+                f"{rs.max_total_num_tokens:,}: the radix cache evicts (fewer hits than the trace's ideal "
+                f"{100 * replay.ideal_hit_ratio:.0f}%)"
+            )
     pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + measure
     # The first token of the last of c concurrent prompts (closed loop: all c arrive together). Their prefills share
     # the GPU one after another (chunked prefill runs one chunk budget per step), so the b that run wait ≈ b ×

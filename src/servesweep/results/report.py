@@ -193,6 +193,8 @@ FLAG_LEGEND = {
     "sched lag": f"schedule lag p99 above {LAG_FLAG_MS:g} ms: the load generator sent requests late",
     "Locust CPU": "Locust warned that the load generator's CPU was above 90%",
     "prompt off": f"prompt tokens more than {PROMPT_DEV_FLAG_PCT:g}% off target",
+    "replay off": "a trace replay did not reach the server as the trace has it (summary.json trace_fidelity: cache "
+    "hits apart, requests missing, prompt lengths off); the verdict in the badge's tooltip",
     "GPU throttled": "a GPU slowed for heat, a hardware slowdown or a power brake during the point (gpu.json); the "
     "power cap alone is not throttling",
     "other": "another sign, its text in the badge's tooltip",
@@ -390,6 +392,9 @@ def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
         flags.append(Flag("prompt off", f"prompt tokens {dev:+.1f}% off target"))
     if gpu_text := throttle_flag(summary.get("gpu")):
         flags.append(Flag("GPU throttled", gpu_text))
+    tf = summary.get("trace_fidelity")  # a trace replay's check (driver/point.py replay_fidelity)
+    if tf and not tf.get("faithful", True):
+        flags.append(Flag("replay off", str(tf.get("verdict"))))
     return flags
 
 
@@ -873,10 +878,23 @@ def _md_diagnosis(sec: ConfigSection) -> list[str]:
     return ["### Diagnosis", "", _md_table(header, rows), "", *knees_md, *([""] if knees_md else [])]
 
 
+def _md_replay(sec: ConfigSection) -> list[str]:
+    """The section's "Trace replay": each replayed point's fidelity verdict (docs/workloads.md, "Trace replay")."""
+    rows = [
+        [r.info.point_id, str((r.info.summary or {})["trace_fidelity"].get("verdict"))]
+        for r in sec.rows
+        if (r.info.summary or {}).get("trace_fidelity")
+    ]
+    return ["### Trace replay", "", _md_table(["point", "fidelity"], rows), ""] if rows else []
+
+
 def _md_section(sec: ConfigSection, columns: tuple = COLUMNS) -> list[str]:
     out = [f"## {sec.title}", ""]
     if sec.rows:
-        out += _md_points(sec, columns) + _md_by_prompt(sec) + _md_server_state(sec) + _md_diagnosis(sec)
+        out += (
+            _md_points(sec, columns) + _md_by_prompt(sec) + _md_replay(sec) + _md_server_state(sec)
+            + _md_diagnosis(sec)
+        )
     if sec.not_done:
         rows = [[p.point_id, p.status, p.reason or "-"] for p in sec.not_done]
         out += ["Points not measured:", "", _md_table(["point", "status", "reason"], rows), ""]
