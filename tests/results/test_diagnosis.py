@@ -281,6 +281,83 @@ def test_prefix_cache_misses_against_the_workloads_target():
     assert dg.prefix_cache_misses(s) is None
 
 
+@pytest.mark.fast
+def test_the_network_from_the_clients_ttft_against_the_servers_own():
+    """The client sees TTFT 142 ms, SGLang's own histogram 38 ms over the point: 104 ms on the wire, more than
+    NETWORK_GAP_MIN_MS and NETWORK_GAP_SHARE_MIN of the client's TTFT, ranked by the wire's share of it."""
+    st = _state()
+    st["latency"] = {"ttft": {"mean_s": 0.038, "count": 104}, "e2e": {"mean_s": 0.9, "count": 104}}
+    head = {"reasons": [], "workers": [{"cpu_pct": 30.0, "loop_lag_p99_ms": 0.4}], "read_lag_ms": None}
+    s = _summary(st, ttft_ms={"p50": 140.0, "mean": 142.0}, client_headroom=head, requests={"total": 100})
+    d = dg.diagnose(s)
+    assert (
+        d.line == "network: the client sees TTFT 142 ms, the server 38 ms (104 ms between them on the wire)"
+    )
+    # the client's own loop lag (0.4 ms p99) is taken off: 103.6 ms on the wire, its share of the client's TTFT
+    assert d.causes[0].evidence["wire_ms"] == pytest.approx(103.6)
+    assert d.causes[0].strength == pytest.approx(103.6 / 142)
+    # queueing behind it, ranked by the same measure (its wait's share of the client's TTFT): the wire's is larger
+    s["server_state"] = q = {
+        **_state(running=(7.9, 8), queued=(3.0, 6), queue_s=3.0, queue_n=100),
+        "latency": st["latency"],
+    }
+    s.update(point={**s["point"], "labels": {"max_running_requests": "8"}, "concurrency": 12},
+             diagnosis_evidence={"in_flight_levels": [[12, 1.0]], "itl_spikes": None})  # fmt: skip
+    assert [c.name for c in dg.diagnose(s).causes] == ["network", "queueing"]
+    # the client's own lag is taken off the gap, and said
+    s["client_headroom"] = {**head, "workers": [{"cpu_pct": 60.0, "loop_lag_p99_ms": 30.0}]}
+    assert dg.network(s, q).text == (
+        "the client sees TTFT 142 ms, the server 38 ms (74 ms between them on the wire, 30 ms more in the client's own lag)"
+    )
+    # a small gap: the HTTP stack, no network (below 20 ms, or below 25% of a long TTFT)
+    s["client_headroom"] = head
+    assert dg.network({**s, "ttft_ms": {"p50": 50.0, "mean": 52.0}}, q) is None
+    slow = {
+        **q,
+        "latency": {"ttft": {"mean_s": 0.38, "count": 104}},
+    }  # the server's own TTFT 380 ms: 40 ms, 10%
+    assert dg.network({**s, "ttft_ms": {"p50": 400.0, "mean": 420.0}}, slow) is None
+    # a CPU-bound client: its delays are not measured, the gap cannot be told from the wire
+    cpu = {**head, "reasons": ["vm:1: CPU 97% of a core > 90%"]}
+    assert dg.network({**s, "client_headroom": cpu}, q) is None
+    # another client's requests in the server's histogram: not the same requests
+    assert dg.network({**s, "requests": {"total": 40}}, q) is None
+    # no server histogram (an older summary, another server): no network cause, and nothing said
+    assert dg.network(s, _state()) is None
+    assert "network" not in dg.diagnose({**s, "server_state": _state()}).line
+
+
+@pytest.mark.fast
+def test_the_servers_own_ttft_and_e2e_over_a_point():
+    """server_state's `latency`: SGLang's TTFT and E2E histograms' sum / count increase between the first sample
+    (before the load) and the last; the `is_streaming` label sets summed; absent histograms: None."""
+    from servesweep.results.server_state import read_exposition, server_state
+
+    def text(ttft_sum, n, e2e_sum):
+        rows = []
+        for stream, share in (("true", 0.75), ("false", 0.25)):
+            lab = f'engine_type="unified",is_streaming="{stream}",model_name="m"'
+            rows += [
+                f"sglang:time_to_first_token_seconds_sum{{{lab}}} {ttft_sum * share}",
+                f"sglang:time_to_first_token_seconds_count{{{lab}}} {n * share}",
+                f"sglang:e2e_request_latency_seconds_sum{{{lab}}} {e2e_sum * share}",
+                f"sglang:e2e_request_latency_seconds_count{{{lab}}} {n * share}",
+            ]
+        return (
+            "# TYPE sglang:time_to_first_token_seconds histogram\n"
+            "# TYPE sglang:e2e_request_latency_seconds histogram\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            'sglang:num_running_reqs{model_name="m"} 2\n' + "\n".join(rows) + "\n"
+        )
+
+    assert read_exposition(text(4.0, 8, 40.0))["sglang:time_to_first_token_seconds_count"] == 8
+    st = server_state([(0.0, text(4.0, 8, 40.0)), (1.0, text(5.0, 12, 46.0)), (2.0, text(6.0, 28, 60.0))])
+    assert st["latency"] == {"ttft": {"mean_s": pytest.approx(2.0 / 20), "count": 20},
+                             "e2e": {"mean_s": pytest.approx(20.0 / 20), "count": 20}}  # fmt: skip
+    bare = 'sglang:num_running_reqs{model_name="m"} 2\n'
+    assert server_state([(0.0, bare), (1.0, bare)])["latency"] is None
+
+
 def _records(chunks: list[list[int]], first: list[int]) -> pa.Table:
     return pa.table({"chunk_ns": pa.array(chunks, pa.list_(pa.int64())), "first_token_ns": first})
 
@@ -419,6 +496,8 @@ SETUPS = {
                 ),
             ),  # fmt: skip
             ("roomy-c8", dict(concurrency=8, duration_s=5)),
+            # the same server reached through a link that holds every byte NETWORK_DELAY_S each way
+            ("network", dict(concurrency=2, duration_s=4, output_tokens=32)),
         ],
     ),
     # a 2-slot server, speculative decoding calibrated to accept almost nothing: a queueing point, and a point that
@@ -438,6 +517,83 @@ SETUPS = {
         [("client", dict(concurrency=16, duration_s=4, output_tokens=256))],
     ),
 }
+
+
+# the "network" point reaches its emulator through DelayLink: 30 ms each way, so a first token reaches the client
+# about 60 ms after the server sent it, and the request arrives 30 ms after it left
+NETWORK_DELAY_S = {"network": 0.03}
+
+
+class DelayLink:
+    """A TCP relay on 127.0.0.1 that holds every byte `delay_s` before passing it on, each way (netem's `delay`, in
+    user space: this machine's kernel has no sch_netem, so `tc qdisc ... netem delay` is refused in a namespace as
+    well). Order and bandwidth are kept; only time is added. A thread of its own runs its event loop."""
+
+    def __init__(self, port: int, delay_s: float):
+        import asyncio
+        import threading
+
+        self.upstream, self.delay_s = port, delay_s
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="delay-link", daemon=True)
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0), self.loop
+        ).result(10)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader, writer) -> None:
+        import asyncio
+        import contextlib
+
+        try:
+            up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream)
+        except OSError:
+            writer.close()
+            return
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            await asyncio.gather(self._pipe(reader, up_w), self._pipe(up_r, writer))
+        for w in (writer, up_w):
+            w.close()
+
+    async def _pipe(self, reader, writer) -> None:
+        """reader -> writer, each read held until it is delay_s old (an end too: a FIN is late like the data)."""
+        import asyncio
+
+        loop, held = self.loop, asyncio.Queue()
+
+        async def feed() -> None:
+            try:
+                while data := await reader.read(65536):
+                    held.put_nowait((loop.time() + self.delay_s, data))
+            finally:
+                held.put_nowait((loop.time() + self.delay_s, b""))
+
+        async def send() -> None:
+            while True:
+                due, data = await held.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                if not data:
+                    if writer.can_write_eof():
+                        writer.write_eof()
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        await asyncio.gather(feed(), send())
+
+    def close(self) -> None:
+        import asyncio
+
+        async def shut() -> None:
+            self.server.close()
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.cancel()
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
 
 # the "kv" point is also a matrix point kept past the KV pool on purpose: the small-kv server's flags as an
@@ -480,11 +636,16 @@ def emulated(tmp_path_factory):
                     labels = {"config_id": kept_entry["config_id"], "run_id": kept.run_dir.name}
                     knobs.update(point_id=kept_id, labels=labels)
                     out = kept.run_dir / kept_id
+                link = DelayLink(sim.port, NETWORK_DELAY_S[name]) if name in NETWORK_DELAY_S else None
                 point = LoadPoint(
-                    base_url=sim.base_url, model=MODEL, probe=False, template_overhead=0, continuous_usage=False,
-                    endpoint="chat", warmup_s=0, **knobs,
+                    base_url=f"http://127.0.0.1:{link.port}" if link else sim.base_url, model=MODEL, probe=False,
+                    template_overhead=0, continuous_usage=False, endpoint="chat", warmup_s=0, **knobs,
                 )  # fmt: skip
-                summaries[name] = run_point(point, out, slos=SLO, max_failure_rate=0.6)
+                try:
+                    summaries[name] = run_point(point, out, slos=SLO, max_failure_rate=0.6)
+                finally:
+                    if link is not None:
+                        link.close()
                 if name == KEPT_POINT:
                     kept_entry.update(status="done", dir=kept_id)
                     kept.save()
@@ -526,6 +687,34 @@ def test_each_emulated_cause_is_named_first_with_its_number(emulated, name, caus
     if name == "queue":  # the emulator observes SGLang's queue-time histogram: the wait read exactly
         assert summaries[name]["server_state"]["counters"]["queue_time_count"] > 0
         assert " s mean wait, " in d.causes[0].text, d.line
+
+
+@pytest.mark.timeout(300)
+def test_a_point_behind_a_slow_link_names_the_network_first(emulated):
+    """The roomy emulator reached through DelayLink (30 ms each way): the client's TTFT holds about 60 ms the
+    server's own TTFT (its histogram, request received to first token) does not; the verdict names the network
+    first, with both figures and the gap. The same server reached directly has no network cause."""
+    import re
+
+    _, summaries = emulated
+    s = summaries["network"]
+    assert s["server_state"]["latency"]["ttft"]["count"] >= s["requests"]["ok"] > 0, s["server_state"]
+    d = dg.diagnose(s)
+    print("network ->", d.line)
+    assert d.first == "network", d.line
+    text = d.causes[0].text
+    m = re.fullmatch(
+        r"the client sees TTFT (\d+) ms, the server (\d+) ms \((\d+) ms between them on the wire.*\)", text
+    )
+    assert m, text
+    client, server = int(m[1]), int(m[2])
+    assert client == round(s["ttft_ms"]["mean"])
+    assert server == round(s["server_state"]["latency"]["ttft"]["mean_s"] * 1000)
+    # the two 30 ms holds (the request on its way in, the first token on its way out), a little more for the relay
+    ev = d.causes[0].evidence
+    assert 55 <= ev["wire_ms"] + ev["client_lag_ms"] <= 200, ev
+    for direct in ("healthy", "roomy-c8"):
+        assert "network" not in [c.name for c in dg.diagnose(summaries[direct]).causes], direct
 
 
 @pytest.mark.timeout(300)

@@ -50,6 +50,14 @@ CACHE_HIT_SHORTFALL = 0.5  # a measured cache hit ratio below this fraction of t
 SPEC_ACCEPT_RATE_LOW = 0.2
 SPEC_ACCEPT_LENGTH_LOW = 1.5
 SPEC_OTHER_WEIGHT = 0.5
+# the network: the client's mean TTFT against the server's own (SGLang's time_to_first_token_seconds over the point,
+# server_state's `latency`). What lies between them, less the client's own delay (its event-loop and read lag p99),
+# is the wire (and the HTTP stacks either side): a cause when it is at least this many ms and this share of the
+# client's TTFT, the client not CPU-bound, and the server counted no more than this many times the client's requests
+# (more: another client's requests share the histogram, the means are not of the same requests)
+NETWORK_GAP_MIN_MS = 20.0
+NETWORK_GAP_SHARE_MIN = 0.25
+NETWORK_COUNT_RATIO_MAX = 1.5
 # the knee: the log-log slope of throughput over load (1 = scales, 0 = flat) must drop by this much at the break,
 # and latency must grow past it; slopes are scale-free, so a long context's long TTFT cannot trip it
 KNEE_SLOPE_DROP = 0.5
@@ -60,10 +68,12 @@ NO_CLEAR_CAUSE = "no clear cause"
 NOT_ENOUGH_SAMPLES = "not enough samples"
 
 # causes are ranked by strength (0..1, each cause's own measure of how much of the point it explains); ties broken
-# by what causes what: a client limit makes every other figure the client's; errors end requests;
+# by what causes what: a client limit makes every other figure the client's, and the network between them is in every
+# figure the client measured; errors end requests;
 # a full KV pool makes requests queue and retract; queueing makes TTFT; the rest shape ITL
 CAUSE_ORDER = (
     "client-bound",
+    "network",
     "server errors",
     "KV pressure",
     "queueing",
@@ -222,6 +232,7 @@ def diagnose(summary: dict, baseline: dict | None = None) -> Diagnosis:
         c
         for c in (
             client_bound(summary),
+            network(summary, state),
             server_errors(summary),
             kv_pressure(state, summary),
             queueing(summary, state, baseline),
@@ -298,6 +309,41 @@ def _client_strength(summary: dict) -> float:
 def _busiest(procs: list[dict], key: str) -> float:
     """The largest figure of the load-generating processes; infinite without one (the reason alone: full)."""
     return max((w.get(key) or 0.0 for w in procs), default=math.inf)
+
+
+def network(summary: dict, state: dict | None) -> Cause | None:
+    """Time between the client and the server: the client's mean TTFT (first token received minus request sent)
+    against the server's own mean TTFT of the same requests (server_state's `latency`: SGLang's histogram over the
+    point, request received to first token). The gap less the client's own delay (the largest event-loop lag p99
+    of its processes, the read lag p99: a late read is the client's, not the wire's) is the wire's: a cause when it
+    is at least NETWORK_GAP_MIN_MS and NETWORK_GAP_SHARE_MIN of the client's TTFT. None when the client was
+    CPU-bound (its delays are not measured then), without the server's histogram, or when the server counted more
+    than NETWORK_COUNT_RATIO_MAX × the client's requests (others' requests in its mean). Strength: the wire's share
+    of the client's TTFT."""
+    server = ((state or {}).get("latency") or {}).get("ttft")
+    client = (summary.get("ttft_ms") or {}).get("mean")
+    if not server or not client or server.get("mean_s") is None:
+        return None
+    sent = (summary.get("requests") or {}).get("total") or 0
+    if sent and (server.get("count") or 0) > NETWORK_COUNT_RATIO_MAX * sent:
+        return None
+    head = summary.get("client_headroom") or {}
+    if any("CPU" in r for r in head.get("reasons") or []):
+        return None
+    lags = [w.get("loop_lag_p99_ms") for w in head.get("workers") or [] if isinstance(w, dict)]
+    lags.append((head.get("read_lag_ms") or {}).get("p99"))
+    own = max((x for x in lags if isinstance(x, int | float) and math.isfinite(x)), default=0.0)
+    srv = server["mean_s"] * 1000.0
+    gap = client - srv
+    wire = gap - own
+    if wire < NETWORK_GAP_MIN_MS or wire < NETWORK_GAP_SHARE_MIN * client:
+        return None
+    between = f"{wire:.0f} ms between them on the wire" + (
+        f", {own:.0f} ms more in the client's own lag" if own >= 1 else ""
+    )
+    text = f"the client sees TTFT {client:.0f} ms, the server {srv:.0f} ms ({between})"
+    ev = {"client_ttft_ms": client, "server_ttft_ms": srv, "wire_ms": wire, "client_lag_ms": own}
+    return Cause("network", text, min(1.0, wire / client), ev)
 
 
 def server_errors(summary: dict) -> Cause | None:

@@ -3,7 +3,8 @@ point runs (driver/point.py), reduced to what a user reads (summary.json `server
 table). Pure functions: exposition text in, numbers out; nothing here does I/O.
 
 Gauges (SGLang sets them at every log interval: each prefill batch and every `--decode-log-interval` decode steps)
-get the mean and the max over the samples; counters get their increase over the point. Where a family has several
+get the mean and the max over the samples; counters get their increase over the point, and SGLang's own TTFT
+and E2E histograms their mean over it (`latency`: the sum's increase over the count's). Where a family has several
 label sets (one per DP rank, or per scheduler process with `--enable-metrics-for-all-schedulers`), the label sets
 are combined as follows: usages and utilization (fractions of one pool) take the max over every label set, the
 busiest rank; counts of requests are summed over `dp_rank` (each DP rank has its own requests) after the max within
@@ -67,9 +68,24 @@ COUNTERS: dict[str, str] = {
 # counters whose label sets are the scheduler's ranks (every TP/PP rank of a DP rank observes the same requests
 # with --enable-metrics-for-all-schedulers): combined like the counts of requests, not summed over label sets
 PER_RANK_COUNTERS = {"sglang:queue_time_seconds_sum", "sglang:queue_time_seconds_count"}
-# counters followed but not shown in server_state: prefix-cache hits (the shared_prefix check and agent points read
-# them through StateAccumulator.increase)
-TRACKED: dict[str, str] = {**COUNTERS, "cached_tokens": "sglang:cached_tokens_total"}
+# the server's own latency of the point's requests: SGLang's tokenizer histograms (`is_streaming` label sets, which
+# partition the requests: summed), their _sum's and _count's increase over the point -> server_state's `latency`
+# (the mean; the diagnosis compares it with the client's: the network between them)
+LATENCY: dict[str, tuple[str, str]] = {
+    "ttft": ("sglang:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_count"),
+    "e2e": ("sglang:e2e_request_latency_seconds_sum", "sglang:e2e_request_latency_seconds_count"),
+}
+# counters followed but not shown in server_state's `counters`: prefix-cache hits (the shared_prefix check and agent
+# points read them through StateAccumulator.increase), the latency histograms' sums and counts (`latency`)
+TRACKED: dict[str, str] = {
+    **COUNTERS,
+    "cached_tokens": "sglang:cached_tokens_total",
+    **{
+        f"{k}_{part}": name
+        for k, names in LATENCY.items()
+        for part, name in zip(("s", "count"), names, strict=True)
+    },
+}
 WANTED = (
     {name for name, _ in GAUGES.values()}
     | {n for names in POOL_GAUGES.values() for n in names}
@@ -98,7 +114,7 @@ def read_exposition(text: str) -> dict[str, float]:
                 by_name.setdefault(s.name, []).append((s.labels, float(s.value)))
     if not any_sglang:
         raise NotSGLang("/metrics holds no sglang:* series (another server, or --enable-metrics is off)")
-    counters = set(COUNTERS.values()) - PER_RANK_COUNTERS
+    counters = (set(COUNTERS.values()) - PER_RANK_COUNTERS) | {n for names in LATENCY.values() for n in names}
     maxed = {name for name, how in GAUGES.values() if how == "max"}
     out: dict[str, float] = {}
     for name, rows in by_name.items():
@@ -193,7 +209,22 @@ class StateAccumulator:
             # the gauges over the samples under load (first to last sample with a request running or queued);
             # None when no sample was busy. The diagnosis reads these (results/diagnosis.py)
             "load": {"samples": self.n_load, "gauges": self._means(self._load)} if self.n_load else None,
+            "latency": self._latency(),
         }
+
+    def _latency(self) -> dict[str, dict] | None:
+        """The server's own TTFT and E2E of the point's requests: {"ttft": {"mean_s", "count"}, "e2e": {...}}, from
+        the histograms' increase over the samples (the first sample is taken before the load and the last after
+        it: every request of the point, its warmup's too). A histogram the server does not expose, or that observed
+        no request, is left out; None when neither is there (or from a single sample)."""
+        if self.n < 2:
+            return None
+        out = {}
+        for key in LATENCY:
+            total, count = self.increase(f"{key}_s"), self.increase(f"{key}_count")
+            if total is not None and count:
+                out[key] = {"mean_s": total / count, "count": _tidy(count)}
+        return out or None
 
     def _means(self, acc: dict[str, list[float]]) -> dict[str, dict | None]:
         gauges: dict[str, dict | None] = {}
@@ -233,7 +264,10 @@ def server_state(samples: Iterable[tuple[float, str | dict]], interval_s: float 
      "counters": {key: increase over the point (a reset counts from 0, as Prometheus' increase() does)},
      "load": {"samples": N, "gauges": {...}}: the gauges over the samples under load only, from the first sample
        with a request running or queued to the last one (the sampler's samples before the first request and after
-       the last are idle, and would pull a short point's means toward 0); None when no sample was busy}"""
+       the last are idle, and would pull a short point's means toward 0); None when no sample was busy,
+     "latency": {"ttft": {"mean_s", "count"}, "e2e": {...}}: the server's own mean TTFT and E2E of the requests
+       over the point (SGLang's time_to_first_token_seconds and e2e_request_latency_seconds histograms: their sum's
+       increase / their count's); None without them}"""
     acc = StateAccumulator()
     for t, s in samples:
         if isinstance(s, str):
