@@ -1,4 +1,4 @@
-"""A trace replay in an experiment (issue 30): examples/traces/qwen36-27b-a6000-tp2-trace.yaml, the seed-B system
+"""A trace replay in an experiment (issue 30): examples/qwen36-27b-a6000-tp2-trace.yaml, the seed-B system
 replaying a generated Mooncake trace with a search over its speed-up (the replay capacity), parsed, planned and
 dry-run on the emulator: the capacity table's row is a speed-up of the trace (and per GPU), every probe replayed the
 whole window with its fidelity verdict in its summary."""
@@ -16,7 +16,7 @@ from servesweep.config.experiment import ExperimentError, load_experiment, parse
 from servesweep.results.capacity import table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "traces" / "qwen36-27b-a6000-tp2-trace.yaml"
+EXAMPLE = ROOT / "examples" / "qwen36-27b-a6000-tp2-trace.yaml"
 TRACE = ROOT / "examples" / "traces" / "mooncake-synth-64.jsonl"
 
 @pytest.mark.fast
