@@ -150,7 +150,20 @@ def test_a_replay_plan_and_the_cap_bound_starts_in_the_verdict(tmp_path):
         for i, (r, c) in enumerate(zip(t.requests, ideal_cached_tokens(t), strict=True))
     ]
     f = trace_fidelity(t, recs)
-    assert f.faithful and f.cap_bound_starts == 2
+    assert f.faithful and f.cap_bound_starts == 2 and f.short_outputs is None  # no completion_tokens: unknown
     assert f.verdict.endswith(
         "; concurrency cap bound: 2 starts waited for a free user (raise the concurrency)"
     )
+
+
+@pytest.mark.fast
+def test_answers_shorter_than_the_trace_are_stated():
+    s = synth.shared_prefix_requests(8, groups=2, prefix_blocks=1, own_blocks=1, output_length=16, seed=1)
+    t = s.trace
+    recs = [
+        {"trace_index": i, "prompt_tokens": r.input_length, "cached_tokens": c, "completion_tokens": 16 - (i == 5)}
+        for i, (r, c) in enumerate(zip(t.requests, ideal_cached_tokens(t), strict=True))
+    ]
+    f = trace_fidelity(t, recs)
+    assert f.faithful and f.short_outputs == 1
+    assert f.verdict.endswith("; 1 answers shorter than the trace's output length (stopped at EOS: ignore_eos off?)")

@@ -53,7 +53,7 @@ def test_servesweep_load_replays_a_mooncake_trace_cache_faithfully(sim, tmp_path
     assert abs(f["expected_hit_ratio"] - f["measured_hit_ratio"]) * 100 <= 1.0, f["verdict"]
     assert f["expected_hit_ratio"] == pytest.approx(s.expected_hit_ratio)
     assert f["requests_cache_off"] == 0 and f["prompt_length_mismatches"] == 0
-    assert f["cap_bound_starts"] == 0 and "cap bound" not in f["verdict"]
+    assert f["cap_bound_starts"] == 0 and "cap bound" not in f["verdict"] and f["short_outputs"] == 0
     # the server's own counter moved by the cached tokens the requests reported
     assert f["server_cached_tokens"] == f["measured_cached_tokens"] == s.expected_cached
     assert (

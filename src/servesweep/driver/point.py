@@ -532,7 +532,8 @@ def replay_fidelity(
     from servesweep.results.records import read_parquet
     from servesweep.results.trace_fidelity import trace_fidelity
 
-    cols = ["trace_index", "error_class", "prompt_tokens", "cached_tokens", "sent_ns", "first_token_ns", "cap_bound"]
+    cols = ["trace_index", "error_class", "prompt_tokens", "cached_tokens", "completion_tokens", "sent_ns"]
+    cols += ["first_token_ns", "cap_bound"]
     t = read_parquet(records).select([*cols, "mono_to_wall_ns"]).to_pylist()
     rows = [{**r, "ok": r["error_class"] is None} for r in t if r["trace_index"] is not None]
     cache = server_cache_tokens(point)

@@ -7,7 +7,8 @@ prompt cached only from its first token on): two requests that share a prefix an
 any server, so a measured rate between the two is faithful too, and the verdict says so. Measured: the `cached_tokens` the server reported per
 request (its usage), and the server's own counter (`sglang:cached_tokens_total`'s change, when given). Also:
 requests sent vs the trace, prompts whose `prompt_tokens` is not the trace's `input_length`, the schedule lag p99,
-and the starts the concurrency cap held back (records' `cap_bound`: sent late because every user was busy).
+the starts the concurrency cap held back (records' `cap_bound`: sent late because every user was busy), and the
+answers shorter than the trace's output length (the server stopped at EOS: `ignore_eos` off, or not honoured).
 
 The verdict is one line for the summary and the report:
 "replay faithful: cache hits 61.2% expected / 60.8% measured", or "replay NOT faithful: ..." with the reasons
@@ -54,6 +55,8 @@ class TraceFidelity(BaseModel):
     cache_tokens: int | None = None
     # starts (requests, sessions' first turns) that found every user busy at their slot; None: records do not say
     cap_bound_starts: int | None = None
+    # measured answers shorter than the trace's output_length; None: the records carry no completion_tokens
+    short_outputs: int | None = None
     tolerance_points: float = DEFAULT_TOLERANCE_POINTS
     faithful: bool
     verdict: str
@@ -100,6 +103,7 @@ def trace_fidelity(
     timed = timed and bool(seen)
     least = ideal_cached_tokens(trace, cache_tokens, sent_ns=sent, ready_ns=ready) if timed else None
     exp = meas = prompt = meas_prompt = mismatched = off_n = 0
+    short: int | None = None
     first_off: list[RequestOff] = []
     for i, rec in sorted(seen.items()):
         r = trace.requests[i]
@@ -110,6 +114,8 @@ def trace_fidelity(
         meas_prompt += int(rec["prompt_tokens"])
         if int(rec["prompt_tokens"]) != r.input_length:
             mismatched += 1
+        if rec.get("completion_tokens") is not None:
+            short = (short or 0) + (int(rec["completion_tokens"]) < max(1, r.output_length))
         if cached != expected[i]:
             off_n += 1
             if len(first_off) < 5:
@@ -144,6 +150,8 @@ def trace_fidelity(
         line += f"; schedule lag p99 {schedule_lag_p99_ms:.1f} ms"
     if bound:
         line += f"; concurrency cap bound: {bound} starts waited for a free user (raise the concurrency)"
+    if short:
+        line += f"; {short} answers shorter than the trace's output length (stopped at EOS: ignore_eos off?)"
     return TraceFidelity(
         requests_trace=n,
         requests_measured=len(seen),
@@ -160,6 +168,7 @@ def trace_fidelity(
         least_hit_ratio=low_ratio,
         cache_tokens=cache_tokens,
         cap_bound_starts=bound,
+        short_outputs=short,
         tolerance_points=tolerance_points,
         faithful=faithful,
         verdict=line,
