@@ -15,6 +15,7 @@ land 15% or more of TPOT away from the SLO; 5% resolution; one replay per probe)
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,3 +168,30 @@ def test_answers_shorter_than_the_trace_are_stated():
     f = trace_fidelity(t, recs)
     assert f.faithful and f.short_outputs == 1
     assert f.verdict.endswith("; 1 answers shorter than the trace's output length (stopped at EOS: ignore_eos off?)")
+
+
+@pytest.mark.fast
+def test_gate_and_compare_take_a_replay_capacity(tmp_path):
+    import json
+
+    from servesweep.results.capacity import CAPACITY_JSON, compare, gate
+
+    def run(name: str, lo: float, hi: float) -> Path:
+        row = {
+            "search": "s01.production-chat-p2100-o200-c32", "config": "s01", "workload": "production",
+            "prompt_tokens": 2100, "output_tokens": 200, "gpus": 2, "axis": "speedup", "tier": "t",
+            "capacity": lo, "bracket": [lo, hi], "stop": "resolution", "binding": "ttft_p95<=5s", "probes": 5,
+            "load_unit": "x trace", "at_capacity": {},
+        }  # fmt: skip
+        d = tmp_path / name
+        d.mkdir()
+        (d / CAPACITY_JSON).write_text(json.dumps({"run_id": name, "axis": "speedup", "rows": [row], "frontier": []}))
+        return d
+
+    old, new = run("old", 3.2, 3.5), run("new", 2.4, 2.6)
+    (row,) = gate(new, "2", None)  # every capacity at least 2x the trace
+    assert row[2], row
+    (row,) = gate(new, "90%", old)  # 90% of the baseline's 3.2x: the new first fail (2.6x) is below 2.88x
+    assert not row[2], row
+    (c,) = compare(json.loads((old / CAPACITY_JSON).read_text()), json.loads((new / CAPACITY_JSON).read_text()))
+    assert c["verdict"] == "lower" and c["ratio"] == pytest.approx(0.75)
