@@ -86,7 +86,7 @@ def session_requests(
         prev_full = 0
         for k in range(turns):
             full = first_blocks + k * grow_blocks
-            length = full * block_size + 100 + k
+            length = full * block_size + min(100, block_size // 2) + k  # a partial last block
             reqs.append(
                 TraceRequest(
                     timestamp_ms=s * gap_ms + k * delay_ms,
