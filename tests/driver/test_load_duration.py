@@ -46,25 +46,3 @@ def test_duration_point_finishes_running_streams(tmp_path):
     assert s["requests"]["warmup"] == len(warm)
     assert s["requests"]["measured"] == len(recs) - len(warm) == s["requests"]["ok"]
     assert s["window_s"] >= 1.5 - 0.3
-
-
-def test_worker_processes_ship_their_records_to_the_master(tmp_path):
-    """run_point(workers=2): Locust --processes; each worker's records reach the master with its reports."""
-    with start_sim(
-        ["--model-path", MODEL, "--sim-calibration", "speedup=4"], ground_truth=tmp_path / "gt"
-    ) as sim:
-        p = LoadPoint(
-            base_url=sim.base_url,
-            model=MODEL,
-            probe=False,
-            concurrency=4,
-            prompt_tokens=500,
-            output_tokens=32,
-            duration_s=2.0,
-        )
-        s = run_point(p, tmp_path / "p", workers=2)
-        gt = {d["id"] for d in sim.stop_and_read_ground_truth()}
-    recs = read_parquet(tmp_path / "p" / "records.parquet").to_pylist()
-    assert len({r["worker"] for r in recs}) == 2
-    assert {r["request_id"] for r in recs} == gt
-    assert s["requests"]["ok"] == len(recs) > 4

@@ -6,7 +6,8 @@ streams running at the end of a duration point recorded; a worker that dies mid-
 
 The master runs servesweep's own command line (driver/command.master_command, what run_point starts for worker
 hosts) and the workers the locust_worker role's (`--worker --point-json`), or both are typed by hand as the README
-shows. Beside them, tests/driver/test_local_workers.py and test_multihost.py keep what needs real processes: Locust's
+shows. They replace two subprocess tests that checked only this logic (tests/client/test_locust_headless.py, a
+master and a worker typed by hand with -t; test_load_duration's records shipped from --processes workers). Beside them, tests/driver/test_local_workers.py and test_multihost.py keep what needs real processes: Locust's
 --processes fork, exit statuses and signals, status files per pid, the parent's summary, hosts and networks.
 """
 
