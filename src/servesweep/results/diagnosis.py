@@ -454,7 +454,7 @@ def queueing(summary: dict, state: dict | None, baseline: dict | None = None) ->
     """Requests waiting in SGLang's queue because of its running cap: num_queue_reqs mean ≥ QUEUE_MEAN_MIN, the
     cap binding (the client held more requests in flight than the cap for AT_CAP_SHARE_MIN of the point: with no
     cap set, the cap read is the most SGLang ran, and a closed loop of N that ran N waits for no cap), and a
-    material wait (at least QUEUE_WAIT_ITL_MIN × ITL p50: a returning request that waits for the step in flight is
+    material wait (at least QUEUE_WAIT_ITL_MIN × ITL p50 per chunk: a returning request that waits for the step in flight is
     no queue). Strength: the wait's share of the mean TTFT."""
     queued = _gauge(state, "num_queue_reqs", "mean")
     if queued is None or queued < QUEUE_MEAN_MIN:
