@@ -34,6 +34,9 @@ from servesweep.results.summary import summarize
 from servesweep.results.table import results_table
 from servesweep.sim.launch import start_sim
 
+# assertions wait as long as actions (Playwright's 5 s default is an idle machine's): slow, never wrong
+expect.set_options(timeout=30_000)
+
 LOAD_COLUMNS = [c.header for c in results_table([]).columns]  # `servesweep load`'s table
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -182,7 +185,7 @@ def page():
         try:
             ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
             pg = ctx.new_page()
-            pg.set_default_timeout(20_000)
+            pg.set_default_timeout(60_000)  # a 2-core machine under the whole suite: slow, never wrong
             yield pg
         finally:
             browser.close()

@@ -27,6 +27,9 @@ from servesweep.config.point import GROUPS, knobs
 from servesweep.net import free_port
 from servesweep.sim.launch import start_sim
 
+# assertions wait as long as actions (Playwright's 5 s default is an idle machine's): slow, never wrong
+expect.set_options(timeout=30_000)
+
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "locustfiles" / "llm.py"
 CHROMIUM = "/usr/bin/chromium"
@@ -99,7 +102,7 @@ def page():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             pg = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            pg.set_default_timeout(20_000)
+            pg.set_default_timeout(60_000)  # a 2-core machine under the whole suite: slow, never wrong
             yield pg
         finally:
             browser.close()
