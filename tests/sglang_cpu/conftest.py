@@ -29,7 +29,7 @@ functional checks only.
 The files run in FILE_ORDER (pytest_collection_modifyitems below), not by name: test_vs_emulator.py needs a fresh
 server (its first /metrics scrape is SGLang's state at start) and test_server.py ends by SIGTERMing its server, so
 test_server.py comes after test_vs_emulator.py and checks the same server (the same flags) instead of starting its
-own: one SGLang start (25-30 s) fewer.
+own: one SGLang start (25-30 s) fewer. test_replay_on_sglang.py replays its traces on that server too, between them.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ from servesweep.sglang.cpu import env as cpu_env
 from servesweep.sglang.cpu import launch
 
 MAX_ALIVE = 2
-FILE_ORDER = ("test_env.py", "test_stand_in.py", "test_matrix.py", "test_vs_emulator.py", "test_server.py")
+FILE_ORDER = (
+    "test_env.py", "test_stand_in.py", "test_matrix.py", "test_vs_emulator.py", "test_replay_on_sglang.py", "test_server.py",
+)
 
 
 def pytest_collection_modifyitems(items: list) -> None:
