@@ -118,6 +118,8 @@ def test_two_workers_keep_each_session_on_one_worker_in_turn_order(sim, tmp_path
         for a, b in zip(turns, turns[1:], strict=False):
             # each turn 30 ms after the previous one's end (its record's end: the last chunk's arrival)
             gap_ms = (b["sent_ns"] - a["end_ns"]) / 1e6
-            assert 30.0 <= gap_ms < 80, gap_ms
+            # never early; late only by the loaded machine's scheduling (98 ms seen under five pytest workers), far
+            # from a delay read in the wrong unit or counted from the wrong turn
+            assert 30.0 <= gap_ms < 1000, gap_ms
         for x in turns:
             assert gt[x["request_id"]]["cached_tokens"] == x["cached_tokens"] == expected[x["trace_index"]]
