@@ -103,7 +103,14 @@ def spec_for(block, start: float | None, **over: Any) -> SearchSpec:
 
 
 def price_search(
-    exp, rs, timer, prompt: int, output: int, overhead_s: float, rate_per_load: float | None = None
+    exp,
+    rs,
+    timer,
+    prompt: int,
+    output: int,
+    overhead_s: float,
+    rate_per_load: float | None = None,
+    requests: int | None = None,
 ) -> dict[str, Any]:
     """The planner's view of one search: the start (the first tier's predicted capacity), each tier's predicted
     capacity, and the probes, calls, requests and seconds the search takes if the model is right."""
@@ -112,11 +119,13 @@ def price_search(
     log: list[float] = []
     probe = model_probe(timer, rs, exp, prompt, output, log, rate_per_load)
     # the model's own search from the lower bound finds the predicted capacities (its probes are not counted)
-    first = search(probe, tiers, spec_for(block, block.lower, bootstrap=50, bootstrap_pooled=20))
+    # a replay's probe is its whole window (`requests`), whatever its statistics would ask
+    over: dict[str, Any] = {"min_requests": requests} if requests else {}
+    first = search(probe, tiers, spec_for(block, block.lower, bootstrap=50, bootstrap_pooled=20, **over))
     caps = {name: t.capacity for name, t in first.tiers.items()}
     start = next(iter(caps.values())) or block.load_value(block.lower)  # fails at lower: start there
     log.clear()
-    run = search(probe, tiers, spec_for(block, start, bootstrap=50, bootstrap_pooled=20))
+    run = search(probe, tiers, spec_for(block, start, bootstrap=50, bootstrap_pooled=20, **over))
     return {
         "start": block.start if block.start is not None else start,
         "predicted_capacity": caps,

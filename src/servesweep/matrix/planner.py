@@ -313,7 +313,10 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
                     # a speed-up search: the trace's mean lengths, its arrivals at speed 1 (workload/trace/plan.py)
                     prompt, output = round(rp["prompt_mean"]), round(rp["output_mean"])
                     rate = rp["rate_rps"] / rp["speed_up"]
-                pp.search = price_search(exp, rs, timer, prompt, output, POINT_OVERHEAD_S, rate_per_load=rate)
+                n = rp.get("requests") if rp else None
+                pp.search = price_search(
+                    exp, rs, timer, prompt, output, POINT_OVERHEAD_S, rate_per_load=rate, requests=n
+                )
                 pp.est_s = pp.search["seconds"]
     if any(CONTEXT_TOO_SHORT in pp.codes for pp in cp.points):
         want = _needed_context(need_max)
