@@ -51,15 +51,19 @@ sglang-cpu: sglang-cpu-env
 test-deps: $(STAMP) system-deps sglang-cpu-env
 	$(PY) tests/sim/sglang_reference.py --install
 
-# The whole suite: what CI runs. Three sessions: the package's tests on pytest workers; the in-Locust session
-# (tests/inlocust, gevent allowed); the real-SGLang tier (tests/sglang_cpu) in one process after them, so its
-# servers (~3.6 GB each, at most two at once) are shared between its files and do not compete with the rest.
+# The whole suite: what CI runs. Three sessions: the package's tests on pytest workers; then the real-SGLang tier
+# (tests/sglang_cpu) in one process, so its servers (~3.6 GB each, at most three at once) are shared between its files
+# and do not compete with the rest, and beside it the in-Locust session (tests/inlocust, gevent allowed; 40 s that
+# mostly wait on short real-time runs, while the tier mostly waits on SGLang: 3.6 min idle, cold run 2026-12-04).
 test: test-deps bytecode
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 --ignore=tests/sglang_cpu
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/inlocust
-	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/sglang_cpu
+	@log=$$(mktemp); \
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/inlocust > $$log 2>&1 & inlocust=$$!; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 tests/sglang_cpu; tier=$$?; \
+	wait $$inlocust; rc=$$?; echo "--- tests/inlocust, run beside the real-SGLang tier:"; cat $$log; rm -f $$log; \
+	exit $$(( tier != 0 ? tier : rc ))
 
 # Under a minute, no process started (tests/conftest.py refuses them): pure functions, schemas, parsers, planners,
 # and the locustfile's logic driven in-process.

@@ -89,6 +89,19 @@ SLOWEST_FIRST = [
     "tests/matrix/test_examples.py",
     "tests/matrix/test_search.py",
     "tests/matrix/test_unexpected_error.py",
+    # 30-45 s each under five workers (cold run, 2026-12-04), late in collection order otherwise: the suite's tail
+    "tests/test_bench_smoke.py",
+    "tests/client/test_webui.py",
+    "tests/matrix/test_trace_experiment.py",
+    "tests/client/test_webui_charts.py",
+    "tests/matrix/test_replay_capacity.py",
+    "tests/matrix/test_capacity_agent.py",
+    "tests/observe/test_locust_in_stack.py",
+    "tests/observe/test_prometheus_e2e.py",
+    "tests/workload/test_workloads.py",
+    "tests/telemetry/test_point_energy.py",
+    "tests/test_exit_code_table.py",
+    "tests/workload/test_trace_replay.py",
 ]
 
 
