@@ -274,8 +274,10 @@ class Worker(LocustProcess):
         self.name = name
         self.reports: list[dict] = []
         self.killed = False
+        self.end_ns: int | None = None  # when this worker got the master's end of a duration point (END_MSG)
         super().__init__(*argv)
         self._rename()
+        self._stamp_end()
         # last: after every listener of the locustfile and the web UI module (the context may be built at test start)
         self.env.events.test_start.add_listener(lambda **_k: self._rename())
         self.env.events.report_to_master.add_listener(
@@ -285,6 +287,22 @@ class Worker(LocustProcess):
 
     def _create_runner(self):
         return self.env.create_worker_runner(self.opts.master_host, self.opts.master_port)
+
+    def _stamp_end(self) -> None:
+        """The locustfile's END_MSG handler, stamped when it runs: a worker stops sending when the end reaches it,
+        a message's trip after the master's timer (the same in real processes, over the network)."""
+        from servesweep.client.messages import END_MSG
+
+        entry = self.runner.custom_messages.get(END_MSG)
+        if entry is None:
+            return
+        handler, concurrent = entry
+
+        def stamped(*args, **kwargs):
+            self.end_ns = self.end_ns or time.monotonic_ns()
+            return handler(*args, **kwargs)
+
+        self.runner.custom_messages[END_MSG] = (stamped, concurrent)
 
     def _rename(self) -> None:
         ctx = getattr(self.env, "servesweep", None)

@@ -229,7 +229,10 @@ def test_a_duration_point_on_two_workers_records_the_streams_running_at_its_end(
     assert all(r["error_class"] is None and r["completion_tokens"] == 100 for r in recs)
     # the end: the master's test start + the duration (the records' clock is this process's monotonic one)
     end = run.master.test_start_ns + int(1e9)
-    assert all(r["sent_ns"] < end for r in recs), "nothing sent after the end"
+    # each worker stops sending when the master's end reaches it (a message's trip after the master's timer)
+    got_end = {w.ctx.worker: w.end_ns for w in run.workers}
+    assert all(got_end.values()), got_end
+    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after the end reached its worker"
     assert any(r["end_ns"] > end for r in recs), "streams were running at the end and finished"
     assert run.master.env.servesweep.drained == {w.runner.client_id for w in run.workers}
     by_worker = Counter(r["worker"] for r in recs)
@@ -258,7 +261,9 @@ def test_by_hand_run_time_on_a_master_ends_like_a_duration_point(sim_fast, tmp_p
     assert sorted(r["request_id"] for r in recs) == sorted(completed_by_emulator(sim_fast, 440))
     assert all(r["error_class"] is None and r["completion_tokens"] == 100 for r in recs)
     end = run.master.test_start_ns + int(3e9)
-    assert all(r["sent_ns"] < end for r in recs), "nothing sent after -t"
+    got_end = {w.ctx.worker: w.end_ns for w in run.workers}
+    assert all(got_end.values()), got_end
+    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after -t reached its worker"
     assert any(r["end_ns"] > end for r in recs), "streams were running at -t and finished"
     assert run.master.env.servesweep.drained == {w.runner.client_id for w in run.workers}
     assert set(Counter(r["worker"] for r in recs)) == {w.ctx.worker for w in run.workers}
