@@ -206,6 +206,15 @@ def test_by_hand_master_and_workers_without_host_split_the_budget(sim_fast, tmp_
     merged_stats_are_the_workers_sum(run, table)
 
 
+def _ended_with_streams_running(run: DistributedRun, recs: list[dict], end: int) -> None:
+    """Nothing was sent after the end reached its worker (each stops when the master's end arrives: a message's trip
+    after the master's timer at `end`), and streams that were running at `end` finished and were recorded."""
+    got_end = {w.ctx.worker: w.end_ns for w in run.workers}
+    assert all(got_end.values()), got_end
+    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after the end reached its worker"
+    assert any(r["end_ns"] > end for r in recs), "streams were running at the end and finished"
+
+
 def test_a_duration_point_on_two_workers_records_the_streams_running_at_its_end(sim_fast, tmp_path, caplog):
     """A duration point over two workers (servesweep's master command): at its end the master tells the workers,
     they finish their streams in flight, ship every record and say so; then the master quits. Every stream the
@@ -228,12 +237,7 @@ def test_a_duration_point_on_two_workers_records_the_streams_running_at_its_end(
     assert sorted(r["request_id"] for r in recs) == sorted(completed_by_emulator(sim_fast, 380))
     assert all(r["error_class"] is None and r["completion_tokens"] == 100 for r in recs)
     # the end: the master's test start + the duration (the records' clock is this process's monotonic one)
-    end = run.master.test_start_ns + int(1e9)
-    # each worker stops sending when the master's end reaches it (a message's trip after the master's timer)
-    got_end = {w.ctx.worker: w.end_ns for w in run.workers}
-    assert all(got_end.values()), got_end
-    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after the end reached its worker"
-    assert any(r["end_ns"] > end for r in recs), "streams were running at the end and finished"
+    _ended_with_streams_running(run, recs, run.master.test_start_ns + int(1e9))
     assert run.master.env.servesweep.drained == {w.runner.client_id for w in run.workers}
     by_worker = Counter(r["worker"] for r in recs)
     assert by_worker == {w.ctx.worker: w.ctx.issued for w in run.workers}, (
@@ -260,11 +264,7 @@ def test_by_hand_run_time_on_a_master_ends_like_a_duration_point(sim_fast, tmp_p
     recs = read_parquet(tmp_path / "r.parquet").to_pylist()
     assert sorted(r["request_id"] for r in recs) == sorted(completed_by_emulator(sim_fast, 440))
     assert all(r["error_class"] is None and r["completion_tokens"] == 100 for r in recs)
-    end = run.master.test_start_ns + int(3e9)
-    got_end = {w.ctx.worker: w.end_ns for w in run.workers}
-    assert all(got_end.values()), got_end
-    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after -t reached its worker"
-    assert any(r["end_ns"] > end for r in recs), "streams were running at -t and finished"
+    _ended_with_streams_running(run, recs, run.master.test_start_ns + int(3e9))
     assert run.master.env.servesweep.drained == {w.runner.client_id for w in run.workers}
     assert set(Counter(r["worker"] for r in recs)) == {w.ctx.worker for w in run.workers}
 
