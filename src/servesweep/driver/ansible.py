@@ -92,7 +92,7 @@ def run_playbook(
     `inventory` is a path to an inventory file or inventory text (INI). `on_event` sees every ansible-runner
     event (for progress display); `cancel` is polled and stops the run when it returns True. `tag` goes into the
     private data dir's name (remove_private_dirs(tag) removes what a SIGKILLed caller left). `owned`
-    (manifest.OwnedProcesses): the playbook's processes are recorded there while they run.
+    (processes.OwnedProcesses): the playbook's processes are recorded there while they run.
 
     `secrets` (extravar name -> value) reach the playbook through 0600 files in the private data dir (removed at
     the end), never through extravars (ansible-runner may put those on ansible-playbook's command line) or the
@@ -348,7 +348,7 @@ class _Tracker:
     def finish(self) -> int:
         """Kill what is left of the recorded processes (a timed-out or cancelled playbook leaves task workers and
         their modules running); forget them. Returns how many were killed."""
-        from servesweep.results.manifest import owned_now
+        from servesweep.processes import owned_now
 
         self.sample()
         n = 0

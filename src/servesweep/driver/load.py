@@ -513,7 +513,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from servesweep.results.manifest import OwnedProcesses
+    from servesweep.processes import OwnedProcesses
     from servesweep.results.store import new_run, write_manifest
 
     resume_dir = run.opts.get("resume_dir")

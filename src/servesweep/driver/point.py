@@ -219,7 +219,7 @@ def run_point(
     "master_port": 5557, "extravars": {...}, "package": WHEEL}); the master binds master_host. Either way a worker
     that dies mid-point is named in summary.json with the requests it lost, and the point is marked degraded.
 
-    `owned` (manifest.OwnedProcesses): the Locust process group is recorded there (pid and start time) while it
+    `owned` (processes.OwnedProcesses): the Locust process group is recorded there (pid and start time) while it
     runs, so a resumed run can stop exactly it. An exception while Locust runs (Interrupted: a signal) stops the
     group (SIGTERM, SIGKILL after STOP_GRACE_S) and keeps the records Locust wrote as records.partial.parquet with
     interrupted.json (keep_partial) before it goes on up. `max_failure_rate`: summary["failure_check"] says
@@ -421,7 +421,7 @@ def _run_locust(
                 start_new_session=True,
             )
             if owned is not None:
-                from servesweep.results.manifest import process_ref
+                from servesweep.processes import process_ref
 
                 ref = process_ref(proc.pid, "locust", group=True, point=point.id)
                 owned.add([ref])

@@ -43,6 +43,7 @@ from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, 
 from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
 from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
 from servesweep.net import free_port
+from servesweep.processes import OwnedProcesses
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
 from servesweep.results.degraded import degradation
@@ -450,7 +451,7 @@ class RunState:
     exp: Experiment
     plan: Plan
     keep_server: bool
-    owned: mf.OwnedProcesses  # processes.json: the Locust groups and Ansible processes of this run
+    owned: OwnedProcesses  # processes.json: the Locust groups and Ansible processes of this run
     api_key: str | None
     key_env: str | None  # the variable each Locust child gets the run's key under (driver.point.run_point)
     stop: StopState = field(default_factory=StopState)
@@ -498,7 +499,7 @@ class ServerRun:
         return self.shared.keep_server
 
     @property
-    def owned(self) -> mf.OwnedProcesses:
+    def owned(self) -> OwnedProcesses:
         return self.shared.owned
 
     @property
@@ -1043,7 +1044,7 @@ class Runner(ServerRun):
             plan=make_plan(exp),
             keep_server=keep_server,
             # a resumed run stops the processes the interrupted run left (and nothing else)
-            owned=mf.OwnedProcesses(m.run_dir),
+            owned=OwnedProcesses(m.run_dir),
             api_key=api_key,
             # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it
             # in its own environment (driver.point.run_point)
@@ -1630,7 +1631,7 @@ def command(
             m = mf.Manifest.load(Path(resume).resolve())
         except (FileNotFoundError, ValueError) as e:
             raise CouldNotRun(str(e)) from None
-        owner = mf.OwnedProcesses(m.run_dir).previous_owner_alive()
+        owner = OwnedProcesses(m.run_dir).previous_owner_alive()
         if owner is not None:
             raise CouldNotRun(
                 f"run {m.data['run_id']} is still running (servesweep process {owner}): stop it first "

@@ -3,7 +3,7 @@ report, compare, gate and the exporter use.
 
     runs/<run_id>/
         manifest.json        what the run is and how far it got; rewritten atomically after every change
-        processes.json       the processes the run started, while they run (results/manifest.py OwnedProcesses)
+        processes.json       the processes the run started, while they run (servesweep/processes.py OwnedProcesses)
         <point_id>/          one folder per finished point (a point folder)
             records.parquet  one row per request (results/records.py)
             summary.json     summarize() of the records plus what the driver adds: `point_id`, `point` (the
