@@ -80,6 +80,25 @@ def _answer_fault(value: str):
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _crawl(value: str) -> tuple[float, float]:
+    from .faults import parse_crawl
+
+    try:
+        return parse_crawl(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        s = -1.0
+    if not 0 <= s < float("inf"):
+        raise argparse.ArgumentTypeError(f"--sim-hang-after: {value!r} is not a number of seconds ≥ 0")
+    return s
+
+
 def _calibration(value: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in value.split(","))):
@@ -123,6 +142,20 @@ def build_parser(
         type=_answer_fault,
         default=None,
         help="loop[:N], wrong_past:T or spec_diverge[:N]: every answer of this server (a broken server)",
+    )
+    s.add_argument(
+        "--sim-hang-after",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="S seconds after ready the server hangs: connections accepted, nothing ever answered (/health too)",
+    )
+    s.add_argument(
+        "--sim-crawl-after",
+        type=_crawl,
+        default=None,
+        metavar="S:FACTOR",
+        help="S seconds after ready every engine step becomes FACTOR times slower (e.g. 5:10)",
     )
     s.add_argument("--sim-ground-truth", default=None, help="append one JSON line per finished request here")
     s.add_argument(

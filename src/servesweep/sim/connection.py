@@ -76,6 +76,7 @@ METHODS = {
     "/flush_cache": ("GET", "POST"),
     "/abort_request": ("POST",),
     "/sim/gpu": ("GET", "POST"),
+    "/sim/fault": ("GET", "POST"),
 }
 
 

@@ -209,6 +209,10 @@ class Engine:
         self.sched_ns = 0
         self._inflight: tuple | None = None
         self._stopped = False
+        # server-wide faults (sim/faults.py ServerFaults): every step this many times slower; a hung engine
+        # never ends its step in flight nor starts another
+        self.slowdown = 1.0
+        self.hung = False
 
     # ---------------------------------------------------------------- public API
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -231,6 +235,17 @@ class Engine:
             self._hr.close()
             self._hr = None
         self._busy = False
+
+    def hang(self) -> None:
+        """Stop dead (a hung GPU or collective): the step in flight never ends, nothing runs again, requests that
+        arrive wait forever. Only `stop` (the process's end) follows."""
+        self.hung = True
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._hr is not None:
+            self._hr.cancel()
 
     def now(self) -> float:
         """The engine's notion of the current time (the clock's units; virtual seconds in simulated mode)."""
@@ -505,6 +520,8 @@ class Engine:
             self._inflight = (False, run, dns, None)
         if self._noise > 0:
             dur *= self._rng.lognormvariate(0.0, self._noise)
+        if self.slowdown != 1.0:  # --sim-crawl-after: the only per-step cost of the server faults
+            dur *= self.slowdown
         return dur
 
     def _prepare_decode(self) -> tuple[list[EngineRequest], list[int] | None, int] | None:

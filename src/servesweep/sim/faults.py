@@ -13,6 +13,12 @@ Kinds (what the client sees):
 
 On a non-streaming request the mid-stream kinds act on its one body: `disconnect` closes the socket instead of
 answering, `error_event` answers 500, `stall:S` answers S seconds late, `malformed` sends a truncated JSON body.
+
+Server-wide faults, from a moment on (`--sim-hang-after S`, `--sim-crawl-after S:FACTOR`, seconds after the server
+is ready, or `POST /sim/fault` at run time):
+- hang: the server still accepts connections and reads requests but never answers anything again (`/health`
+  included); streams in flight get no further byte; the process stays up (a hung GPU or collective).
+- crawl: every engine step takes FACTOR times as long (a throttled or failing GPU); everything still answers.
 """
 
 from __future__ import annotations
@@ -21,7 +27,17 @@ import random
 from dataclasses import dataclass
 
 ANSWER_KINDS = ("loop", "wrong_past", "spec_diverge")
-KINDS = ("429", "500", "503", "disconnect", "error_event", "stall", "malformed", "slow_first_byte", *ANSWER_KINDS)
+KINDS = (
+    "429",
+    "500",
+    "503",
+    "disconnect",
+    "error_event",
+    "stall",
+    "malformed",
+    "slow_first_byte",
+    *ANSWER_KINDS,
+)
 PRE_STREAM = {"429": "Too Many Requests", "500": "Internal Server Error", "503": "Service Unavailable"}
 _DEFAULT_ARG = {
     "disconnect": 2.0,
@@ -105,3 +121,15 @@ class FaultPicker:
             if u < acc:
                 return fault
         return None
+
+
+def parse_crawl(value: str, where: str = "--sim-crawl-after") -> tuple[float, float]:
+    """`30:10` -> (30.0, 10.0): from 30 s after ready on, every step 10 times as long. FACTOR ≥ 1."""
+    after, sep, factor = value.partition(":")
+    try:
+        a, f = float(after), float(factor)
+    except ValueError:
+        raise ValueError(f"{where}: {value!r} is not SECONDS:FACTOR (e.g. 30:10)") from None
+    if not sep or a < 0 or not f >= 1 or f == float("inf"):
+        raise ValueError(f"{where}: {value!r}: SECONDS must be ≥ 0 and FACTOR a number ≥ 1 (e.g. 30:10)")
+    return a, f

@@ -77,6 +77,7 @@ class SimApp:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = False
         self.draining = False
+        self.hung = False  # a server-wide hang (sim/faults.py): nothing is answered any more
         self.start_wall = time.time()
         self.served_model_name = args.served_model_name or args.model_path
         self.tokenizer = None
@@ -137,6 +138,7 @@ class SimApp:
             "/ping": self.h_ping,
             "/sim/gpu": self.h_sim_gpu,
             "/sim/dcgm": self.h_sim_dcgm,
+            "/sim/fault": self.h_sim_fault,
         }
         # rid -> request in flight (for /abort_request abort_all and sglang:http_requests_active)
         self._active: dict[str, GenerationStream] = {}
@@ -178,6 +180,8 @@ class SimApp:
         self.tokenizer = tok
 
     def dispatch(self, conn: Connection, req: Request):
+        if self.hung:  # read, never answered: the connection stays busy, later requests on it queue behind
+            return
         path = req.path
         handler = self.routes.get(path)
         if handler is None and path.startswith("/v1/models/"):
@@ -202,7 +206,7 @@ class SimApp:
             if api_key and not (
                 path.startswith("/health")
                 or path.startswith("/metrics")
-                or path in ("/ready", "/sim/gpu", "/sim/dcgm")
+                or path in ("/ready", "/sim/gpu", "/sim/dcgm", "/sim/fault")
             ):
                 auth = req.headers.get("authorization", "")
                 if auth != "Bearer " + api_key:
@@ -266,6 +270,45 @@ class SimApp:
             except (ValueError, TypeError) as e:
                 raise HttpError(400, P.dumps({"error": str(e)}), JSON) from None
         conn.respond(req, 200, P.dumps(self.gpu_meter.read()), JSON)
+
+    def h_sim_fault(self, conn, req):
+        """Server-wide faults at run time (sim/faults.py): POST {"hang": true} or {"crawl": FACTOR}, with an optional
+        "after_s" (default 0); the answer comes first. GET: {"hung": false, "crawl": FACTOR}."""
+        if req.method == "POST":
+            body = self._json(req, need_ctype=False)
+            after = body.get("after_s", 0)
+            crawl = body.get("crawl")
+            ok = isinstance(after, (int, float)) and 0 <= after < float("inf")
+            ok = ok and (body.get("hang") is True) != (crawl is not None)
+            ok = ok and (crawl is None or (isinstance(crawl, (int, float)) and 1 <= crawl < float("inf")))
+            if not ok:
+                raise HttpError(
+                    400,
+                    P.dumps(
+                        {"error": 'expected {"hang": true} or {"crawl": FACTOR >= 1}, and "after_s" >= 0'}
+                    ),
+                    JSON,
+                )
+            assert self.loop is not None
+            if crawl is None:
+                self.loop.call_later(after, self.hang_now, "POST /sim/fault")
+            else:
+                self.loop.call_later(after, self.crawl_now, float(crawl), "POST /sim/fault")
+        state = {"hung": self.hung, "crawl": self.engine.slowdown}
+        conn.respond(req, 200, P.dumps(state), JSON)
+
+    def hang_now(self, why: str) -> None:
+        """From now on nothing is answered (sim/faults.py). One log line says so: the emulator's record of what
+        it injected (a real hung server logs nothing)."""
+        if self.hung or self.draining:
+            return
+        log.warning(f"servesweep sim: hanging now ({why}): connections accepted, nothing answered any more")
+        self.hung = True
+        self.engine.hang()
+
+    def crawl_now(self, factor: float, why: str) -> None:
+        log.warning(f"servesweep sim: every step {factor:g}x slower from now on ({why})")
+        self.engine.slowdown = factor
 
     def h_sim_dcgm(self, conn, req):
         """The same GPUs as a dcgm-exporter's /metrics (its names and labels; sim/power.py dcgm_text)."""
@@ -346,7 +389,12 @@ class SimApp:
             load = float(self.args.sim_load_time)
             graphs = dict.fromkeys(("prefill", "decode", "target_verify", "draft_prefill", "draft_decode",
                                     "draft_extend"), 0.0)  # fmt: skip
-            phases = {"load_weight": load, "kv_cache_allocation": 0.0, "scheduler_e2e": load, "cuda_graph": graphs}
+            phases = {
+                "load_weight": load,
+                "kv_cache_allocation": 0.0,
+                "scheduler_e2e": load,
+                "cuda_graph": graphs,
+            }
             graph = (r.memory_usage or {}).get("graph") if isinstance(r.memory_usage, dict) else None
             internal.update(startup_time=phases, decode_cuda_graph_bs=[],
                             decode_cuda_graph_memory_gb=float((graph or {}).get("decode", 0.0) or 0.0))  # fmt: skip
@@ -642,7 +690,9 @@ class SimApp:
                 return self._reject(conn, req, kind, P.context_too_long(n, ctx), body, len(ids))
         if max_new is not None:
             if not isinstance(max_new, int) or max_new < 0:
-                raise self._field_error(req, "max_tokens", "Input should be a valid integer", "int_type", max_new)
+                raise self._field_error(
+                    req, "max_tokens", "Input should be a valid integer", "int_type", max_new
+                )
             if n + max_new > ctx:
                 if self.args.allow_auto_truncate:
                     max_new = max(0, ctx - n)
@@ -908,7 +958,9 @@ def run_server(args) -> int:
         log.info(line)
     # SGLang 0.5.23 logs its server args at start, api_key included (entrypoints/engine.py redacts only the
     # watermark keys): the same line here, so a server log copied into results unredacted shows the key
-    log.info(f"server_args={{'model_path': {args.model_path!r}, 'api_key': {getattr(args, 'api_key', None)!r}}}")
+    log.info(
+        f"server_args={{'model_path': {args.model_path!r}, 'api_key': {getattr(args, 'api_key', None)!r}}}"
+    )
     if args.sim_unmodeled_flags:
         log.info(f"servesweep sim: accepted, not modeled: {', '.join(args.sim_unmodeled_flags)}")
 
@@ -994,6 +1046,12 @@ async def _startup(app, loop, load_time: float) -> None:
         await asyncio.sleep(rest)
     app.ready = True
     log.info("The server is fired up and ready to roll!")
+    args = app.args
+    if getattr(args, "sim_hang_after", None) is not None:
+        loop.call_later(args.sim_hang_after, app.hang_now, f"--sim-hang-after {args.sim_hang_after:g}")
+    if getattr(args, "sim_crawl_after", None) is not None:
+        after, factor = args.sim_crawl_after
+        loop.call_later(after, app.crawl_now, factor, f"--sim-crawl-after {after:g}:{factor:g}")
 
 
 async def _flusher(app) -> None:
