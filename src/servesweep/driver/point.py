@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from servesweep.config.secrets import KEY_ENV, child_env
 from servesweep.driver.command import locust_command, master_command
 from servesweep.driver.gpu_telemetry import sampler_urls as gpu_telemetry_urls
 from servesweep.driver.gpu_telemetry import write_point_gpu
+from servesweep.processes import Group, process_alive, start_group, stop_group
 from servesweep.results.energy import summary_fields as gpu_summary_fields
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
 from servesweep.workload.build import build_bodies, build_workload
@@ -45,21 +45,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # after SIGTERM, Locust writes the records of what finished at once (its quitting hook), then waits for the streams
 # in flight up to its stop timeout: this long, then the group is SIGKILLed (the load must stop within seconds)
 STOP_GRACE_S = float(os.environ.get("SERVESWEEP_STOP_GRACE_S", "5"))
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float | None = None) -> None:
-    """SIGTERM the process group Locust leads (start_new_session), SIGKILL it after grace_s."""
-    grace_s = STOP_GRACE_S if grace_s is None else grace_s
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # forked workers may outlive their master: the whole group
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def keep_partial(work: Path, out_dir: Path, point_id: str, reason: str) -> dict:
@@ -299,7 +284,9 @@ def run_point(
     summary["server_state"], why = sampler.summary()  # results/server_state.py; docs/reports.md
     if why is not None:
         summary["server_state_note"] = why
-    cached = sampler.state.increase("cached_tokens")  # the server's cached tokens during the point, None: unknown
+    cached = sampler.state.increase(
+        "cached_tokens"
+    )  # the server's cached tokens during the point, None: unknown
     if point.workload == "shared_prefix":
         summary["shared_prefix"] = shared_prefix_check(point, summary, cached)
     elif point.workload == "agent" and cached is not None:
@@ -409,41 +396,32 @@ def _run_locust(
     """Run the Locust command in its own process group, its output in locust.log; returns its exit status. An
     exception meanwhile (a signal) stops the group and keeps what Locust wrote (keep_partial) before it goes up."""
     started = time.monotonic()
-    with open(out_dir / "locust.log", "wb") as log:
-        ref = proc = None
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-            if owned is not None:
-                from servesweep.processes import process_ref
-
-                ref = process_ref(proc.pid, "locust", group=True, point=point.id)
-                owned.add([ref])
-            while proc.poll() is None:
-                time.sleep(0.5)
-                if poll is not None:
-                    poll()
-                if progress is not None:
-                    progress(_read_progress(work, point, time.monotonic() - started))
-            if workers:
-                _wait_workers_gone(proc, work / "status")
+    # no parent watch: the Locust child has its own (client/locustfile.py), and a resumed run stops the group
+    # recorded in processes.json
+    group = start_group(
+        cmd, env=env, log_path=out_dir / "locust.log", log_mode="wb", kind="locust", point=point.id
+    )
+    if owned is not None:
+        owned.add([group.ref])
+    try:
+        while group.alive():
+            time.sleep(0.5)
             if poll is not None:
                 poll()
-        except BaseException as e:
-            if proc is not None:
-                _kill_group(proc)
-                keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
-            raise
-        finally:
-            if owned is not None and ref is not None:
-                owned.remove([ref])
-    return proc.returncode
+            if progress is not None:
+                progress(_read_progress(work, point, time.monotonic() - started))
+        if workers:
+            _wait_workers_gone(group, work / "status")
+        if poll is not None:
+            poll()
+    except BaseException as e:
+        stop_group(group, STOP_GRACE_S)
+        keep_partial(work, out_dir, point.id, f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        if owned is not None:
+            owned.remove([group.ref])
+    return group.popen.returncode
 
 
 def _point_summary(
@@ -522,7 +500,13 @@ def shared_prefix_check(point: LoadPoint, summary: dict, server_cached: float | 
 
 
 def replay_fidelity(
-    point: LoadPoint, trace, records: Path, summary: dict, server_cached: float | None, *, flushed: bool = True
+    point: LoadPoint,
+    trace,
+    records: Path,
+    summary: dict,
+    server_cached: float | None,
+    *,
+    flushed: bool = True,
 ) -> dict:
     """A trace replay's fidelity check (results/trace_fidelity.py) from its records: the trace's expected cached
     tokens with the server's cache size (None: unknown, an unbounded cache) against the `cached_tokens` the server
@@ -565,7 +549,10 @@ def flush_server_cache(point: LoadPoint) -> bool:
         status = http.retrying(
             "flushing the cache",
             lambda: http.status(
-                "POST", point.base_url + "/flush_cache", api_key=api_key_for(point), extra_headers=point.headers
+                "POST",
+                point.base_url + "/flush_cache",
+                api_key=api_key_for(point),
+                extra_headers=point.headers,
             ),
             retry,
         )
@@ -598,7 +585,14 @@ def server_cache_tokens(point: LoadPoint) -> int | None:
 
 
 def _read_progress(work: Path, point: LoadPoint, elapsed: float) -> dict:
-    d = {"point_id": point.id, "elapsed_s": elapsed, "completed": 0, "issued": 0, "failed": 0, "streamed_events": 0}
+    d = {
+        "point_id": point.id,
+        "elapsed_s": elapsed,
+        "completed": 0,
+        "issued": 0,
+        "failed": 0,
+        "streamed_events": 0,
+    }
     statuses = [read_json(f) for f in sorted((work / "status").glob("*.json"))]
     if any(statuses):  # worker processes: the sum of their own counters
         for k in ("completed", "issued", "failed", "streamed_events"):
@@ -649,7 +643,7 @@ def _check_worker_hosts(wh: dict) -> dict:
     }
 
 
-def _wait_workers_gone(proc: subprocess.Popen, status_dir: Path, timeout_s: float = 20.0) -> None:
+def _wait_workers_gone(group: Group, status_dir: Path, timeout_s: float = 20.0) -> None:
     """Locust's master can exit before its forked workers have (its exit hook does not wait for a worker that is
     still running), and a worker writes that it quit at its very end: wait for them, bounded, then kill what is
     left of the process group (such a worker shows as one that did not quit)."""
@@ -661,23 +655,11 @@ def _wait_workers_gone(proc: subprocess.Popen, status_dir: Path, timeout_s: floa
             pass
     deadline = time.monotonic() + timeout_s
     while pids and time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                stat = Path(f"/proc/{pid}/stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    alive.append(pid)
-            except (ProcessLookupError, FileNotFoundError):
-                pass
-        pids = alive
+        pids = [pid for pid in pids if process_alive(pid)]
         if pids:
             time.sleep(0.1)
     if pids:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_group(group, 0)
 
 
 def _local_worker_states(status_dir: Path, exits: dict[int, int]):

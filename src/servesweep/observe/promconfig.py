@@ -9,18 +9,20 @@
   timestamps and imports it with `promtool tsdb create-blocks-from openmetrics`, so a run done while no Prometheus
   was watching appears in the History dashboard. Point Prometheus's data dir at `out_dir` (or move the blocks there);
   keep `--storage.tsdb.retention.time` longer than the history you want, or old blocks are deleted on load.
+- `start_prometheus(config, data_dir)`: the one way servesweep starts a Prometheus (a test's, the observe stack's)
+  and waits until it is ready; `launch_service` starts any such service (the Pushgateway, Grafana) the same way,
+  as a process group of servesweep.processes.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import click
@@ -41,6 +43,7 @@ from servesweep.observe.exporter import (
 from servesweep.observe.stackdir import EXPORTER_JOB, PUSHGATEWAY_JOB, SGLANG_JOB
 from servesweep.observe.stackdir import LABEL_NAME as _LABEL_NAME
 from servesweep.observe.stackdir import TARGET as _TARGET
+from servesweep.processes import Group, start_group, stop_group, wait_ready
 
 
 def prometheus_config(
@@ -275,24 +278,15 @@ def backfill(
 
 
 class LocalService:
-    """A Prometheus or Pushgateway process started here (Debian packages), in its own process group."""
+    """A service process started here (Prometheus, the Pushgateway, Grafana): its process group and address."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path) -> None:
-        self.proc, self.url, self.log_path = proc, url, log_path
+    def __init__(self, group: Group, url: str) -> None:
+        self.group, self.url = group, url
+        self.proc, self.log_path = group.popen, group.log_path
 
     def stop(self, timeout: float = 10.0) -> None:
-        import signal
-
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(5)
-        except ProcessLookupError:
-            pass
+        """SIGTERM its group, SIGKILL what is left after `timeout`."""
+        stop_group(self.group, timeout)
 
     def __enter__(self) -> LocalService:
         return self
@@ -301,25 +295,40 @@ class LocalService:
         self.stop()
 
 
-def _launch(cmd: list[str], url: str, log_path: Path, timeout: float) -> LocalService:
+def _answers_200(url: str) -> bool:
     from servesweep.target import http
 
-    exe = shutil.which(cmd[0])
+    try:
+        return http.status("GET", url, timeout=2.0) == 200
+    except http.ServerError:
+        return False
+
+
+def launch_service(
+    argv: list[str],
+    *,
+    url: str,
+    ready_path: str,
+    log_path: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    watch_parent: bool = True,
+    started: Callable[[Group], None] | None = None,
+) -> LocalService:
+    """Start argv[0] (found on PATH) as a process group, its output appended to log_path, and wait until
+    url + ready_path answers 200. `watch_parent`: stopped when this process ends (False: it outlives it, as the
+    observe stack's services do). `started` is called with the group as soon as it runs (to record it). A
+    RuntimeError (servesweep.processes.NotReady) with the log's tail when it exits or is not ready in time."""
+    exe = shutil.which(argv[0])
     if exe is None:
-        raise FileNotFoundError(f"{cmd[0]!r} is not on PATH (Debian package {cmd[0]!r})")
+        raise FileNotFoundError(f"{argv[0]!r} is not on PATH (Debian package {Path(argv[0]).name!r})")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([exe, *cmd[1:]], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    svc = LocalService(proc, url, log_path)
-
-    def running() -> None:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-
-    if http.wait_ready(url + "/-/ready", timeout_s=timeout, poll_s=0.1, check=running):
-        return svc
-    svc.stop()
-    raise RuntimeError(f"{cmd[0]} not ready at {url} after {timeout}s: {log_path.read_text()[-2000:]}")
+    name = Path(exe).name
+    group = start_group([exe, *argv[1:]], env=env, log_path=log_path, kind=name, watch_parent=watch_parent)
+    if started is not None:
+        started(group)
+    wait_ready(group, lambda: _answers_200(url + ready_path), timeout, name, detail=f" ({url})")
+    return LocalService(group, url)
 
 
 def start_prometheus(
@@ -330,13 +339,20 @@ def start_prometheus(
     port: int = 9090,
     retention: str = "3650d",
     timeout: float = 60.0,
+    exe: str = "prometheus",
+    log_path: Path | None = None,
+    watch_parent: bool = True,
+    started: Callable[[Group], None] | None = None,
 ) -> LocalService:
     """Start Prometheus on `config` and `data_dir` (blocks backfilled there load at start) and wait until ready.
-    The long default retention keeps backfilled history: Prometheus deletes blocks older than it."""
+    The long default retention keeps backfilled history: Prometheus deletes blocks older than it. The log goes to
+    `log_path` (default `<data_dir>-prometheus.log`); `watch_parent` and `started` as in `launch_service`."""
     data_dir = Path(data_dir)
-    cmd = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
+    cmd = [exe, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
            f"--web.listen-address={host}:{port}", f"--storage.tsdb.retention.time={retention}", "--log.level=warn"]  # fmt: skip
-    return _launch(cmd, f"http://{host}:{port}", data_dir.parent / f"{data_dir.name}-prometheus.log", timeout)
+    log_path = log_path or data_dir.parent / f"{data_dir.name}-prometheus.log"
+    return launch_service(cmd, url=f"http://{host}:{port}", ready_path="/-/ready", log_path=log_path,
+                          timeout=timeout, watch_parent=watch_parent, started=started)  # fmt: skip
 
 
 def start_pushgateway(
@@ -346,7 +362,8 @@ def start_pushgateway(
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     cmd = ["prometheus-pushgateway", f"--web.listen-address={host}:{port}", f"--persistence.file={state / 'pushgateway.data'}"]  # fmt: skip
-    return _launch(cmd, f"http://{host}:{port}", state / "pushgateway.log", timeout)
+    return launch_service(cmd, url=f"http://{host}:{port}", ready_path="/-/ready", log_path=state / "pushgateway.log",
+                          timeout=timeout)  # fmt: skip
 
 
 # ---------------------------------------------------------------- CLI

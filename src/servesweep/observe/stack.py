@@ -31,18 +31,14 @@ processes that expose /metrics:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import click
@@ -65,6 +61,7 @@ from servesweep.observe.stackdir import (
 from servesweep.observe.stackdir import register_targets as register_targets
 from servesweep.observe.stackdir import stack_present as stack_present
 from servesweep.observe.stackdir import unregister as unregister
+from servesweep.processes import Group, stop_group
 
 DEFAULT_RETENTION = "400d"  # months of history, with backfilled runs older than a year still kept
 DEFAULT_PORT, DEFAULT_GRAFANA_PORT = 9090, 3000
@@ -85,51 +82,39 @@ def backfill(run_dir: str | Path, root: str | Path | None = None) -> list[Path]:
 
 
 def _stop(path: Path, timeout: float) -> dict | None:
-    """SIGTERM the recorded process (only if it is still the one recorded), SIGKILL after `timeout`; drop the
-    record. Returns the record of the process stopped, None if there was none."""
+    """Stop the recorded process's group (only if its leader is still the one recorded): SIGTERM, SIGKILL after
+    `timeout`; drop the record. Returns the record of the process stopped, None if there was none."""
     rec = running(path)
     if rec is not None:
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            if running(path) is None:
-                break
-            os.kill(rec["pid"], sig)
-            deadline = time.monotonic() + wait
-            while running(path) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
+        stop_group({"pid": rec["pid"], "create_time": rec["start_time"]}, timeout)
     path.unlink(missing_ok=True)
     return rec
 
 
-def _get(url: str, timeout: float = 2.0) -> bytes | None:
+def _get(url: str, timeout: float = 2.0) -> str | None:
+    from servesweep.target import http
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.read() if r.status == 200 else None
-    except (OSError, urllib.error.URLError):
+        return http.get_text(url, timeout=timeout)
+    except http.ServerError:
         return None
 
 
-def _launch(
-    argv: list[str], record: Path, log: Path, ready_url: str, timeout: float, env=None, **extra
-) -> dict:
-    """Start argv in its own session (it outlives this command), record it, wait until ready_url answers 200."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)  # fmt: skip
-    rec = write_record(record, proc, argv=argv, log=str(log), **extra)
-    deadline = time.monotonic() + timeout
-    while _get(ready_url) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = (
-                f"exited with {proc.returncode}"
-                if proc.poll() is not None
-                else f"not ready after {timeout:.0f}s"
-            )
-            _stop(record, 5.0)
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{Path(argv[0]).name} {why} ({ready_url}); log {log}:\n{tail}")
-        time.sleep(0.1)
-    return rec
+def _launch(start: Callable[..., promconfig.LocalService], record: Path, log: Path, **extra) -> dict:
+    """Start a service with `start` (promconfig.start_prometheus or launch_service, given the rest of its
+    arguments) in a session of its own that outlives this command, record it as soon as it runs, wait until ready;
+    returns the record (dropped again when the service does not get ready)."""
+    recs: list[dict] = []
+
+    def started(group: Group) -> None:
+        recs.append(write_record(record, group.pid, argv=group.argv, log=str(log), **extra))
+
+    try:
+        start(log_path=log, watch_parent=False, started=started)
+    except BaseException:
+        record.unlink(missing_ok=True)
+        raise
+    return recs[0]
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -167,12 +152,10 @@ def start_prometheus(lay: Layout, *, exe: str, host: str, port: int, retention: 
     """Start Prometheus on the stack's config and data, recorded in prometheus/process.json."""
     if not _port_free(host, port):
         raise RuntimeError(f"{host}:{port} is in use by a process this stack did not start; pass --port")
-    url = f"http://{host}:{port}"
-    argv = [exe, f"--config.file={lay.prom_config}", f"--storage.tsdb.path={lay.prom / 'data'}",
-            f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={host}:{port}",
-            "--log.level=warn"]  # fmt: skip
-    return _launch(argv, lay.record("prometheus"), lay.log("prometheus"), url + "/-/ready", timeout,
-                   url=url, retention=retention)  # fmt: skip
+    start = functools.partial(promconfig.start_prometheus, lay.prom_config, lay.prom / "data", exe=exe, host=host,
+                              port=port, retention=retention, timeout=timeout)  # fmt: skip
+    return _launch(start, lay.record("prometheus"), lay.log("prometheus"), url=f"http://{host}:{port}",
+                   retention=retention)  # fmt: skip
 
 
 # ---------------------------------------------------------------- Grafana
@@ -238,9 +221,9 @@ def start_grafana(lay: Layout, *, exe: str, host: str, port: int, timeout: float
            "GF_SERVER_HTTP_ADDR": host, "GF_SERVER_HTTP_PORT": str(port),
            "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH": str(g / "dashboards" / "live.json")}  # fmt: skip
     url = f"http://{host}:{port}"
-    return _launch(
-        argv, lay.record("grafana"), lay.log("grafana"), url + "/api/health", timeout, env=env, url=url
-    )
+    start = functools.partial(promconfig.launch_service, argv, url=url, ready_path="/api/health", timeout=timeout,
+                              env=env)  # fmt: skip
+    return _launch(start, lay.record("grafana"), lay.log("grafana"), url=url)
 
 
 def grafana_hint(lay: Layout) -> str:

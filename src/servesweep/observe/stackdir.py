@@ -26,7 +26,7 @@ import psutil
 from servesweep.files import write_atomic
 
 if TYPE_CHECKING:
-    import subprocess
+    pass
 
 ENV_DIR = "SERVESWEEP_OBSERVE_DIR"
 DEFAULT_ROOT = "runs"
@@ -302,9 +302,9 @@ def _reap(pid: int) -> None:
         pass
 
 
-def write_record(path: Path, proc: subprocess.Popen, **extra) -> dict:
+def write_record(path: Path, pid: int, **extra) -> dict:
     """Record a process just started (pid, start time and `extra`) at `path`; returns the record."""
-    rec = {"pid": proc.pid, "start_time": process_start_time(proc.pid), **extra}
+    rec = {"pid": pid, "start_time": process_start_time(pid), **extra}
     write_atomic(path, json.dumps(rec, indent=2) + "\n")
     return rec
 

@@ -5,31 +5,30 @@
 
 The emulator runs as `python -m servesweep.sim` in its own process group (session), on a free port, and
 `start_sim` returns once `/health` answers 200. `stop()` sends SIGTERM to the group (the emulator flushes its
-ground truth and exits), then SIGKILL if it lingers.
+ground truth and exits), then SIGKILL if it lingers. It does not outlive the process that started it (a SIGKILLed
+test session or `servesweep load`): servesweep.processes watches that process for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 from ..net import free_port
+from ..processes import Group, answers_200, start_group, stop_group
+from ..processes import wait_ready as wait_group_ready
 from .groundtruth import read_ground_truth
 
 
 class SimProcess:
-    def __init__(
-        self, proc: subprocess.Popen, host: str, port: int, ground_truth: Path | None, log_path: Path
-    ):
-        self.proc = proc
+    def __init__(self, group: Group, host: str, port: int, ground_truth: Path | None, log_path: Path):
+        self.group = group
+        self.proc = group.popen
         self.host = host
         self.port = port
         self.ground_truth_path = ground_truth
@@ -38,7 +37,7 @@ class SimProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.group.pid
 
     def read_ground_truth(self) -> list[dict]:
         """Every ground-truth line written so far (the emulator flushes at least once a second and at exit)."""
@@ -88,20 +87,8 @@ class SimProcess:
             return ""
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM the process group, wait up to `timeout`, then SIGKILL it. Returns the exit code."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        else:  # the leader is gone; make sure nothing of its group survives
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        return self.proc.returncode
+        """SIGTERM the process group, wait up to `timeout`, then SIGKILL what is left. Returns the exit code."""
+        return stop_group(self.group, timeout)
 
     def __enter__(self) -> SimProcess:
         return self
@@ -156,38 +143,10 @@ def start_sim(
     full_env.setdefault("SGL_FORCE_SHUTDOWN", "1")
     full_env.update(env or {})
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    logf = open(log_path, "ab")  # noqa: SIM115 - the child holds it; closed below
-    try:
-        proc = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
-        )
-    finally:
-        logf.close()
-    sim = SimProcess(proc, host, port, gt, log_path)
-    if not wait_ready:
-        return sim
-    # A minimal wait of its own, not servesweep.target.http: the emulator imports nothing of the load generator.
-    deadline = time.monotonic() + timeout
-    url = sim.base_url + "/health"
-    while True:
-        rc = proc.poll()
-        if rc is not None:
-            raise RuntimeError(
-                f"emulator exited with code {rc} before getting ready: {cmd}\n{_tail(sim.log_text())}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return sim
-        except urllib.error.HTTPError:
-            pass  # 503 while loading
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            sim.stop()
-            raise RuntimeError(f"emulator not ready within {timeout:g} s: {cmd}\n{_tail(sim.log_text())}")
-        time.sleep(0.02)
-
-
-def _tail(text: str, n: int = 30) -> str:
-    return "\n".join(text.splitlines()[-n:])
+    group = start_group(cmd, env=full_env, log_path=log_path, kind="emulator", watch_parent=True)
+    sim = SimProcess(group, host, port, gt, log_path)
+    if wait_ready:
+        # A probe of its own, not servesweep.target.http: the emulator imports nothing of the load generator.
+        url = sim.base_url + "/health"
+        wait_group_ready(group, lambda: answers_200(url), timeout, "emulator", detail=f": {cmd}", poll_s=0.02)
+    return sim

@@ -7,25 +7,20 @@
 free port, with `server_env()` (SGLANG_USE_CPU_ENGINE=1, the `sgl_kernel` stand-in first on PYTHONPATH,
 offline Hugging Face), and returns once `/health` answers 200 (24-30 s on 2 cores, mostly imports). `stop()`
 sends SIGTERM to that group (SGLang's launcher stops its scheduler and detokenizer, 3-7 s), then SIGKILL to the
-group if anything lingers. The launcher also gets PR_SET_PDEATHSIG, so it is told to stop if its parent dies
-without stopping it; SGLang's own children watch their parent the same way.
+group if anything lingers. The group does not outlive the process that started it, however that process ends:
+servesweep.processes watches it (`start_group(watch_parent=True)`; why not PR_SET_PDEATHSIG is said there).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import signal
-import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from ...net import free_port
+from ...processes import Group, answers_200, start_group, stop_group
+from ...processes import wait_ready as wait_group_ready
 from ..flags import render_argv
 from . import env as cpu_env
 
@@ -70,21 +65,44 @@ def flags_for(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def server_argv(
-    model: Path | str, flags: dict[str, Any], *, host: str, port: int, python: Path | str | None = None,
+    model: Path | str,
+    flags: dict[str, Any],
+    *,
+    host: str,
+    port: int,
+    python: Path | str | None = None,
     extra_args: list[str] | None = None,
 ) -> list[str]:
     return [
-        str(python or cpu_env.venv_python()), "-m", "sglang.launch_server", "--model-path", str(model),
-        *render_argv(flags, cpu_env.SGLANG_VERSION), *(extra_args or []), "--host", host, "--port", str(port),
+        str(python or cpu_env.venv_python()),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        *render_argv(flags, cpu_env.SGLANG_VERSION),
+        *(extra_args or []),
+        "--host",
+        host,
+        "--port",
+        str(port),
     ]
 
 
 class ServerProcess:
-    """One SGLang server this process started: its launcher's Popen, address, flags and log."""
+    """One SGLang server this process started: its launcher's process group, address, flags and log."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, flags: dict[str, Any], argv: list[str],
-                 log_path: Path, started_s: float):
-        self.proc = proc
+    def __init__(
+        self,
+        group: Group,
+        host: str,
+        port: int,
+        flags: dict[str, Any],
+        argv: list[str],
+        log_path: Path,
+        started_s: float,
+    ):
+        self.group = group
+        self.proc = group.popen
         self.host = host
         self.port = port
         self.flags = flags
@@ -95,7 +113,7 @@ class ServerProcess:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.group.pid
 
     def log_text(self) -> str:
         try:
@@ -107,33 +125,15 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM the server's process group, wait up to `timeout`, then SIGKILL the group. Returns the
+        """SIGTERM the server's process group, wait up to `timeout`, then SIGKILL what is left. Returns the
         launcher's exit code. Only this group is signalled: it is the session this object started."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # the launcher is gone (or did not stop in time): nothing of its group may survive it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        return self.proc.returncode
+        return stop_group(self.group, timeout, kill_wait_s=10.0)
 
     def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGTERM the launcher when the process that started it dies (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
 
 
 def start_server(
@@ -172,46 +172,19 @@ def start_server(
     full_env = {**os.environ, **server_env(record), **(env or {})}
     for name in ("VIRTUAL_ENV", "PYTHONHOME"):  # the caller's venv must not leak into SGLang's
         full_env.pop(name, None)
-    t0 = time.monotonic()
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            argv, stdout=None if inherit else logf, stderr=None if inherit else subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )
-    srv = ServerProcess(proc, host, port, merged, argv, log_path, 0.0)
-    if not wait_ready:
-        return srv
-    try:
-        wait_healthy(srv, timeout)
-    except BaseException:
-        srv.stop()
-        raise
-    srv.start_seconds = time.monotonic() - t0
+    group = start_group(argv, env=full_env, log_path=None if inherit else log_path, kind="sglang-cpu",
+                        watch_parent=True)  # fmt: skip
+    srv = ServerProcess(group, host, port, merged, argv, log_path, 0.0)
+    if wait_ready:
+        srv.start_seconds = wait_healthy(srv, timeout)
     return srv
 
 
-def wait_healthy(srv: ServerProcess, timeout: float) -> None:
-    """Poll `/health` until 200; RuntimeError with the log's tail if the server exits or the time runs out."""
-    deadline = time.monotonic() + timeout
+def wait_healthy(srv: ServerProcess, timeout: float) -> float:
+    """Poll `/health` until 200 (the seconds it took); RuntimeError with the log's tail if the server exits or the
+    time runs out (the server is then stopped)."""
     url = srv.base_url + "/health"
-    while True:
-        rc = srv.proc.poll()
-        if rc is not None:
-            raise RuntimeError(
-                f"SGLang exited with code {rc} before getting ready: {' '.join(srv.argv)}\n"
-                f"--- {srv.log_path} (tail) ---\n{_tail(srv.log_text())}"
-            )
-        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"SGLang not ready within {timeout:g} s: {' '.join(srv.argv)}\n"
-                f"--- {srv.log_path} (tail) ---\n{_tail(srv.log_text())}"
-            )
-        time.sleep(0.25)
-
-
-def _tail(text: str, n: int = 40) -> str:
-    return "\n".join(text.splitlines()[-n:])
+    return wait_group_ready(
+        srv.group, lambda: answers_200(url, timeout_s=5), timeout, "SGLang", detail=f": {' '.join(srv.argv)}",
+        poll_s=0.25, stop_grace_s=30.0,
+    )  # fmt: skip
