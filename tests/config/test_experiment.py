@@ -84,9 +84,13 @@ def test_misspelt_sglang_flag_is_caught_but_fork_flags_pass():
     # a forked build's own flag is an error until launcher.extra_flags names it; then it passes through untyped
     forked = _replace("    tp_size: [1, 2]", "    tp_size: [1, 2]\n    ddtree_budget: [16, 32]")
     errs = _errors(forked)
-    assert len(errs) == 1 and errs[0].startswith("experiment.yaml:16: server.axes.ddtree_budget: unknown SGLang flag")
+    assert len(errs) == 1 and errs[0].startswith(
+        "experiment.yaml:16: server.axes.ddtree_budget: unknown SGLang flag"
+    )
     assert "launcher.extra_flags" in errs[0]
-    exp = parse_experiment(forked.replace("  emulator: true\n", "  emulator: true\n  extra_flags: [ddtree_budget]\n", 1))
+    exp = parse_experiment(
+        forked.replace("  emulator: true\n", "  emulator: true\n  extra_flags: [ddtree_budget]\n", 1)
+    )
     assert {c.flags["ddtree_budget"] for c in exp.server_configs()[0]} == {16, 32}
 
 
@@ -257,3 +261,27 @@ def test_dry_run_of_the_rtx_pro_6000_example_keeps_configs_and_the_ends_of_each_
     # = 75 points at most (instead of hundreds), each one short request per user
     assert n_small <= 75 < n_full, (n_small, n_full)
     print(f"dry-run points: {n_small} of {n_full}")
+
+
+def test_every_validation_of_an_experiment_makes_the_checks_across_fields():
+    """One path to a validated experiment: the checks across fields are the model's own, so an experiment
+    validated from a dict (a dry run's shrunk experiment, the one a resumed run's manifest stored) gets them as a
+    file does, each at the key it names; in a file, at that key's line."""
+    from pydantic import ValidationError
+
+    from servesweep.config.experiment import Experiment
+
+    good = parse_experiment(GOOD).model_dump(mode="json")
+    assert Experiment.model_validate(good).name == "demo"
+    bad = {**good, "sglang_version": None}
+    bad["server"] = {**good["server"], "bundles": [*good["server"]["bundles"], good["server"]["bundles"][0]]}
+    with pytest.raises(ValidationError) as ei:
+        Experiment.model_validate(bad)
+    assert {(e["loc"], e["msg"]) for e in ei.value.errors()} == {
+        (("sglang_version",), "required key is missing (the SGLang version the flags are rendered for)"),
+        (("server", "bundles", 0, "name"), "bundle name 'ar' is used twice"),
+        (("server", "bundles", 2, "name"), "bundle name 'ar' is used twice"),
+    }
+    assert _errors(_replace("sglang_version: 0.5.11\n", "")) == [
+        "experiment.yaml:1: sglang_version: required key is missing (the SGLang version the flags are rendered for)"
+    ]

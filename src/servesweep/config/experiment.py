@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
@@ -52,6 +53,8 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info", "models": "/v1/models"}
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# the error type of a check across fields (Experiment._semantics): pydantic reports it at the key it names
+SEMANTIC = "semantic"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FLAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
 # `keep:` values: points the planner would drop that an experiment keeps on purpose (labelled in the plan, the
@@ -185,7 +188,9 @@ class Launcher(_Strict):
     def _extra_flags(cls, v):
         for name in v:
             if not _FLAG_NAME.match(name):
-                raise ValueError(f"{name!r} is not a flag name (letters, digits, '_' or '-', e.g. ddtree_budget)")
+                raise ValueError(
+                    f"{name!r} is not a flag name (letters, digits, '_' or '-', e.g. ddtree_budget)"
+                )
         return v
 
     @field_validator("api_key_env", "server_api_key_env")
@@ -373,8 +378,6 @@ POINT_SCALARS = (
 )
 
 
-
-
 class Load(_Strict):
     """The experiment's load: section. Its keys are LoadPoint's knobs (config/point.py), by the same names and
     defaults; the axes are lists of the knob's values (`rate` for rate_rps), the workload knobs live in
@@ -508,7 +511,10 @@ class Load(_Strict):
         if self.requests is None and self.duration_s is None:
             raise ValueError("give load.requests or load.duration_s (how each point stops)")
         check_arrival(
-            self.arrival, None if self.rate is None else "set", rate_name="load.rate", arrival_name="load.arrival"
+            self.arrival,
+            None if self.rate is None else "set",
+            rate_name="load.rate",
+            arrival_name="load.arrival",
         )
         if self.worker_hosts is not None and self.workers:
             raise ValueError("load.workers (local processes) and load.worker_hosts: give one of them")
@@ -592,8 +598,12 @@ class Experiment(_Strict):
     )
     budget: Budget = Field(default_factory=Budget)
     exporter: Exporter = Field(default_factory=Exporter)
-    search: SearchBlock | None = Field(None, description="capacity at SLO instead of a fixed concurrency list")
-    decide: DecideBlock | None = Field(None, description="the question the run must answer (docs/decision.md)")
+    search: SearchBlock | None = Field(
+        None, description="capacity at SLO instead of a fixed concurrency list"
+    )
+    decide: DecideBlock | None = Field(
+        None, description="the question the run must answer (docs/decision.md)"
+    )
     answers: Answers = Field(default_factory=Answers, description="needle probes per configuration")
 
     @model_validator(mode="before")
@@ -651,6 +661,23 @@ class Experiment(_Strict):
             raise ValueError(f"expected a version like 0.5.23 or 0.5.15.post1, got {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _semantics(self) -> Experiment:
+        """The checks across fields (_check_semantics), in the model: every model_validate makes them (an experiment
+        file, a dry run's shrunk experiment, the experiment a resumed run's manifest stored), each problem reported
+        at the key it names (parse_experiment turns that into the file's line)."""
+        problems: list[tuple[tuple, str]] = []
+        _check_semantics(self, problems)
+        if problems:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(type=PydanticCustomError(SEMANTIC, msg), loc=loc, input=None)
+                    for loc, msg in problems
+                ],
+            )
+        return self
+
     # ---- expansion ----------------------------------------------------------------------------------------
 
     def server_configs(self) -> tuple[list[ServerConfig], list[tuple[ServerConfig, int]]]:
@@ -698,7 +725,9 @@ class Experiment(_Strict):
             # with only the built-in workload, ids and the `workload` label name the endpoint alone (short ids)
             head = f"{wl}-{ep}" if named else ep
             tail = "" if r is None else f"-r{r:g}"
-            if self.search is not None and self.search.axis == "speedup":  # the search's template: at its lower
+            if (
+                self.search is not None and self.search.axis == "speedup"
+            ):  # the search's template: at its lower
                 tail = f"-x{self.search.lower:g}"
             pt = PointSpec(
                 id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
@@ -875,12 +904,15 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
     try:
         exp = Experiment.model_validate(plain)
     except ValidationError as e:
-        problems.extend(_translate(err) for err in e.errors())
-    if exp is not None and not problems:  # cross-checks would only echo the problems above
-        _check_semantics(exp, problems)
+        errors = e.errors()
+        if problems:  # the cross-checks (SEMANTIC) would only echo the flag problems above
+            errors = [err for err in errors if err["type"] != SEMANTIC]
+        problems.extend(_translate(err) for err in errors)
     if problems:
         lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
-        raise ExperimentError([f"{filename}:{n}: {_printable(key)}: {_printable(msg)}" for n, key, msg in lines])
+        raise ExperimentError(
+            [f"{filename}:{n}: {_printable(key)}: {_printable(msg)}" for n, key, msg in lines]
+        )
     assert exp is not None
     return exp
 
@@ -1117,12 +1149,18 @@ def _check_traces(exp: Experiment, problems: list) -> None:
             continue
         if ld.arrival != "closed" or ld.rate is not None:
             problems.append(
-                (("load", "arrival"), f"workload '{name}' replays a trace at its own timestamps: no load.arrival/rate")
+                (
+                    ("load", "arrival"),
+                    f"workload '{name}' replays a trace at its own timestamps: no load.arrival/rate",
+                )
             )
         if ld.warmup_s:
             problems.append(
-                (("load", "warmup_s"), f"workload '{name}' measures every request of its trace window: warmup_s 0 "
-                 "(start the window later with trace_start_s instead)")
+                (
+                    ("load", "warmup_s"),
+                    f"workload '{name}' measures every request of its trace window: warmup_s 0 "
+                    "(start the window later with trace_start_s instead)",
+                )
             )
 
 
@@ -1142,7 +1180,9 @@ def _check_search(exp: Experiment, problems: list) -> None:
         return
     if s.axis == "concurrency":
         if ld.arrival != "closed":
-            problems.append((("search", "axis"), "a concurrency search is a closed loop: set load.arrival: closed"))
+            problems.append(
+                (("search", "axis"), "a concurrency search is a closed loop: set load.arrival: closed")
+            )
         if ld.concurrency != [int(s.lower)]:
             problems.append(
                 (("load", "concurrency"), "search.axis concurrency searches it: leave load.concurrency out")
@@ -1152,7 +1192,10 @@ def _check_search(exp: Experiment, problems: list) -> None:
         for i, name in enumerate(ld.workload):
             if not (name in ld.workloads and ld.workload_fields(name).get("workload") == "trace"):
                 problems.append(
-                    (("load", "workload", i), f"search.axis speedup replays traces: workload '{name}' is not one")
+                    (
+                        ("load", "workload", i),
+                        f"search.axis speedup replays traces: workload '{name}' is not one",
+                    )
                 )
         if len(ld.concurrency) != 1:
             problems.append(
@@ -1179,4 +1222,6 @@ def _check_decide(exp: Experiment, problems: list) -> None:
         problems.append((("decide",), "decide ranks closed-loop capacity: set load.arrival: closed"))
     top = max(exp.load.concurrency)
     if d.upper is None and top < d.lower:
-        problems.append((("decide", "lower"), f"above the largest load.concurrency ({top}); set decide.upper"))
+        problems.append(
+            (("decide", "lower"), f"above the largest load.concurrency ({top}); set decide.upper")
+        )

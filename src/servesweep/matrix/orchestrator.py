@@ -41,7 +41,7 @@ from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, CouldNotRun
 from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
-from servesweep.matrix.planner import ConfigPlan, Plan, make_plan, plan_json
+from servesweep.matrix.planner import ConfigPlan, Plan, PointPlan, make_plan, plan_json
 from servesweep.net import free_port
 from servesweep.processes import OwnedProcesses
 from servesweep.results import manifest as mf
@@ -333,8 +333,8 @@ def create_run(
     out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
     run_dir = _new_run_dir(out, new_run_id(exp.name))
     port = exp.target.port if exp.target.port else free_port()
-    configs: dict[str, Any] = {}
-    points: dict[str, Any] = {}
+    configs: dict[str, mf.ConfigEntry] = {}
+    points: dict[str, mf.PointEntry] = {}
     for order, cp in enumerate(plan.configs):
         configs[cp.config.id] = _config_entry(cp, order)
         labels = {k: str(v) for k, v in cp.config.labels.items()}
@@ -344,26 +344,26 @@ def create_run(
         for pp in cp.points:
             point = point_of(exp, pp.spec, exp.target.url(port), run_dir.name, labels, dry_run=dry_run)
             points[pp.spec.id] = _point_entry(cp, pp, point)
-    data = {
-        "schema_version": mf.SCHEMA_VERSION,
-        "run_id": run_dir.name,
-        "created": mf.now_iso(),
-        "updated": mf.now_iso(),
-        "status": "created",
-        "experiment_file": str(Path(experiment_file).resolve()) if experiment_file else None,
-        "dry_run": dry_run,
-        "experiment": exp.model_dump(mode="json"),
-        "experiment_digest": exp.digest(),
-        "port": port,
-        "plan": {k: v for k, v in plan_json(plan).items() if k != "configs"},
-        "versions": mf.versions(),
-        "git_rev": mf.git_revision(),
-        "controller": mf.controller_facts(),
-        "hosts": {},
-        "configs": configs,
-        "points": points,
-        "events": [],
-    }
+    data = mf.ManifestFile(
+        schema_version=mf.SCHEMA_VERSION,
+        run_id=run_dir.name,
+        created=mf.now_iso(),
+        updated=mf.now_iso(),
+        status="created",
+        experiment_file=str(Path(experiment_file).resolve()) if experiment_file else None,
+        dry_run=dry_run,
+        experiment=exp,
+        experiment_digest=exp.digest(),
+        port=port,
+        plan={k: v for k, v in plan_json(plan).items() if k != "configs"},
+        versions=mf.versions(),
+        git_rev=mf.git_revision(),
+        controller=mf.controller_facts(),
+        hosts={},
+        configs=configs,
+        points=points,
+        events=[],
+    ).as_data()
     if exp.search is not None:
         from servesweep.matrix.capacity_run import move_points_to_searches
 
@@ -386,43 +386,43 @@ def _new_run_dir(out: Path, run_id: str) -> Path:
             run_dir = out / f"{run_id}-{n}"
 
 
-def _config_entry(cp: ConfigPlan, order: int) -> dict[str, Any]:
+def _config_entry(cp: ConfigPlan, order: int) -> mf.ConfigEntry:
     """A server configuration as the manifest starts it: planned, pending (or infeasible, with why)."""
-    return {
-        "order": order,
-        "flags": cp.config.flags,
-        "env": cp.config.env,
-        "bundle": cp.config.bundle,
-        "labels": {k: str(v) for k, v in cp.config.labels.items()},
-        "status": "infeasible" if cp.error else "pending",
-        "error": cp.error,
-        "planned": {"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
-        "server": None,
-        "attempts": 0,
-    }
+    return mf.ConfigEntry(
+        order=order,
+        flags=cp.config.flags,
+        env=cp.config.env,
+        bundle=cp.config.bundle,
+        labels={k: str(v) for k, v in cp.config.labels.items()},
+        status="infeasible" if cp.error else "pending",
+        error=cp.error,
+        planned={"facts": cp.facts, "warnings": cp.warnings, "est_s": round(cp.est_s, 1)},
+        server=None,
+        attempts=0,
+    )
 
 
-def _point_entry(cp: ConfigPlan, pp, point) -> dict[str, Any]:
+def _point_entry(cp: ConfigPlan, pp: PointPlan, point: LoadPoint) -> mf.PointEntry:
     """A load point as the manifest starts it: the serialized LoadPoint (what run_point gets back on resume), its
-    axes, and pending or infeasible with the reason."""
+    axes, and pending or infeasible with the reason (a closed-loop point's entry has no `rate`)."""
     feasible = pp.feasible and cp.error is None
-    return {
-        "point": point.model_dump(mode="json"),
-        "config_id": cp.config.id,
-        "workload": pp.spec.workload,
-        "endpoint": pp.spec.endpoint,
-        "concurrency": pp.spec.concurrency,
-        "prompt_tokens": pp.spec.prompt_tokens,
-        "output_tokens": pp.spec.output_tokens,
+    return mf.PointEntry(
+        point=point.model_dump(mode="json"),
+        config_id=cp.config.id,
+        workload=pp.spec.workload,
+        endpoint=pp.spec.endpoint,
+        concurrency=pp.spec.concurrency,
+        prompt_tokens=pp.spec.prompt_tokens,
+        output_tokens=pp.spec.output_tokens,
         **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
-        "status": mf.PENDING if feasible else mf.INFEASIBLE,
-        "reason": None if feasible else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
-        "warnings": pp.warnings,
-        "est_s": round(pp.est_s, 2),
-        "attempts": 0,
-        "dir": None,
-        "result": None,
-    }
+        status=mf.PENDING if feasible else mf.INFEASIBLE,
+        reason=None if feasible else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
+        warnings=pp.warnings,
+        est_s=round(pp.est_s, 2),
+        attempts=0,
+        dir=None,
+        result=None,
+    )
 
 
 @dataclass
@@ -542,7 +542,7 @@ class ServerRun:
         """`text` (Rich markup) on the console; the manifest keeps it plain."""
         from rich.text import Text
 
-        self.m.data["events"].append({"t": mf.now_iso(), "event": Text.from_markup(text).plain})
+        self.m.add_event(Text.from_markup(text).plain)
         self.console.print(text)
 
     def base_url(self) -> str:
@@ -553,7 +553,7 @@ class ServerRun:
         wh = self.exp.load.worker_hosts
         if wh is None:
             return None
-        return wh.model_dump() | {"inventory": _relative_to(self.m.data.get("experiment_file"), wh.inventory)}
+        return wh.model_dump() | {"inventory": _relative_to(self.m.experiment_file, wh.inventory)}
 
     def _inventory(self) -> str:
         from servesweep.driver.ansible import local_inventory
@@ -563,8 +563,8 @@ class ServerRun:
         if inv == "local":
             return local_inventory(self.exp.target.host_group)
         p = Path(inv).expanduser()
-        if not p.is_absolute() and self.m.data.get("experiment_file"):
-            p = Path(self.m.data["experiment_file"]).parent / p
+        if not p.is_absolute() and self.m.experiment_file:
+            p = Path(self.m.experiment_file).parent / p
         return str(p)
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
@@ -614,7 +614,7 @@ class ServerRun:
             "sglang_server_api_key_env": L.api_key_env or "",
             "sglang_server_become": L.become,
             # host facts once per run: gathering them costs a few seconds per restart
-            "sglang_server_gather_facts": not self.m.data["hosts"],
+            "sglang_server_gather_facts": not self.m.hosts,
             "sglang_server_unit": L.unit,
             "sglang_server_docker_image": image,
         }
@@ -654,7 +654,9 @@ class ServerRun:
             nonlocal line_at
             now = time.monotonic()
             if plain and now - line_at >= PROGRESS_EVERY_S:
-                self.console.print(f"  {escape(what)}: {escape(task_now)} ({now - started:.0f} s)", highlight=False)
+                self.console.print(
+                    f"  {escape(what)}: {escape(task_now)} ({now - started:.0f} s)", highlight=False
+                )
                 line_at = now
             return self.stop_requested
 
@@ -697,9 +699,9 @@ class ServerRun:
 
         s = self.shared
         if s.targets is None:
-            s.targets = RunTargets(self.m.data["run_id"], self.run_dir.parent)
-            if s.exporter_at is not None:
-                s.targets.exporter(scrape_address(self.exp.exporter.host, self.m.data["exporter"]["port"]))
+            s.targets = RunTargets(self.m.run_id, self.run_dir.parent)
+            if s.exporter_at is not None and (served := self.m.exporter) is not None:
+                s.targets.exporter(scrape_address(self.exp.exporter.host, served.port))
         return s.targets
 
     def _point_watch(self, pid: str, head: str) -> PointWatch:
@@ -836,7 +838,7 @@ class ServerRun:
         self._save_server_files(cid, server, res.artifact_data.get("sglang_server_log"))
         c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
         if server and server.get("facts"):
-            self.m.data["hosts"][server.get("host", "?")] = server["facts"]
+            self.m.hosts[server.get("host", "?")] = server["facts"]
         self.m.save()
         ready = (server or {}).get("ready") or {}
         self.event(
@@ -923,7 +925,7 @@ class ServerRun:
 
     def _check_room(self, pid: str, p: dict) -> None:
         """DiskTrouble when the results folder has no room for the point's records and the manifest."""
-        dry = bool(self.m.data.get("dry_run"))
+        dry = self.m.dry_run
         need = point_bytes(_point_requests(self.exp, p["concurrency"], dry), p["output_tokens"])
         free = shutil.disk_usage(self.run_dir).free
         if free < need + MANIFEST_RESERVE_BYTES:
@@ -1035,9 +1037,9 @@ class Runner(ServerRun):
     share its RunState."""
 
     def __init__(self, m: mf.Manifest, *, console, keep_server: bool = False):
-        exp = Experiment.model_validate(m.data["experiment"])
+        exp = m.experiment()
         # read once, before any server starts (an unreadable key fails here, naming the setting and the file)
-        api_key = resolve_run_key(exp, m.data.get("experiment_file"))
+        api_key = resolve_run_key(exp, m.experiment_file)
         shared = RunState(
             m=m,
             exp=exp,
@@ -1050,12 +1052,9 @@ class Runner(ServerRun):
             # in its own environment (driver.point.run_point)
             key_env=hold_key(api_key),
         )
-        super().__init__(shared, port=int(m.data["port"]), console=console)
+        super().__init__(shared, port=m.port, console=console)
         # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
-        self.packed = bool(
-            m.data.get("packing")
-            or (exp.target.managed and exp.parallel and (m.data.get("max_parallel") or 1) > 1)
-        )
+        self.packed = bool(m.packing or (exp.target.managed and exp.parallel and (m.max_parallel or 1) > 1))
 
     @property
     def stop_requested(self) -> bool:
@@ -1081,21 +1080,21 @@ class Runner(ServerRun):
         try:
             self._adopt_and_clean()
             self._start_exporter()
-            self.m.data["status"] = "running"
-            self.m.data.pop("error", None)  # a resumed run's previous stop
+            self.m.status = "running"
+            self.m.error = None  # a resumed run's previous stop
             self.m.data.setdefault("resumed", [])
-            self.event(f"run {self.m.data['run_id']}: results in {self.run_dir}")
+            self.event(f"run {self.m.run_id}: results in {self.run_dir}")
             self.m.save()
             if self.packed:
                 from servesweep.matrix.packed import PackedRun, packing_of
 
-                PackedRun(self, packing_of(self, self.m.data.get("max_parallel")), Interrupted, Lane).run()
+                PackedRun(self, packing_of(self, self.m.max_parallel), Interrupted, Lane).run()
             else:
                 for cp in self.plan.configs:
                     if self.stop_requested:
                         raise Interrupted(signal.Signals(self.stop_signal).name)
                     self._run_config(cp)
-            self.m.data["status"] = "finished"
+            self.m.status = "finished"
             self.m.save()
         except Interrupted:
             self.stop_requested = True
@@ -1171,7 +1170,9 @@ class Runner(ServerRun):
             for p in self.m.points.values()
             # a capacity probe's failures are the search's evidence (its SLOs judge them, error_rate included):
             # a probe past the capacity may fail requests by design, and the search says what it found
-            if p["status"] == mf.DONE and not p.get("search") and (fc := (p.get("result") or {}).get("failure_check"))
+            if p["status"] == mf.DONE
+            and not p.get("search")
+            and (fc := (p.get("result") or {}).get("failure_check"))
         ]
         # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
         # 500s. (.get: a point finished before failure checks had warnings has none.)
@@ -1193,7 +1194,9 @@ class Runner(ServerRun):
         breached = [
             pid
             for pid, p in self.m.points.items()
-            if p["status"] == mf.DONE and not p.get("search") and (p.get("result") or {}).get("slos_pass") is False
+            if p["status"] == mf.DONE
+            and not p.get("search")
+            and (p.get("result") or {}).get("slos_pass") is False
         ]
         if breached:
             click.echo(
@@ -1214,7 +1217,7 @@ class Runner(ServerRun):
             return
         from servesweep.observe.exporter import ClientMetrics
 
-        m = ClientMetrics(self.m.data["run_id"])
+        m = ClientMetrics(self.m.run_id)
         try:
             port = m.serve(ex.host, ex.port)
         except OSError as e:
@@ -1224,7 +1227,7 @@ class Runner(ServerRun):
             ) from None
         self.shared.metrics = m
         self.shared.exporter_at = at = f"{ex.host}:{port}"
-        self.m.data["exporter"] = {"host": ex.host, "port": port, "url": f"http://{at}/metrics"}
+        self.m.exporter = mf.ExporterInfo(host=ex.host, port=port, url=f"http://{at}/metrics")
         self.event(f"client metrics (Prometheus): http://{at}/metrics")
 
     def close(self) -> None:
@@ -1278,7 +1281,7 @@ class Runner(ServerRun):
         resume. Nothing here may hide `e`: its own failures are reported and swallowed."""
         what = f"{type(e).__name__}: {e}"
         try:
-            self.m.data["error"] = what
+            self.m.error = what
             self._mark_interrupted()
         except Exception as save_error:  # noqa: BLE001 - the manifest of the last save stays, whole
             click.echo(f"could not save the manifest: {save_error}", err=True)
@@ -1296,7 +1299,7 @@ class Runner(ServerRun):
         for p in self.m.points.values():
             if p["status"] == mf.RUNNING:
                 p["status"] = mf.PENDING
-        self.m.data["status"] = "interrupted"
+        self.m.status = "interrupted"
         self.m.save()
 
     def _stop_server_quietly(self, *, outside_run_dir: bool = False) -> None:
@@ -1304,10 +1307,9 @@ class Runner(ServerRun):
         folder instead (removed after)."""
         if not self.exp.target.managed or self.keep_server:
             return
-        if self.packed and self.m.data.get("packing"):  # every placement's server, at once
+        if self.packed and (packing := self.m.packing):  # every placement's server, at once
             from servesweep.matrix.packed import holding, stop_placements
 
-            packing = self.m.data["packing"]
             stop_placements(self, Interrupted, Lane, holding(self, packing), outside_run_dir=outside_run_dir)
             return
         cid = next(iter(self.m.configs), None)
@@ -1343,7 +1345,7 @@ class Runner(ServerRun):
     def print_results(self) -> None:
         from rich.table import Table
 
-        dry = "DRY RUN (emulator, shrunk points) - " if self.m.data.get("dry_run") else ""
+        dry = "DRY RUN (emulator, shrunk points) - " if self.m.dry_run else ""
         t = Table(title=f"{dry}results: {self.run_dir}")
         for col in (
             "config",
@@ -1401,7 +1403,6 @@ class Runner(ServerRun):
             from servesweep.results.capacity import print_table
 
             print_table(self.console, self.run_dir)
-
 
 
 # -- a packed run's lanes: servesweep.matrix.packed runs them (it may not import this module) --
@@ -1634,25 +1635,25 @@ def command(
         owner = OwnedProcesses(m.run_dir).previous_owner_alive()
         if owner is not None:
             raise CouldNotRun(
-                f"run {m.data['run_id']} is still running (servesweep process {owner}): stop it first "
+                f"run {m.run_id} is still running (servesweep process {owner}): stop it first "
                 f"(kill -TERM {owner}, it then stops its load generator), or wait for it"
             )
-        exp_r = Experiment.model_validate(m.data["experiment"])
-        resolve_run_key(exp_r, m.data.get("experiment_file"))  # fail before the preflight
+        exp_r = (
+            m.experiment()
+        )  # checked by Manifest.load: a manifest whose experiment is not valid is refused there
+        resolve_run_key(exp_r, m.experiment_file)  # fail before the preflight
         left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
         preflight_results_dir(
             m.run_dir,
             sum(
-                point_bytes(
-                    _point_requests(exp_r, p["concurrency"], bool(m.data.get("dry_run"))), p["output_tokens"]
-                )
+                point_bytes(_point_requests(exp_r, p["concurrency"], m.dry_run), p["output_tokens"])
                 for p in left
             )
             + MANIFEST_RESERVE_BYTES,
         )
-        m.data.setdefault("resumed", []).append(mf.now_iso())
+        m.resumed_now()
         done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
-        console.print(f"resuming {m.data['run_id']}: {done} of {len(m.points)} points already done")
+        console.print(f"resuming {m.run_id}: {done} of {len(m.points)} points already done")
     else:
         assert file is not None  # exactly one of FILE and --resume (checked above)
         try:
@@ -1679,9 +1680,9 @@ def command(
         preflight_results_dir(Path(out), estimate_run_bytes(exp, dry_run=dry_run) + MANIFEST_RESERVE_BYTES)
         m = create_run(exp, Path(out), experiment_file=file, dry_run=dry_run)
         if max_parallel:
-            m.data["max_parallel"] = max_parallel
+            m.max_parallel = max_parallel
         if not isolation_sample:
-            m.data["isolation_sample"] = False  # a resume keeps the choice (matrix/packed.py)
+            m.isolation_sample = False  # a resume keeps the choice (matrix/packed.py)
     runner = Runner(m, console=console, keep_server=keep_server)
     try:
         rc = runner.run()

@@ -101,13 +101,11 @@ LaneFactory = Callable[..., PlacementLane]
 
 def packing_of(runner: RunView, max_parallel: int | None) -> dict[str, Any]:
     """The run's placements, from the manifest when a previous run stored them, else planned now and stored."""
-    kept = runner.m.data.get("packing")
+    kept = runner.m.packing
     if kept:
         return kept
     local = runner.exp.target.inventory == "local"
-    s = attach_schedule(
-        runner.plan, runner.m.data.get("experiment_file"), max_parallel, base_port=runner.port
-    )
+    s = attach_schedule(runner.plan, runner.m.experiment_file, max_parallel, base_port=runner.port)
     hosts = {h.name: h.address or h.name for h in s.hosts}
     placements: list[PlacementRecord] = [
         {
@@ -129,16 +127,18 @@ def packing_of(runner: RunView, max_parallel: int | None) -> dict[str, Any]:
         "placements": placements,
         "unplaced": s.unplaced,
     }
-    runner.m.data["packing"] = packing
+    runner.m.packing = packing
     for cid, why in s.unplaced.items():
         for p in runner.m.points.values():
             if p["config_id"] == cid and p["status"] not in mf.FINISHED:
                 p.update(status=mf.SERVER_FAILED, reason=f"not placed: {why}")
-    if runner.m.data.get("isolation_sample", True):
+    if runner.m.isolation_sample:
         add_samples(runner.m, packing)  # the isolation sample: re-run alone after the packed phase
     else:
         packing["isolation_sample"] = False
-        runner.event("isolation sample off (--no-isolation-sample): packed points are not checked against alone")
+        runner.event(
+            "isolation sample off (--no-isolation-sample): packed points are not checked against alone"
+        )
     runner.m.save()
     return packing
 

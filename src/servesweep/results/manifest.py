@@ -1,9 +1,18 @@
-"""The manifest of a `servesweep run` (`runs/<run_id>/manifest.json`, format in servesweep.results.runfolder), the
-one file that says what a run is and how far it got, and `processes.json`, the processes a run started.
+"""The manifest of a `servesweep run` (`runs/<run_id>/manifest.json`; the folder around it: servesweep.results.runfolder),
+the one file that says what a run is and how far it got.
 
-The manifest holds the experiment as run, the plan, the resolved server info per configuration, versions, host
-facts, the git revision and a status per point. It is rewritten with store.write_json_atomic after every change, so
-a run killed at any instant leaves either the previous or the next manifest, never a torn one; that is what
+Its shape is ManifestFile, one schema version (SCHEMA_VERSION, 1): every key a run writes is declared there, typed,
+with the entries of `points` (PointEntry), `configs` (ConfigEntry) and a capacity run's `searches` (SearchEntry), and
+`experiment` is the Experiment itself (its checks across fields included). A resume loads the file through it, so a
+damaged, foreign or no longer valid manifest is refused naming the file and the field; a save checks the same, so a
+run never writes a manifest its resume would refuse. The format on disk is the one servesweep wrote before the
+model existed (same keys, schema_version 1, a later stage's keys absent until it sets them): a run folder of that
+code resumes as it is, and runfolder.load_run reads both; there is no earlier version to read.
+
+Between load and save the run changes the manifest as the JSON it is (`Manifest.data`, its `points` and `configs`
+entries dicts that the matrix modules update in place) under one lock (a packed run saves from one thread per
+placement); the top-level fields have typed properties. Every save is atomic (store.write_json_atomic): a run killed
+at any instant leaves either the previous or the next manifest, never a torn one; that is what
 `servesweep run --resume` trusts.
 """
 
@@ -20,21 +29,178 @@ import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from servesweep.config.experiment import Experiment
 from servesweep.results.runfolder import MANIFEST
 from servesweep.results.store import write_json_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 # Point statuses. Finished ones are never run again on resume; the others are.
-DONE = "done"
-PENDING = "pending"
-RUNNING = "running"
-FAILED = "failed"  # the load point itself failed (the load generator raised)
-SERVER_FAILED = "server_failed"  # its server configuration did not start, failed verification or crashed
-INFEASIBLE = "infeasible"  # dropped by the planner, with a reason
+DONE: Final = "done"
+PENDING: Final = "pending"
+RUNNING: Final = "running"
+FAILED: Final = "failed"  # the load point itself failed (the load generator raised)
+SERVER_FAILED: Final = (
+    "server_failed"  # its server configuration did not start, failed verification or crashed
+)
+INFEASIBLE: Final = "infeasible"  # dropped by the planner, with a reason
 FINISHED = {DONE, INFEASIBLE}
+PointStatus = Literal["done", "pending", "running", "failed", "server_failed", "infeasible"]
+ConfigStatus = Literal["pending", "infeasible", "starting", "ready", "failed", "crashed", "done"]
+RunStatus = Literal["created", "running", "finished", "interrupted"]
+
+
+class _Entry(BaseModel):
+    # every key is declared: one the model does not know is an error on load and on save
+    model_config = ConfigDict(extra="forbid")
+
+
+class PointEntry(_Entry):
+    """A load point of the run: the LoadPoint as JSON (what run_point gets back on resume; checked as a LoadPoint
+    when it runs), its axes, its status and what running it added."""
+
+    point: dict[str, Any]
+    config_id: str
+    workload: str
+    endpoint: str
+    concurrency: int
+    prompt_tokens: int
+    output_tokens: int
+    rate: float | None = None  # an open-loop point's arrival rate; absent from a closed-loop point's entry
+    status: PointStatus = PENDING
+    reason: str | None = None  # why it is infeasible, failed or not run
+    warnings: list[str] = Field(default_factory=list)
+    est_s: float | None = None  # the planner's estimate
+    attempts: int = 0
+    dir: str | None = None  # its folder under the run folder, once done
+    result: dict[str, Any] | None = None  # the headline of its summary, once done
+    started: str | None = None  # ISO 8601, the last attempt's
+    finished: str | None = None
+    cache_flushed: bool | None = None  # the server's prefix cache was flushed before it (None: not asked)
+    records_aside: str | None = (
+        None  # an interrupted or crashed attempt's records, relative to the run folder
+    )
+    server_log: str | None = None  # the log of the server that died during it
+    server_lost: str | None = None  # what became of its server during it (died, hung), when it was lost
+    isolation_of: str | None = None  # an isolation twin's packed point (matrix/isolation.py)
+    # a capacity search's probe (matrix/capacity_run.py): its search, the load it probed and the requests asked
+    search: str | None = None
+    load: float | None = None
+    asked: int | None = None
+    probe_wall_s: float | None = None
+    speedup: float | None = None  # a replay probe's trace speed-up
+
+
+class ConfigEntry(_Entry):
+    """A server configuration of the run: what the planner made of it, then its server's state."""
+
+    order: int
+    flags: dict[str, Any]
+    env: dict[str, Any] = Field(default_factory=dict)
+    bundle: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    status: ConfigStatus = "pending"
+    error: str | None = None
+    planned: dict[str, Any] = Field(default_factory=dict)  # the planner's facts, warnings and estimate
+    server: dict[str, Any] | None = None  # the role's resolved server info, once started
+    attempts: int = 0
+    started: str | None = None
+    ready_after_s: float | None = None
+    log: str | None = None  # the server's log, fetched when it failed or crashed
+    crashes: list[dict[str, Any]] = Field(default_factory=list)  # {t, point, log} per crash
+    restarts: int = 0
+    needle_accuracy: dict[str, Any] | None = None  # per prompt length (matrix/answer_probes.py)
+    placement: dict[str, Any] | None = None  # a packed run's host, GPUs and port (matrix/packed.py)
+    server_stopped: bool | None = None
+
+
+class SearchEntry(_Entry):
+    """A capacity search (matrix/capacity_run.py): the point its probes are made from, its status and result."""
+
+    template: dict[str, Any]  # a PointEntry as JSON
+    config_id: str
+    status: PointStatus = PENDING
+    reason: str | None = None
+    planned: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None
+    started: str | None = None
+    finished: str | None = None
+
+
+class Event(_Entry):
+    t: str
+    event: str
+
+
+class ExporterInfo(_Entry):
+    """Where the run's client metrics were served (observe/exporter.py)."""
+
+    host: str
+    port: int
+    url: str
+
+
+class ManifestFile(_Entry):
+    """manifest.json of a `servesweep run`, schema_version 1."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    created: str
+    updated: str
+    status: RunStatus = "created"
+    experiment_file: str | None = None  # absolute; None for an experiment built in code
+    dry_run: bool = False
+    experiment: Experiment  # as run (a dry run's shrunk one)
+    experiment_digest: str | None = None
+    port: int  # the server's (the first placement's in a packed run on the local host)
+    plan: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    git_rev: str | None = None
+    controller: dict[str, Any] = Field(default_factory=dict)
+    hosts: dict[str, Any] = Field(default_factory=dict)  # host facts by host name, gathered once per run
+    configs: dict[str, ConfigEntry]
+    points: dict[str, PointEntry]
+    events: list[Event] = Field(default_factory=list)
+    # set as the run goes (absent from the file until then)
+    exporter: ExporterInfo | None = None
+    resumed: list[str] = Field(default_factory=list)  # when each resume started (ISO 8601)
+    error: str | None = None  # the unexpected error that stopped the run (cleared when it resumes)
+    max_parallel: int | None = None  # --max-parallel (a resume keeps it)
+    isolation_sample: bool = True  # --no-isolation-sample said false (a resume keeps it)
+    packing: dict[str, Any] | None = None  # a packed run's placements (matrix/packed.py packing_of)
+    isolation: dict[str, Any] | None = None  # packed against alone (results/isolation.py analyze)
+    searches: dict[str, SearchEntry] | None = None  # a capacity run's searches (its points are their probes)
+
+    def as_data(self) -> dict[str, Any]:
+        """The manifest's JSON: the keys given, nothing else (a later stage's keys, and an open-loop point's `rate`,
+        stay absent until set), and the whole experiment."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        data["schema_version"] = self.schema_version
+        data["experiment"] = self.experiment.model_dump(mode="json")
+        return data
+
+
+def _field_error(e: ValidationError) -> str:
+    """The first problem of a ValidationError as 'dotted.key: message' (and how many more there are)."""
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}{more}"
+
+
+def check(path: Path, data: Any) -> ManifestFile:
+    """`data` as ManifestFile; ValueError naming the file and the first field that is wrong."""
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        got = data.get("schema_version") if isinstance(data, dict) else None
+        raise ValueError(f"{path}: schema_version {got!r}, expected {SCHEMA_VERSION}")
+    try:
+        return ManifestFile.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(f"{path}: not a valid servesweep run manifest: {_field_error(e)}") from None
 
 
 def _plain(o: Any) -> Any:
@@ -49,7 +215,8 @@ def now_iso() -> str:
 
 
 class Manifest:
-    """A dict with a save() that is atomic; small helpers for the parts the orchestrator changes."""
+    """The run's manifest while it runs: its JSON (`data`, shaped as ManifestFile), one load and one atomic save,
+    both checked against ManifestFile; typed properties for the top-level fields the run reads and sets."""
 
     def __init__(self, run_dir: Path, data: dict[str, Any]):
         self.run_dir = Path(run_dir)
@@ -62,6 +229,7 @@ class Manifest:
 
     @classmethod
     def load(cls, run_dir: Path) -> Manifest:
+        """The manifest of run folder `run_dir`, checked (FileNotFoundError, or ValueError naming the field)."""
         path = Path(run_dir) / MANIFEST
         try:
             data = json.loads(path.read_text())
@@ -69,29 +237,111 @@ class Manifest:
             raise FileNotFoundError(f"{path} does not exist: is {run_dir} a servesweep run folder?") from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e}); the run folder is damaged") from None
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"{path}: schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}"
-            )
+        check(path, data)
         return cls(Path(run_dir), data)
 
     def save(self) -> None:
         with self._lock:
             self.data["updated"] = now_iso()
             # one pass of the C encoder (no indent) copies the data while no other thread can change it; the
-            # indented file is written from that copy
+            # indented file is written from that copy, once it is what a resume's load accepts
             snapshot = json.loads(json.dumps(self.data, default=_plain))
+            check(self.path, snapshot)
             write_json_atomic(self.path, snapshot)
 
-    # -- points and configurations --
+    # -- the typed view --
+
+    def experiment(self) -> Experiment:
+        """The experiment as run (validated again: its checks across fields included)."""
+        return Experiment.model_validate(self.data["experiment"])
 
     @property
     def points(self) -> dict[str, dict[str, Any]]:
+        """Point id -> its entry (PointEntry as JSON)."""
         return self.data["points"]
 
     @property
     def configs(self) -> dict[str, dict[str, Any]]:
+        """Configuration id -> its entry (ConfigEntry as JSON)."""
         return self.data["configs"]
+
+    @property
+    def run_id(self) -> str:
+        return self.data["run_id"]
+
+    @property
+    def status(self) -> RunStatus:
+        return self.data["status"]
+
+    @status.setter
+    def status(self, value: RunStatus) -> None:
+        self.data["status"] = value
+
+    @property
+    def experiment_file(self) -> str | None:
+        return self.data.get("experiment_file")
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.data.get("dry_run"))
+
+    @property
+    def port(self) -> int:
+        return int(self.data["port"])
+
+    @property
+    def hosts(self) -> dict[str, Any]:
+        return self.data["hosts"]
+
+    def add_event(self, text: str) -> None:
+        self.data["events"].append({"t": now_iso(), "event": text})
+
+    @property
+    def exporter(self) -> ExporterInfo | None:
+        e = self.data.get("exporter")
+        return None if e is None else ExporterInfo.model_validate(e)
+
+    @exporter.setter
+    def exporter(self, value: ExporterInfo) -> None:
+        self.data["exporter"] = value.model_dump()
+
+    @property
+    def error(self) -> str | None:
+        return self.data.get("error")
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        if value is None:
+            self.data.pop("error", None)
+        else:
+            self.data["error"] = value
+
+    def resumed_now(self) -> None:
+        self.data.setdefault("resumed", []).append(now_iso())
+
+    @property
+    def max_parallel(self) -> int | None:
+        return self.data.get("max_parallel")
+
+    @max_parallel.setter
+    def max_parallel(self, value: int | None) -> None:
+        self.data["max_parallel"] = value
+
+    @property
+    def isolation_sample(self) -> bool:
+        return bool(self.data.get("isolation_sample", True))
+
+    @isolation_sample.setter
+    def isolation_sample(self, value: bool) -> None:
+        self.data["isolation_sample"] = value
+
+    @property
+    def packing(self) -> dict[str, Any] | None:
+        return self.data.get("packing")
+
+    @packing.setter
+    def packing(self, value: dict[str, Any]) -> None:
+        self.data["packing"] = value
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

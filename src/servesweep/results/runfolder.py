@@ -12,10 +12,12 @@ report, compare, gate and the exporter use.
 
 manifest.json comes in two kinds, told apart by its `points`:
 
-- `servesweep run` (results/manifest.py `Manifest`, `schema_version` 1): `points` is an object, point id -> entry
-  {config_id, workload, endpoint, prompt_tokens, output_tokens, concurrency, status (manifest.py's statuses), reason,
-  warnings, est_s, started, finished (ISO 8601), dir}; `configs` is an object, config id -> {flags, env, labels,
-  server, ...}; beside them the experiment, plan, versions, git revision and host facts.
+- `servesweep run` (`schema_version` 1, its model results/manifest.py `ManifestFile`, checked when the run saves
+  it): `points` is an object, point id -> entry (`PointEntry`: config_id, workload, endpoint, prompt_tokens,
+  output_tokens, concurrency, status (manifest.py's statuses), reason, warnings, est_s, started, finished (ISO 8601),
+  dir, ...); `configs` is an object, config id -> `ConfigEntry` {flags, env, labels, server, ...}; beside them the
+  experiment, plan, versions, git revision and host facts. Read here as it is, without the model: a report of a
+  folder whose resume would be refused (a field missing, an experiment no longer valid) still shows what it holds.
 - `servesweep load` (store.write_manifest, `kind` "load"): `points` is a list of {point_id, dir, concurrency,
   rate_rps} appended as each point finishes; an interrupted point is listed with `status` "interrupted" and no
   summary.json. Point folders the list lacks (the run stopped before recording them) are read too.

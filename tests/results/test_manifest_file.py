@@ -1,0 +1,116 @@
+"""manifest.json of `servesweep run` as its model says (results/manifest.py ManifestFile, schema_version 1): a new
+run's manifest reads back whole, a closed-loop point's entry without `rate`; `servesweep run --resume` refuses a
+manifest it cannot trust (another schema version, an entry without a field, an undeclared key, a stored experiment
+that is no longer valid) naming the file and the field, and leaves the folder as it was; a save never writes what a
+resume would refuse."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from support import emulator_experiment_head, run_servesweep
+
+from servesweep.config.experiment import load_experiment
+from servesweep.matrix import orchestrator
+from servesweep.results import manifest as mf
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text(
+        emulator_experiment_head(tmp_path, "mftest")
+        + textwrap.dedent(
+            """\
+            load: {concurrency: [1, 2], prompt_tokens: 100, output_tokens: 4, requests: 2}
+            """
+        )
+    )
+    return orchestrator.create_run(load_experiment(f), tmp_path / "runs", experiment_file=str(f)).run_dir
+
+
+def _resume(run_dir) -> tuple[int, str]:
+    return run_servesweep("run", "--resume", str(run_dir), timeout=120)
+
+
+def test_a_new_runs_manifest_reads_back_whole(run_dir):
+    raw = json.loads((run_dir / "manifest.json").read_text())
+    assert raw["schema_version"] == mf.SCHEMA_VERSION and raw["status"] == "created"
+    # the keys a later stage sets are absent until it sets them, as the code before the model wrote them
+    assert not {"exporter", "resumed", "packing", "searches", "error", "max_parallel"} & set(raw)
+    m = mf.Manifest.load(run_dir)
+    assert m.run_id == run_dir.name and m.status == "created" and m.port == raw["port"] and not m.dry_run
+    assert m.experiment().name == "mftest" and m.experiment().sglang_version == "0.5.23"
+    assert sorted(p["concurrency"] for p in m.points.values()) == [1, 2]
+    for pid, p in m.points.items():
+        assert p["status"] == mf.PENDING and p["attempts"] == 0 and p["dir"] is None and p["result"] is None
+        assert "rate" not in p  # a closed-loop point has no arrival rate (the results table shows none)
+        assert p["point"]["point_id"] == pid
+    cfg = next(iter(m.configs.values()))
+    assert cfg["status"] == "pending" and cfg["server"] is None and cfg["attempts"] == 0
+
+
+def test_a_resume_refuses_a_stored_experiment_that_is_no_longer_valid(run_dir):
+    """The check across fields ("sglang_version is required unless launcher.command is set") is the model's own:
+    the experiment a manifest stored gets it on resume too, before anything starts."""
+    path = run_dir / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw["experiment"]["sglang_version"] = None
+    path.write_text(json.dumps(raw, indent=2))
+    before = path.read_bytes()
+    rc, out = _resume(run_dir)
+    assert rc == 2, out
+    assert (
+        f"{path}: not a valid servesweep run manifest: experiment.sglang_version: required key is missing (the "
+        "SGLang version the flags are rendered for)"
+    ) in out
+    assert path.read_bytes() == before  # nothing resumed, nothing rewritten
+    assert sorted(p.name for p in run_dir.iterdir()) == ["manifest.json"]
+
+
+def test_a_resume_refuses_a_manifest_it_cannot_trust(run_dir):
+    path = run_dir / "manifest.json"
+    raw = json.loads(path.read_text())
+    pid = next(iter(raw["points"]))
+    entry = raw["points"][pid]
+    cases = [
+        ({**raw, "schema_version": 0}, f"{path}: schema_version 0, expected 1"),
+        (
+            {**raw, "points": {pid: {k: v for k, v in entry.items() if k != "config_id"}}},
+            f"{path}: not a valid servesweep run manifest: points.{pid}.config_id: Field required",
+        ),
+        (
+            {**raw, "points": {pid: {**entry, "status": "half-done"}}},
+            f"{path}: not a valid servesweep run manifest: points.{pid}.status: Input should be 'done', ",
+        ),
+    ]
+    for doc, says in cases:
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ValueError) as ei:
+            mf.Manifest.load(run_dir)
+        assert says in str(ei.value)
+    rc, out = _resume(run_dir)  # the last one, through the command a user runs
+    assert rc == 2 and f"points.{pid}.status: Input should be" in out, out
+
+
+def test_a_save_never_writes_what_a_resume_would_refuse(run_dir):
+    m = mf.Manifest.load(run_dir)
+    before = m.path.read_text()
+    pid = next(iter(m.points))
+    m.points[pid]["stauts"] = mf.DONE  # a key no stage declares (a typo)
+    with pytest.raises(ValueError, match=rf"points\.{pid}\.stauts: Extra inputs are not permitted"):
+        m.save()
+    assert m.path.read_text() == before  # the previous manifest stays, whole
+    del m.points[pid]["stauts"]
+    m.points[pid].update(status=mf.RUNNING, attempts=1, started=mf.now_iso(), cache_flushed=None)
+    m.status = "running"
+    m.resumed_now()
+    m.save()
+    again = mf.Manifest.load(run_dir)
+    assert (
+        again.points[pid]["status"] == mf.RUNNING
+        and again.status == "running"
+        and len(again.data["resumed"]) == 1
+    )
