@@ -147,7 +147,12 @@ class OwnedProcesses:
         for ref in self.previous().get("processes") or []:
             procs = owned_now(ref)
             if procs:
-                n = stop_processes(procs, grace_s if ref.get("kind") == "locust" else 0)
+                grace = grace_s if ref.get("kind") == "locust" else 0
+                if ref.get("group"):  # the group with killpg: it also reaches what the group forks meanwhile
+                    stop_group(ref, grace)
+                    n = len(procs)
+                else:
+                    n = stop_processes(procs, grace)
                 counts[ref.get("kind", "?")] = counts.get(ref.get("kind", "?"), 0) + n
         self.entries = []
         self.save()
