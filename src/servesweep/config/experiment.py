@@ -21,7 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
@@ -345,6 +353,15 @@ class WorkloadSpec(_Strict):
     @classmethod
     def _dur(cls, v):
         return duration_s(v)
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_file(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # relative: to the experiment file (its folder is the validation context's `base_dir`, see load_experiment)
+        base = (info.context or {}).get("base_dir")
+        if v and base is not None and not Path(v).expanduser().is_absolute():
+            return str((Path(base) / v).resolve())
+        return v
 
     @field_validator("trace_window_s", mode="before")
     @classmethod
@@ -862,11 +879,7 @@ def load_experiment(path: str | Path) -> Experiment:
         text = path.read_text()
     except OSError as e:
         raise ExperimentError([f"{path}: cannot read: {e.strerror}"]) from None
-    exp = parse_experiment(text, str(path))
-    for spec in exp.load.workloads.values():  # a trace file relative to the experiment file
-        if spec.trace and not Path(spec.trace).expanduser().is_absolute():
-            spec.trace = str((path.parent / spec.trace).resolve())
-    return exp
+    return parse_experiment(text, str(path), base_dir=path.parent)
 
 
 def _printable(text: str) -> str:
@@ -875,7 +888,12 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment:
+def parse_experiment(
+    text: str, filename: str = "experiment.yaml", base_dir: Path | None = None
+) -> Experiment:
+    """The experiment of YAML `text`, validated once (the model's own checks, those across fields included): a
+    trace file named relative is taken relative to `base_dir` (the experiment file's folder). ExperimentError: one
+    'file:line: key: what' line per problem."""
     yaml = YAML(typ="rt")
     try:
         doc = yaml.load(text)
@@ -902,7 +920,7 @@ def parse_experiment(text: str, filename: str = "experiment.yaml") -> Experiment
     exp: Experiment | None = None
     # validate the rest even after flag problems, so one pass reports everything
     try:
-        exp = Experiment.model_validate(plain)
+        exp = Experiment.model_validate(plain, context={"base_dir": base_dir})
     except ValidationError as e:
         errors = e.errors()
         if problems:  # the cross-checks (SEMANTIC) would only echo the flag problems above
