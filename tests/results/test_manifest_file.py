@@ -114,3 +114,35 @@ def test_a_save_never_writes_what_a_resume_would_refuse(run_dir):
         and again.status == "running"
         and len(again.data["resumed"]) == 1
     )
+
+
+def test_lanes_saving_side_by_side_leave_a_whole_manifest(run_dir):
+    """A packed run's lanes change their own entries and save from their own threads (matrix/packed.py): each save
+    is one checked snapshot under the manifest's lock, so none fails and the last file holds every lane's last
+    change."""
+    import threading
+
+    m = mf.Manifest.load(run_dir)
+    pids, cids = list(m.points), list(m.configs)
+    errors: list[BaseException] = []
+
+    def lane(n: int) -> None:
+        try:
+            for i in range(30):
+                m.points[pids[n % len(pids)]].update(status=mf.RUNNING, attempts=i, started=mf.now_iso())
+                m.configs[cids[0]]["restarts"] = i
+                m.add_event(f"lane {n} step {i}")
+                m.save()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=lane, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    m.save()
+    again = mf.Manifest.load(run_dir)
+    assert all(p["status"] == mf.RUNNING and p["attempts"] == 29 for p in again.points.values())
+    assert len(again.data["events"]) == 6 * 30 and again.configs[cids[0]]["restarts"] == 29
