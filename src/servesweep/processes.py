@@ -294,7 +294,11 @@ def start_group(
         ref = ref or {"pid": popen.pid, "create_time": 0.0, "kind": kind, "group": True}
         group = Group(popen, list(argv), Path(log_path) if log_path is not None else None, ref)
         if watch_parent:
-            _start_watch(group, log)
+            try:
+                _start_watch(group, log)
+            except BaseException:
+                stop_group(group, 0)  # unwatched it must not run: nobody would hold its handle
+                raise
     finally:
         if log is not None:
             log.close()
@@ -303,17 +307,17 @@ def start_group(
 
 # Why a watcher process on a pipe, and not Linux's PR_SET_PDEATHSIG set in a preexec_fn:
 # - PDEATHSIG fires when the *thread* that forked the child ends, not the process: a server started from a packed
-#   lane's thread or a fixture's thread would be killed when that thread ends, and live on after a SIGKILL of the
-#   process if that thread was not the one to go;
+#   lane's thread or a fixture's thread would be killed when that thread ends while the process goes on;
 # - it reaches the leader only, with one signal: a leader that ignores or outlives SIGTERM keeps its whole group up,
 #   and the leader's own children are not told at all;
 # - it needs a preexec_fn, which Python documents as unsafe in a process with threads (servesweep has them);
 # - it is Linux only.
 # The watcher is a small process in a session of its own that holds the read end of a pipe whose only write end
-# this process holds (not inheritable, closed in every other child). The kernel closes that end when this process
-# ends, however it ends (SIGKILL too), and the watcher's read returns at once: it then stops the group the way
-# `stop_group` does (SIGTERM, a grace, SIGKILL to what is left; only the recorded group, by pid and start time).
-# It exits by itself once the group is gone, and `stop_group` closes the pipe, which ends it too.
+# this process holds (not inheritable: closed in every child it execs; servesweep forks none without exec). The
+# kernel closes that end when this process ends, however it ends (SIGKILL too), and the watcher's read returns at
+# once: it then stops the group the way `stop_group` does (SIGTERM, a grace, SIGKILL to what is left; only the
+# recorded group, by pid and start time). It exits by itself once the group is gone, and `stop_group` closes the
+# pipe, which ends it too.
 WATCH_GRACE_S = 5.0
 WATCH_POLL_S = 1.0
 

@@ -362,8 +362,8 @@ def start_pushgateway(
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     cmd = ["prometheus-pushgateway", f"--web.listen-address={host}:{port}", f"--persistence.file={state / 'pushgateway.data'}"]  # fmt: skip
-    return launch_service(cmd, url=f"http://{host}:{port}", ready_path="/-/ready", log_path=state / "pushgateway.log",
-                          timeout=timeout)  # fmt: skip
+    url, log = f"http://{host}:{port}", state / "pushgateway.log"
+    return launch_service(cmd, url=url, ready_path="/-/ready", log_path=log, timeout=timeout)
 
 
 # ---------------------------------------------------------------- CLI
