@@ -15,7 +15,11 @@ loss, no connection closed;
 Teardown always runs: every process in the namespaces is killed (by its pid, from `ip netns pids`), then the
 namespaces (and with them the veths and the bridge) are deleted.
 
-`python netns.py relay HOST PORT` is that ProxyCommand relay (stdin/stdout <-> TCP).
+`python netns.py relay HOST PORT [DROP_FILE]` is that ProxyCommand relay (stdin/stdout <-> TCP). With DROP_FILE
+(`inventory_vars(via, drop=...)`) it numbers the connections it is asked for and closes those the file lists (e.g.
+"2,5") at once, before reaching the host: a connection lost while it is made, as a flaky link or an sshd past its
+MaxStartups does it (ssh exits 255). NETNS_SSH_DEBUG (environment): ssh options added to every connection, e.g.
+" -o LogLevel=DEBUG1 -E /tmp/ssh.log", to see why one failed.
 """
 
 from __future__ import annotations
@@ -135,9 +139,14 @@ class Net:
             _start_sshd(self, h)
             _wait_port(self, next(iter(self.hosts)), h.addr, 22)
 
-    def inventory_vars(self, via: str) -> str:
-        """INI `[group:vars]` lines for ssh to these hosts from this machine, relayed from inside `via`."""
+    def inventory_vars(self, via: str, drop: Path | None = None, control_master: bool = True) -> str:
+        """INI `[group:vars]` lines for ssh to these hosts from this machine, relayed from inside `via`. `drop`: a
+        file naming the connections (1, 2, ...) the relay closes as they are made. `control_master`: one shared
+        connection per host (else every task connects anew)."""
         relay = f"ip netns exec {self.hosts[via].ns} {sys.executable} -I -S {Path(__file__).resolve()} relay %h %p"
+        if drop is not None:
+            relay += f" {drop}"
+        shared = f"-o ControlMaster=auto -o ControlPersist=30s -o ControlPath={self.tmp}/cp-%C"
         return (
             "ansible_user=root\n"
             f"ansible_ssh_private_key_file={self.key}\n"
@@ -146,9 +155,9 @@ class Net:
             f'ansible_ssh_common_args=\'-o ProxyCommand="{relay}" -o UserKnownHostsFile=/dev/null '
             # a host that dies without closing its connections (kill_host): the shared connection notices in 9 s
             "-o ServerAliveInterval=3 -o ServerAliveCountMax=3 "
-            "-o StrictHostKeyChecking=no -o LogLevel=ERROR'\n"
+            "-o StrictHostKeyChecking=no -o LogLevel=ERROR" + os.environ.get("NETNS_SSH_DEBUG", "") + "'\n"
             # A control path of our own (short: unix socket paths are limited) so runs never share masters
-            f"ansible_ssh_args='-o ControlMaster=auto -o ControlPersist=30s -o ControlPath={self.tmp}/cp-%C'\n"
+            f"ansible_ssh_args='{shared if control_master else '-o ControlMaster=no -o ControlPath=none'}'\n"
         )
 
 
@@ -261,8 +270,10 @@ def _teardown(net: Net, made: list[str]) -> None:
     shutil.rmtree(net.tmp, ignore_errors=True)
 
 
-def relay(host: str, port: int) -> None:
-    """stdin -> TCP host:port -> stdout, until both directions end (an ssh ProxyCommand)."""
+def relay(host: str, port: int, drop: str | None = None) -> None:
+    """stdin -> TCP host:port -> stdout, until both directions end (an ssh ProxyCommand); `drop`: see the module."""
+    if drop is not None and _numbered_connection(Path(drop)) in _dropped(Path(drop)):
+        sys.exit(1)
     s = socket.create_connection((host, port), timeout=10)
     s.settimeout(None)
 
@@ -277,8 +288,24 @@ def relay(host: str, port: int) -> None:
         os.write(1, data)
 
 
+def _dropped(drop: Path) -> set[int]:
+    return {int(n) for n in drop.read_text().replace(",", " ").split()}
+
+
+def _numbered_connection(drop: Path) -> int:
+    """This connection's number (1, 2, ...), counted in DROP_FILE.count under a lock (ssh connects in parallel)."""
+    import fcntl
+
+    with open(drop.with_name(drop.name + ".count"), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        n = len(f.read()) + 1
+        f.write(".")
+        return n
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "relay":
-        relay(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "relay":
+        relay(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) == 5 else None)
     else:
-        sys.exit("usage: netns.py relay HOST PORT")
+        sys.exit("usage: netns.py relay HOST PORT [DROP_FILE]")

@@ -146,6 +146,7 @@ def run_playbook(
         r = ansible_runner.interface.init_runner(**kwargs)  # what ansible_runner.run does, in two steps:
         for name in hide_env:  # the prepared environment, before the run writes it to `command` or spawns
             r.config.env.pop(name, None)
+        r.config.command = _dies_with_parent(r.config.command)
         r.run()
         return _result(r, time.monotonic() - t0, events)
     finally:
@@ -174,10 +175,20 @@ def _playbook_path(playbook: str | Path, adir: Path) -> Path:
     return pb
 
 
+SSH_RETRIES = "3"  # Ansible's default is 0: one SSH connection lost as it is made fails the host for the play
+
+
 def _envvars(pd: Path, adir: Path) -> dict[str, str]:
     """ansible-playbook's environment: the venv's bin first on PATH, servesweep's roles, no colour or retry
-    files, temporary files inside the private data dir."""
+    files, temporary files inside the private data dir, and SSH connections retried.
+
+    A night-long matrix makes thousands of SSH connections; one that fails while it is made (a shared connection's
+    master exiting as a task reuses it, an sshd past MaxStartups, a link that drops a SYN) made ssh exit 255 and
+    Ansible mark the host unreachable, failing a whole configuration's start (seen under load in a packed run).
+    Ansible retries exactly those (exit 255, back-off 1 s, 3 s, 7 s), the task itself never:
+    ANSIBLE_SSH_RETRIES=3 unless the environment sets its own."""
     return {
+        "ANSIBLE_SSH_RETRIES": os.environ.get("ANSIBLE_SSH_RETRIES", SSH_RETRIES),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_ROLES_PATH": str(adir / "roles"),
         "ANSIBLE_NOCOLOR": "1",
@@ -186,6 +197,21 @@ def _envvars(pd: Path, adir: Path) -> dict[str, str]:
         "ANSIBLE_LOCAL_TEMP": str(pd / "tmp"),
         "ANSIBLE_DEPRECATION_WARNINGS": "0",
     }
+
+
+def _dies_with_parent(command: list[str]) -> list[str]:
+    """ansible-playbook's command, made to get SIGTERM the moment this process dies (util-linux `setpriv
+    --pdeathsig`, which sets the kernel's parent-death signal and execs it: the same pid, the same environment).
+
+    ansible-runner starts it in a session of its own (a pty), so a SIGKILLed servesweep took it with it neither by
+    process group nor by hang-up (it ignores SIGHUP): it went on with its task (a readiness wait lasts the server's
+    whole load time), started the GPU sampler and so on, for nobody. On SIGTERM it stops its task workers and exits.
+    Where setpriv is missing (not Linux), the command is unchanged and `--resume` stops what processes.json
+    recorded."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or sys.platform != "linux":
+        return command
+    return [setpriv, "--pdeathsig", "TERM", "--", *command]
 
 
 def _secret_files(pd: Path, secrets: Mapping[str, str]) -> dict[str, str]:
@@ -284,7 +310,9 @@ class _Tracker:
         self.before = {(c.pid, _ctime(c)) for c in self.me.children()}
         self.owned = owned
         self.mark = mark
-        self.tops: set[tuple[int, float]] = set()  # this run's ansible-playbook, once its environment showed it
+        self.tops: set[tuple[int, float]] = (
+            set()
+        )  # this run's ansible-playbook, once its environment showed it
         self.sessions: dict[int, float] = {}  # session id -> its leader's start time
         self.refs: dict[tuple[int, float], dict] = {}
 
@@ -409,26 +437,12 @@ _CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/childr
 
 
 def _ppid_table() -> dict[int, list[int]]:
+    """{ppid: [pids]} of every process: one pass of psutil over the process table (only where the kernel has no
+    children files, so its cost is off the usual path)."""
     out: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        names = None
-    if names is None or not os.path.exists("/proc/self/stat"):  # not Linux: psutil's way
-        for p in psutil.process_iter(["ppid"]):
-            if p.info.get("ppid") is not None:
-                out.setdefault(p.info["ppid"], []).append(p.pid)
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            ppid = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])  # after "pid (comm) state"
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        out.setdefault(ppid, []).append(int(name))
+    for p in psutil.process_iter(["ppid"]):
+        if p.info.get("ppid") is not None:
+            out.setdefault(p.info["ppid"], []).append(p.pid)
     return out
 
 
