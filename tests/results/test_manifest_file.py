@@ -7,7 +7,9 @@ resume would refuse."""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 from support import emulator_experiment_head, run_servesweep
@@ -15,6 +17,10 @@ from support import emulator_experiment_head, run_servesweep
 from servesweep.config.experiment import load_experiment
 from servesweep.matrix import orchestrator
 from servesweep.results import manifest as mf
+
+# manifest.json of a packed run (2 bundles side by side, the isolation sample, 6 points done) as servesweep wrote it
+# before the model existed (commit 7a29dee), its servers' /server_info documents emptied to keep the file small
+BEFORE_THE_MODEL = Path(__file__).with_name("manifest_v1_packed.json")
 
 
 @pytest.fixture
@@ -146,3 +152,22 @@ def test_lanes_saving_side_by_side_leave_a_whole_manifest(run_dir):
     again = mf.Manifest.load(run_dir)
     assert all(p["status"] == mf.RUNNING and p["attempts"] == 29 for p in again.points.values())
     assert len(again.data["events"]) == 6 * 30 and again.configs[cids[0]]["restarts"] == 29
+
+
+def test_a_manifest_written_before_the_model_loads_and_saves_as_it_was(tmp_path):
+    """Same keys, schema_version 1: a run folder of the code before the model resumes as it is (the format is the
+    one ManifestFile declares, not a new version)."""
+    run_dir = tmp_path / "packed-run"
+    run_dir.mkdir()
+    shutil.copyfile(BEFORE_THE_MODEL, run_dir / "manifest.json")
+    before = json.loads(BEFORE_THE_MODEL.read_text())
+    m = mf.Manifest.load(run_dir)
+    assert m.status == "finished" and m.counts() == {mf.DONE: 6} and m.max_parallel == 2
+    assert m.packing is not None and len(m.packing["placements"]) == 2 and m.exporter is not None
+    assert sum(1 for p in m.points.values() if p.get("isolation_of")) == 2  # the alone twins
+    m.save()
+    after = json.loads((run_dir / "manifest.json").read_text())
+    assert after.keys() == before.keys() and after["updated"] != before["updated"]
+    assert {k: v for k, v in after.items() if k != "updated"} == {
+        k: v for k, v in before.items() if k != "updated"
+    }
