@@ -37,6 +37,7 @@ from prometheus_client.utils import floatToGoString
 from servesweep.observe.capacity_metrics import capacity_families, frontier_families
 from servesweep.results import metrics
 from servesweep.results.capacity import load_capacity
+from servesweep.results.degraded import degradation
 from servesweep.results.pergpu import LABEL as GPU_LABEL
 from servesweep.results.pergpu import point_gpus
 from servesweep.results.runfolder import SUMMARY, PointInfo, iso_unix, load_run
@@ -115,19 +116,41 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
     "failed_requests": (("requests", "failed"), "Failed measured requests of the point."),
     "error_ratio": (("error_rate",), "Failed / measured requests of the point."),
     "cache_hit_ratio": (("cache_hit_ratio",), "Cached / prompt tokens reported by the server."),
-    "degenerate_ratio": (("degenerate_rate",), "Share of the point's judged responses whose text is degenerate."),
+    "degenerate_ratio": (
+        ("degenerate_rate",),
+        "Share of the point's judged responses whose text is degenerate.",
+    ),
     "needle_accuracy_ratio": (
         ("needle_accuracy",),
         "Needle probes of the point's configuration answered right, at the point's prompt length.",
     ),
     "window_seconds": (("window_s",), "Length of the measurement window."),
+    # a point measured at a lower load than asked (a Locust worker lost: results/degraded.py); its figures are
+    # those of the load it held, its reason is servesweep_point_degraded_info's
+    "degraded": (
+        ("degraded",),
+        "1 when the point ran at a lower load than asked (a Locust worker lost): its figures describe the load it "
+        "held, not its label; 0 when it ran as asked.",
+    ),
+    "concurrency_held": (
+        ("in_flight", "mean"),
+        "Mean requests in flight over the point's measured requests (closed loop: the concurrency it held; below "
+        "the point's concurrency axis when degraded, and in its last round).",
+    ),
+    "lost_requests": (
+        ("workers", "lost_requests"),
+        "Requests a lost Locust worker sent whose records never reached the master (a degraded point).",
+    ),
     "decode_tokens_per_second_p50": (
         ("decode_tokens_per_s", "p50"),
         "Per-request output speed (decode tok/s, the interactivity axis), median over the point's requests.",
     ),
     # the GPUs of the point's server over its window, where a GPU sampler measured (summary.json's `gpu`,
     # results/energy.summary_fields; docs/gpu-telemetry.md defines each)
-    "gpu_energy_joules": (("gpu", "energy_j"), "Energy the point's GPUs drew over its window, idle included (J)."),
+    "gpu_energy_joules": (
+        ("gpu", "energy_j"),
+        "Energy the point's GPUs drew over its window, idle included (J).",
+    ),
     "gpu_energy_above_idle_joules": (
         ("gpu", "energy_above_idle_j"),
         "Energy over the window less the GPUs' idle baseline times its length (J).",
@@ -138,11 +161,23 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "gpu_joules_per_token": (("gpu", "joules_per_token"), "GPU energy per token, prompt + output (J)."),
     "gpu_output_tokens_per_joule": (("gpu", "output_tokens_per_joule"), "Measured output tokens per joule."),
-    "gpu_power_average_watts": (("gpu", "power_avg_w"), "The GPUs' average power over the window (W), summed."),
-    "gpu_power_peak_watts": (("gpu", "power_peak_w"), "The GPUs' peak power samples added (W): an upper bound."),
+    "gpu_power_average_watts": (
+        ("gpu", "power_avg_w"),
+        "The GPUs' average power over the window (W), summed.",
+    ),
+    "gpu_power_peak_watts": (
+        ("gpu", "power_peak_w"),
+        "The GPUs' peak power samples added (W): an upper bound.",
+    ),
     "gpu_idle_watts": (("gpu", "idle_w"), "The GPUs' idle baseline before the point (W), summed."),
-    "gpu_utilization_mean_ratio": (("gpu", "util_mean_pct"), "GPU busy fraction, mean over samples and GPUs."),
-    "gpu_throttled": (("gpu", "throttled"), "1 when a GPU throttled (thermal, HW slowdown, power brake), else 0."),
+    "gpu_utilization_mean_ratio": (
+        ("gpu", "util_mean_pct"),
+        "GPU busy fraction, mean over samples and GPUs.",
+    ),
+    "gpu_throttled": (
+        ("gpu", "throttled"),
+        "1 when a GPU throttled (thermal, HW slowdown, power brake), else 0.",
+    ),
     "gpu_power_capped_ratio": (
         ("gpu", "power_capped_fraction_max"),
         "Share of samples the power cap held the clocks, the most of any GPU.",
@@ -150,7 +185,7 @@ SUMMARY_SCALARS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 # SUMMARY_SCALARS whose summary value is in another unit than the metric's (a percent as a ratio, a flag as 0/1)
 _SCALES: dict[str, float] = {"gpu_utilization_mean_ratio": 0.01}
-_FLAGS: frozenset[str] = frozenset({"gpu_throttled"})
+_FLAGS: frozenset[str] = frozenset({"gpu_throttled", "degraded"})
 # Per-GPU gauges: metric suffix -> (the SUMMARY_SCALARS total, help); the total over the point's `gpu_count` axis
 # (its server's GPUs: tp × dp × pp or launcher.gpus, results/pergpu.py), absent when the count is unknown.
 PER_GPU_SCALARS: dict[str, tuple[str, str]] = {
@@ -211,7 +246,12 @@ class _Point:
     hists: dict[str, _Hist] = field(default_factory=lambda: {k: _Hist() for k in HISTOGRAMS})
     summary: dict[str, float] = field(default_factory=dict)  # metric name + stat -> value
     failures_by_class: dict[str, float] = field(default_factory=dict)
-    diagnosis: dict[str, str] | None = None  # cause, verdict, breached: results/diagnosis.py at the point's end
+    diagnosis: dict[str, str] | None = (
+        None  # cause, verdict, breached: results/diagnosis.py at the point's end
+    )
+    degraded: str | None = (
+        None  # why the point is degraded and the load it held (results/degraded.py), or None
+    )
 
 
 def _num(record: Mapping, key: str) -> float | None:
@@ -242,7 +282,9 @@ class ClientMetrics(Collector):
         self._capacity: list[dict] = []  # capacity.json rows of a run with a search: block
         self._frontier: list[dict] = []  # ... and its frontier: every probe, the Pareto points marked
         self._isolation: dict[str, Any] = {}  # a packed run's isolation sample (manifest `isolation`)
-        self._baselines: dict[tuple, dict] = {}  # each configuration's lowest-load summary: what diagnosis compares
+        self._baselines: dict[
+            tuple, dict
+        ] = {}  # each configuration's lowest-load summary: what diagnosis compares
         self._server: WSGIServer | None = None
         self.reads = 0  # how many times the metrics were read (scrapes, pushes): see wait_read
         self.registry.register(self)
@@ -314,7 +356,9 @@ class ClientMetrics(Collector):
             gaps = metrics.itl_gaps(chunks, metrics.NS_PER_S)
             h["itl_seconds"].many(gaps)
             values, counts = metrics.itl_per_token(gaps, chunks, toks, ntok)
-            h["itl_per_token_seconds"].many(values, counts if metrics.has_chunk_tokens(chunks, toks) else None)
+            h["itl_per_token_seconds"].many(
+                values, counts if metrics.has_chunk_tokens(chunks, toks) else None
+            )
             tpot = metrics.tpot(chunks, toks, ntok, metrics.NS_PER_S)
             if not math.isnan(tpot):
                 h["tpot_seconds"].one(tpot)
@@ -345,6 +389,8 @@ class ClientMetrics(Collector):
                 p.summary, p.failures_by_class = summary_values(summary)
                 p.summary |= per_gpu_values(p.summary, p.info.get(GPU_LABEL))
                 p.diagnosis = self._diagnose(summary)
+                deg = degradation({"point_id": point_id, **summary})
+                p.degraded = None if deg is None else deg.text[:DIAGNOSIS_TEXT_MAX]
             if self._current == point_id:
                 self._current = None
 
@@ -359,7 +405,11 @@ class ClientMetrics(Collector):
             self._baselines = dg.baselines([*self._baselines.values(), s])
             d = dg.diagnose(s, self._baselines.get(key))
         except Exception as e:  # a summary of another shape must not lose the point's other gauges
-            return {"cause": "diagnosis failed", "verdict": f"{type(e).__name__}: {e}"[:300], "breached": "false"}
+            return {
+                "cause": "diagnosis failed",
+                "verdict": f"{type(e).__name__}: {e}"[:300],
+                "breached": "false",
+            }
         return {
             "cause": d.first or d.status,
             "verdict": d.line[:DIAGNOSIS_TEXT_MAX],
@@ -505,6 +555,8 @@ def summary_values(summary: Mapping) -> tuple[dict[str, float], dict[str, float]
                 out[f"{name}/{stat}"] = v / 1e3
     for metric, (path, _help) in SUMMARY_SCALARS.items():
         raw = _path(summary, path)
+        if metric == "degraded":  # a summary that does not say so ran as asked (before issue 35: unknown)
+            raw = bool(raw)
         v = float(raw) if metric in _FLAGS and isinstance(raw, bool) else _finite(raw)
         if v is not None:
             out[metric] = v * _SCALES.get(metric, 1.0)
@@ -599,6 +651,12 @@ class _PointFamilies:
             "broke an SLO or was flagged (value 1).",
             labels=[*labels, "cause", "verdict", "breached"],
         )
+        self.degraded = GaugeMetricFamily(
+            PREFIX + "point_degraded_info",
+            "Point summary: why a degraded point's load was not the asked one, and the load it held "
+            "(results/degraded.py; value 1, degraded points only).",
+            labels=[*labels, "reason"],
+        )
         self.failures = GaugeMetricFamily(
             PREFIX + "point_failures",
             "Point summary: failed requests by error class.",
@@ -631,6 +689,8 @@ class _PointFamilies:
         if p.diagnosis is not None:
             d = p.diagnosis
             self.diagnosis.add_metric([*lv, d["cause"], d["verdict"], d["breached"]], 1.0)
+        if p.degraded is not None:
+            self.degraded.add_metric([*lv, p.degraded], 1.0)
         for err, failed in sorted(p.failures_by_class.items()):
             self.failures.add_metric([*lv, err], failed)
 
@@ -649,6 +709,7 @@ class _PointFamilies:
             *self.scalars.values(),
             self.failures,
             self.diagnosis,
+            self.degraded,
         ]
 
 
@@ -752,8 +813,6 @@ def main() -> None:
     _cli()()
 
 
-
-
 # ---------------------------------------------------------------- finished run folders
 
 
@@ -821,7 +880,9 @@ def finished_points(run_dir: str | Path) -> tuple[str, list[dict]]:
     for p in run.done_points():
         start, end = _point_times(p)
         axes = _point_axes(p, run.configs)
-        gpus = point_gpus(p.summary, p.config_id, run.manifest)  # runs planned before points carried the label
+        gpus = point_gpus(
+            p.summary, p.config_id, run.manifest
+        )  # runs planned before points carried the label
         if gpus is not None:
             axes.setdefault(GPU_LABEL, str(gpus))
         out.append({"point_id": p.point_id, "axes": axes, "summary": p.summary, "start": start, "end": end})

@@ -29,6 +29,8 @@ COLUMNS: tuple[tuple[str, str, str | None, str], ...] = (
     ("failures", "servesweep_point_failed_requests", None, "short"),
     ("degenerate", "servesweep_point_degenerate_ratio", None, "percentunit"),
     ("needle", "servesweep_point_needle_accuracy_ratio", None, "percentunit"),
+    ("degraded", "servesweep_point_degraded", None, "short"),
+    ("concurrency held", "servesweep_point_concurrency_held", None, "short"),
 )
 
 
@@ -37,6 +39,23 @@ def points_table(title: str, sel: str, desc: str) -> dict:
     rename = {f"Value #{chr(ord('A') + i)}": t for i, (t, _m, _s, _u) in enumerate(COLUMNS)}
     units = {t: u for t, _m, _s, u in COLUMNS}
     return g.table(title, targets, desc=desc, rename=rename, units=units)
+
+
+def degraded_stat(sel: str) -> dict:
+    """How many points of the run ran at a lower load than asked (a Locust worker lost): red from 1."""
+    expr = f"count(max by (run_id, point_id) (last_over_time(servesweep_point_degraded{{{sel}}}[$__range])) == 1)"
+    p = g.stat(
+        "Degraded points", [g.target(f"{expr} or vector(0)")],
+        desc="Points measured at a lower load than asked: a Locust worker was lost mid-point, so their figures "
+        "describe the load they held (the points table's 'concurrency held' against its concurrency), not their "
+        "label; the diagnosis table says what happened. servesweep run exits 2 for them, gate fails them unless "
+        "--allow-degraded (docs/reliability.md).",
+    )  # fmt: skip
+    p["fieldConfig"]["defaults"]["thresholds"] = {
+        "mode": "absolute", "steps": [{"color": "green", "value": None}, {"color": "red", "value": 1}],
+    }  # fmt: skip
+    p["options"].update(colorMode="background", graphMode="none")
+    return p
 
 
 def isolation_table(sel: str) -> dict:
@@ -55,8 +74,10 @@ def isolation_table(sel: str) -> dict:
 def build() -> dict:
     L = g.Layout()
     L.row("Finished points")
-    L.add(points_table("Points of the run", SEL, "One row per finished point: exact percentiles from raw records."),
-          w=24, h=12)  # fmt: skip
+    L.add(points_table("Points of the run", SEL, "One row per finished point: exact percentiles from raw records; "
+                       "degraded 1: measured at a lower load than asked (concurrency held)."),
+          w=21, h=12)  # fmt: skip
+    L.add(degraded_stat(SEL), w=3, h=12)
     L.add(gpu.diagnosis_table(SEL), w=24, h=8)
     L.row("GPU energy (points a GPU sampler measured)")
     L.add(gpu.energy_table(SEL), w=14, h=10)
