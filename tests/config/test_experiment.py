@@ -282,6 +282,26 @@ def test_every_validation_of_an_experiment_makes_the_checks_across_fields():
         (("server", "bundles", 0, "name"), "bundle name 'ar' is used twice"),
         (("server", "bundles", 2, "name"), "bundle name 'ar' is used twice"),
     }
+    # the server flags too: an alias and a dashed name, from a dict, come out as SGLang's current names, typed
+    raw = {
+        **good,
+        "server": {
+            **good["server"],
+            "base": {"context-length": "128k", "mamba_scheduler_strategy": "no_buffer"},
+        },
+    }
+    assert Experiment.model_validate(raw).server.base == {
+        "context_length": 128_000,
+        "mamba_radix_cache_strategy": "no_buffer",
+    }
+    with pytest.raises(ValidationError) as ei:
+        Experiment.model_validate({**raw, "server": {**raw["server"], "base": {"context_lenght": 4096}}})
+    assert [(e["loc"], e["msg"]) for e in ei.value.errors()] == [
+        (
+            ("server", "base", "context_lenght"),
+            "unknown SGLang flag 'context_lenght' (did you mean 'context_length'?)",
+        )
+    ]
     assert _errors(_replace("sglang_version: 0.5.11\n", "")) == [
         "experiment.yaml:1: sglang_version: required key is missing (the SGLang version the flags are rendered for)"
     ]

@@ -3,7 +3,9 @@ configurations and load points.
 
 Parsed with ruamel.yaml (round-trip mode keeps each key's line) and typed with pydantic, so every error names the
 file, the line, the key and what is wrong: ``experiment.yaml:14: server.axes.tp_size: expected a list of integers,
-got 'four'``. Unknown keys are errors with a did-you-mean.
+got 'four'``. Unknown keys are errors with a did-you-mean. Every check is the model's own (field validators, the
+server flags by SGLang's flag table in Experiment._flags, the checks across fields in Experiment._semantics), so an
+Experiment validated from anything (a file, a dry run's shrunk copy, the one a run's manifest stored) passed them all.
 
 Server flags use SGLang's argparse dest names (``tp_size``, ``context_length``, ...). Older or aliased names are
 mapped to the current ones here (``mamba_scheduler_strategy`` -> ``mamba_radix_cache_strategy``); the Ansible role
@@ -25,6 +27,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -61,8 +64,10 @@ _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info", "models": "/v1/models"}
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# the error type of a check across fields (Experiment._semantics): pydantic reports it at the key it names
+# the error types of a check across fields (Experiment._semantics) and of a server flag (Experiment._flags):
+# pydantic reports each at the key it names
 SEMANTIC = "semantic"
+FLAG = "flag"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _FLAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,127}$")
 # `keep:` values: points the planner would drop that an experiment keeps on purpose (labelled in the plan, the
@@ -623,6 +628,34 @@ class Experiment(_Strict):
     )
     answers: Answers = Field(default_factory=Answers, description="needle probes per configuration")
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _flags(cls, v: Any, handler: ModelWrapValidatorHandler[Experiment]) -> Experiment:
+        """The server flags under the names SGLang's newest flag table gives them, typed by the table of
+        `sglang_version` (sglang/flags.py normalise_flags), before the rest is validated; a flag problem is reported
+        with the rest's problems in one pass (without the checks across fields, which would only echo it)."""
+        if not isinstance(v, dict):
+            return handler(v)
+        problems: list[tuple[tuple, str]] = []
+        v = normalise_flags(v, problems)
+        if not problems:
+            return handler(v)
+        errors = [
+            InitErrorDetails(type=PydanticCustomError(FLAG, msg), loc=loc, input=None)
+            for loc, msg in problems
+        ]
+        try:
+            handler(v)
+        except ValidationError as e:
+            errors += [
+                InitErrorDetails(
+                    type=PydanticCustomError(err["type"], err["msg"]), loc=err["loc"], input=err["input"]
+                )
+                for err in e.errors()
+                if err["type"] != SEMANTIC
+            ]
+        raise ValidationError.from_exception_data(cls.__name__, errors)
+
     @model_validator(mode="before")
     @classmethod
     def _search_load(cls, v):
@@ -914,25 +947,12 @@ def parse_experiment(
         raise ExperimentError(
             [f"{filename}:1: expected a mapping of keys (name, target, model, ...) at the top"]
         )
-    plain = _plain(doc)
-    problems: list[tuple[tuple, str]] = []
-    plain = normalise_flags(plain, problems)
-    exp: Experiment | None = None
-    # validate the rest even after flag problems, so one pass reports everything
     try:
-        exp = Experiment.model_validate(plain, context={"base_dir": base_dir})
+        return Experiment.model_validate(_plain(doc), context={"base_dir": base_dir})
     except ValidationError as e:
-        errors = e.errors()
-        if problems:  # the cross-checks (SEMANTIC) would only echo the flag problems above
-            errors = [err for err in errors if err["type"] != SEMANTIC]
-        problems.extend(_translate(err) for err in errors)
-    if problems:
-        lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
-        raise ExperimentError(
-            [f"{filename}:{n}: {_printable(key)}: {_printable(msg)}" for n, key, msg in lines]
-        )
-    assert exp is not None
-    return exp
+        problems = [_translate(err) for err in e.errors()]
+    lines = sorted(((_line_of(doc, loc), _dotted(loc), msg) for loc, msg in problems), key=lambda t: t[0])
+    raise ExperimentError([f"{filename}:{n}: {_printable(key)}: {_printable(msg)}" for n, key, msg in lines])
 
 
 def _first_failing_line(text: str, exc: type[BaseException]) -> int:
