@@ -37,6 +37,18 @@ def test_the_codes():
     assert exit_codes.CouldNotRun("x").exit_code == 2
 
 
+def test_the_domain_errors_carry_their_code_and_click_s_wording():
+    """What domain code raises instead of click's exceptions (issue 29), and the code each ends the command with
+    (servesweep.cli.base turns them into click's; their output: tests/test_cli.py)."""
+    assert exit_codes.CommandError("x").exit_code == 1  # click's ClickException, as before
+    assert exit_codes.UsageError("x").exit_code == exit_codes.COULD_NOT_RUN
+    bad = exit_codes.BadOption("'0' is not a positive integer", "--concurrency")
+    assert bad.exit_code == exit_codes.COULD_NOT_RUN
+    assert str(bad) == "Invalid value for --concurrency: '0' is not a positive integer"
+    assert isinstance(bad, exit_codes.CouldNotRun)
+    assert not isinstance(exit_codes.CommandError("x"), exit_codes.CouldNotRun)
+
+
 def _docs_table() -> dict[int, dict[str, str]]:
     """docs/reports.md's one table: {code: {command column: cell}}."""
     docs = (Path(__file__).resolve().parents[1] / "docs" / "reports.md").read_text()

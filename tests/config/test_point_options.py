@@ -11,9 +11,10 @@ import sys
 import click
 import pytest
 
+from servesweep.cli.load import command
 from servesweep.config.experiment import POINT_SCALARS, Load, WorkloadSpec
 from servesweep.config.point import GROUPS, SURFACES, LoadPoint, knobs
-from servesweep.driver.load import SWEEP_AXES, command
+from servesweep.driver.load import SWEEP_AXES
 
 # load: keys that are not one point's knobs: the run's settings, and the names of its workloads.
 YAML_RUN_KEYS = {"workers", "worker_hosts", "max_failure_rate", "workloads", "workload"}

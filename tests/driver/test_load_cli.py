@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from servesweep.driver.load import command
+from servesweep.cli.load import command
 from servesweep.sim.launch import start_sim
 
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]

@@ -107,7 +107,7 @@ def test_rate_sweep_with_workers_and_a_key_file(tmp_path):
 def test_worker_host_options_are_checked_before_any_load(tmp_path):
     from click.testing import CliRunner
 
-    from servesweep.driver.load import command
+    from servesweep.cli.load import command
 
     inv = tmp_path / "inventory.ini"
     inv.write_text("[loadgen]\nw1 ansible_host=10.0.0.7\n")

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from servesweep.driver.load import command
+from servesweep.cli.load import command
 
 FAST_SIM = "--sim-calibration speedup=4 --enable-cache-report"
 OUT = 8

@@ -155,7 +155,7 @@ def cli(command, *args) -> tuple[int, str]:
 
 
 def test_gate_fails_a_degraded_point_with_2_unless_allowed(degraded, tmp_path):
-    from servesweep.results.gates import command as gate
+    from servesweep.cli.gate import command as gate
 
     d = degraded["load_dir"]
     code, out = cli(gate, d, "--slo", "ttft_p99<=30s", "--junit", tmp_path / "gate.xml")
@@ -174,7 +174,7 @@ def test_gate_fails_a_degraded_point_with_2_unless_allowed(degraded, tmp_path):
 
 
 def test_compare_marks_the_degraded_points(degraded):
-    from servesweep.results.compare import command as compare
+    from servesweep.cli.compare import command as compare
 
     code, out = cli(compare, degraded["load_dir"], degraded["run_dir"], "--compact", "--resamples", 100)
     first = " ".join(out.split("\n\n")[0].split())  # the summary line, however the console wrapped it
@@ -188,7 +188,7 @@ def test_compare_marks_the_degraded_points(degraded):
 def test_report_says_it_in_a_banner_and_the_row(degraded):
     from playwright.sync_api import sync_playwright
 
-    from servesweep.results.report import command as report
+    from servesweep.cli.report import command as report
 
     d = degraded["load_dir"]
     code, out = cli(report, d)

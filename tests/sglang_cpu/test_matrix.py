@@ -29,7 +29,7 @@ import yaml
 from support import run_servesweep
 from support import start_servesweep as start
 
-from servesweep.sglang.cpu.cli import render_experiment
+from servesweep.sglang.cpu.machine import render_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLED = "s02-small-batch.chat-p800-o32-c4"  # the queueing point: 6 requests through 2 slots, the longest

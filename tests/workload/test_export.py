@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from servesweep.cli.prompts import command
 from servesweep.workload.export import export_pool, prompt_texts, rows
 from servesweep.workload.pool import NONCE_SLOT
-from servesweep.workload.prompts import build_pool, command
+from servesweep.workload.prompts import build_pool
 from servesweep.workload.tokenizer import load_tokenizer
 
 TOK = load_tokenizer()

@@ -105,7 +105,7 @@ def test_a_tokenizer_that_does_not_add_up_is_caught_and_every_prompt_repaired(tm
 
 @pytest.mark.fast
 def test_prompts_verify_counts_every_prompt_and_names_the_ones_off(tmp_path):
-    from servesweep.workload.prompts import command
+    from servesweep.cli.prompts import command
 
     runner = CliRunner()
     args = ["--prompt-tokens", "5000", "-n", "4", "--cache-dir", str(tmp_path), "--json"]

@@ -440,7 +440,7 @@ def test_server_counts_the_target_and_caches_nothing_but_the_shared_prefix(sim):
 def test_prompts_command_warms_the_cache_and_checks_datasets(tmp_path):
     from click.testing import CliRunner
 
-    from servesweep.workload.prompts import command
+    from servesweep.cli.prompts import command
 
     run = CliRunner().invoke
     r = run(command, ["--prompt-tokens", "3000", "-n", "4", "--cache-dir", str(tmp_path), "--json"])

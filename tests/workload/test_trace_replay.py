@@ -14,8 +14,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from servesweep.cli.load import command
 from servesweep.config.point import LoadPoint
-from servesweep.driver.load import command
 from servesweep.driver.point import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim

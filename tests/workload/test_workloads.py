@@ -419,7 +419,7 @@ def test_record_buffer_columns_since():
 def test_servesweep_load_agent_workload_from_the_command_line(sim, tmp_path):
     from click.testing import CliRunner
 
-    from servesweep.driver.load import command
+    from servesweep.cli.load import command
 
     args = ["--base-url", sim.base_url, "--concurrency", "1", "--requests", "3", "--prompt-tokens", "500"]
     args += [

@@ -12,17 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
 from servesweep.config.point import (
-    DEFAULT_MAX_FAILURE_RATE,
-    Knob,
     LoadPoint,
     check_arrival,
     knobs,
 )
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
-from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, CouldNotRun
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, BadOption, CouldNotRun, UsageError
 from servesweep.results.degraded import exit_line
 from servesweep.results.table import results_table, table_notes
 from servesweep.target.probes import ProbeLog, resolve_point
@@ -41,9 +37,7 @@ def parse_concurrency(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or int(part) < 1:
-            raise click.BadParameter(
-                f"{part!r} in {text!r} is not a positive integer", param_hint="--concurrency"
-            )
+            raise BadOption(f"{part!r} in {text!r} is not a positive integer", "--concurrency")
         out.append(int(part))
     return out
 
@@ -56,130 +50,23 @@ def parse_rates(text: str) -> list[float]:
         except ValueError:
             v = float("nan")
         if not (v > 0 and math.isfinite(v)):
-            raise click.BadParameter(
+            raise BadOption(
                 f"{part.strip()!r} in {text!r} is not a positive number of requests per second",
-                param_hint="--rate",
+                "--rate",
             )
         out.append(v)
     return out
 
 
-def _knob_option(k: Knob) -> Callable:
-    """The click option of one knob of the table (config.point.knobs): its CLI name, help, group and default."""
-    default = k.option_default("cli")
-    help = f"[{k.group}] {k.help}"
-    if k.kind == "flag":
-        return click.option(k.cli, k.dest, is_flag=True, help=help)
-    if k.kind == "switch":
-        return click.option(k.cli, k.dest, type=click.Choice(["on", "off"]), default=None, help=help)
-    types = {"choice": click.Choice(list(k.choices)), "int": int, "float": float}
-    return click.option(
-        k.cli,
-        k.dest,
-        type=types.get(k.kind, str),
-        default=default,
-        show_default=default is not None,
-        help=help,
-    )
-
-
-# `servesweep load`'s options that are not one point's knobs: the sweep axes (lists of the knob's values, checked
-# against the table by tests/config/test_point_options.py) and the run's own settings.
+# `servesweep load`'s options that are sweep axes: lists of the knob's values (checked against the table by
+# tests/config/test_point_options.py); the command's options are servesweep.cli.load's.
 SWEEP_AXES = {"--concurrency": "concurrency", "--rate": "rate_rps"}
-_AXIS_OPTIONS = [
-    click.option(
-        "--concurrency", "concurrency_text", default="8", show_default=True, help="N or a sweep: 1,2,4,8"
-    ),
-    click.option("--rate", "rate_text", default=None, help="open loop: requests/s, or a sweep: 1,2,4"),
-]
-_RUN_OPTIONS = [
-    click.option(
-        "--api-key-file",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="file holding the API key (mode 0600); it reaches Locust through its environment only",
-    ),
-    click.option(
-        "--workers",
-        type=click.IntRange(min=0),
-        default=0,
-        show_default=True,
-        help="Locust worker processes per point on this machine (0: one process)",
-    ),
-    click.option(
-        "--worker-inventory",
-        type=click.Path(dir_okay=False, exists=True, path_type=Path),
-        default=None,
-        help="run the workers on the hosts of this Ansible inventory (the locust_worker role, over SSH)",
-    ),
-    click.option(
-        "--worker-group", default="loadgen", show_default=True, help="inventory group of worker hosts"
-    ),
-    click.option("--workers-per-host", type=click.IntRange(min=1), default=1, show_default=True),
-    click.option("--master-host", default=None, help="address of this machine the worker hosts connect to"),
-    click.option("--master-port", type=click.IntRange(1, 65535), default=5557, show_default=True),
-    click.option(
-        "--slo", default=None, help="e.g. 'ttft_p99<=2s,itl_p99<=50ms' or per request 'ttft<=2s' (goodput)"
-    ),
-    click.option(
-        "--max-failure-rate",
-        default=f"{DEFAULT_MAX_FAILURE_RATE:.0%}",
-        show_default=True,
-        help="exit 3 when a point's failed share of measured requests is above this (0.05 or 5%; 100%: "
-        "off); a point with 0 successes always does; any failure below it is a warning on stderr",
-    ),
-    click.option(
-        "--metrics-port",
-        type=click.IntRange(min=0),
-        default=0,
-        help="serve the run's live client metrics on this port of 127.0.0.1 for the whole run (0: a free port "
-        "when an observe stack is set up, else none); registered in the stack either way",
-    ),
-    click.option(
-        "--sim-args",
-        default=DEFAULT_SIM_ARGS,
-        show_default=True,
-        help="emulator flags when --base-url is omitted (a --model-path is added when missing)",
-    ),
-    click.option(
-        "--out",
-        "out_root",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=Path("runs"),
-        show_default=True,
-    ),
-    click.option("--json", "as_json", is_flag=True, help="print the summaries as JSON instead of the table"),
-    click.option(
-        "--resume",
-        "resume_dir",
-        type=click.Path(file_okay=False, exists=True, path_type=Path),
-        default=None,
-        help="finish a stopped `servesweep load` run in its own folder: the points it did not measure, with the "
-        "options it was started with (its manifest's argv; give no other option)",
-    ),
-]
 
 
-def _options(f: Callable) -> Callable:
-    """--base-url, the sweep axes, every knob of the table but the swept ones, then the run's own options."""
-    opts = [
-        click.option(
-            "--base-url", default=None, help="server root (http://HOST:PORT); omitted: start the emulator"
-        ),
-        *_AXIS_OPTIONS,
-        *(_knob_option(k) for k in knobs("cli") if k.cli not in SWEEP_AXES),
-        *_RUN_OPTIONS,
-    ]
-    for opt in reversed(opts):  # click lists options in the order of the decorators, the last applied first
-        f = opt(f)
-    return f
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@_options
-def command(**opts):
+def run_load(opts: dict[str, Any]) -> None:
     """Run one load point or a sweep (concurrency and/or open-loop rate; one Locust run per point) and print the
-    results table. Exit codes: docs/reports.md, "Exit codes"."""
+    results table; `opts` are the command's options (servesweep.cli.load). Exits with the run's code
+    (docs/reports.md, "Exit codes"), 128 + signum when a signal stops it."""
     old_handlers = {}
 
     def on_signal(signum, frame):
@@ -187,8 +74,6 @@ def command(**opts):
             signal.signal(sig, signal.SIG_IGN)
         raise Interrupted(signum)
 
-    if opts["resume_dir"] is not None:
-        opts = _resumed_options(opts["resume_dir"])
     run = _check_options(opts)
     for sig in STOP_SIGNALS:
         old_handlers[sig] = signal.signal(sig, on_signal)
@@ -202,44 +87,22 @@ def command(**opts):
             signal.signal(sig, h)
 
 
-def _resumed_options(run_dir: Path) -> dict[str, Any]:
-    """`--resume RUN`: the options RUN was started with, parsed again from its manifest's argv (so its points are
-    the same points); any other option on this command line is a usage error, since it would change them."""
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context()
-    given = [
-        f"--{p.name.replace('_', '-')}"
-        for p in ctx.command.params
-        if p.name not in (None, "resume_dir")
-        and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
-    ]
-    if given:
-        raise click.UsageError(
-            f"--resume takes no other option (the run's own are in its manifest.json): got {', '.join(given)}"
-        )
+def resumed_argv(run_dir: Path) -> list[str]:
+    """`--resume RUN`: the `servesweep load` options RUN was started with (its manifest's argv), to be parsed again
+    so that its points are the same points."""
     manifest = read_json(run_dir / "manifest.json")
     if (
         not isinstance(manifest, dict)
         or manifest.get("kind") != "load"
         or not isinstance(manifest.get("argv"), list)
     ):
-        raise click.BadParameter(
+        raise BadOption(
             f"{run_dir}: not a servesweep load run folder (no manifest.json of kind 'load' with its argv); "
             "a servesweep run folder resumes with servesweep run --resume",
-            param_hint="--resume",
+            "--resume",
         )
     argv = [str(a) for a in manifest["argv"]]
-    args = argv[1:] if argv[:1] == ["load"] else argv
-    try:
-        with command.make_context("load", args, parent=ctx.parent) as sub:
-            opts = dict(sub.params)
-    except click.ClickException as e:
-        raise click.BadParameter(
-            f"{run_dir}: its argv no longer parses: {e.format_message()}", param_hint="--resume"
-        ) from None
-    opts["resume_dir"] = run_dir
-    return opts
+    return argv[1:] if argv[:1] == ["load"] else argv
 
 
 def _resume_state(
@@ -280,13 +143,13 @@ def parse_rate_limit(text: str | None, what: str) -> float | None:
         return None
     t = str(text).strip()
     if not t:
-        raise click.BadParameter("empty: give a share like 0.05 or 5% (100%: no check)", param_hint=what)
+        raise BadOption("empty: give a share like 0.05 or 5% (100%: no check)", what)
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
         v = float("nan")
     if not 0 <= v <= 1:
-        raise click.BadParameter(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", param_hint=what)
+        raise BadOption(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", what)
     return v
 
 
@@ -295,7 +158,7 @@ def _interrupted(state: dict, e: Interrupted) -> None:
     partial records of the point it interrupted, say so, exit 128 + signum."""
     from servesweep.results.store import write_manifest
 
-    err = sys.stderr  # (click.get_text_stream is deprecated since Click 8.5 and goes in 9.0)
+    err = sys.stderr
     name = signal.Signals(e.signum).name
     run_dir, manifest, current = state.get("run_dir"), state.get("manifest"), state.get("current")
     lines = [f"servesweep load: stopped by {name}; the load generator is stopped"]
@@ -339,7 +202,7 @@ class _Run:
     base_url: str | None
     api_key: str | None
     worker_hosts: dict | None
-    opts: dict[str, Any]  # the run-level options as click gave them
+    opts: dict[str, Any]  # the run-level options as the command gave them
     max_rate: float | None  # --max-failure-rate; None: no limit
 
 
@@ -354,21 +217,21 @@ def _check_options(opts: dict[str, Any]) -> _Run:
         try:
             fields[k.name] = k.value(opts.pop(k.dest))
         except ValueError as e:
-            raise click.BadParameter(str(e), param_hint=k.cli) from None
+            raise BadOption(str(e), k.cli) from None
     try:
         parse_slos(opts["slo"])
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--slo") from None
+        raise BadOption(str(e), "--slo") from None
     try:
         check_arrival(fields["arrival"], opts["rate_text"], rate_name="--rate", arrival_name="--arrival")
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--rate") from None
+        raise BadOption(str(e), "--rate") from None
     rate_text = opts.pop("rate_text")
     workers, requests = opts["workers"], fields["requests"]
     if workers and requests is not None and requests < workers:
-        raise click.BadParameter(
+        raise BadOption(
             f"--requests {requests} < --workers {workers}: each worker process needs a share of the budget",
-            param_hint="--workers",
+            "--workers",
         )
     return _Run(
         fields=fields,
@@ -391,19 +254,17 @@ def _api_key(api_key_file: Path | None, fields: dict[str, Any]) -> str | None:
     key: str | None
     if api_key_file is not None:
         if name is not None:
-            raise click.BadParameter(
-                "give --api-key-file or --api-key-env, not both", param_hint="--api-key-file"
-            )
+            raise BadOption("give --api-key-file or --api-key-env, not both", "--api-key-file")
         try:
             key = read_key_file(api_key_file)
         except SecretError as e:
-            raise click.BadParameter(str(e), param_hint="--api-key-file") from None
+            raise BadOption(str(e), "--api-key-file") from None
     else:
         if name is None and env_key(DEFAULT_KEY_ENV):
             name = DEFAULT_KEY_ENV
         key = env_key(name) if name is not None else None
         if name is not None and not key:
-            raise click.BadParameter(f"environment variable {name} is not set", param_hint="--api-key-env")
+            raise BadOption(f"environment variable {name} is not set", "--api-key-env")
     fields["api_key_env"] = hold_key(key)
     return key
 
@@ -414,14 +275,12 @@ def _worker_hosts(opts: dict[str, Any]) -> dict | None:
     group, per_host, port = opts.pop("worker_group"), opts.pop("workers_per_host"), opts.pop("master_port")
     if inventory is None:
         if master_host:
-            raise click.BadParameter("--master-host is for --worker-inventory", param_hint="--master-host")
+            raise BadOption("--master-host is for --worker-inventory", "--master-host")
         return None
     if opts["workers"]:
-        raise click.BadParameter("give --workers or --worker-inventory, not both", param_hint="--workers")
+        raise BadOption("give --workers or --worker-inventory, not both", "--workers")
     if not master_host:
-        raise click.BadParameter(
-            "worker hosts need the address they reach this machine at", param_hint="--master-host"
-        )
+        raise BadOption("worker hosts need the address they reach this machine at", "--master-host")
     return {
         "inventory": str(inventory),
         "group": group,
@@ -452,7 +311,7 @@ def _points(run: _Run, base_url: str) -> list[LoadPoint]:
         except ValidationError as e:
             where = {str(x["loc"][0]) if x["loc"] else "" for x in e.errors()}
             names = ", ".join(by_field.get(w, w) for w in sorted(where))
-            raise click.UsageError(f"{names}: {e}") from None
+            raise UsageError(f"{names}: {e}") from None
     return points
 
 
@@ -465,10 +324,10 @@ def _trace_requests(run: _Run) -> int:
     f = run.fields
     for name, cli in (("requests", "--requests"), ("duration_s", "--duration")):
         if f[name] is not None:
-            raise click.BadParameter(
+            raise BadOption(
                 "a trace replay sends every request of its window once; cut it with --trace-start, --trace-window "
                 "and --trace-sample",
-                param_hint=cli,
+                cli,
             )
     try:
         point = LoadPoint(base_url="http://127.0.0.1", concurrency=1, requests=1, probe=False, model="-", **{
@@ -476,9 +335,9 @@ def _trace_requests(run: _Run) -> int:
         })  # fmt: skip
         n = len(load_point_trace(point).requests)
     except (TraceError, OSError, ValueError) as e:
-        raise click.BadParameter(str(e), param_hint="--trace") from None
+        raise BadOption(str(e), "--trace") from None
     if not n:
-        raise click.BadParameter(f"trace {f['trace']}: no request in the window", param_hint="--trace-start")
+        raise BadOption(f"trace {f['trace']}: no request in the window", "--trace-start")
     return n
 
 
@@ -722,7 +581,7 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
 
     if run.opts["as_json"]:
         run_id = run_dir.name
-        click.echo(json.dumps({"run_id": run_id, "run_dir": str(run_dir), "points": summaries}, indent=2))
+        print(json.dumps({"run_id": run_id, "run_dir": str(run_dir), "points": summaries}, indent=2))
     else:
         # Without a terminal (CI logs, a file) the table is as wide as it needs: every header whole, no cell cut
         # (at 150 columns the why and J/out tok columns squeezed `TTFT p50 ms` onto two lines and cut failures).
@@ -731,7 +590,9 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
         title = f"servesweep load — {f['prompt_tokens']} prompt / {f['output_tokens']} output tokens"
         if f["workload"] == "trace":  # the trace's own lengths; its window and speed-up say what was replayed
             n = summaries[0]["point"]["requests"] if summaries else "?"
-            title = f"servesweep load — trace {Path(f['trace']).name}: {n} requests at {f['trace_speedup']:g}x"
+            title = (
+                f"servesweep load — trace {Path(f['trace']).name}: {n} requests at {f['trace_speedup']:g}x"
+            )
         out.print(results_table(summaries, title=title))
         out.print(f"results: {run_dir}")
     for line in table_notes(summaries):
@@ -739,7 +600,9 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
     for s in summaries:  # a trace replay's fidelity check (driver/point.py replay_fidelity)
         if tf := s.get("trace_fidelity"):
             style = "green" if tf.get("faithful") else "bold yellow"
-            err.print(f"[{style}]{s['point_id']}: {escape(tf['verdict'])}[/]", highlight=False, soft_wrap=True)
+            err.print(
+                f"[{style}]{s['point_id']}: {escape(tf['verdict'])}[/]", highlight=False, soft_wrap=True
+            )
     # Any failed request is said, even within --max-failure-rate: a green CI job should not hide a few 500s.
     for s in summaries:
         if warning := s["failure_check"].get("warning"):
@@ -758,7 +621,9 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
     if slo_fail:
         err.print(f"[red]SLO breached at {', '.join(s['point_id'] for s in slo_fail)}[/]")
     degraded = [s["point_id"] for s in summaries if s.get("degraded")]
-    if degraded:  # measured at a lower load than asked: not what was asked, before 3 and 1 (servesweep.exit_codes)
+    if (
+        degraded
+    ):  # measured at a lower load than asked: not what was asked, before 3 and 1 (servesweep.exit_codes)
         err.print(exit_line(COULD_NOT_RUN, degraded), markup=False, highlight=False, soft_wrap=True)
         sys.exit(COULD_NOT_RUN)
     if failed:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from servesweep.config.slo import ENERGY, GOODPUT, MetricName, SLOError, metric_label, metric_name
+from servesweep.exit_codes import BadOption
 from servesweep.files import write_atomic
 from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
@@ -34,7 +33,8 @@ from servesweep.results.degraded import degradation
 from servesweep.results.diagnosis import Diagnosis, diagnose_all
 from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
-from servesweep.results.runfolder import PointInfo, Run, RunError, load_run
+from servesweep.results.runfolder import PointInfo, Run, RunError
+from servesweep.results.runfolder import load_run as load_run  # the reader of the runs compared here
 
 BOOTSTRAP_CAP = 200_000  # pooled values per resample (ITL gaps of long runs): every k-th of the sorted values
 
@@ -551,25 +551,6 @@ def compare_runs(
     )
 
 
-def _check_packing(rcs: list[RunComparison], allow: bool) -> None:
-    """A packed point next to an alone one measures co-location as much as the change: refused unless allowed,
-    and said either way."""
-    for rc in rcs:
-        mixed = rc.settings.get("packed_vs_alone") or []
-        if not mixed:
-            continue
-        what = f"{len(mixed)} point pair(s) of {rc.a.path} and {rc.b.path} ran one packed, one alone: {_few(mixed)}"
-        if not allow:
-            click.echo(
-                f"servesweep compare: {what}; co-located servers share CPU, memory bandwidth, PCIe and power, so "
-                "the difference is not the change alone (see the packed run's isolation section). Compare runs "
-                "of one kind, or pass --allow-packed-vs-alone.",
-                err=True,
-            )
-            sys.exit(2)
-        click.echo(f"warning: {what} (--allow-packed-vs-alone)", err=True)
-
-
 # ---------------------------------------------------------------- output
 
 
@@ -686,112 +667,12 @@ def _few(ids: list[str], n: int = 6) -> str:
 
 
 def parse_fraction(text: str, what: str) -> float:
-    """'10%' -> 0.10, '0.1' -> 0.1; click.BadParameter naming the option otherwise."""
+    """'10%' -> 0.10, '0.1' -> 0.1; BadOption naming the option otherwise."""
     t = text.strip()
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a fraction like 10% or 0.1", param_hint=what) from None
+        raise BadOption(f"{text!r} is not a fraction like 10% or 0.1", what) from None
     if not (0 <= v < 10):
-        raise click.BadParameter(f"{text!r} is out of range", param_hint=what)
+        raise BadOption(f"{text!r} is out of range", what)
     return v
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--metric", "metric_names", multiple=True, help="metric to compare (repeatable); default: the table's"
-)
-@click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--confidence", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True)
-@click.option(
-    "--min-effect",
-    default="2%",
-    show_default=True,
-    help="a change smaller than this is within noise even when its interval excludes zero",
-)
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of the table")
-@click.option(
-    "--compact",
-    is_flag=True,
-    help="for CI logs: the summary line and one line per better or worse change, no table",
-)
-@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option(
-    "--allow-packed-vs-alone",
-    "allow_mixed",
-    is_flag=True,
-    help="compare points run packed (servesweep run --max-parallel) with points run alone; refused without it",
-)
-def command(
-    runs,
-    metric_names,
-    resamples,
-    seed,
-    confidence,
-    min_effect,
-    as_json,
-    html_out,
-    allow_mixed=False,
-    compact=False,
-):
-    """Compare runs point by point: RUNS[0] is the baseline, each later run is compared with it.
-
-    Points match on configuration and load axes (workload, prompt and output tokens, concurrency). Each metric's
-    change comes with a bootstrap confidence interval from the raw records and a verdict: better, worse, within
-    noise, or not enough requests to tell (lower latency and higher tok/s are better). A summary line comes
-    first."""
-    from rich.console import Console
-
-    from servesweep.results import capacity
-
-    if len(runs) < 2:
-        raise click.UsageError("give at least two run folders: BASELINE RUN [RUN ...]")
-    try:
-        metrics = [metric(n) for n in metric_names] or None
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--metric") from None
-    eff = parse_fraction(min_effect, "--min-effect")
-    try:
-        loaded = [load_run(r) for r in runs]
-        rcs = [
-            compare_runs(
-                loaded[0], b, metrics, resamples=resamples, seed=seed, confidence=confidence, min_effect=eff
-            )
-            for b in loaded[1:]
-        ]
-    except RunError as e:
-        click.echo(f"servesweep compare: {e}", err=True)
-        sys.exit(2)
-    _check_packing(rcs, allow_mixed)
-    searched = False if as_json else capacity.print_compares(Console(), runs)
-    for rc in rcs:
-        if not rc.points and not searched:
-            click.echo(
-                f"servesweep compare: no matching points between {rc.a.path} and {rc.b.path} "
-                f"(baseline has {_few(rc.only_a)}; run has {_few(rc.only_b)})",
-                err=True,
-            )
-            sys.exit(2)
-    if html_out is not None:
-        write_compare_html(rcs, html_out)
-    if as_json:
-        click.echo(json.dumps([rc.as_dict() for rc in rcs], indent=2))
-    else:
-        out = Console()
-        for rc in rcs:
-            out.print(rc.summary_line(), highlight=False, soft_wrap=True)
-            if compact:
-                for line in compact_lines(rc)[1:]:
-                    out.print(line, highlight=False, soft_wrap=True, markup=False)
-            else:
-                out.print(rich_table(rc))
-                for line in cause_lines(rc):
-                    out.print(line, highlight=False, soft_wrap=True, markup=False)
-            if rc.only_a or rc.only_b:
-                out.print(
-                    f"unmatched: baseline only {', '.join(rc.only_a) or '-'}; run only {', '.join(rc.only_b) or '-'}"
-                )
-        if html_out is not None:
-            out.print(f"html: {html_out}")

@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
 from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE
 from servesweep.config.slo import SLO, SLOError, metric_label, parse_slos
-from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, BadOption
 from servesweep.results import metrics
 from servesweep.results.compare import (
     Metric,
@@ -453,10 +450,10 @@ def _top_error(records: Path, measured: int) -> str:
 
 
 def parse_share(text: str, what: str) -> float:
-    """'5%' or '0.05' -> 0.05, within 0 and 1; click.BadParameter naming the option otherwise."""
+    """'5%' or '0.05' -> 0.05, within 0 and 1; BadOption naming the option otherwise."""
     v = parse_fraction(text, what)
     if v > 1:
-        raise click.BadParameter(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", param_hint=what)
+        raise BadOption(f"{text!r} is not a share between 0 and 1 (or 0% and 100%)", what)
     return v
 
 
@@ -471,59 +468,22 @@ def capacity_checks(run_dir: Path, min_capacity: str, baseline: Path | None) -> 
         raise GateError(f"--min-capacity: {e}") from None
 
 
-# ---------------------------------------------------------------- command
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--slo", "slo_texts", multiple=True, help="e.g. 'ttft_p99<=2s' (repeatable; commas also split)")
-@click.option("--baseline", type=click.Path(path_type=Path), default=None, help="run folder to compare with")
-@click.option("--max-regression", default="10%", show_default=True, help="allowed change for the worse")
-@click.option(
-    "--regression-metric", "reg_metrics", multiple=True, help="metrics the limit applies to (repeatable)"
-)
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
-@click.option("--json", "as_json", is_flag=True, help="print every check as JSON")
-@click.option("--details", is_flag=True, help="print every check before the verdict line")
-@click.option("--resamples", type=click.IntRange(100, 100_000), default=1000, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--allow-degraded",
-    is_flag=True,
-    help="accept points measured at a lower load than asked (a lost Locust worker); they are still listed",
-)
-@click.option(
-    "--max-failure-rate",
-    default=None,
-    help="exit 3 when a point's failed share of requests is above this (5% or 0.05; 100%: only a point with no "
-    "success); default: the one the point was measured with (load.max_failure_rate, load --max-failure-rate), else 1%",
-)
-@click.option(
-    "--min-capacity",
-    default=None,
-    help="a run with a search: block: every capacity at least this load, or this share of --baseline's (90%)",
-)
-def command(
-    run_dir,
-    slo_texts,
-    baseline,
-    max_regression,
-    reg_metrics,
-    junit_path,
-    as_json,
-    details,
-    resamples,
-    seed,
-    min_capacity,
-    allow_degraded=False,
-    max_failure_rate=None,
-):
-    """Check a run against SLOs (given here, else the experiment's `slo` or those `servesweep load --slo` recorded)
-    and a baseline run.
-
-    Exit 0 pass, 1 breach, 2 could not run (a point not measured; a degraded point too: measured at a lower load
-    than asked, unless --allow-degraded), 3 too many failed requests (as `servesweep load` and `run`). Prints a
-    one-line verdict; --junit writes one testcase per point × check."""
+def check_run(
+    run_dir: Path,
+    slo_texts: list[str],
+    *,
+    baseline: Path | None = None,
+    max_regression: str = "10%",
+    reg_metrics: list[str] | tuple[str, ...] = (),
+    resamples: int = 1000,
+    seed: int = 0,
+    min_capacity: str | None = None,
+    allow_degraded: bool = False,
+    max_failure_rate: str | None = None,
+) -> Verdict:
+    """What `servesweep gate` checks: the run against `slo_texts` (expressions; none: the experiment's `slo`, else those
+    `servesweep load --slo` recorded) and a baseline run, with the limits as the command's options give them. A
+    bad option, a run folder that cannot be read or nothing to check is the verdict's error (exit 2)."""
     subject = str(run_dir)
     try:
         try:
@@ -531,8 +491,8 @@ def command(
             fail_limit = (
                 UNSET if max_failure_rate is None else parse_share(max_failure_rate, "--max-failure-rate")
             )
-        except click.BadParameter as e:
-            raise GateError(e.format_message()) from None
+        except BadOption as e:
+            raise GateError(str(e)) from None
         run = load_run(run_dir)
         subject = run.run_id
         slos = parse_slos(list(slo_texts) or experiment_slos(run))
@@ -565,16 +525,4 @@ def command(
             verdict.results += capacity_checks(run_dir, min_capacity, baseline)
     except (GateError, RunError, SLOError) as e:
         verdict = Verdict([], subject, error=str(e))
-    if junit_path is not None:
-        verdict.write_junit(junit_path)
-    if as_json:
-        click.echo(json.dumps(verdict.as_dict(), indent=2))
-    elif details:
-        for r in verdict.results:
-            state = {True: "ok  ", False: "FAIL", None: "skip"}[r.passed]
-            click.echo(f"{state} {r.point}  {r.check}: {r.message}")
-    click.echo(verdict.line, err=as_json)
-    if not as_json:  # under the verdict line, which stays the first to read
-        for point, why in (verdict.context.get("why") or {}).items():
-            click.echo(f"why {point}: {why}")
-    sys.exit(verdict.exit_code)
+    return verdict

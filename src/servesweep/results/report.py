@@ -14,14 +14,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard
-
-import click
 
 from servesweep.config.experiment import KV_OVERFLOW
 from servesweep.files import write_atomic
@@ -44,7 +41,7 @@ from servesweep.results.energy import throttle_flag
 from servesweep.results.isolation import html_section as isolation_html
 from servesweep.results.isolation import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
-from servesweep.results.runfolder import PointInfo, Run, RunError, load_run, secs_between
+from servesweep.results.runfolder import PointInfo, Run, load_run, secs_between
 
 HTML_NAME = "report.html"
 MD_NAME = "report.md"
@@ -583,7 +580,9 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
         for r in sec.rows:
             v = r.values.get("output_tokens_per_joule")
             if v is not None and math.isfinite(v):
-                tpj[f"{sec.config_id} p{r.info.prompt_tokens} o{r.info.output_tokens}"].append((r.info.concurrency, v))
+                tpj[f"{sec.config_id} p{r.info.prompt_tokens} o{r.info.output_tokens}"].append(
+                    (r.info.concurrency, v)
+                )
                 if any(f.code == "GPU throttled" for f in r.flags):
                     hot.append((float(r.info.concurrency), float(v)))
     if len([s for s in sections if s.rows]) > 1 and tpj:
@@ -892,7 +891,10 @@ def _md_section(sec: ConfigSection, columns: tuple = COLUMNS) -> list[str]:
     out = [f"## {sec.title}", ""]
     if sec.rows:
         out += (
-            _md_points(sec, columns) + _md_by_prompt(sec) + _md_replay(sec) + _md_server_state(sec)
+            _md_points(sec, columns)
+            + _md_by_prompt(sec)
+            + _md_replay(sec)
+            + _md_server_state(sec)
             + _md_diagnosis(sec)
         )
     if sec.not_done:
@@ -990,37 +992,3 @@ def write_report(
     )
     write_atomic(md_path, markdown, mode=0o666)
     return html_path, md_path
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option(
-    "--baseline",
-    "baselines",
-    multiple=True,
-    type=click.Path(path_type=Path),
-    help="add a comparison with this run (repeatable)",
-)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"where to write the HTML (default RUN_DIR/{HTML_NAME})",
-)
-@click.option(
-    "--md",
-    "md_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help=f"where to write the Markdown (default RUN_DIR/{MD_NAME})",
-)
-def command(run_dir, baselines, html_path, md_path):
-    """Write the HTML report (self-contained, opens offline) and the Markdown summary of a run folder."""
-    try:
-        h, m = write_report(run_dir, list(baselines), html_path, md_path)
-    except RunError as e:
-        click.echo(f"servesweep report: {e}", err=True)
-        sys.exit(2)
-    click.echo(f"html: {h}")
-    click.echo(f"markdown: {m}")

@@ -1,29 +1,34 @@
-"""The `servesweep` command. Each subcommand lives in the module that owns its work and is imported lazily,
-so `servesweep sim` never imports Locust and `servesweep run` never imports gevent."""
+"""The `servesweep` command. Each subcommand is a module of this package (options, output, exit) that calls the
+domain function doing its work, imported lazily, so `servesweep sim` never imports Locust and `servesweep run`
+never imports gevent. Domain modules raise servesweep.exit_codes' errors; `base.domain_errors` turns them into
+click's messages and exit codes, once for every command."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 
 import click
 
+from servesweep.cli.base import Group
+
 # subcommand -> (module, attribute holding a click.Command, one-line help)
+# fmt: off
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
-    "load": ("servesweep.driver.load", "command", "Run one load point or a concurrency sweep against a server."),
-    "prompts": ("servesweep.workload.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
-    "trace": ("servesweep.workload.trace.cli", "command", "Request traces: convert to the native format, stats, sample a window."),
+    "load": ("servesweep.cli.load", "command", "Run one load point or a concurrency sweep against a server."),
+    "prompts": ("servesweep.cli.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
+    "trace": ("servesweep.cli.trace", "command", "Request traces: convert to the native format, stats, sample a window."),
     "plan": ("servesweep.matrix.planner", "command", "Expand an experiment file, drop infeasible points, estimate time."),
     "run": ("servesweep.matrix.orchestrator", "command", "Run an experiment matrix (or --resume one)."),
-    "report": ("servesweep.results.report", "command", "Write the HTML and Markdown report of a run folder."),
-    "compare": ("servesweep.results.compare", "command", "Compare runs point by point, with confidence intervals."),
-    "prom": ("servesweep.observe.promconfig", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
-    "observe": ("servesweep.observe.stack", "command", "A standing Prometheus (+ Grafana) that sees every run: up, down, status."),
-    "gate": ("servesweep.results.gates", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
-    "sglang-cpu": ("servesweep.sglang.cpu.cli", "command", "Real SGLang on this CPU with a tiny offline model: install, model, serve."),
+    "report": ("servesweep.cli.report", "command", "Write the HTML and Markdown report of a run folder."),
+    "compare": ("servesweep.cli.compare", "command", "Compare runs point by point, with confidence intervals."),
+    "prom": ("servesweep.cli.prom", "command", "Prometheus config, file_sd targets, backfill of finished runs."),
+    "observe": ("servesweep.cli.observe", "command", "A standing Prometheus (+ Grafana) that sees every run: up, down, status."),
+    "gate": ("servesweep.cli.gate", "command", "Check a run against SLOs and a baseline; exit 0 pass, 1 breach, 2 error."),
+    "sglang-cpu": ("servesweep.cli.sglang_cpu", "command", "Real SGLang on this CPU with a tiny offline model: install, model, serve."),
 }
+# fmt: on
 
 
 def _exists(module: str) -> bool:
@@ -33,7 +38,7 @@ def _exists(module: str) -> bool:
         return False
 
 
-class LazyGroup(click.Group):
+class LazyGroup(Group):
     def list_commands(self, ctx):
         return [name for name, (mod, _, _) in SUBCOMMANDS.items() if _exists(mod)]
 
@@ -59,7 +64,3 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="servesweep")
 def main():
     """servesweep: benchmark matrices for LLM serving."""
-
-
-if __name__ == "__main__":
-    sys.exit(main())

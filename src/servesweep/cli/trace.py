@@ -1,29 +1,33 @@
-"""`servesweep trace`: convert a public trace into the native format, print its statistics, cut a window of it,
-write a generated one (`synth`).
-
-`stats` prints what a user wants to know before spending GPU hours on a replay: the request rate over time, the
-input and output length distributions, sessions, and the ideal prefix-cache hit rate at a cache size
-(`servesweep.workload.trace.cache`).
-"""
+"""`servesweep trace`: convert a public trace into the native format, print its statistics
+(servesweep.workload.trace.stats), cut a window of it, write a generated one (`synth`)."""
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 
 import click
 
-from servesweep.workload.trace.cache import ideal_cached_tokens, parse_tokens
+from servesweep.cli.base import Group
+from servesweep.exit_codes import BadOption, CommandError
+from servesweep.workload.trace.cache import parse_tokens
 from servesweep.workload.trace.model import Trace, TraceError
 from servesweep.workload.trace.readers import FORMATS, read_trace
+from servesweep.workload.trace.stats import trace_stats
 from servesweep.workload.trace.window import window
 
 _FROM = click.option(
-    "--from", "fmt", type=click.Choice(FORMATS), default="auto", show_default=True, help="The input trace's format."
+    "--from",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="auto",
+    show_default=True,
+    help="The input trace's format.",
 )
 _BLOCK = click.option(
-    "--block-size", type=click.IntRange(min=1), default=None, help="Tokens per hash block [Mooncake 512, Bailian 16]."
+    "--block-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tokens per hash block [Mooncake 512, Bailian 16].",
 )
 
 
@@ -31,7 +35,7 @@ def _read(path: str, fmt: str, block_size: int | None) -> Trace:
     try:
         return read_trace(path, fmt, block_size=block_size)
     except (TraceError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
+        raise CommandError(str(e)) from None
 
 
 def _seconds(v: str | None, name: str) -> float | None:
@@ -42,10 +46,10 @@ def _seconds(v: str | None, name: str) -> float | None:
     try:
         return parse_seconds(v)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=name) from None
+        raise BadOption(str(e), name) from None
 
 
-@click.group(name="trace")
+@click.group(name="trace", cls=Group)
 def command():
     """Request traces: convert, stats, sample (docs/workloads.md, "Trace replay")."""
 
@@ -67,9 +71,18 @@ def convert(src, dst, fmt, block_size):
 @click.argument("dst", type=click.Path(dir_okay=False))
 @_FROM
 @_BLOCK
-@click.option("--start", default="0", show_default=True, help="Window start from the trace's start (e.g. 10m).")
+@click.option(
+    "--start", default="0", show_default=True, help="Window start from the trace's start (e.g. 10m)."
+)
 @click.option("--duration", default=None, help="Window length (e.g. 5m) [to the end].")
-@click.option("--sample", "fraction", type=float, default=1.0, show_default=True, help="Fraction of requests (whole sessions) kept.")
+@click.option(
+    "--sample",
+    "fraction",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Fraction of requests (whole sessions) kept.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 def sample(src, dst, fmt, block_size, start, duration, fraction, seed):
     """Cut a window of SRC (start, duration, a sampled fraction) into DST (native JSONL, timed from the window)."""
@@ -77,21 +90,39 @@ def sample(src, dst, fmt, block_size, start, duration, fraction, seed):
     try:
         w = window(t, _seconds(start, "--start") or 0.0, _seconds(duration, "--duration"), fraction, seed)
     except ValueError as e:
-        raise click.ClickException(str(e)) from None
+        raise CommandError(str(e)) from None
     w.save(dst)
     click.echo(f"wrote {len(w.requests)} of {len(t.requests)} requests to {dst}")
 
 
 @command.command("synth")
 @click.argument("dst", type=click.Path(dir_okay=False))
-@click.option("--format", "out_fmt", type=click.Choice(("native", "mooncake", "azure", "bailian", "sessions")),
-              default="mooncake", show_default=True, help="The file format written.")
+@click.option(
+    "--format",
+    "out_fmt",
+    type=click.Choice(("native", "mooncake", "azure", "bailian", "sessions")),
+    default="mooncake",
+    show_default=True,
+    help="The file format written.",
+)
 @click.option("--requests", "n", type=click.IntRange(min=1), default=40, show_default=True)
-@click.option("--groups", type=click.IntRange(min=1), default=4, show_default=True, help="Groups sharing a prefix.")
-@click.option("--prefix-blocks", type=click.IntRange(min=0), default=2, show_default=True, help="Blocks a group shares.")
-@click.option("--own-blocks", type=click.IntRange(min=0), default=1, show_default=True, help="Full blocks of each request's own.")
+@click.option(
+    "--groups", type=click.IntRange(min=1), default=4, show_default=True, help="Groups sharing a prefix."
+)
+@click.option(
+    "--prefix-blocks", type=click.IntRange(min=0), default=2, show_default=True, help="Blocks a group shares."
+)
+@click.option(
+    "--own-blocks",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Full blocks of each request's own.",
+)
 @click.option("--block-size", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--rate", type=float, default=10.0, show_default=True, help="Requests per second (evenly spaced).")
+@click.option(
+    "--rate", type=float, default=10.0, show_default=True, help="Requests per second (evenly spaced)."
+)
 @click.option("--output-tokens", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def synth_cmd(dst, out_fmt, n, groups, prefix_blocks, own_blocks, block_size, rate, output_tokens, seed):
@@ -104,7 +135,7 @@ def synth_cmd(dst, out_fmt, n, groups, prefix_blocks, own_blocks, block_size, ra
     from servesweep.workload.trace import synth
 
     if not rate > 0:
-        raise click.BadParameter("expected a positive rate", param_hint="--rate")
+        raise BadOption("expected a positive rate", "--rate")
     if out_fmt == "sessions":
         s = synth.session_requests(groups, max(1, n // groups), first_blocks=max(1, prefix_blocks),
                                    grow_blocks=max(1, own_blocks), block_size=block_size,
@@ -119,7 +150,11 @@ def synth_cmd(dst, out_fmt, n, groups, prefix_blocks, own_blocks, block_size, ra
     else:
         {"mooncake": synth.write_mooncake, "azure": synth.write_azure, "bailian": synth.write_bailian,
          "sessions": synth.write_sessions}[out_fmt](path, s.trace)  # fmt: skip
-    hit = "0.0% (the Azure format has no block ids)" if out_fmt == "azure" else f"{100 * s.expected_hit_ratio:.1f}%"
+    hit = (
+        "0.0% (the Azure format has no block ids)"
+        if out_fmt == "azure"
+        else f"{100 * s.expected_hit_ratio:.1f}%"
+    )
     click.echo(f"wrote {len(s.trace.requests)} requests ({out_fmt}) to {dst}; ideal hit rate {hit}")
 
 
@@ -127,7 +162,9 @@ def synth_cmd(dst, out_fmt, n, groups, prefix_blocks, own_blocks, block_size, ra
 @click.argument("src", type=click.Path(dir_okay=False))
 @_FROM
 @_BLOCK
-@click.option("--cache-tokens", default="inf", show_default=True, help="Prefix cache size in tokens (500k, 2M, inf).")
+@click.option(
+    "--cache-tokens", default="inf", show_default=True, help="Prefix cache size in tokens (500k, 2M, inf)."
+)
 @click.option("--bucket", default="60s", show_default=True, help="Width of the request-rate buckets.")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 def stats(src, fmt, block_size, cache_tokens, bucket, as_json):
@@ -136,71 +173,31 @@ def stats(src, fmt, block_size, cache_tokens, bucket, as_json):
     try:
         cache = parse_tokens(cache_tokens)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--cache-tokens") from None
+        raise BadOption(str(e), "--cache-tokens") from None
     width = _seconds(bucket, "--bucket")
     if not width or width <= 0:
-        raise click.BadParameter("expected a positive duration", param_hint="--bucket")
+        raise BadOption("expected a positive duration", "--bucket")
     s = trace_stats(t, cache, width)
     if as_json:
         click.echo(json.dumps(s))
         return
-    click.echo(f"trace: {t.source}  requests {s['requests']}  duration {s['duration_s']:.1f} s  "
-               f"mean rate {s['rate_rps']:.2f} req/s  blocks of {t.block_size} tokens")
+    click.echo(
+        f"trace: {t.source}  requests {s['requests']}  duration {s['duration_s']:.1f} s  "
+        f"mean rate {s['rate_rps']:.2f} req/s  blocks of {t.block_size} tokens"
+    )
     if s["sessions"]:
         click.echo(f"sessions: {s['sessions']}  turns per session p50 {s['turns_p50']} max {s['turns_max']}")
     for name in ("input_length", "output_length"):
         d = s[name]
-        click.echo(f"{name:>14}: mean {d['mean']:.0f}  p50 {d['p50']:.0f}  p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  "
-                   f"max {d['max']}  total {d['total']}")
-    click.echo(f"ideal prefix-cache hit rate: {100 * s['ideal_hit_ratio']:.1f}% at {s['cache']}"
-               + (f" ({100 * s['ideal_hit_ratio_unlimited']:.1f}% unlimited)" if cache is not None else ""))
+        click.echo(
+            f"{name:>14}: mean {d['mean']:.0f}  p50 {d['p50']:.0f}  p90 {d['p90']:.0f}  p99 {d['p99']:.0f}  "
+            f"max {d['max']}  total {d['total']}"
+        )
+    click.echo(
+        f"ideal prefix-cache hit rate: {100 * s['ideal_hit_ratio']:.1f}% at {s['cache']}"
+        + (f" ({100 * s['ideal_hit_ratio_unlimited']:.1f}% unlimited)" if cache is not None else "")
+    )
     click.echo(f"request rate per {width:g} s (req/s):")
     peak = max(s["rate_over_time"], default=0) or 1
     for k, r in enumerate(s["rate_over_time"]):
         click.echo(f"  {k * width:>8.0f} s  {r:8.2f}  {'#' * round(40 * r / peak)}")
-
-
-def _dist(xs: list[int]) -> dict:
-    if not xs:
-        return {"mean": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0, "total": 0}
-    ys = sorted(xs)
-
-    def q(p: float) -> float:
-        return float(ys[min(len(ys) - 1, math.ceil(p * len(ys)) - 1)])
-
-    return {"mean": statistics.fmean(ys), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": ys[-1], "total": sum(ys)}
-
-
-def trace_stats(t: Trace, cache_tokens: int | None, bucket_s: float = 60.0) -> dict:
-    """The statistics `servesweep trace stats` prints (as a JSON-able dict)."""
-    reqs = t.requests
-    dur = t.duration_ms() / 1000.0
-    nb = max(1, math.floor(dur / bucket_s) + 1)
-    counts = [0] * nb
-    for r in reqs:
-        counts[min(nb - 1, int(r.timestamp_ms / 1000.0 // bucket_s))] += 1
-    total_in = sum(r.input_length for r in reqs)
-    hit = sum(ideal_cached_tokens(t, cache_tokens))
-    sessions = t.sessions()
-    turns = sorted(len(v) for v in sessions.values())
-    out = {
-        "source": t.source,
-        "block_size": t.block_size,
-        "requests": len(reqs),
-        "duration_s": dur,
-        "rate_rps": (len(reqs) - 1) / dur if dur > 0 else 0.0,  # arrivals after the first, over their span
-        "rate_over_time": [c / bucket_s for c in counts],
-        "bucket_s": bucket_s,
-        "input_length": _dist([r.input_length for r in reqs]),
-        "output_length": _dist([r.output_length for r in reqs]),
-        "sessions": len(sessions),
-        "turns_p50": turns[len(turns) // 2] if turns else 0,
-        "turns_max": turns[-1] if turns else 0,
-        "cache": "unlimited cache" if cache_tokens is None else f"{cache_tokens} tokens of cache",
-        "cache_tokens": cache_tokens,
-        "ideal_cached_tokens": hit,
-        "ideal_hit_ratio": hit / total_in if total_in else 0.0,
-    }
-    if cache_tokens is not None:
-        out["ideal_hit_ratio_unlimited"] = sum(ideal_cached_tokens(t, None)) / total_in if total_in else 0.0
-    return out

@@ -1,0 +1,5 @@
+"""`python -m servesweep.cli ARGS`: the `servesweep` command."""
+
+from servesweep.cli import main
+
+main()
