@@ -29,8 +29,8 @@ failure within it is a WARNING line and exit 0; 1 an SLO breach. A process serve
 second, exit 4, when its parent dies, and so do the workers Locust's --processes forked when their master dies.
 """
 
-from servesweep.client import webui  # noqa: F401, E402  (live LLM tabs, --load-shape step-ramp, per-step CSV, /metrics)
-from servesweep.client.locustfile import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
+from servesweep.client import webui  # noqa: F401  (servesweep with the live LLM tabs, step ramps, per-step CSV, /metrics)
+from servesweep.client.user import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
 
 if __name__ == "__main__":
     # Run as a script: the imports above registered servesweep's options, so Locust's --help lists them.

@@ -67,7 +67,8 @@ def _chat_requests(sim) -> tuple[int, int]:
     )
     # one line per endpoint and method (as SGLang 0.5.23 labels it): the requests in flight are their sum
     active = sum(
-        float(m.group(1)) for m in re.finditer(r"^sglang:http_requests_active(?:\{[^}]*\})? (\S+)$", text, re.M)
+        float(m.group(1))
+        for m in re.finditer(r"^sglang:http_requests_active(?:\{[^}]*\})? (\S+)$", text, re.M)
     )
     return int(total), int(active)
 

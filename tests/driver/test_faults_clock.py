@@ -168,3 +168,132 @@ def _gt_spans(gt: dict[str, dict], ids: list[str]) -> dict[str, float]:
         if isinstance(d.get("recv_ns"), int) and isinstance(d.get("end_ns"), int):
             out[i] = (d["end_ns"] - d["recv_ns"]) / 1e9
     return out
+
+
+# ---------------------------------------------------------------- a remote worker's watch of its master
+
+
+def _master_and_worker(sim, tmp_path, *, duration_s: float, silence_s: float, step: float):
+    """A headless master (servesweep's own command: driver/command.master_command) and one worker started as the
+    locust_worker role starts it (`--worker --point-json`, its parent watched, SERVESWEEP_MASTER_SILENCE_S), the
+    worker alone on the faked wall clock. Returns (master, worker, step_file, worker log path)."""
+    from servesweep.config.point import LoadPoint
+    from servesweep.driver.command import LOCUSTFILE, master_command
+    from servesweep.net import free_port
+
+    fake = tmp_path / "fakeclock"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    work = tmp_path / "work"
+    work.mkdir()
+    point = LoadPoint(base_url=sim.base_url, model=MODEL, probe=False, concurrency=2, prompt_tokens=64,
+                      output_tokens=24, duration_s=duration_s)  # fmt: skip
+    (work / "point.json").write_text(point.model_dump_json())
+    port = free_port()
+    base = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    base.pop("SERVESWEEP_WATCH_PARENT", None)
+    master = subprocess.Popen(
+        master_command(point, work, expect_workers=1, bind_host="127.0.0.1", bind_port=port, max_wait_s=60),
+        env={**base, "SERVESWEEP_WATCH_PARENT": "0"},
+        stdout=(work / "master.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    step_file = tmp_path / "step_at"
+    wlog = work / "worker.log"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(LOCUSTFILE),
+            "--worker",
+            "--master-host",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--point-json",
+            str(work / "point.json"),
+        ],  # fmt: skip
+        env={
+            **base,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(fake), os.environ.get("PYTHONPATH")])),
+            "SERVESWEEP_TEST_WALL_STEP_FILE": str(step_file),
+            "SERVESWEEP_TEST_WALL_STEP_S": str(step),
+            "SERVESWEEP_MASTER_SILENCE_S": str(silence_s),
+        },
+        stdout=wlog.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return master, worker, step_file, wlog
+
+
+def _wait_streaming(sim, before: set[str], procs, n: int = 4) -> None:
+    end = time.monotonic() + 90
+    while len(_served(sim) - before) < n:
+        assert time.monotonic() < end, "the worker never streamed"
+        assert all(p.poll() is None for p in procs), "a Locust process ended before the point streamed"
+        time.sleep(0.2)
+
+
+def _reap(*procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+def test_wall_clock_step_forward_is_no_master_silence(sim, tmp_path):
+    """The worker's wall clock jumps an hour ahead mid-point while its master keeps sending heartbeats: the worker
+    must not take the jump for an hour of silence (neither servesweep's 3 s watch nor Locust's own 60 s check, both
+    of which read the wall clock before): it runs the point to its end and ships its records."""
+    before = _served(sim)
+    master, worker, step_file, wlog = _master_and_worker(
+        sim, tmp_path, duration_s=8.0, silence_s=3.0, step=STEP_S
+    )
+    try:
+        _wait_streaming(sim, before, (master, worker))
+        step_file.write_text(repr(time.monotonic()))
+        master.wait(120)
+        worker.wait(30)
+    finally:
+        _reap(master, worker)
+    log = wlog.read_text()
+    assert "no heartbeat from the master" not in log, log[-3000:]
+    assert "Didn't get heartbeat" not in log, log[-3000:]
+    assert worker.returncode == 0, log[-3000:]
+    assert master.returncode == 0, (tmp_path / "work" / "master.log").read_text()[-3000:]
+    t = pq.read_table(tmp_path / "work" / "records.parquet").to_pylist()
+    assert t and all(r["error_class"] is None for r in t), t[:3]
+    # the worker kept streaming after the step: the point's 8 s hold records from its second half
+    first = min(r["sent_ns"] for r in t)
+    assert max(r["end_ns"] for r in t) - first > 6e9
+
+
+def test_wall_clock_step_back_then_master_dies_worker_stops(sim, tmp_path):
+    """The master host dies (SIGKILL, no goodbye), then the worker's wall clock steps an hour back: its last
+    heartbeat now lies an hour in the future of the wall clock. The worker still notices the silence within its
+    SERVESWEEP_MASTER_SILENCE_S (3 s) and stops (exit 4), instead of streaming at a dead master for an hour."""
+    before = _served(sim)
+    master, worker, step_file, wlog = _master_and_worker(
+        sim, tmp_path, duration_s=300.0, silence_s=3.0, step=-STEP_S
+    )
+    try:
+        _wait_streaming(sim, before, (master, worker))
+        os.killpg(master.pid, 9)
+        master.wait(10)
+        step_file.write_text(repr(time.monotonic()))
+        t0 = time.monotonic()
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker still runs 30 s after its master died: " + wlog.read_text()[-3000:])
+        took = time.monotonic() - t0
+    finally:
+        _reap(master, worker)
+    log = wlog.read_text()
+    assert worker.returncode == 4, log[-3000:]
+    assert "no heartbeat from the master" in log, log[-3000:]
+    assert took < 3.0 + 8.0, took

@@ -34,8 +34,8 @@ from locust.main import create_environment
 
 # What locustfiles/llm.py imports, in its order: the web UI module first (it changes which options exist).
 from servesweep.client import webui  # noqa: F401
-from servesweep.client.locustfile import LLMUser
-from servesweep.client.user import LoadContext
+from servesweep.client.state import client_state
+from servesweep.client.user import LLMUser, LoadContext
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "locustfiles" / "llm.py"
@@ -178,7 +178,7 @@ def process_events() -> Events:
 @contextmanager
 def _events_of(env) -> Iterator[None]:
     """While one process's init listeners run, Locust's global `events` is that process's own: a listener the
-    locustfile adds to `locust.events` at init (client/locustfile.py's _worker_hooks and _master_hooks do; in a real
+    locustfile adds to `locust.events` at init (client/distributed.py's worker_hooks and master_hooks do; in a real
     process that object is environment.events) joins that process only, in the order a real process has it."""
     hooks = _global_hooks()
     saved = {name: h._handlers for name, h in hooks.items()}
@@ -305,15 +305,15 @@ class Worker(LocustProcess):
         self.runner.custom_messages[END_MSG] = (stamped, concurrent)
 
     def _rename(self) -> None:
-        ctx = getattr(self.env, "servesweep", None)
-        if isinstance(ctx, LoadContext):
-            ctx.worker = f"{self.name}:{os.getpid()}"
+        state = client_state(self.env)
+        if state is not None and state.load is not None:
+            state.load.worker = f"{self.name}:{os.getpid()}"
 
     @property
     def ctx(self) -> LoadContext:
-        ctx = getattr(self.env, "servesweep", None)
-        assert isinstance(ctx, LoadContext), "this worker has no context yet"
-        return ctx
+        state = client_state(self.env)
+        assert state is not None and state.load is not None, "this worker has no load yet"
+        return state.load
 
     def kill(self) -> None:
         """What the master sees of a SIGKILLed worker: nothing more from it (no last report, no quit message), its

@@ -16,7 +16,7 @@ import pytest
 from locustrun import LocalRun
 from support import completed_by_emulator
 
-from servesweep.client.locustfile import failure_verdict
+from servesweep.client.outcome import failure_verdict
 
 
 def _messages(caplog) -> str:
@@ -135,12 +135,14 @@ def test_max_failure_rate_judges_the_failure_share():
 def test_a_server_that_never_answered_could_not_run():
     """Every request refused, reset or timed out before any response (the server went away after the start's
     probe): exit 2, could not run, not 3; one response among them (an HTTP 500) makes it failed requests."""
-    from servesweep.client.locustfile import never_answered
+    from servesweep.client.outcome import never_answered
 
     def table(classes, headers):
         t = _table(classes)
         t = t.append_column("headers_ns", pa.array(headers, pa.int64()))
-        msgs = [None if c is None else "ConnectionRefusedError: [Errno 111] Connection refused" for c in classes]
+        msgs = [
+            None if c is None else "ConnectionRefusedError: [Errno 111] Connection refused" for c in classes
+        ]
         return t.append_column("error_message", pa.array(msgs, pa.string()))
 
     gone = table(["connection_reset", "timeout_connect"], [None, None])

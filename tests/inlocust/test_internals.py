@@ -43,3 +43,7 @@ def test_the_private_parts_exist():
 
     assert callable(getattr(ConnectionPool, "_is_socket_alive", None))
     assert isinstance(locust_internals.forked_worker_exits(), dict)
+    # Locust's worker reads the module constant at each round of its wall-clock check of the master's heartbeat
+    # (take_over_master_timeout sets it to infinity and servesweep's watch takes over)
+    assert "MASTER_HEARTBEAT_TIMEOUT" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names
+    assert "last_heartbeat_timestamp" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names

@@ -23,9 +23,9 @@ import pytest
 from locustrun import DistributedRun, wait_until
 from support import completed_by_emulator
 
+from servesweep.client.clients import counters as _counters
 from servesweep.client.live import LiveStats
 from servesweep.client.locust_internals import send_stats_now
-from servesweep.client.locustfile import _counters
 from servesweep.client.messages import LIVE_REPORT_KEY, RECORDS_REPORT_KEY
 from servesweep.config.point import LoadPoint
 from servesweep.driver.command import master_command
@@ -121,7 +121,7 @@ def merged_stats_are_the_workers_sum(run: DistributedRun, table) -> None:
     sent = [
         data[LIVE_REPORT_KEY]["stats"] for w in run.workers for data in w.reports if LIVE_REPORT_KEY in data
     ]
-    master_live = run.master.env.servesweep_live.stats
+    master_live = run.master.env.servesweep.live.stats
     assert master_live.ok == n
     _same_live(master_live, _live(sent))
     from_records = LiveStats()
@@ -211,7 +211,9 @@ def _ended_with_streams_running(run: DistributedRun, recs: list[dict], end: int)
     after the master's timer at `end`), and streams that were running at `end` finished and were recorded."""
     got_end = {w.ctx.worker: w.end_ns for w in run.workers}
     assert all(got_end.values()), got_end
-    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), "nothing sent after the end reached its worker"
+    assert all(r["sent_ns"] < got_end[r["worker"]] for r in recs), (
+        "nothing sent after the end reached its worker"
+    )
     assert any(r["end_ns"] > end for r in recs), "streams were running at the end and finished"
 
 

@@ -83,18 +83,20 @@ def in_flight(environment) -> int:
 
     A gauge, not issued - completed: a stream whose user is stopped mid-request is issued and never completed, so
     that difference grew with every stop and carried into the next test of the session."""
-    live = getattr(environment, "servesweep_live", None)
+    ctx = getattr(
+        environment, "servesweep", None
+    )  # state.ClientState (a test's stand-in has buffer, in_flight)
+    live = getattr(ctx, "live", None)
     if live is not None and live.is_master:
         # the connected workers only: one that left keeps its last headroom entry
         return sum(
             int(live.headroom.get(cid, {}).get("in_flight") or 0) for cid in environment.runner.clients
         )
-    ctx = getattr(environment, "servesweep", None)
     return max(0, int(getattr(ctx, "in_flight", 0)))
 
 
 class Series:
-    """The time series of one Locust process's live figures (environment.servesweep_series)."""
+    """The time series of one Locust process's live figures (the ClientState's `series`)."""
 
     def __init__(self) -> None:
         self.samples: deque[dict] = deque(maxlen=KEEP)

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
 from servesweep.observe.exporter import ClientMetrics, loadpoint_axes
@@ -143,7 +144,9 @@ class _Feed:
         self.reads_at_finish: int | None = None  # metrics.reads when that summary was set
 
     def _ctx_point(self):
-        ctx = getattr(self.environment, "servesweep", None)  # set by servesweep's locustfile at init
+        ctx = getattr(
+            self.environment, "servesweep", None
+        )  # state.ClientState, made at init (client/plugin.py)
         return getattr(ctx, "point", None)
 
     def _pid(self):
@@ -208,16 +211,16 @@ class _Feed:
         servesweep's record buffer gained (it only grows in a local runner)."""
         import gevent
 
-        seen_ctx, seen = None, 0
+        seen_buf: Any = None
+        seen = 0
         while not self.via_context:
             gevent.sleep(1.0)
             try:
-                ctx = getattr(self.environment, "servesweep", None)
-                buf = getattr(ctx, "buffer", None)
+                buf = getattr(getattr(self.environment, "servesweep", None), "buffer", None)
                 if buf is None or self.via_context:
                     continue
-                if ctx is not seen_ctx:
-                    seen_ctx, seen = ctx, 0
+                if buf is not seen_buf:  # a new load with a buffer of its own
+                    seen_buf, seen = buf, 0
                 rows, seen = buf.rows_since(seen)
                 for row in rows:
                     self.observe(row)

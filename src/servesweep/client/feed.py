@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servesweep.results.livefeed import INTERVAL_S, LIVE_DIR_ENV, write_batch
+
+if TYPE_CHECKING:
+    from servesweep.results.records import RecordBuffer
 
 log = logging.getLogger("servesweep")
 
@@ -34,24 +39,20 @@ class Feed:
         except Exception:  # noqa: BLE001 - the feed must never take the load test down
             log.exception("servesweep: writing the live record feed failed")
 
-    def loop(self, environment) -> None:
+    def loop(self, buffer_now: Callable[[], RecordBuffer]) -> None:
         import gevent
 
         while True:
             gevent.sleep(INTERVAL_S)
-            buf = getattr(getattr(environment, "servesweep", None), "buffer", None)
-            if buf is not None:
-                self.write_new(buf)
+            self.write_new(buffer_now())
 
 
-def start_feed(environment) -> None:
-    """Start writing the feed when the parent asked for one (LIVE_DIR_ENV); once per process."""
-    from locust.runners import WorkerRunner
-
+def start_feed(buffer_now: Callable[[], RecordBuffer], *, worker: bool) -> Feed | None:
+    """The feed of this process when the parent asked for one (LIVE_DIR_ENV), writing what `buffer_now()` holds;
+    None without."""
     folder = os.environ.get(LIVE_DIR_ENV)
-    ctx = getattr(environment, "servesweep", None)
-    if not folder or ctx is None or getattr(environment, "servesweep_feed", None) is not None:
-        return
+    if not folder:
+        return None
     import gevent
 
     from servesweep.results.records import RecordBuffer
@@ -59,15 +60,14 @@ def start_feed(environment) -> None:
     # The first Arrow table from Python lists pays pyarrow's one-time setup of its conversions (its pandas check is
     # made with pandas hidden: results/records.py): here, before the users start, not in the middle of the streams.
     RecordBuffer().table()
-    worker = isinstance(environment.runner, WorkerRunner)
-    feed = environment.servesweep_feed = Feed(Path(folder), f"w{os.getpid()}-" if worker else "")
-    gevent.spawn(feed.loop, environment)
+    feed = Feed(Path(folder), f"w{os.getpid()}-" if worker else "")
+    gevent.spawn(feed.loop, buffer_now)
+    return feed
 
 
-def take_records(environment, buf) -> dict[str, list]:
+def take_records(feed: Feed | None, buf: RecordBuffer) -> dict[str, list]:
     """A worker's report: empty the buffer for the master, after the feed has written what it had not yet (no
     yield in between: greenlets cannot add rows meanwhile)."""
-    feed = getattr(environment, "servesweep_feed", None)
     if feed is not None:
         feed.write_new(buf)
         feed.seen = 0

@@ -6,7 +6,8 @@ merges the deltas in `worker_report`. Everything in a `LiveStats` merges exactly
 bins) except the quantiles, which come from `Sketch`, a log-bucket histogram with a bounded relative error, so the
 master's p50/p90/p99 are those of all requests of all workers within `Sketch.ALPHA`.
 
-Definitions are those of `servesweep.results.summary` (docs/metrics.md): TTFT = first token-bearing chunk - send, ITL per chunk =
+Each figure is computed by `servesweep.results.metrics`, the one definition the summary, the gates and the report
+use too (docs/metrics.md): TTFT = first token-bearing chunk - send, ITL per chunk =
 each gap between token-bearing chunks, ITL per token = each gap divided by the later chunk's tokens, once per token
 (`metrics.itl_per_token`), TPOT = (last chunk - first chunk) / (completion tokens - tokens of the first chunk),
 per-request tok/s = 1000 / TPOT, output tok/s = completion tokens of successful measured requests / (last end - first
@@ -244,7 +245,9 @@ class LiveStats:
                 max_itl = float(gaps.max())
             # one answer's tokens: with n > 1 the lead choice's (results/metrics.py), not the usage's sum
             toks, lead = rec.get("chunk_tokens"), metrics.record_lead_tokens(rec)
-            per_token, counts = metrics.itl_per_token(metrics.itl_gaps(ch) if gaps is None else gaps, ch, toks, lead)
+            per_token, counts = metrics.itl_per_token(
+                metrics.itl_gaps(ch) if gaps is None else gaps, ch, toks, lead
+            )
             sk["itl_per_token_ms"].add_counts(per_token, counts)
             tpot = metrics.tpot(ch, toks, lead)
             if not math.isnan(tpot):

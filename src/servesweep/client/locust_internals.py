@@ -49,3 +49,20 @@ def response_body_buffer(resp: Any) -> Any:
     """The bytearray geventhttpclient's parser appends a response's de-chunked body to (`_body_buffer`): the read
     loop notes how far it reached after each read instead of copying lines out."""
     return resp._body_buffer
+
+
+_LOCUST_MASTER_TIMEOUT: list[float] = []  # Locust's own value, kept when replaced
+
+
+def take_over_master_timeout() -> float:
+    """Locust's worker quits when its master's last heartbeat is older than `runners.MASTER_HEARTBEAT_TIMEOUT` (60 s)
+    by the wall clock (`WorkerRunner.heartbeat_timeout_checker`: `last_heartbeat_timestamp < time.time() - 60`, once
+    a second), so a clock stepped forward quits a worker whose master is fine, and one stepped back hides a dead
+    master for as long as the step. The checker reads the module constant at each round: set to infinity it never
+    fires, and servesweep's own check on the monotonic clock (client/watch.py) takes over. Returns Locust's value."""
+    import locust.runners
+
+    if not _LOCUST_MASTER_TIMEOUT:
+        _LOCUST_MASTER_TIMEOUT.append(float(locust.runners.MASTER_HEARTBEAT_TIMEOUT))
+    locust.runners.MASTER_HEARTBEAT_TIMEOUT = float("inf")  # type: ignore[assignment]
+    return _LOCUST_MASTER_TIMEOUT[0]

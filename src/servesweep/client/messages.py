@@ -3,7 +3,8 @@ custom messages between master and workers. One definition each; the locustfile,
 exporter hook import them from here."""
 
 RECORD_CONTEXT_KEY = "servesweep_record"  # a request event's context: the finished request's record (a dict)
-RECORDS_REPORT_KEY = "servesweep_records"  # report_to_master: a worker's record batch (RecordBuffer.take() columns)
+# report_to_master: a worker's record batch (RecordBuffer.take() columns)
+RECORDS_REPORT_KEY = "servesweep_records"
 CLIENT_REPORT_KEY = "servesweep_client"  # report_to_master: a process's counters and headroom (clients.json)
 LIVE_REPORT_KEY = "servesweep_live"  # report_to_master: {"stats": LiveStats.payload(), "headroom": {...}}
 END_MSG = "servesweep_end"  # master -> workers: the duration is over; finish the streams, ship every record

@@ -161,7 +161,9 @@ def cut_lines(
 def _usage_complete(usage: dict | None) -> bool:
     if not usage:
         return False
-    return _count(usage.get("prompt_tokens")) is not None and _count(usage.get("completion_tokens")) is not None
+    return (
+        _count(usage.get("prompt_tokens")) is not None and _count(usage.get("completion_tokens")) is not None
+    )
 
 
 PARSE_SLICE = 16  # lines parsed between two calls of parse_stream's `pause` (~0.1 ms of work)

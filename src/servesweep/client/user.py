@@ -1,9 +1,11 @@
 """The streaming Locust user: one closed-loop user that POSTs pre-encoded bodies and timestamps every SSE line.
 
-The per-chunk path only reads a line and takes `time.monotonic_ns()` (the emulator's ground-truth clock); the lines
-are parsed after the stream ended. Every failure is classified (records.ERROR_CLASSES), counted, and never kills the
-user. The shared state of one point (prompt bodies, counters, record buffer) is a `LoadContext` that the locustfile
-puts on `environment.servesweep`.
+The per-chunk path does one pass per socket read: the read itself, stamped with the time its bytes reached this host
+(the kernel's receive stamp on Linux, moved onto the monotonic clock; a user-space `time.monotonic_ns()` after the
+read where there is none: client/rxstamp.py), then the HTTP parser, and the complete lines are cut with that stamp;
+the lines are parsed after the stream ended. Every failure is classified (records.ERROR_CLASSES), counted, and never
+kills the user. The shared state of one point (prompt bodies, counters, record buffer) is a `LoadContext`, the
+`load` of the process's `state.ClientState` (environment.servesweep, made at Locust's init: client/plugin.py).
 """
 
 from __future__ import annotations
@@ -78,8 +80,7 @@ class LoadContext:
     end_ns: int = 0  # open loop, duration points: no slot at or after this
     on_budget_done: Callable[[], None] | None = None  # None: runner.quit (workers ship records first)
     closing: bool = False  # the master ended the point: send nothing more, let running streams finish
-    prepared: bool = False  # the locustfile gave it its share, sampler and status file (at test start)
-    sampler: object | None = None  # the locustfile's headroom Sampler (set at test start)
+    prepared: bool = False  # it has its share, and the process its sampler and status file (client/share.py)
     in_flight: int = 0  # requests sent and not ended yet
     # SSE events read so far, counted per socket read while the streams run (warmup included): the parent's live
     # tok/s during long decodes, when no request has finished yet (driver/live.py)
@@ -175,11 +176,10 @@ class LLMUser(FastHttpUser):
         # A worker process (--processes, --worker) can spawn users while its init listener is still building the
         # prompt bodies (the probes yield to the hub): wait for it, bounded.
         deadline = time.monotonic() + 600
-        while not isinstance(getattr(self.environment, "servesweep", None), LoadContext):
+        while (ctx := getattr(getattr(self.environment, "servesweep", None), "load", None)) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("servesweep: no LoadContext after 600 s; see the init errors above")
             gevent.sleep(0.05)
-        ctx: LoadContext = self.environment.servesweep
         if not ctx.measure_start_ns:  # test_start fired before the context existed
             ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
         self._ctx = ctx
@@ -215,7 +215,7 @@ class LLMUser(FastHttpUser):
     def stream(self) -> None:
         ctx = self._ctx
         if not ctx.prepared:  # a context built after test_start (the web UI's start form): prepare it now
-            prepare = getattr(self.environment, "servesweep_prepare", None)
+            prepare = self.environment.servesweep.prepare
             if prepare is not None:
                 prepare(ctx)
         if ctx.trace is not None:
@@ -340,7 +340,8 @@ class LLMUser(FastHttpUser):
         self, ctx: LoadContext, sched: TraceSchedule, scheduled: int, start: TraceStart, bound: bool
     ) -> None:
         spec = ctx.trace
-        assert spec is not None and sched.start_ns is not None  # a trace point's context, its schedule started
+        # a trace point's context, its schedule started
+        assert spec is not None and sched.start_ns is not None
         reqs = spec.trace.requests
         prev_end = 0
         for k, i in enumerate(start.indices):
@@ -424,7 +425,8 @@ class LLMUser(FastHttpUser):
                     else:
                         while not resp.message_complete:
                             data = sock.recv(block)
-                            feed(data)  # b"" (peer closed): completes a read-to-close body or raises Incomplete
+                            # b"" (peer closed): completes a read-to-close body or raises Incomplete
+                            feed(data)
                             ctx.streamed_events += data.count(b"\n\n")  # one C scan of the read's bytes
                             if not data and not resp.message_complete:
                                 raise HTTPConnectionClosed("connection closed.")

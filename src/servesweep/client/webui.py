@@ -35,15 +35,19 @@ from typing import TYPE_CHECKING
 
 from locust import events
 
-import servesweep.client.locustfile as _locustfile  # first: its listeners (records shipping) run before ours
 from servesweep.client import shapes
+from servesweep.client.context import build_context
 from servesweep.client.live import LATENCIES, Headroom, LiveStats
 from servesweep.client.locust_internals import validate_shape
 from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
+from servesweep.client.options import GroupedArguments, point_from_options
+from servesweep.client.plugin import install, use_load
+from servesweep.client.state import ClientState, client_state
 
 if TYPE_CHECKING:
-    from servesweep.client.user import LoadContext
+    from servesweep.config.point import LoadPoint
+    from servesweep.results.records import RecordBuffer
 
 log = logging.getLogger("servesweep")
 
@@ -73,10 +77,14 @@ CLIENTS_TABLE = [
 ]
 
 
+# servesweep's listeners first, as the web UI module's entry (its records shipping runs before ours); then ours.
+install(ui_module=True)
+
+
 @events.init_command_line_parser.add_listener
 def _args(parser) -> None:
-    # the point's knobs and the ramp are in the start form already (the locustfile adds them, the ramp first)
-    _locustfile.GroupedArguments(parser).add_argument(
+    # the point's knobs and the ramp are in the start form already (plugin.install added them, the ramp first)
+    GroupedArguments(parser).add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -86,23 +94,24 @@ def _args(parser) -> None:
 
 
 class LiveState:
-    """servesweep's live state of one Locust process (environment.servesweep_live)."""
+    """servesweep's live state of one Locust process (the ClientState's `live`)."""
 
-    def __init__(self, environment) -> None:
-        from locust.runners import MasterRunner, WorkerRunner
-
+    def __init__(self, environment, cs: ClientState) -> None:
         self.environment = environment
-        self.is_worker = isinstance(environment.runner, WorkerRunner)
-        self.is_master = isinstance(environment.runner, MasterRunner)
+        self.cs = cs
+        self.is_worker = cs.is_worker
+        self.is_master = cs.is_master
         self.slos: list = []  # summary.SLO of --slo / the form's slo
         self.stats = LiveStats()  # worker: the delta since the last report; else: the whole test
         self.headroom: dict[str, dict] = {}  # process -> latest sample (master/local)
         self.sampler = Headroom()
         self.steplog = shapes.StepLog()
         self.via_context = False
-        self.requested = None  # the LoadPoint the process's context was built for (before resolving)
+        self.requested: LoadPoint | None = (
+            None  # the LoadPoint the process's context was built for (before resolving)
+        )
         self._pulled = 0
-        self._pulled_ctx: LoadContext | None = None
+        self._pulled_buffer: RecordBuffer | None = None
         self.summarizer = shapes.StepSummarizer()
         self._steps_cache: tuple[float, float, list[dict]] | None = None  # (when, seconds it took, rows)
 
@@ -120,15 +129,15 @@ class LiveState:
             if cols:
                 self.stats.add_columns(cols)
         runner = self.environment.runner
-        ctx = getattr(self.environment, "servesweep", None)
+        load = self.cs.load
         data[LIVE_KEY] = {
             "stats": self.stats.payload(),
             "headroom": {
                 **self.sampler.take(),
                 "users": runner.user_count,
-                "process": getattr(ctx, "worker", client_id),
+                "process": load.worker if load is not None else client_id,
                 # streams open now: the master's "streams in flight" chart sums them
-                "in_flight": getattr(ctx, "in_flight", 0),
+                "in_flight": self.cs.in_flight,
             },
         }
         self.stats = LiveStats(self.slos)
@@ -142,12 +151,11 @@ class LiveState:
 
     def pull_local(self) -> None:
         """Local runner without the context hook: fold in the rows the buffer gained since the last call."""
-        ctx = getattr(self.environment, "servesweep", None)
-        buf = getattr(ctx, "buffer", None)
-        if buf is None or self.via_context:
+        if self.via_context:
             return
-        if ctx is not self._pulled_ctx:
-            self._pulled_ctx, self._pulled = ctx, 0
+        buf = self.cs.buffer
+        if buf is not self._pulled_buffer:
+            self._pulled_buffer, self._pulled = buf, 0
         rows, self._pulled = buf.rows_since(self._pulled)
         for r in rows:
             self.stats.add_record(r)
@@ -172,9 +180,8 @@ class LiveState:
         the local buffer after the stop and would otherwise be pulled into the new test's first second."""
         self.stats = LiveStats(self.slos)
         self._steps_cache = None
-        buf = getattr(self._pulled_ctx, "buffer", None)
-        if buf is not None:
-            self._pulled = len(buf)
+        if self._pulled_buffer is not None:
+            self._pulled = len(self._pulled_buffer)
 
     # ------------------------------------------------------------ numbers out
 
@@ -207,9 +214,7 @@ class LiveState:
         rarer when a refresh is slow (it summarizes ~8k streamed requests a second), so that the master keeps
         up with its workers' reports and heartbeats.
         """
-        buf = getattr(getattr(self.environment, "servesweep", None), "buffer", None)
-        if buf is None:
-            return []
+        buf = self.cs.buffer
         now = time.monotonic()
         c = self._steps_cache
         if live and c is not None and now - c[0] < max(STEPS_REFRESH_S, 20.0 * c[1]):
@@ -318,10 +323,6 @@ def step_rows(summaries: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- wiring
 
 
-def _point_from(opts, host):
-    return _locustfile._point_from_options(opts, host)
-
-
 def _same_request(a, b) -> bool:
     """Same LoadPoint apart from the user count (which the form changes without new prompt bodies)."""
     if a is None or b is None:
@@ -336,33 +337,25 @@ def _apply_form_options(environment, state: LiveState) -> None:
     message) just before test_start; the locustfile built its context at init from the command line.
     """
     opts = environment.parsed_options
+    cs = state.cs
     state.set_slos(opts.slo)
     state.reset()
-    wanted = _point_from(opts, environment.host or opts.host)
+    wanted = point_from_options(opts, environment.host or opts.host)
     if state.is_master:
-        ms = getattr(environment, "servesweep", None)
-        if ms is not None:
-            ms.point = wanted
+        cs.point = wanted
         return
     if _same_request(wanted, state.requested):
         return
-    from servesweep.client.user import LLMUser
-
     log.info("servesweep: options changed in the start form; building the prompt bodies again")
-    old = getattr(
-        environment, "servesweep", None
-    )  # None: a spawn came while the locustfile's init still probes
-    ctx = _locustfile.build_context(wanted)
-    if old is not None and hasattr(old, "quit_delay_s"):
-        ctx.quit_delay_s = old.quit_delay_s
-    ctx.measure_start_ns = time.monotonic_ns() + int(ctx.point.warmup_s * 1e9)
-    LLMUser.host = ctx.point.base_url
-    LLMUser.connection_timeout = ctx.point.connect_s
-    LLMUser.network_timeout = ctx.point.first_token_s
-    if not state.is_worker and old is not None and len(old.buffer):
-        ctx.buffer = old.buffer  # the local runner's records file keeps every run of the session
-        state._pulled_ctx = ctx  # same buffer: keep the read position
-    environment.servesweep = ctx
+    old = cs.load  # None: a spawn came while the init still probes
+    assert wanted is not None  # a worker has its master's host by now, a local runner its own
+    load = build_context(wanted)
+    if old is not None:
+        load.quit_delay_s = old.quit_delay_s
+        if not state.is_worker and len(old.buffer):
+            load.buffer = old.buffer  # the local runner's records file keeps every run of the session
+    load.measure_start_ns = time.monotonic_ns() + int(load.point.warmup_s * 1e9)
+    use_load(environment, cs, load)
     state.requested = wanted
 
 
@@ -484,7 +477,9 @@ def _install_web_ui(environment, state: LiveState) -> None:
         try:
             o = _form_options(request.form, environment.parsed_options)
             _install_shape(environment, state, o, "start form:")
-            _point_from(o, request.form.get("host") or environment.host)  # a bad LLM option: refused here
+            point_from_options(
+                o, request.form.get("host") or environment.host
+            )  # a bad LLM option: refused here
             parse_slos(o.slo or "")
         except (ValueError, TypeError) as e:
             environment.shape_class = None
@@ -519,7 +514,7 @@ def _install_charts(environment, state: LiveState) -> None:
     from servesweep.client import charts
 
     series = charts.Series()
-    environment.servesweep_series = series
+    state.cs.series = series
     lag = WORKER_REPORT_INTERVAL + 1.0 if state.is_master else 1.0
     environment.events.test_start.add_listener(lambda **_k: series.reset())
     gevent.spawn(
@@ -594,7 +589,9 @@ def _install_exporter(environment, opts) -> None:
     install_locust(
         environment, metrics, serve=("127.0.0.1", opts.metrics_port) if opts.metrics_port else None
     )
-    environment.servesweep_metrics = metrics
+    cs = client_state(environment)
+    if cs is not None:
+        cs.metrics = metrics
 
 
 def _write_steps_csv(environment, state: LiveState) -> None:
@@ -614,16 +611,16 @@ def _init(environment, **_kw) -> None:
     from locust.runners import WORKER_REPORT_INTERVAL
 
     opts = environment.parsed_options
-    if opts is None or environment.runner is None:
+    cs = client_state(environment)  # made by servesweep's init listener, which runs before this one
+    if opts is None or environment.runner is None or cs is None:
         return
-    state = LiveState(environment)
-    environment.servesweep_live = state
+    state = cs.live = LiveState(environment, cs)
     ev = environment.events
     # First of our test_start listeners: the exporter's, added below, reads the point this may replace.
     ev.test_start.add_listener(lambda **_k: _apply_form_options(environment, state))
     state.sampler.start()
     if not state.is_master:
-        state.requested = _point_from(opts, environment.host or opts.host)
+        state.requested = point_from_options(opts, environment.host or opts.host)
         ev.request.add_listener(state.on_request)
     if state.is_worker:
         ev.report_to_master.add_listener(state.on_report)

@@ -1,6 +1,12 @@
 """The Locust command line of one point: a headless Locust process (alone, or with local worker processes), or a
 master for workers on other hosts. `run_point` (driver/point.py) starts it; the remote workers' role
 (driver/workers.py) starts the workers that join the master.
+
+The point reaches Locust once, as the point.json file (--point-json) in the point's work folder. No value of the
+point is repeated on the command line: the locustfile sets Locust's own options that carry one (the host, -u, -r,
+the stop timeout and a master's -t backstop) from the point at init (client/options.py), where Locust reads them
+after. What stays here is what Locust needs before its init, or that is no value of the point: headless, the
+worker processes and their master's address, where the files go, and how many workers share the point.
 """
 
 from __future__ import annotations
@@ -15,6 +21,19 @@ from servesweep.net import free_port
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "client" / "locustfile.py"
 
 
+def point_file(point: LoadPoint, work: Path) -> Path:
+    """`work`/point.json, which must hold `point` (run_point writes it there first): the child reads the file only,
+    so a command for one point with the file of another is refused here instead of running the file's."""
+    path = work / "point.json"
+    try:
+        held = LoadPoint.model_validate_json(path.read_text()).model_dump_json()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: no point to run ({e}); write the point there first") from None
+    if held != point.model_dump_json():
+        raise ValueError(f"{path} holds another point than {point.id}: write the point there first")
+    return path
+
+
 def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[str]:
     cmd = [
         sys.executable,
@@ -23,32 +42,23 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
         "-f",
         str(LOCUSTFILE),
         "--headless",
-        "--host",
-        point.base_url,
-        "-u",
-        str(point.concurrency),
-        "-r",
-        str(max(point.concurrency, 1000)),  # all users within ~0.1 s: a closed loop at full concurrency
-        "--stop-timeout",
-        str(math.ceil(point.effective_stop_timeout())),  # Locust takes whole seconds
         "--exit-code-on-error",
         "0",  # failures are data (classified in the records), not a crashed point
         "--only-summary",
         "--html",
         str(work / "locust-report.html"),
         "--point-json",
-        str(work / "point.json"),
+        str(point_file(point, work)),
         "--records",
         str(work / "records.parquet"),
         "--progress-file",
         str(work / "progress.json"),
     ]
-    # No -t: Locust takes whole seconds only; the locustfile ends a duration point itself, to the millisecond.
     if workers:
-        # The master ends a duration point (whole seconds: Locust's -t); workers finish their streams within
-        # --stop-timeout and ship their records with their last report. A request budget is split between the
-        # workers; each quits when its share is done, and the master with the last one.
-        cmd += ["--processes", str(workers), "--split-workers", str(workers), *run_time_args(point)]
+        # A duration point: the master ends it (the locustfile's end, then Locust's -t as a backstop); workers
+        # finish their streams within the stop timeout and ship their records with their last report. A request
+        # budget is split between the workers; each quits when its share is done, and the master with the last.
+        cmd += ["--processes", str(workers), "--split-workers", str(workers)]
         # The forked workers find their master at --master-host/--master-port (default 127.0.0.1:5557): a free
         # port of loopback instead, so that points of parallel runs (or tests) do not meet at 5557.
         port = str(free_port())
@@ -56,17 +66,8 @@ def locust_command(point: LoadPoint, work: Path, *, workers: int = 0) -> list[st
     return cmd
 
 
-def run_time_args(point: LoadPoint) -> list[str]:
-    """Locust's -t for a master: only a backstop. The locustfile ends a duration point itself when its time is up
-    (the workers finish their streams and ship every record, then the master quits); -t, which would quit the
-    master before those records arrive, comes a stop timeout and a margin later. None for a budget only."""
-    if point.duration_s is None:
-        return []
-    return ["-t", f"{math.ceil(point.warmup_s + point.duration_s + point.effective_stop_timeout() + 30)}s"]
-
-
 def master_command(
-    point,
+    point: LoadPoint,
     work: Path,
     *,
     expect_workers: int,
@@ -75,9 +76,9 @@ def master_command(
     max_wait_s: float = 120,
 ) -> list[str]:
     """The headless Locust master of one point for external workers: run_point's command (same locustfile, point
-    file, records) with `--master --expect-workers N` instead of local `--processes`. Locust's -t ends a duration
-    point (whole seconds); the workers finish their streams within --stop-timeout and ship their last records. A
-    request budget is split between the workers, and the master ends when the last one has done its share."""
+    file, records) with `--master --expect-workers N` instead of local `--processes`. The master ends a duration
+    point; the workers finish their streams within the stop timeout and ship their last records. A request budget
+    is split between the workers, and the master ends when the last one has done its share."""
     cmd = locust_command(point, work, workers=0)
     i = cmd.index(
         "--progress-file"
@@ -96,5 +97,4 @@ def master_command(
         str(math.ceil(max_wait_s)),
         "--split-workers",  # the request budget and the arrival rate are split between the workers
         str(int(expect_workers)),
-        *run_time_args(point),
     ]
