@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 
 import gevent.os
+import gevent.socket
 from geventhttpclient.response import HTTPSocketPoolResponse
 from locust.env import Environment
 from locust.runners import WorkerRunner
@@ -45,5 +46,10 @@ def test_the_private_parts_exist():
     assert isinstance(locust_internals.forked_worker_exits(), dict)
     # Locust's worker reads the module constant at each round of its wall-clock check of the master's heartbeat
     # (take_over_master_timeout sets it to infinity and servesweep's watch takes over)
+    from geventhttpclient import HTTPClient
+
+    assert "_connection_pool" in HTTPClient.__init__.__code__.co_names
+    with gevent.socket.socket() as sock:  # rxstamp's wait reads it in place (per chunk)
+        assert sock._read_event is not None
     assert "MASTER_HEARTBEAT_TIMEOUT" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names
     assert "last_heartbeat_timestamp" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names

@@ -1,7 +1,10 @@
 """The private parts of Locust, gevent and geventhttpclient that servesweep relies on, in one place, each with why
 no public API does it, and the versions they were checked against (CHECKED). tests/inlocust/test_internals.py
 fails when an installed version differs from CHECKED or a part is gone: re-read the part in the new version, then
-update CHECKED. Everything else in client/ uses public APIs only.
+update CHECKED. Everything else in client/ uses public APIs only, but one: gevent's socket `_read_event`, which
+client/rxstamp.py's wait (`RxClock.wait_readable`) reads in place, on the per-chunk path, where one more call per chunk
+would cost what bench/run_all.py's figure 1 measures (checked against the same gevent, and by
+tests/inlocust/test_internals.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ def set_idle_socket_check(pool: Any, check: Callable[[Any], bool]) -> None:
     """geventhttpclient's pool asks `_is_socket_alive(sock)` before it hands out an idle connection; servesweep's
     check is the same minus gevent's yield (client/rxstamp.idle_socket_alive)."""
     pool._is_socket_alive = check
+
+
+def connection_pool(http: Any) -> Any:
+    """A geventhttpclient `HTTPClient`'s connection pool (`_connection_pool`): once per user, servesweep wraps its
+    `get_socket` (each socket handed out gets the first-token timeout and its receive stamp) and, after a request
+    that says `Connection: close`, its `return_socket`; geventhttpclient has no public hook for either."""
+    return http._connection_pool
 
 
 def response_socket(resp: Any) -> Any:

@@ -191,10 +191,9 @@ def locust_options_from_point(environment: Any, point: LoadPoint) -> None:
     after the init event, so they are set here instead of on the command line (driver/command.py passes none):
     the host (Locust's environment.host, which a master hands its workers with each spawn), the user count (-u:
     the point's concurrency), the spawn rate (-r: every user within ~0.1 s, a closed loop at full concurrency),
-    and on a headless master a -t backstop (Locust takes whole seconds; the locustfile ends a duration point itself,
-    see graceful_run_time). Given on the command line as well and different from the point: refused (ValueError),
-    since one of the two would be silently wrong. -s stays Locust's (settle_stop_timeout: the point's when not
-    given)."""
+    and on a headless master a -t backstop (settle_run_time). Given on the command line as well and different from
+    the point: refused (ValueError), since one of the two would be silently wrong. -s stays Locust's
+    (settle_stop_timeout: the point's when not given)."""
     opts = environment.parsed_options
     given = {
         "--host": (opts.host and str(opts.host).rstrip("/"), point.base_url.rstrip("/")),

@@ -25,7 +25,12 @@ from geventhttpclient.url import URL
 from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
-from servesweep.client.locust_internals import response_body_buffer, response_socket, set_idle_socket_check
+from servesweep.client.locust_internals import (
+    connection_pool,
+    response_body_buffer,
+    response_socket,
+    set_idle_socket_check,
+)
 from servesweep.client.messages import RECORD_CONTEXT_KEY
 from servesweep.client.rxstamp import RxClock, idle_socket_alive, stamp_socket
 from servesweep.client.sse import (
@@ -186,7 +191,7 @@ class LLMUser(FastHttpUser):
         self._http = self.client.client.clientpool.get_client(URL(ctx.point.base_url + ctx.path))
         # A stream switches its socket to the stall timeout after the first token; whatever path a request ends
         # on, the next one must start with the first-token timeout again, so set it whenever a socket is handed out.
-        pool = self._http._connection_pool
+        pool = connection_pool(self._http)
         get_socket = pool.get_socket
         first_token_s = ctx.point.first_token_s
         # Every read of this user's sockets leaves its arrival stamp here (kernel receive time on Linux; rxstamp).

@@ -396,7 +396,7 @@ def _run_locust(
     """Run the Locust command in its own process group, its output in locust.log; returns its exit status. An
     exception meanwhile (a signal) stops the group and keeps what Locust wrote (keep_partial) before it goes up."""
     started = time.monotonic()
-    # no parent watch: the Locust child has its own (client/locustfile.py), and a resumed run stops the group
+    # no parent watch: the Locust child has its own (client/watch.py), and a resumed run stops the group
     # recorded in processes.json
     group = start_group(
         cmd, env=env, log_path=out_dir / "locust.log", log_mode="wb", kind="locust", point=point.id
