@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from support import run_servesweep
 
+from servesweep.cli.plan import command as plan_command
 from servesweep.config.experiment import ExperimentError, parse_experiment
-from servesweep.matrix.planner import command as plan_command
 
 ROOT = Path(__file__).resolve().parents[2]
 A6000 = ROOT / "examples" / "qwen36-27b-a6000-tp2-search.yaml"

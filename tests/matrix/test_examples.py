@@ -20,9 +20,9 @@ import yaml
 from click.testing import CliRunner
 from support import run_servesweep
 
+from servesweep.cli.plan import command as plan_command
 from servesweep.config.experiment import parse_experiment
 from servesweep.driver.ansible import local_inventory, run_playbook
-from servesweep.matrix.planner import command as plan_command
 from servesweep.sglang.flags import render_argv
 from servesweep.sglang.gpus import GPU_PROFILES
 from servesweep.sglang.models import dflash_draft_params, load_model_arch

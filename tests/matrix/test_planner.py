@@ -9,8 +9,9 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
+from servesweep.cli.plan import command
 from servesweep.config.experiment import parse_experiment
-from servesweep.matrix.planner import command, make_plan, plan_json
+from servesweep.matrix.planner import make_plan, plan_json
 
 pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from servesweep.matrix.planner import command as plan_command
+from servesweep.cli.plan import command as plan_command
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen36-27b-rtxpro6000.yaml"
 

@@ -21,7 +21,7 @@ TRACE = ROOT / "examples" / "traces" / "mooncake-synth-64.jsonl"
 
 @pytest.mark.fast
 def test_the_trace_example_parses_with_its_trace_next_to_it_and_plans_a_speedup_search():
-    from servesweep.matrix.planner import command as plan_command
+    from servesweep.cli.plan import command as plan_command
 
     exp = load_experiment(EXAMPLE)
     fields = exp.load.workload_fields("production")
@@ -68,9 +68,9 @@ def test_the_trace_example_dry_run_finds_a_replay_capacity(tmp_path):
 
 @pytest.mark.fast
 def test_the_planner_prices_a_replay_from_its_window():
-    from servesweep.matrix import planner
+    from servesweep.cli.plan import command as plan_command
 
-    r = CliRunner().invoke(planner.command, [str(EXAMPLE), "--json"])
+    r = CliRunner().invoke(plan_command, [str(EXAMPLE), "--json"])
     assert r.exit_code == 0, r.output
     (p,) = [p for c in json.loads(r.output)["configs"] for p in c["points"]]
     rp = p["estimate"]["replay"]

@@ -27,8 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import click
-
 from servesweep.config.experiment import (
     BUILTIN_WORKLOADS,
     Experiment,
@@ -39,7 +37,7 @@ from servesweep.config.experiment import (
 )
 from servesweep.config.point import LoadPoint
 from servesweep.config.secrets import KEY_ENV, drop_key, hold_key
-from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, CouldNotRun
+from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, PASS, CouldNotRun, UsageError
 from servesweep.matrix.answer_probes import needle_into_summary, probe_configuration
 from servesweep.matrix.planner import ConfigPlan, Plan, PointPlan, make_plan, plan_json
 from servesweep.net import free_port
@@ -137,13 +135,25 @@ def preflight_results_dir(folder: Path, need_bytes: int) -> None:
         )
 
 
+def _err(text: str, style: str | None = None) -> None:
+    """One message on stderr, as written (no markup read, never wrapped); `style` colours it on a terminal."""
+    if style and sys.stderr.isatty():
+        from rich.console import Console
+
+        Console(stderr=True).print(
+            text, style=style, markup=False, highlight=False, emoji=False, soft_wrap=True
+        )
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
 def resolve_run_key(exp: Experiment, experiment_file: str | None = None) -> str | None:
     """The run's API key from the one source the experiment names (env, 0600 file, Ansible Vault), read before any
-    server starts; relative paths are relative to the experiment file. A click error names the key and the file."""
+    server starts; relative paths are relative to the experiment file. CouldNotRun names the key and the file."""
     from servesweep.config.secrets import SecretError, resolve_api_key
 
     L = exp.launcher
@@ -1104,7 +1114,7 @@ class Runner(ServerRun):
                 f"interrupted by {name}: the load generator is stopped, finished points are kept; resume with  "
                 f"servesweep run --resume {self.run_dir}"
             )
-            click.echo(msg, err=True)
+            _err(msg)
             self._stop_server_quietly()
             return 128 + int(self.stop_signal)
         except DiskTrouble as e:
@@ -1143,10 +1153,9 @@ class Runner(ServerRun):
         self.write_report()
         not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
         if not_done:
-            click.echo(
+            _err(
                 f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({_first_ids(not_done)}; their "
                 "status and reason in manifest.json)",
-                err=True,
             )
             return COULD_NOT_RUN
         degraded = [
@@ -1157,13 +1166,13 @@ class Runner(ServerRun):
         if degraded:  # measured, but not at the asked load: not what was asked (servesweep.exit_codes)
             from servesweep.results.degraded import exit_line
 
-            click.echo(exit_line(COULD_NOT_RUN, degraded), err=True)
+            _err(exit_line(COULD_NOT_RUN, degraded))
             return COULD_NOT_RUN
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import unfinished
 
             if unfinished(self.m.data):
-                click.echo(f"exit {COULD_NOT_RUN}: the capacity search did not finish", err=True)
+                _err(f"exit {COULD_NOT_RUN}: the capacity search did not finish")
                 return COULD_NOT_RUN
         checks = [
             fc
@@ -1178,15 +1187,14 @@ class Runner(ServerRun):
         # 500s. (.get: a point finished before failure checks had warnings has none.)
         for fc in checks:
             if fc["pass"] and fc.get("warning"):
-                click.secho(f"WARNING: {fc['warning']}", err=True, fg="yellow", bold=True)
+                _err(f"WARNING: {fc['warning']}", style="bold yellow")
         over = [fc["message"] for fc in checks if not fc["pass"]]
         for msg in over:
-            click.echo(f"failed: {msg}", err=True)
+            _err(f"failed: {msg}")
         if over:
-            click.echo(
+            _err(
                 f"exit 3: {len(over)} point(s) failed the failure check (load.max_failure_rate "
                 f"{self.exp.load.max_failure_rate:.1%}; 1.0 allows any share short of no success at all)",
-                err=True,
             )
         if over:
             return FAILED_REQUESTS
@@ -1199,10 +1207,9 @@ class Runner(ServerRun):
             and (p.get("result") or {}).get("slos_pass") is False
         ]
         if breached:
-            click.echo(
+            _err(
                 f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
                 f"{_first_ids(breached)} (servesweep gate RUN --details)",
-                err=True,
             )
             return BREACH
         return PASS
@@ -1284,16 +1291,15 @@ class Runner(ServerRun):
             self.m.error = what
             self._mark_interrupted()
         except Exception as save_error:  # noqa: BLE001 - the manifest of the last save stays, whole
-            click.echo(f"could not save the manifest: {save_error}", err=True)
-        click.echo(
+            _err(f"could not save the manifest: {save_error}")
+        _err(
             f"servesweep stopped on an unexpected error ({what}); finished points are kept; resume with  "
             f"servesweep run --resume {self.run_dir}",
-            err=True,
         )
         try:
             self._stop_server_quietly()
         except Exception as stop_error:  # noqa: BLE001
-            click.echo(f"could not stop the server: {stop_error}", err=True)
+            _err(f"could not stop the server: {stop_error}")
 
     def _mark_interrupted(self) -> None:
         for p in self.m.points.values():
@@ -1579,54 +1585,24 @@ def _flush_cache(url: str, api_key: str | None) -> bool:
         return False
 
 
-@click.command(name="run")
-@click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option(
-    "--resume", "resume", type=click.Path(file_okay=False), help="Continue runs/<run_id> where it stopped."
-)
-@click.option(
-    "--out",
-    default="runs",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder for run folders.",
-)
-@click.option("--keep-server", is_flag=True, help="Leave the last server running at the end.")
-@click.option(
-    "--max-parallel",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Run up to N placed server configurations at once on free GPUs of the inventory's hosts (servesweep plan "
-    "shows the timeline); default 1: one after another.",
-)
-@click.option(
-    "--isolation-sample/--no-isolation-sample",
-    default=True,
-    show_default=True,
-    help="With --max-parallel: run the first point of each packed configuration again alone after the packed phase "
-    "(one more server start per configuration) and report packed vs alone; --no-isolation-sample skips it.",
-)
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    help="The same matrix on the emulator here: every configuration, the ends of each load axis, one request per "
-    "user, 8-token outputs; proves the pipeline.",
-)
-def command(
+def run_matrix(
     file: str | None,
     resume: str | None,
-    out: str,
-    keep_server: bool,
-    max_parallel: int | None,
-    isolation_sample: bool,
-    dry_run: bool,
-) -> None:
-    """Run an experiment matrix (or --resume one)."""
+    out: str = "runs",
+    *,
+    keep_server: bool = False,
+    max_parallel: int | None = None,
+    isolation_sample: bool = True,
+    dry_run: bool = False,
+) -> int:
+    """`servesweep run`: run the experiment FILE's matrix into a new folder under `out`, or finish the stopped run
+    folder `resume`; its exit code (servesweep.exit_codes; 4: the results folder full or unwritable, 128 + signum
+    when a signal stops it)."""
     from rich.console import Console
 
     console = Console(width=None if sys.stdout.isatty() else 160)  # logs and CI: no 80-column wrap
     if bool(file) == bool(resume):
-        raise click.UsageError("give an experiment FILE or --resume runs/<run_id> (one of them)")
+        raise UsageError("give an experiment FILE or --resume runs/<run_id> (one of them)")
     if resume:
         try:
             m = mf.Manifest.load(Path(resume).resolve())
@@ -1659,18 +1635,17 @@ def command(
         try:
             exp = load_experiment(file)
         except ExperimentError as e:
-            click.echo(str(e), err=True)
-            sys.exit(COULD_NOT_RUN)
+            _err(str(e))
+            return COULD_NOT_RUN
         if exp.search is not None and (max_parallel or 1) > 1:
             # The packed scheduler places a configuration's pending points; a search's probes are decided one by
             # one as it goes, so a packed run of a search ran nothing and exited 1 with an empty table (found by the
             # real-SGLang tier, tests/sglang_cpu/test_matrix.py). Refused until packing runs searches.
-            click.echo(
+            _err(
                 f"{file}: search: a capacity search runs one configuration at a time; --max-parallel "
                 f"{max_parallel} cannot pack it (run without --max-parallel, or several runs side by side)",
-                err=True,
             )
-            sys.exit(COULD_NOT_RUN)
+            return COULD_NOT_RUN
         if dry_run:
             exp = shrink_for_dry_run(exp)
             console.print(
@@ -1688,4 +1663,4 @@ def command(
         rc = runner.run()
     finally:
         runner.close()
-    sys.exit(rc)
+    return rc

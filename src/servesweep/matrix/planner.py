@@ -7,21 +7,15 @@ estimates from the step-time model the emulator runs (`servesweep.sglang.stepmod
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any
-
-import click
 
 from servesweep.config.experiment import (
     KV_OVERFLOW,
     Experiment,
-    ExperimentError,
     PointSpec,
     ServerConfig,
-    load_experiment,
 )
 from servesweep.matrix.timeline import attach_schedule, packed_json, print_packed
 
@@ -1271,29 +1265,11 @@ def _print_decision(dec: dict[str, Any], console) -> None:
         console.print(f"  at the budget: {dec['at_budget']['label']}")
 
 
-@click.command(name="plan")
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON (for machines).")
-@click.option(
-    "--max-parallel",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Pack at most N servers at once (default: all that fit).",
-)
-def command(file: str, as_json: bool, max_parallel: int | None) -> None:
-    """Expand an experiment file, drop infeasible points with their reason, estimate wall time."""
-    from rich.console import Console
-
-    try:
-        exp = load_experiment(file)
-    except ExperimentError as e:
-        click.echo(str(e), err=True)
-        sys.exit(2)
+def plan_experiment(exp: Experiment, file: str, max_parallel: int | None = None) -> Plan:
+    """What `servesweep plan FILE` shows: the experiment's points, their schedule on the inventory's hosts (at most
+    `max_parallel` servers at once) and, with a `decide:` block, the decision's plan."""
     plan = make_plan(exp)
     schedule = attach_schedule(plan, file, max_parallel)
     if exp.decide is not None:
         attach_decision(plan, schedule.hosts)
-    if as_json:
-        click.echo(json.dumps(plan_json(plan), indent=2, default=str))
-    else:
-        print_plan(plan, Console(width=None if sys.stdout.isatty() else 160))
+    return plan
