@@ -77,7 +77,9 @@ class PointPlan:
     reasons: list[str] = field(default_factory=list)  # why it was dropped
     warnings: list[str] = field(default_factory=list)
     est_s: float = 0.0
-    detail: dict[str, Any] = field(default_factory=dict)  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s; replay
+    detail: dict[str, Any] = field(
+        default_factory=dict
+    )  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s; replay
     codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
     search: dict[str, Any] | None = None  # a search block's combination: start, probes, time (capacity_plan)
 
@@ -85,13 +87,17 @@ class PointPlan:
 @dataclass
 class ConfigPlan:
     config: ServerConfig
-    resolved: Any = None  # servesweep.sglang.serverargs.ResolvedServer, None when the configuration cannot start
+    resolved: Any = (
+        None  # servesweep.sglang.serverargs.ResolvedServer, None when the configuration cannot start
+    )
     error: str | None = None
     points: list[PointPlan] = field(default_factory=list)
     excluded_points: int = 0
     warnings: list[str] = field(default_factory=list)
     start_s: float = 0.0
-    stop_s: float = 0.0  # stopping this server so the next can take its GPUs (a restart is a stop and a start)
+    stop_s: float = (
+        0.0  # stopping this server so the next can take its GPUs (a restart is a stop and a start)
+    )
     facts: dict[str, Any] = field(default_factory=dict)
     restart: bool = True  # False when the previous configuration launches the same server
     error_code: str | None = None
@@ -1253,8 +1259,11 @@ def _print_decision(dec: dict[str, Any], console) -> None:
         f"tiers over {dec['configs']} configurations): {dec['probes']} probes, {_fmt_s(dec['serial_s'])} serial, "
         f"[bold]{_fmt_s(dec['packed_wall_s'])} packed[/] ({dec['gpu_s'] / 3600:.1f} GPU-h) against the grid's "
         f"{_fmt_s(dec['grid_serial_s'])} serial"
-        + (f"; budget {_fmt_s(dec['budget_s'])}" + ("" if dec["within_budget"] else " [red]exceeded[/]")
-           if dec["budget_s"] else "")
+        + (
+            f"; budget {_fmt_s(dec['budget_s'])}" + ("" if dec["within_budget"] else " [red]exceeded[/]")
+            if dec["budget_s"]
+            else ""
+        )
     )
     console.print(
         f"  confidence it reaches: {c.get('decided', 0)} decided at {dec['confidence']:.0%} per interval, "
