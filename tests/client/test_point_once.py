@@ -59,27 +59,33 @@ def test_a_command_for_another_point_than_its_file_is_refused(tmp_path):
         locust_command(_point(), tmp_path / "missing")
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SERVESWEEP_WATCH_PARENT": "0"}
+def _run(cmd: list[str], **env_extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SERVESWEEP_WATCH_PARENT": "0", **env_extra}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, start_new_session=True)
 
 
 @pytest.mark.parametrize(
-    "stray, said",
+    "stray, env, said",
     [
-        (["--host", "http://127.0.0.1:10"], "--host http://127.0.0.1:10, the point's http://127.0.0.1:9"),
-        (["-u", "7"], "-u/--users 7, the point's 3"),
+        (["--host", "http://127.0.0.1:10"], {}, "--host http://127.0.0.1:10, the point's http://127.0.0.1:9"),
+        (["-u", "7"], {}, "-u/--users 7, the point's 3"),
+        (
+            [],
+            {"LOCUST_HOST": "http://127.0.0.1:11"},
+            "--host http://127.0.0.1:11, the point's http://127.0.0.1:9",
+        ),
     ],
-    ids=["host", "users"],
+    ids=["host", "users", "LOCUST_HOST"],
 )
-def test_a_stray_option_beside_the_point_file_is_refused(tmp_path, stray, said):
-    """Someone reruns a point's Locust command by hand and adds --host (or -u): the file and the option disagree,
-    and neither silently wins: the child exits 2 (could not run) before it sends anything, naming both."""
+def test_a_stray_option_beside_the_point_file_is_refused(tmp_path, stray, env, said):
+    """Someone reruns a point's Locust command by hand and adds --host (or -u), or has LOCUST_HOST exported: the
+    file and the option disagree, and neither silently wins: the child exits 2 (could not run) before it sends
+    anything, naming both values."""
     (tmp_path / "point.json").write_text(_point().model_dump_json())
-    r = _run([*locust_command(_point(), tmp_path), *stray])
+    r = _run([*locust_command(_point(), tmp_path), *stray], **env)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "COULD NOT RUN" in r.stderr and said in r.stderr, r.stderr[-3000:]
-    assert "(leave those options out)" in r.stderr
+    assert "leave those options out" in r.stderr
     assert not (tmp_path / "records.parquet").exists()
 
 

@@ -1,5 +1,6 @@
 """The locustfile of servesweep's runs: `locust -f <this file> --point-json ...` (what `run_point` starts; the
-command: driver/command.py), or by hand with the knobs' options (locustfiles/llm.py adds the web UI's).
+command: driver/command.py), or by hand with the knobs' options. locustfiles/llm.py, what people run, is the same
+with the web UI module (client/webui.py) instead of this file: a process loads one of the two.
 
 Importing it installs servesweep's listeners on Locust's events (client/plugin.py: the state of the process, made
 once at init, and the modules each concern lives in) and gives Locust the user class. Under distributed Locust,

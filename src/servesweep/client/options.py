@@ -208,7 +208,7 @@ def locust_options_from_point(environment: Any, point: LoadPoint) -> None:
         raise ValueError(
             f"--point-json {opts.point_json} is the whole point, and the command line says otherwise: "
             + "; ".join(clash)
-            + " (leave those options out)"
+            + " (leave those options out; Locust also reads them from LOCUST_HOST, LOCUST_USERS and locust.conf)"
         )
     if getattr(opts, "worker", False):
         return  # a worker takes the master's host, users and stop timeout with each spawn
