@@ -797,7 +797,10 @@ class ServerRun:
                     raise Interrupted(signal.Signals(self.stop_signal).name)
                 self._run_point(cid, pid)
                 p = self.m.points[pid]
-                if p["status"] != mf.FAILED or self._healthy():
+                # _run_point has checked /health when Locust ran; else (the point failed before) check it now
+                if p["status"] != mf.FAILED or (
+                    p.get("server_lost") is None and not self._lost_under(pid, keep_reason=True)
+                ):
                     break
                 # the server died under this point: keep its log with the point, restart it, retry the point
                 self._server_crashed(cid, pid)
@@ -879,7 +882,13 @@ class ServerRun:
         tmp = self.run_dir / f".tmp-{pid}"
         shutil.rmtree(tmp, ignore_errors=True)
         self._check_room(pid, p)
-        p.update(status=mf.RUNNING, attempts=p["attempts"] + 1, started=mf.now_iso(), cache_flushed=flushed)
+        p.update(
+            status=mf.RUNNING,
+            attempts=p["attempts"] + 1,
+            started=mf.now_iso(),
+            cache_flushed=flushed,
+            server_lost=None,
+        )
         self.m.save()
         self._metrics_started(pid, point)
         t0 = time.monotonic()
@@ -916,16 +925,16 @@ class ServerRun:
         except Exception as e:  # the point failed; the run goes on
             self._point_failed(pid, tmp, e)
             return False
-        if not self._healthy():
-            # the server died under this point: its records measure a crash, not the configuration. Keep them
-            # aside for inspection (a folder resume does not adopt) and let the caller record the crash.
+        if self._lost_under(pid):
+            # the server died or hung under this point: its records measure that, not the configuration. Keep
+            # them aside for inspection (a folder resume does not adopt) and let the caller record the crash.
             aside = _aside(self.run_dir, pid, p["attempts"])
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, aside)
             self._metrics_finished(pid, aside, None)
             p.update(
                 status=mf.FAILED,
-                reason=f"the server stopped answering /health during this point; records in {aside.relative_to(self.run_dir)}",
+                reason=f"{p['reason']}; records in {aside.relative_to(self.run_dir)}",
                 finished=mf.now_iso(),
             )
             self.m.save()
@@ -1001,15 +1010,37 @@ class ServerRun:
 
             self.event(f"[bold red]{escape(deg.line())}[/]")
 
-    def _healthy(self) -> bool:
-        """/health, retried for a few seconds: a busy server may answer slowly (or 503 briefly) without being dead."""
+    def _server_lost(self) -> tuple[str, str] | None:
+        """None when /health answers 200, retried for a few seconds (a server may answer 503 briefly without being
+        dead); else (what happened to the server, the detail): it hung (it took the connection and answered nothing
+        within _HEALTH_TIMEOUT_S: its process is up), it died (no connection), or it answered another status.
+        Bounded: 3 tries of at most _HEALTH_TIMEOUT_S, 1 + 2 s apart; the load has stopped when this runs, so a
+        live server answers at once."""
         health_path = self.exp.launcher.health_path
         assert health_path is not None  # filled with its default by Launcher._server_kind_defaults
         url = self.base_url() + health_path
         try:
-            return http.retrying("health", lambda: http.status("GET", url, timeout=30), _HEALTH_RETRY) == 200
-        except http.ServerError:
-            return False
+            code = http.retrying(
+                "health", lambda: http.status("GET", url, timeout=_HEALTH_TIMEOUT_S), _HEALTH_RETRY
+            )
+        except http.ServerError as e:
+            if e.status is not None:
+                return f"the server answered {health_path} with HTTP {e.status}", str(e)
+            if "no answer within" in str(e):
+                return "the server hung", f"it took the connection but answered nothing: {e}"
+            return "the server died", str(e)
+        return None if code == 200 else (f"the server answered {health_path} with HTTP {code}", url)
+
+    def _lost_under(self, pid: str, *, keep_reason: bool = False) -> bool:
+        """Whether the server is gone (died or hung) after point `pid`; if so the point records what and why (before
+        the reason it failed with, when `keep_reason`: the point failed before its health check)."""
+        lost = self._server_lost()
+        if lost is not None:
+            what, detail = lost
+            p = self.m.points[pid]
+            before = f"; {p['reason']}" if keep_reason and p.get("reason") else ""
+            p.update(server_lost=what, reason=f"{what} during this point ({detail}){before}")
+        return lost is not None
 
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
         """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
@@ -1026,19 +1057,19 @@ class ServerRun:
             shutil.copyfile(log, aside / "server.log")
             attached = str(aside / "server.log")
         c.setdefault("crashes", []).append({"t": mf.now_iso(), "point": failed_pid, "log": attached})
-        c.update(
-            status="crashed", error=f"server stopped answering /health during {failed_pid}", log=attached
-        )
+        lost = p.get("server_lost") or "the server stopped answering /health"
+        c["crashes"][-1]["what"] = lost
+        c.update(status="crashed", error=f"{lost} during {failed_pid}", log=attached)
         reason = p.get("reason") or ""
         p.update(
             server_log=attached,
             records_aside=str(aside.relative_to(self.run_dir))
             if (aside / "records.parquet").exists()
             else None,
-            reason=f"the server died during this point (log: {attached}); {reason}"[:4000],
+            reason=f"{reason} (server log: {attached})"[:4000],
         )
         self.m.save()
-        self.event(f"[red]✗ {cid}[/] crashed during {failed_pid}; its log: {attached}")
+        self.event(f"[red]✗ {cid}[/] {lost} during {failed_pid}; its log: {attached}")
 
 
 class Runner(ServerRun):
@@ -1570,6 +1601,7 @@ def _get_json(url: str) -> Any:
 
 
 _HEALTH_RETRY = http.Retry(attempts=3, first_delay_s=1.0)  # 1 + 2 s
+_HEALTH_TIMEOUT_S = 10.0  # per try: after a point the load has stopped; a hung server is known within 33 s
 # SGLang's /flush_cache answers 400 while requests still run: up to 20 tries 0.5 s apart
 _FLUSH_RETRY = http.Retry(attempts=20, first_delay_s=0.5, max_delay_s=0.5, also=frozenset({400}))
 
