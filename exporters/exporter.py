@@ -7,7 +7,7 @@
 Live runs expose the same metrics from the process that runs the load (servesweep.observe.exporter.ClientMetrics).
 """
 
-from servesweep.observe.exporter import main
+from servesweep.cli.run_exporter import main
 
 if __name__ == "__main__":
     main()

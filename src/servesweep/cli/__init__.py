@@ -15,7 +15,7 @@ from servesweep.cli.base import Group
 # subcommand -> (module, attribute holding a click.Command, one-line help)
 # fmt: off
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
-    "sim": ("servesweep.sim.cli", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
+    "sim": ("servesweep.cli.sim", "command", "Run the SGLang emulator (an SGLang-compatible server on a simulated GPU)."),
     "load": ("servesweep.cli.load", "command", "Run one load point or a concurrency sweep against a server."),
     "prompts": ("servesweep.cli.prompts", "command", "Build or warm a prompt pool, show a prompt, or check a dataset."),
     "trace": ("servesweep.cli.trace", "command", "Request traces: convert to the native format, stats, sample a window."),

@@ -13,8 +13,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-import click
-
 from servesweep.sglang import flags
 from servesweep.sglang.serverargs import RESOLVED_FLAGS
 
@@ -258,14 +256,3 @@ def main(argv: list[str] | None = None) -> int:
     from .server import run_server
 
     return run_server(args)
-
-
-@click.command(
-    name="sim",
-    context_settings=dict(ignore_unknown_options=True, allow_extra_args=True, help_option_names=[]),
-    add_help_option=False,
-)
-@click.pass_context
-def command(ctx: click.Context) -> None:
-    """Run the SGLang emulator (takes SGLang's launch_server flags; --help lists them)."""
-    sys.exit(main(list(ctx.args)))

@@ -2,28 +2,41 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-
-import click
 
 from servesweep.observe.dashboards import DEFAULT_DIR, check, write
 
 
-@click.command()
-@click.option("--out", "out", default=str(DEFAULT_DIR), show_default=True, type=click.Path(file_okay=False))
-@click.option("--check", "check_only", is_flag=True, help="fail if the committed JSON differs from the code")
-def main(out: str, check_only: bool) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Generate the Grafana dashboards (live, matrix, history) as JSON."""
-    if check_only:
-        bad = check(Path(out))
+    parser = argparse.ArgumentParser(prog="python -m servesweep.observe.dashboards", description=main.__doc__)
+    parser.add_argument(
+        "--out", default=str(DEFAULT_DIR), help=f"folder of the JSON files (default {DEFAULT_DIR})"
+    )
+    parser.add_argument(
+        "--check",
+        dest="check_only",
+        action="store_true",
+        help="fail if the committed JSON differs from the code",
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: not a folder")
+    if args.check_only:
+        bad = check(out)
         if bad:
-            click.echo("out of date (run python -m servesweep.observe.dashboards): " + ", ".join(bad), err=True)
+            print(
+                "out of date (run python -m servesweep.observe.dashboards): " + ", ".join(bad),
+                file=sys.stderr,
+            )
             sys.exit(1)
-        click.echo(f"dashboards in {out} match the code")
+        print(f"dashboards in {args.out} match the code")
         return
-    for p in write(Path(out)):
-        click.echo(f"wrote {p}")
+    for p in write(out):
+        print(f"wrote {p}")
 
 
 if __name__ == "__main__":
