@@ -98,7 +98,7 @@ def test_exporter_serves_on_loopback_by_default(tmp_path):
     (run / "manifest.json").write_text('{"run_id": "r", "points": {}}')
     port = _free_port()
     p = _start(
-        [sys.executable, "-m", "servesweep.observe.exporter", "serve", str(run), "--port", str(port)],
+        [sys.executable, str(ROOT / "exporters" / "exporter.py"), "serve", str(run), "--port", str(port)],
         tmp_path / "exp.log",
     )
     try:

@@ -173,7 +173,7 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
     bf = subprocess.run([*SERVESWEEP, "observe", "backfill", "--root", str(world["cwd"] / "runs"), str(records)],
                         capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
     assert bf.returncode == 0 and "block(s)" in bf.stdout, bf.stdout + bf.stderr
-    om = subprocess.run([sys.executable, "-m", "servesweep.observe.promconfig", "backfill", str(records), "--out",
+    om = subprocess.run([*SERVESWEEP, "prom", "backfill", str(records), "--out",
                          str(world["cwd"] / "unused"), "--openmetrics"],
                         capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
     assert om.returncode == 0, om.stderr
@@ -181,7 +181,7 @@ def test_headless_locust_is_scraped_summarized_unregistered_and_backfillable(wor
     # with a Prometheus that did not watch it (the compose stack's): push the records' summary to a Pushgateway
     pg_port = free_port()
     with start_pushgateway(world["cwd"] / "pushgateway", port=pg_port) as pg:
-        push = subprocess.run([sys.executable, "-m", "servesweep.observe.exporter", "push", str(records), "--gateway",
+        push = subprocess.run([sys.executable, str(ROOT / "exporters" / "exporter.py"), "push", str(records), "--gateway",
                                pg.url], capture_output=True, text=True, timeout=60, env=_env())  # fmt: skip
         assert push.returncode == 0, push.stdout + push.stderr
         with urllib.request.urlopen(f"{pg.url}/metrics", timeout=5) as r:

@@ -30,7 +30,7 @@ from servesweep.driver.ansible import run_playbook
 
 PLAYBOOK = "locust_workers.yml"
 # A servesweep Locust process's exit status when it stopped because its parent or master was gone
-# (client/locustfile.py EXIT_PARENT_GONE; not imported: this module never imports Locust)
+# (client/outcome.py EXIT_PARENT_GONE; not imported: this module never imports Locust)
 _LOST_MASTER = 4
 _MISSING = re.compile(r"Worker (\S+) failed to send heartbeat, setting state to missing")
 

@@ -20,8 +20,8 @@ _shipped = 0
 
 
 def _write(environment) -> None:
-    ctx = getattr(environment, "servesweep", None)
-    if not _PATH or ctx is None or not hasattr(ctx, "issued"):
+    ctx = getattr(getattr(environment, "servesweep", None), "load", None)  # servesweep's client/state.py
+    if not _PATH or ctx is None:  # no load yet (a worker builds it at init, or at the first spawn)
         return
     tmp = _PATH + ".tmp"
     with open(tmp, "w") as f:
