@@ -187,10 +187,11 @@ def test_event_keeps_markup_on_the_console_only():
     from rich.console import Console
 
     from servesweep.matrix.orchestrator import Runner
+    from servesweep.results.manifest import Manifest
 
     out = io.StringIO()
     fake = SimpleNamespace(
-        m=SimpleNamespace(data={"events": []}), console=Console(file=out, force_terminal=True)
+        m=Manifest(Path("."), {"events": []}), console=Console(file=out, force_terminal=True)
     )
     Runner.event(fake, "[red]✗ s01[/]: server exited [bold]early[/]")
     assert fake.m.data["events"][0]["event"] == "✗ s01: server exited early"
