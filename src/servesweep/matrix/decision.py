@@ -135,6 +135,7 @@ class Measured:
     tpot: np.ndarray
     e2e: np.ndarray
     output: int
+    seconds: float | None = None  # what the probe's looks took (a real run); None: priced from the prediction
 
 
 @dataclass
@@ -215,7 +216,9 @@ def sequential_probe(
     if max_probe_s is not None and p["throughput"] > 0:  # the requests that fit the probe's time
         floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
         most = max(floor, min(max_requests, int(max_probe_s * p["throughput"])))
-        n = min(n, max(most, floor))  # the first look fits the time too (a pass it cannot prove: estimates decide)
+        n = min(
+            n, max(most, floor)
+        )  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     k = 0
     while True:
@@ -225,9 +228,19 @@ def sequential_probe(
         cap = n >= most or k >= most_looks
         verdicts = {}
         for name, slos in tiers.items():
-            vs = [_judge(s, m.tpot if s.metric in ("tpot", "decode_tokens_per_s") else getattr(m, s.metric),
-                         1.0 - a_k, cap, tol[s.text]) for s in slos]
-            verdicts[name] = "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
+            vs = [
+                _judge(
+                    s,
+                    m.tpot if s.metric in ("tpot", "decode_tokens_per_s") else getattr(m, s.metric),
+                    1.0 - a_k,
+                    cap,
+                    tol[s.text],
+                )
+                for s in slos
+            ]
+            verdicts[name] = (
+                "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
+            )
         mean, sd = float(np.mean(m.e2e)), float(np.std(m.e2e, ddof=1))
         half = _z(a_k) * sd / math.sqrt(n)
         per_gpu = load * m.output / cell.gpus
@@ -238,8 +251,10 @@ def sequential_probe(
         n = min(most, 2 * n)
     window = n / p["throughput"] if p["throughput"] > 0 else 0.0
     ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
-    return ProbeRecord(cell.config, cell.shape.key, load, n, overhead_s + window, cell.gpus, verdicts, tput,
-                       ratios, at_cap=cap)
+    took = overhead_s + window if m.seconds is None else m.seconds
+    return ProbeRecord(
+        cell.config, cell.shape.key, load, n, took, cell.gpus, verdicts, tput, ratios, at_cap=cap
+    )
 
 
 def slo_tolerance(cell: Cell, s: Slo, load: int, resolution: float) -> float:
@@ -370,7 +385,9 @@ def cell_bounds(
     # tput(first fail) bounds the value from above; where noise makes it read below the last pass, the last pass's
     # own upper bound is kept (the bounds never cross)
     high = max(hi.tput[2], lo.tput[2] if lo else 0.0) if hi else max(prior_high, lo.tput[2] if lo else 0.0)
-    resolved = lo is not None and hi is not None and hi.load - lo.load <= _resolution_step(lo.load, rel) + 1e-9
+    resolved = (
+        lo is not None and hi is not None and hi.load - lo.load <= _resolution_step(lo.load, rel) + 1e-9
+    )
     return Bounds(low, est, high, bracket, resolved)
 
 
@@ -397,7 +414,11 @@ def derive(
         for tier in tiers:
             b = {
                 c.config: cell_bounds(
-                    c, tier, by_cell.get(c.key, []), resolution, (prior_high or {}).get((c.key, tier), math.inf)
+                    c,
+                    tier,
+                    by_cell.get(c.key, []),
+                    resolution,
+                    (prior_high or {}).get((c.key, tier), math.inf),
                 )
                 for c in group
             }
@@ -429,8 +450,13 @@ def derive(
 
 
 def answer(
-    cells: Sequence[Cell], tiers: Sequence[str], records: Sequence[ProbeRecord], *, resolution: float,
-    confidence: float, prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
+    cells: Sequence[Cell],
+    tiers: Sequence[str],
+    records: Sequence[ProbeRecord],
+    *,
+    resolution: float,
+    confidence: float,
+    prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
 ) -> Answer:
     """The anytime answer: the labelled best-so-far of every question from whatever probes have been measured (a
     run stopped at any point, e.g. half its budget, reports this)."""
@@ -476,7 +502,9 @@ def _calibrated(cell: Cell, cal: Mapping[str, float]) -> Callable[[int], Predict
     return f
 
 
-def _capacity_bisect(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> int | None:
+def _capacity_bisect(
+    cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]
+) -> int | None:
     """`capacity` by bisection (the tier is assumed monotone in load): O(log(upper)) predictions."""
     if not holds_population(slos, f(cell.lower), noise):
         return None
@@ -542,7 +570,9 @@ class DecisionRun:
             "probes": len(self.records),
             "rounds": self.rounds,
             "budget_hit": self.budget_hit,
-            "gpu_seconds": round(sum(self.config_seconds[c] * self.config_gpus[c] for c in self.config_seconds), 1),
+            "gpu_seconds": round(
+                sum(self.config_seconds[c] * self.config_gpus[c] for c in self.config_seconds), 1
+            ),
             "config_seconds": {k: round(v, 1) for k, v in self.config_seconds.items()},
         }
 
@@ -570,14 +600,20 @@ def run_decision(
     calibrate_prior: bool = True,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
+    on_record: Callable[[ProbeRecord, Answer], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+    one_server: bool = False,
 ) -> DecisionRun:
     """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
     the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
     over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
     cells are bounded by the step model's prior times `prior_margin` (`use_prior`); once a configuration is
     measured, by its calibrated model times a margin that shrinks with its probes (`calibrate_prior`). Stops when every question is settled
-    or nothing more can be learned, or at `budget_gpu_s` (the answer is then labelled best-so-far). `race=False`
-    (for measuring what racing saves): every cell is searched until its brackets are resolved."""
+    or nothing more can be learned, or at `budget_gpu_s` or once `stop()` says so, checked before each probe (the
+    answer is then labelled best-so-far); `on_record(record, answer)` sees each probe and the answer after it. `race=False`
+    (for measuring what racing saves): every cell is searched until its brackets are resolved. `one_server`: one
+    server at a time (a serial run): a cell of another configuration than the last probe's costs its server's start
+    again (`Cell.start_s`), so the order prefers the running server."""
     noise = noise or Noise()
     tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
     names = list(tiers)
@@ -617,10 +653,14 @@ def run_decision(
             if not want:
                 continue
             cost = _predicted_probe_s(c, mine, overhead_s) * c.gpus
+            if one_server and records and records[-1].config != c.config:
+                cost += c.start_s * c.gpus
             work.append((score / max(cost, 1e-9), c, want, mine))
         if not work:
             break
-        if budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s:
+        if (budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s) or (
+            stop is not None and stop()
+        ):
             budget_hit = True
             break
         rounds += 1
@@ -635,9 +675,20 @@ def run_decision(
         if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
             stuck.add(key)
             continue
-        rec = sequential_probe(c, load, tiers, want, measure(c, load), confidence=confidence,
-                               resolution=resolution, max_requests=max_requests, overhead_s=overhead_s,
-                               max_probe_s=max_probe_s, max_looks=max_looks, min_rounds=min_rounds)
+        rec = sequential_probe(
+            c,
+            load,
+            tiers,
+            want,
+            measure(c, load),
+            confidence=confidence,
+            resolution=resolution,
+            max_requests=max_requests,
+            overhead_s=overhead_s,
+            max_probe_s=max_probe_s,
+            max_looks=max_looks,
+            min_rounds=min_rounds,
+        )
         rec.order = len(records) + 1
         if c.config not in seconds:
             seconds[c.config] = c.start_s
@@ -648,11 +699,20 @@ def run_decision(
             n_c = sum(1 for r in records if r.config == c.config)
             mine_cells = [x for x in cells if x.config == c.config]
             kw["prior_high"].update(
-                prior_bounds(mine_cells, tiers, noise, calibrated_margin(prior_margin, n_c),
-                             {c.config: calibration(c.config, records)})
+                prior_bounds(
+                    mine_cells,
+                    tiers,
+                    noise,
+                    calibrated_margin(prior_margin, n_c),
+                    {c.config: calibration(c.config, records)},
+                )
             )
-        if on_probe is not None:
-            on_probe(derive(cells, names, records, **kw))
+        if on_probe is not None or on_record is not None:
+            now = derive(cells, names, records, **kw)
+            if on_probe is not None:
+                on_probe(now)
+            if on_record is not None:
+                on_record(rec, now)
     final = derive(cells, names, records, complete=not budget_hit, **kw)
     return DecisionRun(final, records, seconds, {k: gpus[k] for k in seconds}, rounds, budget_hit)
 
@@ -678,9 +738,9 @@ def _predicted_probe_s(cell: Cell, mine: Sequence[ProbeRecord], overhead_s: floa
 # ---------------------------------------------------------------- ground truth and the simulated measurement
 
 
-def exhaustive(cells: Sequence[Cell], tier_texts: Mapping[str, Sequence[str]], noise: Noise) -> dict[
-    tuple[str, str], dict[str, float]
-]:
+def exhaustive(
+    cells: Sequence[Cell], tier_texts: Mapping[str, Sequence[str]], noise: Noise
+) -> dict[tuple[str, str], dict[str, float]]:
     """The exhaustive answer on a known model: every concurrency of every cell checked on the population values;
     {(shape, tier): {config: tok/s per GPU at its capacity (0: fails at lower)}}."""
     out: dict[tuple[str, str], dict[str, float]] = {}
@@ -693,13 +753,15 @@ def exhaustive(cells: Sequence[Cell], tier_texts: Mapping[str, Sequence[str]], n
     return out
 
 
-def simulated_measure(noise: Noise, truth: Mapping[tuple[str, str], Callable[[int], Prediction]], seed: int) -> Measure:
+def simulated_measure(
+    noise: Noise, truth: Mapping[tuple[str, str], Callable[[int], Prediction]], seed: int
+) -> Measure:
     """Probes drawn from a known model (seeded): `truth[(config, shape)](load)` is the population's prediction;
     each probe's stream is one seeded draw that later looks extend."""
 
     def measure(cell: Cell, load: int) -> Callable[[int], Measured]:
         p = truth[cell.key](load)
-        rng = np.random.default_rng([seed, zlib.crc32('/'.join(cell.key).encode()), load])
+        rng = np.random.default_rng([seed, zlib.crc32("/".join(cell.key).encode()), load])
         stream: dict[str, np.ndarray] = {m: np.zeros(0) for m in ("ttft", "tpot", "e2e")}
 
         def draw(n: int) -> Measured:
@@ -716,7 +778,8 @@ def simulated_measure(noise: Noise, truth: Mapping[tuple[str, str], Callable[[in
 
 
 def agreement(
-    decided: Mapping[tuple[str, str], str | None], truth: Mapping[tuple[str, str], Mapping[str, float]],
+    decided: Mapping[tuple[str, str], str | None],
+    truth: Mapping[tuple[str, str], Mapping[str, float]],
     resolution: float,
 ) -> dict[str, Any]:
     """How often the decision's best configuration is the exhaustive one: exactly, and within resolution (its true
@@ -734,7 +797,15 @@ def agreement(
             continue
         tie = (top == 0 and got_v == 0) or (top > 0 and got_v * (1 + resolution) >= top)
         within += tie
-        misses.append({"question": q, "decided": got, "exhaustive": best, "decided_value": round(got_v, 2),
-                       "best_value": round(top, 2), "within_resolution": tie})
+        misses.append(
+            {
+                "question": q,
+                "decided": got,
+                "exhaustive": best,
+                "decided_value": round(got_v, 2),
+                "best_value": round(top, 2),
+                "within_resolution": tie,
+            }
+        )
     n = max(1, len(truth))
     return {"questions": len(truth), "exact": exact / n, "within_resolution": within / n, "misses": misses}

@@ -378,6 +378,10 @@ def create_run(
         from servesweep.matrix.capacity_run import move_points_to_searches
 
         move_points_to_searches(exp, data, plan)
+    if exp.decide is not None:  # the points become the decision's probe templates (matrix/decision_run.py)
+        from servesweep.matrix.decision_run import move_points_to_decision
+
+        move_points_to_decision(data)
     m = mf.Manifest(run_dir, data)
     m.save()
     return m
@@ -1096,6 +1100,8 @@ class Runner(ServerRun):
         super().__init__(shared, port=m.port, console=console)
         # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
         self.packed = bool(m.packing or (exp.target.managed and exp.parallel and (m.max_parallel or 1) > 1))
+        if exp.decide is not None:  # a decision probes one server at a time (docs/decision.md)
+            self.packed = False
 
     @property
     def stop_requested(self) -> bool:
@@ -1130,6 +1136,10 @@ class Runner(ServerRun):
                 from servesweep.matrix.packed import PackedRun, packing_of
 
                 PackedRun(self, packing_of(self, self.m.max_parallel), Interrupted, Lane).run()
+            elif self.exp.decide is not None:
+                from servesweep.matrix.decision_run import run_decision_phase
+
+                run_decision_phase(self)
             else:
                 for cp in self.plan.configs:
                     if self.stop_requested:
@@ -1205,6 +1215,12 @@ class Runner(ServerRun):
             if unfinished(self.m.data):
                 _err(f"exit {COULD_NOT_RUN}: the capacity search did not finish")
                 return COULD_NOT_RUN
+        if self.exp.decide is not None:
+            from servesweep.matrix.decision_run import unfinished as decision_unfinished
+
+            if why := decision_unfinished(self.m.data):
+                _err(f"exit {COULD_NOT_RUN}: {why}")
+                return COULD_NOT_RUN
         checks = [
             fc
             for p in self.m.points.values()
@@ -1212,6 +1228,7 @@ class Runner(ServerRun):
             # a probe past the capacity may fail requests by design, and the search says what it found
             if p["status"] == mf.DONE
             and not p.get("search")
+            and not p.get("decide")  # a decision's probe likewise (its tiers judge it)
             and (fc := (p.get("result") or {}).get("failure_check"))
         ]
         # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
@@ -1235,6 +1252,7 @@ class Runner(ServerRun):
             for pid, p in self.m.points.items()
             if p["status"] == mf.DONE
             and not p.get("search")
+            and not p.get("decide")
             and (p.get("result") or {}).get("slos_pass") is False
         ]
         if breached:

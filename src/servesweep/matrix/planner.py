@@ -416,11 +416,11 @@ def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, 
 class _Timer:
     """Prices one closed-loop point with the emulator's step-time model and accept-length model."""
 
-    def __init__(self, rs, exp: Experiment):
+    def __init__(self, rs, exp: Experiment, overrides: dict[str, str] | None = None):
         from servesweep.sglang.stepmodel import StepModel, calibration_for
 
         self.rs = rs
-        self.model = StepModel(rs, calibration_for(rs))
+        self.model = StepModel(rs, calibration_for(rs, overrides))
         self.accept = 1.0
         if rs.spec_algorithm:
             from servesweep.sglang.speculative import accept_model
@@ -1153,7 +1153,7 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
     for cp in plan.configs:
         if cp.resolved is None or not cp.feasible_points:
             continue
-        timer = timer_for(cp) if timer_for else _Timer(cp.resolved, exp)
+        timer = timer_for(cp) if timer_for else _Timer(cp.resolved, exp, sim_calibration(exp, cp.config))
         if not timer_for:
             _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
@@ -1176,6 +1176,23 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
     return cells
 
 
+def sim_calibration(exp: Experiment, cfg: ServerConfig) -> dict[str, str] | None:
+    """The emulator's `--sim-calibration` of a configuration as the step model's overrides (the configuration's
+    flag wins over launcher.sim_args: it is rendered after them and the emulator keeps the last), so the decision's
+    predictions are those of the emulator it probes; None for a real server or none given."""
+    if not exp.launcher.emulator:
+        return None
+    text = cfg.flags.get("sim_calibration", exp.launcher.sim_args.get("sim_calibration"))
+    if not text:
+        return None
+    out = {}
+    for part in str(text).split(","):
+        k, _, v = part.partition("=")
+        if k.strip():
+            out[k.strip()] = v.strip()
+    return out
+
+
 def _predictor(predicted, timer, rs, prompt: int, output: int):
     """The step model's closed-loop figures of one (configuration, shape) as a function of concurrency."""
 
@@ -1188,6 +1205,21 @@ def _predictor(predicted, timer, rs, prompt: int, output: int):
 def decision_overhead_s(exp: Experiment) -> float:
     """What one probe costs besides its requests: the point's fixed costs and its warm-up."""
     return POINT_OVERHEAD_S + exp.load.warmup_s
+
+
+def decision_settings(exp: Experiment) -> dict[str, Any]:
+    """run_decision's settings from the decide block (the plan's prediction and the run's decision share them)."""
+    d = exp.decide
+    assert d is not None
+    return {
+        "confidence": d.confidence,
+        "resolution": d.resolution,
+        "max_requests": d.max_requests,
+        "max_probe_s": d.max_probe_time_s,
+        "max_looks": d.max_looks,
+        "prior_margin": d.prior_margin,
+        "overhead_s": decision_overhead_s(exp),
+    }
 
 
 def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
@@ -1214,13 +1246,7 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         cells,
         d.tiers,
         simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
-        confidence=d.confidence,
-        resolution=d.resolution,
-        max_requests=d.max_requests,
-        max_probe_s=d.max_probe_time_s,
-        max_looks=d.max_looks,
-        prior_margin=d.prior_margin,
-        overhead_s=decision_overhead_s(exp),
+        **decision_settings(exp),
         noise=noise,
         on_probe=watch,
     )

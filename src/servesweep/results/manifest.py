@@ -93,6 +93,10 @@ class PointEntry(_Entry):
     asked: int | None = None
     probe_wall_s: float | None = None
     speedup: float | None = None  # a replay probe's trace speed-up
+    # a decision's probe (matrix/decision_run.py): its cell (config/shape) and which look of the probe it is (a
+    # look after the first is a top-up: a new Locust start at the same load, its records added to the earlier ones)
+    decide: str | None = None
+    look: int | None = None
 
 
 class ConfigEntry(_Entry):
@@ -129,6 +133,20 @@ class SearchEntry(_Entry):
     result: dict[str, Any] | None = None
     started: str | None = None
     finished: str | None = None
+
+
+class DecisionEntry(_Entry):
+    """A run's `decide:` block (matrix/decision_run.py): the point each cell's probes are made from, the decision's
+    status and how far it got; the answer itself is decision.json in the run folder."""
+
+    templates: dict[str, dict[str, Any]]  # cell key (config/shape) -> a PointEntry as JSON
+    status: Literal["pending", "running", "finished", "budget", "failed"] = "pending"
+    reason: str | None = None
+    started: str | None = None
+    finished: str | None = None
+    elapsed_s: float = 0.0  # the decision's wall time over every attempt
+    probes: int = 0
+    label: str | None = None  # the anytime answer's label after the last probe
 
 
 class Event(_Entry):
@@ -174,6 +192,7 @@ class ManifestFile(_Entry):
     packing: dict[str, Any] | None = None  # a packed run's placements (matrix/packed.py packing_of)
     isolation: dict[str, Any] | None = None  # packed against alone (results/isolation.py analyze)
     searches: dict[str, SearchEntry] | None = None  # a capacity run's searches (its points are their probes)
+    decision: DecisionEntry | None = None  # a decide run's decision (its points are its probes)
 
     def as_data(self) -> dict[str, Any]:
         """The manifest's JSON: the keys given, nothing else (a later stage's keys, and an open-loop point's `rate`,

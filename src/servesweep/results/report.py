@@ -11,6 +11,7 @@ The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -533,6 +534,7 @@ class Report:
     overview_plots: list[tuple[str, str, str]]
     comparisons: list[RunComparison]
     capacity: dict | None = None  # the run's capacity.json, read once for both renderings
+    decision: dict | None = None  # the run's decision.json (a decide: run, matrix/decision_run.py)
     answers: tuple[list, list] = ([], [])  # the needle and mismatch tables (answers_report.tables), read once
     needle_warnings: list[str] = field(default_factory=list)  # results/needle.py needle_warnings, at the head
     html: str = ""
@@ -614,6 +616,7 @@ def build_report(run: Run, baselines: list[Run] | None = None) -> Report:
         overview.insert(0, ("frontier", text, frontier_svg(cap)))
     comps = [compare_runs(b, run) for b in baselines or []]
     rep = Report(run, sections, overview, comps, capacity=cap, answers=answers_tables(run))
+    rep.decision = load_decision(run.path) if run.kind != "records" else None
     if getattr(run, "kind", None) != "records":  # a records file has no probes
         from servesweep.results.needle import needle_warnings, read_probes
 
@@ -736,6 +739,7 @@ def render_html(rep: Report) -> str:
         section_legend=section_legend,
         constant_axes=constant_axes,
         facts=_run_facts(run),
+        decision=rep.decision,
         sections=rep.sections,
         overview=rep.overview_plots,
         columns=report_columns(rep.sections),
@@ -936,6 +940,54 @@ def _md_degraded(rep: Report) -> list[str]:
     return [*out, ""]
 
 
+def load_decision(path: Path) -> dict | None:
+    """A decide run's decision.json (the anytime answer after its last probe), None when the run has none."""
+    f = Path(path) / "decision.json"
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def decision_markdown(d: dict) -> list[str]:
+    """The Decision section: the answer's label, then per (shape, tier) its state, best configuration and value."""
+    out = ["## Decision", "", f"**{d['label']}**", ""]
+    budget = f" (budget {fmt_s(d['budget_s'])})" if d.get("budget_s") else ""
+    out += [
+        f"{d['probes']} probes, {d['gpu_seconds']:.0f} GPU-s, {fmt_s(d['elapsed_s'])}{budget}; value: output tok/s "
+        f"per GPU at the tier's capacity, {d['confidence']:.0%} per interval, ties within {d['resolution']:.0%}.",
+        "",
+    ]
+    rows = []
+    for q in d["questions"]:
+        v = q.get("value") or {}
+        rows.append(
+            [
+                q["shape"],
+                q["tier"],
+                ", ".join(q["slos"]),
+                q["state"],
+                q["best"] or "-",
+                f"{fmt(v.get('low'))} / {fmt(v.get('estimate'))} / {fmt(v.get('high'))}" if v else "-",
+                " - ".join(str(x) for x in v.get("bracket", [])) if v else "-",
+                ", ".join(q["dropped"]) or "-",
+            ]
+        )
+    header = [
+        "shape",
+        "tier",
+        "SLOs",
+        "state",
+        "best",
+        "low / estimate / high",
+        "capacity bracket",
+        "raced out",
+    ]
+    return out + [_md_table(header, rows), ""]
+
+
 def render_markdown(rep: Report) -> str:
     run = rep.run
     out = [f"# servesweep report: {run.run_id}", ""]
@@ -948,6 +1000,8 @@ def render_markdown(rep: Report) -> str:
     out += [f"> **{w}**" for w in rep.needle_warnings] + ([""] if rep.needle_warnings else [])
     out += [f"- **{k}**: {v}" for k, v in _run_facts(run)]
     out.append("")
+    if rep.decision:
+        out += decision_markdown(rep.decision)
     if rep.capacity:
         out += capacity_markdown(rep.capacity)
     columns = report_columns(rep.sections)

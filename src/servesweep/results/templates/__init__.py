@@ -90,6 +90,23 @@ their figures describe another load than their label says. <code>servesweep gate
 <dl class="kv" id="run-facts">
 {% for k, v in facts %}<dt>{{ k }}</dt><dd>{{ v }}</dd>
 {% endfor %}</dl>
+{% if decision %}<h2 id="decision">Decision</h2>
+<p class="{{ 'good' if decision.complete else 'warn' }}" id="decision-label"><strong>{{ decision.label }}</strong></p>
+<p class="muted">Per workload shape and tier: the configuration that serves the most output tok/s per GPU at its
+capacity for the tier, and that value's interval ({{ '%.0f'|format(decision.confidence * 100) }}% per interval,
+ties within {{ '%.0f'|format(decision.resolution * 100) }}%). {{ decision.probes }} probes,
+{{ '%.0f'|format(decision.gpu_seconds) }} GPU-s, {{ '%.0f'|format(decision.elapsed_s) }} s{% if decision.budget_s %}
+(budget {{ '%.0f'|format(decision.budget_s) }} s){% endif %}; decision.json has every probe.</p>
+<table id="decision-table"><thead><tr><th class="l">shape</th><th class="l">tier</th><th class="l">SLOs</th><th class="l">state</th>
+<th class="l">best</th><th>low</th><th>estimate</th><th>high</th><th class="l">capacity bracket</th><th class="l">still in</th><th class="l">raced out</th></tr></thead><tbody>
+{% for q in decision.questions %}<tr data-state="{{ q.state }}"><td class="l">{{ q.shape }}</td><td class="l">{{ q.tier }}</td>
+<td class="l">{{ q.slos|join(', ') }}</td><td class="l {{ 'good' if q.state in ('decided', 'tie', 'none') else 'warn' }}">{{ q.state }}</td>
+<td class="l">{{ q.best or '-' }}</td>
+{% if q.value %}<td>{{ fmt(q.value.low) }}</td><td>{{ fmt(q.value.estimate) }}</td><td>{{ fmt(q.value.high) }}</td>
+<td class="l">{{ q.value.bracket|join(' - ') }}</td>{% else %}<td>-</td><td>-</td><td>-</td><td class="l">-</td>{% endif %}
+<td class="l">{{ q.alive|join(', ') }}</td><td class="l">{{ q.dropped|join(', ') or '-' }}</td></tr>
+{% endfor %}</tbody></table>
+{% endif %}
 {% set broken = run.points|rejectattr('status', 'equalto', 'done')|list %}
 {% if broken %}
 <h2 id="not-measured">Points not measured</h2>

@@ -1,0 +1,352 @@
+"""`servesweep run` with a `decide:` block: matrix/decision.py's `run_decision` with its probes measured on real
+servers (docs/decision.md).
+
+The cells are the planner's (`planner.decision_cells`, the ones `servesweep plan` predicts with; on the emulator its
+step model takes the configuration's `--sim-calibration`). `measure(cell, load)` is backed by the runner's point
+execution (`Runner._run_point`, i.e. `driver.point.run_point`): a probe's first look is one point of the manifest
+(`d-<config>-<shape>-c<load>-l1`), each later look of the same probe a *top-up* point (`-l2`, `-l3` ...: a new
+Locust start at the same load, its records added to the earlier looks'). A configuration's server is started
+through the role when the decision first probes it and kept while the decision probes it; a probe of another
+configuration replaces it on the run's port (the configuration's `restarts` count the returns).
+
+After each probe `decision.json` (the anytime answer: per (shape, tier) question the best configuration, its value
+interval, decided / tie / none / best-so-far / unsettled, probes so far; GPU-seconds used) is rewritten atomically
+and one progress line printed. `budget.wall_time` stops the decision before its next probe (this attempt's wall
+time from its first server start: a resume reads back what was measured and goes on for another budget); the answer is then labelled best so far and the run exits 2.
+
+Resume: the decision is deterministic given its probes' records, so a resumed run replays it: a look whose point is
+done is read back from its folder instead of measured, and the decision goes on from where it stopped.
+
+The runner (matrix/orchestrator.Runner) is passed in: this module uses its manifest, plan, `_start_server`,
+`_run_point`, `event`, `console`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from servesweep.matrix.answer_probes import probe_configuration
+from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
+from servesweep.matrix.search import ProbeResult
+from servesweep.results import manifest as mf
+from servesweep.results.store import write_json_atomic
+
+DECISION_JSON = "decision.json"
+# a question's state as decision.json says it (matrix/decision.py's status)
+STATE = {"decided": "decided", "tie": "tie", "none": "none", "leading": "best-so-far", "open": "unsettled"}
+
+
+class ProbeFailed(RuntimeError):
+    """A probe's point did not finish, or its server did not start: the decision stops there (exit 2)."""
+
+
+def cell_key(config: str, shape: str) -> str:
+    return f"{config}/{shape}"
+
+
+def move_points_to_decision(data: dict[str, Any]) -> None:
+    """In a new manifest: each (configuration, shape) keeps one planned point as the template of its probes; the
+    points of the manifest are the decision's probes, added as it runs."""
+    templates: dict[str, dict[str, Any]] = {}
+    for p in data["points"].values():
+        if p["status"] != mf.PENDING:
+            continue
+        shape = Shape(p["workload"], p["prompt_tokens"], p["output_tokens"])
+        templates.setdefault(cell_key(p["config_id"], shape.key), p)
+    data["decision"] = {"templates": templates, "status": "pending"}
+    data["points"] = {}
+
+
+def unfinished(data: dict[str, Any]) -> str | None:
+    """Why the decision did not finish (None: it did, or the run has none)."""
+    d = data.get("decision")
+    if d is None or d["status"] == "finished":
+        return None
+    if d["status"] == "budget":
+        return (
+            f"the decision stopped at budget.wall_time after {d['probes']} probes: decision.json holds the best "
+            "answer so far (servesweep run --resume goes on for another budget)"
+        )
+    return f"the decision did not finish ({d['status']}: {(d.get('reason') or '')[:300]})"
+
+
+class _Servers:
+    """The one server the decision's probes need now, started through the runner's role (force restart on the run's
+    port: the previous configuration's server is replaced)."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.current: str | None = None
+        self.seconds: dict[str, float] = {}  # server start time per configuration, this attempt
+        self.first_at: float | None = None  # when this attempt first measured (started a server)
+
+    def ensure(self, cid: str) -> None:
+        if self.current == cid:
+            return
+        r = self.runner
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        if self.current is not None:
+            r.m.configs[self.current]["status"] = "done"
+        c = r.m.configs[cid]
+        again = cid in self.seconds
+        c["attempts"] += 1
+        c.update(status="starting", started=mf.now_iso())
+        r.m.save()
+        t0 = time.monotonic()
+        if r.exp.target.managed:
+            from servesweep.matrix.orchestrator import _flags_text
+
+            cfg = next(cp.config for cp in r.plan.configs if cp.config.id == cid)
+            r.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
+            if not r._start_server(cid, [], restart=again):
+                self.current = None
+                raise ProbeFailed(f"server {cid} did not start: {(c.get('error') or '')[:500]}")
+        else:
+            c.update(status="ready")
+            r.m.save()
+        self.seconds[cid] = self.seconds.get(cid, 0.0) + time.monotonic() - t0
+        self.current = cid
+        r._write_targets(cid)
+        probe_configuration(r.exp, r.m, cid, r.base_url(), r.api_key, r.event)
+
+
+class _Probes:
+    """measure(cell, load) for run_decision: each look of a probe one point of the manifest, run by the runner, or
+    read back from its folder when a previous attempt finished it (resume)."""
+
+    def __init__(self, runner, servers: _Servers):
+        self.runner, self.servers = runner, servers
+        self.point_of: dict[
+            tuple[str, str, int], list[str]
+        ] = {}  # (config, shape, load) -> its looks' points
+
+    def __call__(self, cell: Cell, load: int) -> Callable[[int], Measured]:
+        parts: list[ProbeResult] = []
+        state = {"have": 0, "took": 0.0}
+        looks = self.point_of.setdefault((cell.config, cell.shape.key, load), [])
+
+        def draw(n: int) -> Measured:
+            if n > state["have"]:
+                pid = f"d-{cell.config}-{cell.shape.key}-c{load}-l{len(parts) + 1}"
+                res, wall = self._look(cell, load, pid, len(parts) + 1, n - int(state["have"]))
+                parts.append(res)
+                looks.append(pid)
+                state["have"], state["took"] = n, state["took"] + wall
+            return _measured(parts, cell.shape.output, state["took"])
+
+        return draw
+
+    def _look(self, cell: Cell, load: int, pid: str, look: int, ask: int) -> tuple[ProbeResult, float]:
+        from servesweep.results.records import read_parquet
+
+        r = self.runner
+        p = r.m.points.get(pid)
+        if p is None or p["status"] != mf.DONE or p.get("asked") != ask:
+            p = self._new_point(cell, load, pid, look, ask)
+            self.servers.ensure(cell.config)
+            t0 = time.monotonic()
+            r._run_point(cell.config, pid)
+            p["probe_wall_s"] = round(time.monotonic() - t0, 3)
+            r.m.save()
+            if p["status"] != mf.DONE:
+                raise ProbeFailed(f"probe {pid}: {p['status']}: {(p.get('reason') or '')[:500]}")
+        else:
+            r.console.print(f"  ↺ {pid}: finished before, read back", markup=False, highlight=False)
+        table = read_parquet(r.run_dir / p["dir"] / "records.parquet")
+        return ProbeResult.from_records(table), float(p.get("probe_wall_s") or 0.0)
+
+    def _new_point(self, cell: Cell, load: int, pid: str, look: int, ask: int) -> dict[str, Any]:
+        r = self.runner
+        t = r.m.data["decision"]["templates"][cell_key(cell.config, cell.shape.key)]
+        p = copy.deepcopy(t)
+        point = p["point"]
+        point.update(point_id=pid, requests=ask, concurrency=load, duration_s=None)
+        p.update(
+            concurrency=load, status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, est_s=None,
+            decide=cell_key(cell.config, cell.shape.key), look=look, load=load, asked=ask,
+        )  # fmt: skip
+        r.m.points[pid] = p
+        return p
+
+
+def _measured(parts: Sequence[ProbeResult], output: int, seconds: float) -> Measured:
+    """The looks' records as one stream (seconds): a failed request's TTFT and TPOT count as infinite (a tier fails
+    on them); the throughput is the successful requests'."""
+    ok = np.concatenate([x.ok for x in parts])
+
+    def col(name: str) -> np.ndarray:
+        v = np.concatenate([getattr(x, name) for x in parts]) / 1000.0
+        return np.where(ok, v, np.inf)
+
+    e2e = col("e2e_ms")
+    e2e = e2e[ok & np.isfinite(e2e)]
+    if e2e.size < 2:  # nothing served: no throughput
+        e2e = np.full(2, 1e6)
+    return Measured(col("ttft_ms"), col("tpot_ms"), e2e, output, seconds=seconds)
+
+
+def decision_document(
+    runner, cells: Sequence[Cell], ans: Answer, records: Sequence[ProbeRecord], probes: _Probes,
+    *, status: str, elapsed_s: float, server_gpu_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """decision.json: the anytime answer, per question and overall, and every probe with its points."""
+    d = runner.exp.decide
+    per_shape: dict[str, int] = {}
+    for r in records:
+        per_shape[r.shape] = per_shape.get(r.shape, 0) + 1
+    questions = []
+    for q in ans.questions:
+        v = q.value
+        questions.append(
+            {
+                "shape": q.shape,
+                "tier": q.tier,
+                "slos": d.tiers[q.tier],
+                "state": STATE[q.status],
+                "best": q.best,
+                "value": None
+                if v is None or q.best is None
+                else {
+                    "low": _r(v.low),
+                    "estimate": _r(v.estimate),
+                    "high": _r(v.high),
+                    "bracket": list(v.bracket),
+                    "unit": "output tok/s per GPU at the tier's capacity",
+                },
+                "alive": q.alive,
+                "dropped": q.dropped,
+                "probes": per_shape.get(q.shape, 0),
+                "label": q.label,
+            }
+        )
+    states: dict[str, int] = {}
+    for row in questions:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    probe_gpu_s = ans.gpu_seconds
+    label = ans.label if status in ("finished", "running") else f"{ans.label} [{status}]"
+    if status == "budget":
+        label = f"best so far (budget.wall_time reached): {ans.label.split(': ', 1)[-1]}"
+    return {
+        "run_id": runner.m.run_id,
+        "status": status,
+        "complete": status == "finished",
+        "label": label,
+        "confidence": d.confidence,
+        "resolution": d.resolution,
+        "tiers": d.tiers,
+        "budget_s": runner.exp.budget.wall_time_s,
+        "elapsed_s": round(elapsed_s, 1),
+        "probes": len(records),
+        "states": states,
+        "gpu_seconds": round(probe_gpu_s + server_gpu_s, 1),
+        "probe_gpu_seconds": round(probe_gpu_s, 1),
+        "server_gpu_seconds": round(server_gpu_s, 1),
+        "questions": questions,
+        "probe_log": [
+            {
+                "order": r.order,
+                "config": r.config,
+                "shape": r.shape,
+                "load": r.load,
+                "requests": r.requests,
+                "seconds": round(r.seconds, 2),
+                "verdicts": r.verdicts,
+                "tput_per_gpu": [_r(x) for x in r.tput],
+                "at_cap": r.at_cap,
+                "points": probes.point_of.get((r.config, r.shape, r.load), []),
+            }
+            for r in records
+        ],
+    }
+
+
+def _r(x: float) -> float | None:
+    return round(x, 3) if math.isfinite(x) else None
+
+
+def run_decision_phase(runner) -> None:
+    """The decision of the run's `decide:` block, probe by probe, with decision.json after each."""
+    from servesweep.matrix.planner import decision_cells, decision_settings
+
+    exp, m = runner.exp, runner.m
+    d = exp.decide
+    entry = m.data["decision"]
+    cells = [c for c in decision_cells(runner.plan) if cell_key(c.config, c.shape.key) in entry["templates"]]
+    servers = _Servers(runner)
+    probes = _Probes(runner, servers)
+    records: list[ProbeRecord] = []
+    budget = exp.budget.wall_time_s
+    before = float(entry.get("elapsed_s") or 0.0)
+    t0 = time.monotonic()
+    entry.update(status="running", started=entry.get("started") or mf.now_iso(), reason=None)
+    m.save()
+    gpus = {c.config: c.gpus for c in cells}
+
+    def server_gpu_s() -> float:
+        return sum(s * gpus.get(k, 1) for k, s in servers.seconds.items())
+
+    def write(ans: Answer, status: str) -> None:
+        elapsed = before + time.monotonic() - t0
+        doc = decision_document(
+            runner, cells, ans, records, probes, status=status, elapsed_s=elapsed, server_gpu_s=server_gpu_s()
+        )
+        write_json_atomic(runner.run_dir / DECISION_JSON, doc)
+        entry.update(probes=len(records), label=doc["label"], elapsed_s=round(elapsed, 1))
+        m.save()
+
+    def on_record(rec: ProbeRecord, ans: Answer) -> None:
+        records.append(rec)
+        write(ans, "running")
+        verdicts = " ".join(f"{k}:{v}" for k, v in rec.verdicts.items())
+        runner.console.print(
+            f"decision: probe {rec.order} {rec.config} {rec.shape} c{rec.load} ({rec.requests} requests, {verdicts},"
+            f" {rec.tput[1]:.1f} tok/s/GPU) -> {ans.label}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    def stop() -> bool:  # this attempt's measuring time (a resume's read-back probes cost nothing)
+        return (
+            budget is not None
+            and servers.first_at is not None
+            and time.monotonic() - servers.first_at >= budget
+        )
+
+    kw: dict[str, Any] = {"resolution": d.resolution, "confidence": d.confidence}
+    runner.console.rule(
+        f"decision: {len({c.shape.key for c in cells}) * len(d.tiers)} questions over "
+        f"{len({c.config for c in cells})} configurations"
+    )
+    try:
+        run = run_decision(
+            cells,
+            d.tiers,
+            probes,
+            **decision_settings(exp),
+            on_record=on_record,
+            stop=stop,
+            one_server=True,
+        )
+    except ProbeFailed as e:
+        ans = derive(cells, list(d.tiers), records, **kw)
+        entry.update(status="failed", reason=str(e), finished=mf.now_iso())
+        write(ans, "failed")
+        runner.event(f"[red]✗ decision stopped[/]: {e}")
+        return
+    status = "budget" if run.budget_hit else "finished"
+    entry.update(status=status, finished=mf.now_iso())
+    write(run.answer, status)
+    if servers.current is not None:
+        m.configs[servers.current]["status"] = "done"
+        m.save()
+    runner.event(f"decision: {entry['label']}")
+    for q in run.answer.questions:
+        runner.event(f"  {q.shape} {q.tier}: {STATE[q.status]}: {q.best or '-'} ({q.label})")

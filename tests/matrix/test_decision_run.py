@@ -1,0 +1,129 @@
+"""`servesweep run` on an experiment with a `decide:` block, on the emulator through the Ansible role: the decision's
+probes are real points (Locust against the emulator), the answer is decision.json, the report has its section.
+
+Two configurations differ only by their step time (`--sim-calibration` speedup 20 against 10, with per_seq_s = 0.1:
+each running sequence adds 5 ms, resp. 10 ms, to every step), so the slow one holds each decode-speed tier at about
+half the concurrency and serves about half the tok/s per GPU. The expected answer is the step model's exhaustive
+one (matrix/decision.py `exhaustive` over the planner's cells, which take each configuration's --sim-calibration),
+not a name written here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import emulator_experiment_head, run_servesweep
+
+from servesweep.config.experiment import load_experiment
+from servesweep.matrix.decision import Noise, capacity, exhaustive
+from servesweep.matrix.planner import decision_cells, make_plan
+from servesweep.matrix.search import parse_tier
+
+BODY = """\
+  bundles:
+    - {name: fast, flags: {sim_calibration: "per_seq_s=0.1,speedup=20"}}
+    - {name: slow, flags: {sim_calibration: "per_seq_s=0.1,speedup=10"}}
+load: {endpoint: chat, prompt_tokens: 64, output_tokens: 16, concurrency: [1, 2, 4, 8], requests: 8}
+decide:
+  tiers:
+    fast: [tpot_p50<=20ms]
+    relaxed: [tpot_p50<=40ms]
+  confidence: 90%
+  resolution: 10%
+  max_requests: 64
+  max_looks: 2
+  prior_margin: 10      # rely on measurements: each configuration is probed
+"""
+
+
+def _experiment(tmp: Path, name: str, extra: str = "") -> Path:
+    head = emulator_experiment_head(tmp, name).replace(
+        "sim_args: {sim_load_time: 0.2}",
+        'sim_args: {sim_load_time: 0.2, sim_calibration: "per_seq_s=0.1,speedup=20"}',
+    )
+    f = tmp / f"{name}.yaml"
+    f.write_text(head + BODY + extra)
+    return f
+
+
+def _truth(exp_file: Path) -> tuple[dict, dict]:
+    """The step model's exhaustive answer: best configuration and capacity per (shape, tier)."""
+    exp = load_experiment(str(exp_file))
+    assert exp.decide is not None
+    cells = decision_cells(make_plan(exp))
+    values = exhaustive(cells, exp.decide.tiers, Noise())
+    best = {q: max(v, key=lambda k: v[k]) for q, v in values.items()}
+    caps = {
+        (c.config, c.shape.key, t): capacity(c, parse_tier(texts), Noise())
+        for c in cells
+        for t, texts in exp.decide.tiers.items()
+    }
+    return best, caps
+
+
+@pytest.mark.timeout(240)
+def test_decide_run_names_the_step_models_best_configuration(tmp_path):
+    exp = _experiment(tmp_path, "decide-two")
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=200)
+    assert rc == 0, out[-5000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    best, caps = _truth(exp)
+    assert doc["status"] == "finished" and doc["complete"] and doc["label"].startswith("final answer"), doc[
+        "label"
+    ]
+    assert {(q["shape"], q["tier"]) for q in doc["questions"]} == set(best)
+    for q in doc["questions"]:
+        assert q["state"] == "decided", q
+        assert q["best"] == best[(q["shape"], q["tier"])], (q, best)
+        v = q["value"]
+        assert v["low"] <= v["estimate"] <= v["high"], v
+        # the measured capacity bracket holds the step model's capacity, one step either way (a near-threshold
+        # verdict is decided by its estimate)
+        lo, hi = v["bracket"]
+        cap = caps[(q["best"], q["shape"], q["tier"])]
+        assert lo - 1 <= cap <= (hi or lo) + 1, (q, cap)
+    print(f"\n{doc['label']}; {doc['gpu_seconds']} GPU-s, {doc['elapsed_s']} s")
+    # every probe is a point of the manifest with its folder and summary; each server started once
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert m["decision"]["status"] == "finished" and m["decision"]["probes"] == doc["probes"] >= 2
+    logged = [pid for r in doc["probe_log"] for pid in r["points"]]
+    assert sorted(logged) == sorted(m["points"])
+    for pid, p in m["points"].items():
+        assert p["status"] == "done" and p["decide"] and p["look"] >= 1, (pid, p)
+        assert (run_dir / pid / "summary.json").is_file()
+    assert {r["config"] for r in doc["probe_log"]} == {"s01-fast", "s02-slow"}
+    assert all(c.get("restarts", 0) == 0 for c in m["configs"].values()), m["configs"]
+    assert "decision: probe 1 " in out  # the one-line progress after each probe
+    md = (run_dir / "report.md").read_text()
+    assert "## Decision" in md and doc["label"] in md
+    assert 'id="decision-table"' in (run_dir / "report.html").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path):
+    exp = _experiment(tmp_path, "decide-budget", "budget: {wall_time: 1s}\n")
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=120)
+    assert rc == 2, out[-5000:]
+    assert "budget.wall_time" in out
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    assert doc["status"] == "budget" and not doc["complete"], doc
+    assert doc["label"].startswith("best so far"), doc["label"]
+    assert doc["probes"] == 1
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert m["decision"]["status"] == "budget"
+    (first,) = m["points"]
+    finished = m["points"][first]["finished"]
+    assert "## Decision" in (run_dir / "report.md").read_text()
+
+    # a resume reads the measured probe back (not measured again) and goes on for another budget
+    rc, out = run_servesweep("run", "--resume", str(run_dir), timeout=120)
+    assert rc == 2, out[-5000:]
+    assert f"↺ {first}: finished before, read back" in out
+    doc = json.loads((run_dir / "decision.json").read_text())
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert doc["probes"] == 2 and doc["status"] == "budget", doc["label"]
+    assert m["points"][first]["finished"] == finished and m["points"][first]["attempts"] == 1
+    assert len(m["points"]) == 2
