@@ -7,7 +7,8 @@ report, compare, gate and the exporter use.
         <point_id>/          one folder per finished point (a point folder)
             records.parquet  one row per request (results/records.py)
             summary.json     summarize() of the records plus what the driver adds: `point_id`, `point` (the
-                             LoadPoint, its `labels` included), `started_unix`, `wall_s`, client headroom, ...
+                             LoadPoint, its `labels` included), `started_unix`, `wall_s`, client headroom, ...;
+                             its model results/point_summary.py `PointSummary`, checked when read here
             locust.log, clients.json, ...
 
 manifest.json comes in two kinds, told apart by its `points`:
@@ -34,8 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-MANIFEST = "manifest.json"
-SUMMARY = "summary.json"
+from servesweep.results.point_summary import SUMMARY, load_summary
+from servesweep.results.store import MANIFEST
+
 RECORDS = "records.parquet"
 
 
@@ -54,7 +56,7 @@ class PointInfo:
     status: str  # done, infeasible, failed, server_failed, pending, running, interrupted
     reason: str | None = None
     dir: Path | None = None
-    summary: dict | None = None  # summary.json of a done point
+    summary: dict | None = None  # summary.json of a done point, checked against PointSummary (its JSON)
     entry: dict = field(default_factory=dict)  # the manifest's entry for the point ({} when it has none)
     est_s: float | None = None  # the planner's estimate
     actual_s: float | None = None  # measured wall time of the point
@@ -105,6 +107,15 @@ def read_json(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise RunError(f"{path}: {what} is not a JSON object")
     return data
+
+
+def read_summary(path: Path) -> dict:
+    """A point's summary.json, checked (results/point_summary.py PointSummary), as its JSON; RunError naming the
+    file and the field when it is missing, damaged or not a summary."""
+    try:
+        return load_summary(path)
+    except (OSError, ValueError) as e:
+        raise RunError(str(e)) from None
 
 
 def iso_unix(text: str | None) -> float | None:
@@ -171,7 +182,7 @@ def _matrix_points(path: Path, raw: dict) -> list[PointInfo]:
             assert d is not None  # a done point has its folder
             if not (d / SUMMARY).is_file():
                 raise RunError(f"{path}: point {pid} is done but its folder has no {SUMMARY}")
-            summary = read_json(d / SUMMARY, "summary")
+            summary = read_summary(d / SUMMARY)
         actual = secs_between(p.get("started"), p.get("finished"))
         if actual is None and summary is not None:
             actual = summary.get("wall_s")
@@ -206,10 +217,10 @@ def _folder_points(path: Path, listed: list[dict]) -> list[PointInfo]:
             points.append(PointInfo(p["point_id"], "", "chat", 0, 0, int(p.get("concurrency") or 0), p["status"],
                                     dir=d, entry=p))  # fmt: skip
             continue
-        points.append(_from_summary(p["point_id"], d, read_json(d / SUMMARY, "summary"), p))
+        points.append(_from_summary(p["point_id"], d, read_summary(d / SUMMARY), p))
     for d in sorted(x for x in path.iterdir() if x.is_dir() and x.name not in seen):
         if (d / SUMMARY).is_file():
-            s = read_json(d / SUMMARY, "summary")
+            s = read_summary(d / SUMMARY)
             points.append(_from_summary(s.get("point_id") or d.name, d, s))
     return points
 
@@ -237,7 +248,7 @@ def load_run(path: str | Path) -> Run:
         raise RunError(f"{path}: not a folder (give runs/<run_id>) nor a records .parquet file")
     mpath = path / MANIFEST
     if not mpath.is_file() and (path / SUMMARY).is_file():
-        s = read_json(path / SUMMARY, "summary")
+        s = read_summary(path / SUMMARY)
         return Run(path, path.name, "point", {}, [_from_summary(s.get("point_id") or path.name, path, s)])
     m = read_json(mpath, "manifest") if mpath.is_file() else {}
     raw = m.get("points")

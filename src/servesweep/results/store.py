@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from servesweep.files import write_atomic
-from servesweep.results.runfolder import MANIFEST
+
+MANIFEST = "manifest.json"  # a run folder's manifest (its reader: results/runfolder.py)
 
 
 def write_json_atomic(path: Path, data) -> None:
