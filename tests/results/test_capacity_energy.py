@@ -90,7 +90,12 @@ def test_energy_at_capacity_pools_every_call_of_the_capacity_probe(runs):
     assert c["energy"] is None  # no capacity: no probe to read
 
     cells = dict(zip(capacity.HEADER, capacity.table_rows(cap)[0], strict=True))
-    assert (cells["J/out tok"], cells["out tok/J"], cells["avg W"], cells["cap/kW"]) == ("1.200", "0.83", "600", "13.3")
+    assert (cells["J/out tok"], cells["out tok/J"], cells["avg W"], cells["cap/kW"]) == (
+        "1.200",
+        "0.83",
+        "600",
+        "13.3",
+    )
     b_cells = dict(zip(capacity.HEADER, capacity.table_rows(cap)[1], strict=True))
     assert b_cells["J/out tok"] == "3.000!"  # throttled
     assert capacity.table_rows(cap)[2][-4:] == ["-", "-", "-", "-"]
@@ -125,7 +130,9 @@ def test_no_telemetry_leaves_every_energy_figure_out(tmp_path):
 def test_compare_shows_tokens_per_joule_of_both_runs(runs):
     a, b = (capacity.load_capacity(r) for r in runs)
     (row,) = capacity.compare(a, b)
-    assert row["a_tok_per_joule"] == pytest.approx(1 / 1.2) and row["b_tok_per_joule"] == pytest.approx(1 / 1.4)
+    assert row["a_tok_per_joule"] == pytest.approx(1 / 1.2) and row["b_tok_per_joule"] == pytest.approx(
+        1 / 1.4
+    )
     from rich.console import Console
 
     con = Console(record=True, width=200)
@@ -162,3 +169,31 @@ def test_gate_terms_that_cannot_be_read_say_which(runs, text, match):
 def test_a_percentage_needs_a_baseline(runs):
     with pytest.raises(ValueError, match="needs --baseline"):
         capacity.gate(runs[0], "output_tokens_per_joule>=90%", None)
+
+
+@pytest.mark.fast
+def test_capacity_json_before_the_model_loads_and_a_damaged_one_is_named_with_its_field(runs):
+    raw = json.loads((runs[0] / capacity.CAPACITY_JSON).read_text())
+    assert (
+        "schema_version" not in raw and "load_unit" not in raw["rows"][0]
+    )  # as capacity_run wrote it before
+    assert capacity.CapacityFile.load(runs[0] / capacity.CAPACITY_JSON).as_data() == {
+        "schema_version": 1,
+        **raw,
+    }
+    raw["rows"][1]["capacity"] = "two"
+    (runs[0] / capacity.CAPACITY_JSON).write_text(json.dumps(raw))
+    for read in (lambda: capacity.load_capacity(runs[0]), lambda: capacity.gate(runs[0], "2", None)):
+        with pytest.raises(ValueError) as e:
+            read()
+        assert str(runs[0] / "capacity.json") in str(e.value) and "rows.1.capacity" in str(e.value)
+
+
+@pytest.mark.fast
+def test_save_capacity_writes_the_version_and_refuses_an_undeclared_key(runs, tmp_path):
+    cap = json.loads((runs[0] / capacity.CAPACITY_JSON).read_text())
+    written = capacity.save_capacity(tmp_path, cap)
+    assert json.loads((tmp_path / "capacity.json").read_text()) == written and written["schema_version"] == 1
+    with pytest.raises(ValueError, match="frontier.0.tok_s"):
+        capacity.save_capacity(tmp_path, {**cap, "frontier": [{**cap["frontier"][0], "tok_s": 1.0}]})
+    assert json.loads((tmp_path / "capacity.json").read_text()) == written  # the file stays as it was

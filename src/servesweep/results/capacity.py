@@ -12,6 +12,12 @@ results/energy.pooled: joules per output token, output tokens per joule, average
 frontier probe's `output_tokens_per_joule`, `joules_per_output_token`, `power_avg_w` and `energy_pareto` (no other
 probe has both more output tok/s per GPU and more output tokens per joule). A row without telemetry gets
 `energy: None`: every surface prints `-`, never a guess.
+
+The file's model is CapacityFile (schema_version 1, CAPACITY_SCHEMA_VERSION), one load (`CapacityFile.load`, through
+`load_capacity`) and one atomic save (results/schema.py VersionedFile) (`save_capacity`, what matrix/capacity_run.py writes with): every key is
+declared and typed, and a file with a field missing, of a wrong type or unknown is refused naming the file and the
+field. A capacity.json without `schema_version` is the format before the model, with the same keys (a row's
+`load_unit` and the energy figures absent where that code did not write them yet): it loads as version 1.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import operator
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Final, Literal
 
 from servesweep.results import energy as en
+from servesweep.results.schema import Strict, VersionedFile
 
 CAPACITY_JSON = "capacity.json"
 FRONTIER_SVG = "frontier.svg"
@@ -52,12 +59,78 @@ HEADER = [
 ]
 
 
+CAPACITY_SCHEMA_VERSION: Final = 1
+Load = int | float  # a concurrency or session count stays an int, a rate or a speed-up a float
+
+
+class CapacityRow(Strict):
+    """One search x tier (matrix/capacity_run.py search_document): its capacity, bracket and the figures at it."""
+
+    search: str
+    config: str
+    workload: str
+    prompt_tokens: int
+    output_tokens: int
+    gpus: int
+    axis: str
+    tier: str
+    slos: list[str]
+    capacity: Load | None  # the last passing load (None: fails at the lower bound)
+    bracket: list[Load | None]  # (last pass, first fail)
+    stop: str
+    binding: str | None
+    probes: int
+    load_unit: str | None = None
+    at_capacity: dict[str, Any]  # totals, per GPU, TTFT and ITL p99, an agent search's session figures
+    energy: dict[str, Any] | None = None  # add_energy: the GPU telemetry at capacity (None: no sampler)
+
+
+class FrontierProbe(Strict):
+    """A probe of a search as a frontier point (matrix/search.py FrontierPoint), its search and Pareto flags."""
+
+    config: str
+    load: Load
+    tokens_per_s_per_gpu: float
+    user_tokens_per_s: float
+    search: str
+    pareto: bool
+    # add_energy's
+    output_tokens_per_joule: float | None = None
+    joules_per_output_token: float | None = None
+    power_avg_w: float | None = None
+    throttled: bool = False
+    energy_pareto: bool = False
+
+
+class CapacityFile(VersionedFile):
+    """capacity.json of a run with a `search:` block, schema_version 1."""
+
+    SCHEMA_VERSION: ClassVar[int] = CAPACITY_SCHEMA_VERSION
+    WHAT: ClassVar[str] = CAPACITY_JSON
+
+    schema_version: Literal[1] = CAPACITY_SCHEMA_VERSION
+    run_id: str | None
+    dry_run: bool = False
+    axis: str | None
+    rows: list[CapacityRow]
+    frontier: list[FrontierProbe]
+    probes: int
+    grid_points: int
+
+
+def save_capacity(run_dir: str | Path, cap: dict[str, Any]) -> dict[str, Any]:
+    """capacity.json of `run_dir` from its JSON (matrix/capacity_run.py write_capacity), checked, written atomically;
+    the JSON as written."""
+    return CapacityFile.save_data(Path(run_dir) / CAPACITY_JSON, cap)
+
+
 def load_capacity(run_dir: str | Path) -> dict[str, Any] | None:
-    """capacity.json with the energy at capacity added (add_energy) where the file does not hold it yet."""
+    """capacity.json (checked: CapacityFile) with the energy at capacity added (add_energy) where the file does not
+    hold it yet; None when the run has none. ValueError naming the file and the field when it is not valid."""
     f = Path(run_dir) / CAPACITY_JSON
     if not f.is_file():
         return None
-    cap = json.loads(f.read_text())
+    cap = CapacityFile.load(f).as_data()
     if any("energy" not in r for r in cap.get("rows") or []) or any(
         "energy_pareto" not in p for p in cap.get("frontier") or []
     ):
@@ -91,7 +164,10 @@ def _pareto_flags(pts: list[dict[str, Any]], x: str, y: str) -> list[bool]:
     return [
         ok[i]
         and not any(
-            ok[j] and pts[j][x] >= pts[i][x] and pts[j][y] >= pts[i][y] and (pts[j][x], pts[j][y]) != (pts[i][x], pts[i][y])
+            ok[j]
+            and pts[j][x] >= pts[i][x]
+            and pts[j][y] >= pts[i][y]
+            and (pts[j][x], pts[j][y]) != (pts[i][x], pts[i][y])
             for j in range(len(pts))
         )
         for i in range(len(pts))
@@ -103,7 +179,11 @@ def add_energy(run_dir: str | Path, cap: dict[str, Any]) -> dict[str, Any]:
     returned too), from the probes' gpu.json files (module docstring)."""
     gpu = _probe_gpu(Path(run_dir))
     for r in cap.get("rows") or []:
-        e = en.pooled(gpu.get((r["search"], f"{r['capacity']:g}"), [])) if r.get("capacity") is not None else None
+        e = (
+            en.pooled(gpu.get((r["search"], f"{r['capacity']:g}"), []))
+            if r.get("capacity") is not None
+            else None
+        )
         if e is not None:
             kw = (e["power_avg_w"] or 0) / 1000
             # the load held per kW of GPU power at capacity (users, or req/s for axis rate)
@@ -238,7 +318,11 @@ def energy_notes(cap: dict[str, Any]) -> list[str]:
             )
     front = [p for p in cap["frontier"] if p.get("energy_pareto")]
     if front:
-        out += ["", "Energy frontier (no other probe has both more tok/s per GPU and more output tokens per joule):", ""]
+        out += [
+            "",
+            "Energy frontier (no other probe has both more tok/s per GPU and more output tokens per joule):",
+            "",
+        ]
         out += [
             f"- {p['config']} at {load_text(p['load'])}: {p['tokens_per_s_per_gpu']:,.1f} tok/s per GPU, "
             f"{p['output_tokens_per_joule']:,.2f} output tok/J"
@@ -316,12 +400,16 @@ def energy_frontier_svg(cap: dict[str, Any]) -> str:
     pts = [p for p in cap.get("frontier") or [] if p.get("output_tokens_per_joule") is not None]
     series: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for p in pts:
-        series[p["config"]].append((p["tokens_per_s_per_gpu"], p["output_tokens_per_joule"], load_text(p["load"])))
+        series[p["config"]].append(
+            (p["tokens_per_s_per_gpu"], p["output_tokens_per_joule"], load_text(p["load"]))
+        )
     front = sorted(
         (p["tokens_per_s_per_gpu"], p["output_tokens_per_joule"]) for p in pts if p.get("energy_pareto")
     )
     throttled = [(p["tokens_per_s_per_gpu"], p["output_tokens_per_joule"]) for p in pts if p.get("throttled")]
-    return plots.energy_frontier(series, front, throttled, "energy frontier: tokens per joule vs throughput per GPU")
+    return plots.energy_frontier(
+        series, front, throttled, "energy frontier: tokens per joule vs throughput per GPU"
+    )
 
 
 def write_frontier_svg(run_dir: str | Path, cap: dict[str, Any]) -> Path:

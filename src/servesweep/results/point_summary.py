@@ -1,5 +1,5 @@
 """summary.json of a point (`<run>/<point_id>/summary.json`): its one model, `PointSummary`, with one load and one
-atomic save.
+atomic save (results/schema.py VersionedFile).
 
 What is in it: summarize() of the point's records (results/summary.py: the figures of docs/metrics.md) and what the
 driver adds (driver/point.py: the point, its times, the client headroom, the workers' account, the failure check,
@@ -17,24 +17,18 @@ GPUs, the needle accuracy, ...) are absent until it sets them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from servesweep.results.store import write_json_atomic
+from servesweep.results.schema import Strict, VersionedFile
 
 SCHEMA_VERSION: Final = 1
 SUMMARY: Final = "summary.json"
 
 
-class _Part(BaseModel):
-    # every key is declared: one the model does not know is an error on load and on save
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class Stats(_Part):
+class Stats(Strict):
     """Exact statistics of raw values (results/summary.py stats)."""
 
     p50: float
@@ -47,7 +41,7 @@ class Stats(_Part):
     n: int
 
 
-class RequestCounts(_Part):
+class RequestCounts(Strict):
     total: int
     warmup: int
     measured: int
@@ -55,7 +49,7 @@ class RequestCounts(_Part):
     failed: int
 
 
-class PromptTokens(_Part):
+class PromptTokens(Strict):
     """Prompt-token accuracy: the target length against what the server's usage reported."""
 
     target: float | None
@@ -65,14 +59,14 @@ class PromptTokens(_Part):
     reported: int
 
 
-class Arrivals(_Part):
+class Arrivals(Strict):
     rate_rps: float | None
     interarrival_cv: float | None
     n: int
     processes: int
 
 
-class InFlight(_Part):
+class InFlight(Strict):
     """The time-weighted concurrency the records held (results/degraded.py in_flight)."""
 
     mean: float
@@ -80,20 +74,20 @@ class InFlight(_Part):
     max: float
 
 
-class Goodput(_Part):
+class Goodput(Strict):
     slos: list[str]
     requests: int
     ratio: float | None
     per_s: float | None
 
 
-class SloCheck(_Part):
+class SloCheck(Strict):
     slo: str
     value: float | None
     passed: bool = Field(alias="pass")
 
 
-class FailureCheck(_Part):
+class FailureCheck(Strict):
     """driver/point.py failure_check: whether the point's failures are above its max failure rate."""
 
     passed: bool = Field(alias="pass")
@@ -103,18 +97,18 @@ class FailureCheck(_Part):
     max_failure_rate: float | None
 
 
-class Degeneration(_Part):
+class Degeneration(Strict):
     judged: int
     degenerate: int
     examples: list[str]
 
 
-class ProbeRequests(_Part):
+class ProbeRequests(Strict):
     requests: dict[str, int]
     total: int
 
 
-class ClientHeadroom(_Part):
+class ClientHeadroom(Strict):
     """results/summary.py client_headroom: per load-generating process, CPU and event-loop lag."""
 
     workers: list[dict[str, Any]]
@@ -125,10 +119,13 @@ class ClientHeadroom(_Part):
     limits: dict[str, float]
 
 
-class PointSummary(_Part):
+class PointSummary(VersionedFile):
     """summary.json of one point, schema_version 1."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
+    WHAT: ClassVar[str] = "point summary"
+
+    schema_version: Literal[1] = 1
     # the driver's (driver/point.py)
     point_id: str
     point: dict[str, Any]  # the LoadPoint as run, as JSON (its labels: config_id, run_id, ...)
@@ -187,63 +184,16 @@ class PointSummary(_Part):
     gpu: dict[str, Any] | None = None  # the GPUs during the point (results/energy.py summary_fields)
     needle_accuracy: float | None = None  # its configuration's at its prompt length (matrix/answer_probes.py)
 
-    @classmethod
-    def load(cls, path: str | Path) -> PointSummary:
-        """The summary.json at `path`, checked (FileNotFoundError; ValueError naming the file and the field)."""
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no {SUMMARY}") from None
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        return check(path, data)
-
-    def save(self, path: str | Path) -> None:
-        """Written atomically (store.write_json_atomic): a reader sees the previous file or this one."""
-        write_json_atomic(Path(path), self.as_data())
-
-    def as_data(self) -> dict[str, Any]:
-        """The summary's JSON: the keys given (a stage's keys absent until set), with schema_version."""
-        return {
-            "schema_version": self.schema_version,
-            **self.model_dump(mode="json", by_alias=True, exclude_unset=True),
-        }
-
     @property
     def point_labels(self) -> dict[str, str]:
         return dict(self.point.get("labels") or {})
 
 
-def _field_error(e: ValidationError) -> str:
-    """The first problem of a ValidationError as 'dotted.key: message' (and how many more there are)."""
-    err = e.errors()[0]
-    where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{where}: {err['msg']}{more}"
-
-
-def check(path: str | Path, data: Any) -> PointSummary:
-    """`data` as PointSummary; ValueError naming the file and the first field that is wrong. No schema_version:
-    the format before the model, read as version 1 (module docstring)."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a summary is a JSON object, not {type(data).__name__}")
-    version = data.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {version!r}, expected {SCHEMA_VERSION}")
-    try:
-        return PointSummary.model_validate(data)
-    except ValidationError as e:
-        raise ValueError(f"{path}: not a valid servesweep point summary: {_field_error(e)}") from None
-
-
 def save_summary(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
     """A summary built as JSON (driver/point.py) checked, then written atomically; its JSON as written."""
-    s = check(path, json.loads(json.dumps(data, default=str)))
-    s.save(path)
-    return s.as_data()
+    return PointSummary.save_data(path, data)
 
 
 def load_summary(path: str | Path) -> dict[str, Any]:
     """The checked summary's JSON, for readers that index it (results/runfolder.py PointInfo.summary)."""
-    return PointSummary.load(path).as_data()
+    return PointSummary.load_data(path)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from servesweep.results import answers
-from servesweep.results.answers import (
+from servesweep.results import answer_checks as answers
+from servesweep.results.answer_checks import (
     answer_mismatch_rate,
     degenerate,
     degenerate_rate,
