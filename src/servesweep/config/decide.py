@@ -27,7 +27,7 @@ list of what is accepted.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -43,7 +43,9 @@ def _fraction(v, what: str) -> float:
     try:
         x = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise ValueError(f"{what}: expected a percentage like 95% or a fraction like 0.95, got {v!r}") from None
+        raise ValueError(
+            f"{what}: expected a percentage like 95% or a fraction like 0.95, got {v!r}"
+        ) from None
     return x
 
 
@@ -59,7 +61,9 @@ class DecideBlock(BaseModel):
     lower: int = Field(1, ge=1)
     upper: int | None = Field(None, ge=1, description="None: the largest of load.concurrency")
     max_requests: int = Field(800, ge=20)
-    max_probe_time_s: float | None = Field(900.0, gt=0, description="a probe's requests take at most this long")
+    max_probe_time_s: float | None = Field(
+        900.0, gt=0, description="a probe's requests take at most this long"
+    )
     max_looks: int = Field(4, ge=1, le=20, description="looks at n0, 2 n0, ...: then the estimates decide")
     prior_margin: float = Field(2.0, ge=1.0, description="unfailed value <= margin x the step model's")
 
@@ -104,3 +108,17 @@ class DecideBlock(BaseModel):
         if self.upper is not None and self.upper < self.lower:
             raise ValueError(f"decide.upper {self.upper} is below decide.lower {self.lower}")
         return self
+
+    def dry_run(self, speedup: float) -> dict[str, Any]:
+        """The block for `--dry-run`: the tiers scaled to the faster emulator (as a search's: latencies divided by
+        the speed-up, rates multiplied), a probe at most 64 requests and 2 looks."""
+        from servesweep.config.search import SearchBlock
+
+        d = self.model_dump(mode="json")
+        d.update(
+            tiers=SearchBlock.scaled_tiers(cast(Any, self), speedup),  # it reads the tiers only
+            max_requests=min(self.max_requests, 64),
+            max_looks=min(self.max_looks, 2),
+            max_probe_time_s=None,
+        )
+        return d

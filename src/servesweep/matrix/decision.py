@@ -173,7 +173,8 @@ def _judge(s: Slo, v: np.ndarray, confidence: float, at_cap: bool, tolerance: fl
     (relative) of the threshold the statistic is known as well as the question needs it and the point estimate
     decides (the capacity is then right to about the resolution either way); at the request or time cap likewise."""
     q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
-    vals = 1.0 / v if s.metric == "decode_tokens_per_s" else 1000.0 * v
+    with np.errstate(divide="ignore"):  # a zero TPOT (a one-token answer) is an infinite decode speed
+        vals = 1.0 / v if s.metric == "decode_tokens_per_s" else 1000.0 * v
     srt = np.sort(vals)
     low, high = _order_statistic_interval(srt, q, confidence)
     worst, best = (high, low) if s.upper_limit else (low, high)

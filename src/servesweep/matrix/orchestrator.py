@@ -263,9 +263,11 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
         requests=1, duration_s=None, warmup_s=0.0, workers=0
     )  # 1 = one request per user, see _run_point
     d["budget"] = {"wall_time_s": None}
+    ours = sim["sim_calibration"] == f"speedup={DRY_RUN_SPEEDUP}"
     if exp.search is not None:  # the tiers scaled to the emulator's speed-up, the bounds and budget shrunk
-        ours = sim["sim_calibration"] == f"speedup={DRY_RUN_SPEEDUP}"
         d["search"] = exp.search.dry_run(DRY_RUN_SPEEDUP if ours else 1)
+    if exp.decide is not None:  # likewise the decision's tiers; its probes shortened
+        d["decide"] = exp.decide.dry_run(DRY_RUN_SPEEDUP if ours else 1)
     return Experiment.model_validate(d)
 
 
