@@ -2,7 +2,9 @@
 
 For each server configuration (in the planner's order) the sglang_server role is applied through ansible-runner
 (restart, readiness, verification, resolved info), then every load point runs through the load core's `run_point`
-(a Locust subprocess: this process never imports Locust or gevent, which would deadlock ansible-runner).
+(a Locust subprocess: this process never imports Locust or gevent, which would deadlock ansible-runner). A `search:`
+block runs its capacity searches instead (matrix/capacity_run.py), a `decide:` block its decision, one server at a
+time (matrix/decision_run.py).
 
 Durability: each point is measured into `runs/<run_id>/.tmp-<point_id>/` and renamed to `runs/<run_id>/<point_id>/`
 only when complete, so a point folder exists if and only if the point finished; the manifest is rewritten
