@@ -101,10 +101,7 @@ class _Servers:
         r.m.save()
         t0 = time.monotonic()
         if r.exp.target.managed:
-            from servesweep.matrix.orchestrator import _flags_text
-
-            cfg = next(cp.config for cp in r.plan.configs if cp.config.id == cid)
-            r.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
+            r.config_rule(next(cp.config for cp in r.plan.configs if cp.config.id == cid))
             if not r._start_server(cid, [], restart=again):
                 self.current = None
                 raise ProbeFailed(f"server {cid} did not start: {(c.get('error') or '')[:500]}")

@@ -783,7 +783,7 @@ class ServerRun:
         c["started"] = mf.now_iso()
         self.m.save()
         if self.exp.target.managed:
-            self.console.rule(f"[bold]{cid}[/]  {_flags_text(cfg)}")
+            self.config_rule(cfg)
             if not self._start_server(cid, [pid for pid in todo if pid in self.m.points]):
                 return
         else:
@@ -831,6 +831,10 @@ class ServerRun:
                 self.event(f"retrying {pid} (attempt {p['attempts'] + 1} of {self.exp.retries + 1})")
         c["status"] = "done"
         self.m.save()
+
+    def config_rule(self, cfg: ServerConfig) -> None:
+        """The console's rule that opens a configuration: its id and flags."""
+        self.console.rule(f"[bold]{cfg.id}[/]  {_flags_text(cfg)}")
 
     def _start_server(self, cid: str, todo: list[str], *, restart: bool = False) -> bool:
         """Apply the role (state started); on failure every point of `todo` is marked server_failed."""
