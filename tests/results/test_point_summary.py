@@ -87,3 +87,30 @@ def test_a_save_writes_the_version_and_refuses_what_a_load_would(tmp_path):
     with pytest.raises(ValueError, match="window_s"):
         save_summary(path, {**data, "window_s": "long"})
     assert path.read_bytes() == (tmp_path / "before.json").read_bytes()  # the file stays as it was
+
+
+@pytest.mark.fast
+def test_the_reports_recomputed_figures_are_the_stored_ones():
+    """The report recomputes a point's figures from records.parquet (compare.PointSample: its intervals need the raw
+    values, and a bare records file has no summary); the diagnosis it prints reads them from summary.json. One
+    definition (results/metrics.py) makes both the same number: this point's summary.json and records.parquet, as
+    the run wrote them, agree to the last digit on every figure the report's table shows and summary.json holds."""
+    from servesweep.results.compare import PointSample, metric
+    from servesweep.results.records import read_parquet
+
+    s = PointSummary.load(BEFORE_THE_MODEL)
+    sample = PointSample.from_table(read_parquet(BEFORE_THE_MODEL.with_suffix(".records.parquet")))
+    stored = {
+        "ttft_p50": s.ttft_ms.p50 if s.ttft_ms else None,
+        "ttft_p99": s.ttft_ms.p99 if s.ttft_ms else None,
+        "itl_p50": s.itl_ms.p50 if s.itl_ms else None,
+        "itl_p99": s.itl_ms.p99 if s.itl_ms else None,
+        "itl_per_token_p50": s.itl_per_token_ms.p50 if s.itl_per_token_ms else None,
+        "tpot_p50": s.tpot_ms.p50 if s.tpot_ms else None,
+        "e2e_p50": s.e2e_ms.p50 if s.e2e_ms else None,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "request_rate": s.request_rate,
+        "error_rate": s.error_rate,
+    }
+    recomputed = {name: metric(name).value(sample) for name in stored}
+    assert recomputed == pytest.approx(stored, rel=1e-12)

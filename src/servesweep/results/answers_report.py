@@ -1,12 +1,14 @@
 """The report's "Answers" section: needle accuracy per server configuration and prompt length (the run's needle
-probes, results/needle.py) and the speculative bundles' answers against the autoregressive bundle's."""
+probes, answers/<config>.json read through results/needle_file.py, checked; scored by results/needle.py) and the
+speculative bundles' answers against the autoregressive bundle's."""
 
 from __future__ import annotations
 
 import math
 from html import escape
 
-from servesweep.results.needle import mismatch_rows, needle_rows, read_probes
+from servesweep.results.needle import mismatch_rows, needle_rows
+from servesweep.results.needle_file import read_all_probes
 
 
 def _pct(x) -> str:
@@ -17,7 +19,7 @@ def answers_tables(run) -> tuple[list[list[str]], list[list[str]]]:
     """(needle rows, mismatch rows) as text cells; both empty when the run has no probes."""
     if getattr(run, "kind", None) == "records":
         return [], []
-    probes = read_probes(run.path)
+    probes = read_all_probes(run.path)
     configs = run.manifest.get("configs") or {}
     needle = [
         [r["config_id"], str(r["prompt_tokens"]), f"{r['correct']}/{r['n']}", _pct(r["needle_accuracy"]),

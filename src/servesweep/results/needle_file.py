@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
+from servesweep.results.runfolder import RunError
 from servesweep.results.schema import Strict, VersionedFile
 
 SCHEMA_VERSION: Final = 1
@@ -70,11 +71,14 @@ def save_probes(run_dir: str | Path, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_all_probes(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Every configuration's probe file, checked, by configuration id ({}: none). ValueError naming the file and
-    the field of one that is not valid."""
+    """Every configuration's probe file, checked, by configuration id ({}: none). RunError naming the file and the
+    field of one that is not valid (what report, compare and gate print)."""
     folder = Path(run_dir) / PROBES_DIR
     out = {}
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        d = NeedleProbesFile.load_data(f)
+        try:
+            d = NeedleProbesFile.load_data(f)
+        except (OSError, ValueError) as e:
+            raise RunError(str(e)) from None
         out[d["config_id"]] = d
     return out
