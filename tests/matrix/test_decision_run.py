@@ -127,3 +127,23 @@ def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path
     assert doc["probes"] == 2 and doc["status"] == "budget", doc["label"]
     assert m["points"][first]["finished"] == finished and m["points"][first]["attempts"] == 1
     assert len(m["points"]) == 2
+
+
+@pytest.mark.timeout(240)
+def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(tmp_path):
+    """One configuration's emulator refuses its --sim-calibration at start: the decision stops when it must probe
+    it, exit 2, decision.json says failed with the answer so far, the manifest says why."""
+    exp = _experiment(tmp_path, "decide-broken")
+    exp.write_text(exp.read_text().replace('speedup=10"}', 'no_such_key=1"}'))
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=120)
+    assert rc == 2, out[-5000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert doc["status"] == "failed" and not doc["complete"], doc["label"]
+    assert m["decision"]["status"] == "failed" and "s02-slow did not start" in m["decision"]["reason"]
+    assert m["configs"]["s02-slow"]["status"] == "failed"
+    (probe,) = [p for p in m["points"].values() if p["config_id"] == "s02-slow"]
+    assert probe["status"] == "server_failed" and "did not start" in probe["reason"]
+    assert all(r["config"] == "s01-fast" for r in doc["probe_log"])
+    assert "## Decision" in (run_dir / "report.md").read_text()

@@ -147,7 +147,12 @@ class _Probes:
         p = r.m.points.get(pid)
         if p is None or p["status"] != mf.DONE or p.get("asked") != ask:
             p = self._new_point(cell, load, pid, look, ask)
-            self.servers.ensure(cell.config)
+            try:
+                self.servers.ensure(cell.config)
+            except ProbeFailed as e:
+                p.update(status=mf.SERVER_FAILED, reason=str(e))
+                r.m.save()
+                raise
             t0 = time.monotonic()
             r._run_point(cell.config, pid)
             p["probe_wall_s"] = round(time.monotonic() - t0, 3)

@@ -1153,7 +1153,7 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
     for cp in plan.configs:
         if cp.resolved is None or not cp.feasible_points:
             continue
-        timer = timer_for(cp) if timer_for else _Timer(cp.resolved, exp, sim_calibration(exp, cp.config))
+        timer = timer_for(cp) if timer_for else _decision_timer(exp, cp)
         if not timer_for:
             _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
@@ -1174,6 +1174,15 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
                 )
             )
     return cells
+
+
+def _decision_timer(exp: Experiment, cp: ConfigPlan) -> _Timer:
+    """The step model a configuration's cells predict with: the emulator's own calibration where it has one (one
+    the emulator will refuse is left to its start to say so: the plan prices the default)."""
+    try:
+        return _Timer(cp.resolved, exp, sim_calibration(exp, cp.config))
+    except ValueError:
+        return _Timer(cp.resolved, exp)
 
 
 def sim_calibration(exp: Experiment, cfg: ServerConfig) -> dict[str, str] | None:
