@@ -332,7 +332,7 @@ def evaluate_run(
         results += degraded_check(p, allow_degraded)
         try:
             sample = point_sample(p)
-            if not (p.entry or {}).get("search"):
+            if not (p.entry or {}).get("search") and not (p.entry or {}).get("decide"):
                 limit = failure_limit(run, p) if isinstance(max_failure_rate, Unset) else max_failure_rate
                 results += failure_check(p, sample, limit)
             results += check_sample(p.point_id, sample, slos)
