@@ -197,3 +197,36 @@ def test_save_capacity_writes_the_version_and_refuses_an_undeclared_key(runs, tm
     with pytest.raises(ValueError, match="frontier.0.tok_s"):
         capacity.save_capacity(tmp_path, {**cap, "frontier": [{**cap["frontier"][0], "tok_s": 1.0}]})
     assert json.loads((tmp_path / "capacity.json").read_text()) == written  # the file stays as it was
+
+
+# what a dry run of examples/qwen36-27b-rtxpro6000-search.yaml wrote before the models (results/capacity.py
+# CapacityFile, SearchFile): its capacity.json and its one search's searches/<search>.json
+CAPACITY_BEFORE = Path(__file__).with_name("capacity_v0_dryrun.json")
+SEARCH_BEFORE = Path(__file__).with_name("search_v0_dryrun.json")
+
+
+@pytest.mark.fast
+def test_real_capacity_and_search_files_from_before_the_models_load_whole(tmp_path):
+    cap_raw = json.loads(CAPACITY_BEFORE.read_text())
+    (tmp_path / capacity.CAPACITY_JSON).write_text(CAPACITY_BEFORE.read_text())
+    assert capacity.CapacityFile.load(tmp_path / capacity.CAPACITY_JSON).as_data() == {
+        "schema_version": 1,
+        **cap_raw,
+    }
+    raw = json.loads(SEARCH_BEFORE.read_text())
+    capacity.search_path(tmp_path, raw["search"]).parent.mkdir()
+    capacity.search_path(tmp_path, raw["search"]).write_text(SEARCH_BEFORE.read_text())
+    got = capacity.load_search(tmp_path, raw["search"])
+    # its probes' judgements hold infinite bounds: they come back as written (json.dumps's Infinity)
+    assert json.dumps(got, sort_keys=True) == json.dumps({"schema_version": 1, **raw}, sort_keys=True)
+    assert got["rows"] == cap_raw["rows"]  # capacity.json's rows are the search's
+
+
+@pytest.mark.fast
+def test_a_search_file_with_a_damaged_row_is_named_with_its_field(tmp_path):
+    raw = json.loads(SEARCH_BEFORE.read_text())
+    del raw["rows"][0]["bracket"]
+    with pytest.raises(ValueError) as e:
+        capacity.save_search(tmp_path, raw)
+    assert f"{raw['search']}.json" in str(e.value)
+    assert "rows.0.bracket" in str(e.value) and not capacity.search_path(tmp_path, raw["search"]).exists()

@@ -114,3 +114,16 @@ def test_the_reports_recomputed_figures_are_the_stored_ones():
     }
     recomputed = {name: metric(name).value(sample) for name in stored}
     assert recomputed == pytest.approx(stored, rel=1e-12)
+
+
+@pytest.mark.fast
+def test_nan_and_infinity_stay_as_json_dumps_writes_them(tmp_path):
+    """A point with no measured request has no window (NaN); a bound no load reached is infinite: a save and a
+    load keep both, as the code before the model wrote them."""
+    data = json.loads(BEFORE_THE_MODEL.read_text())
+    data.update(window_s=float("nan"), window_ns=[float("nan"), float("nan")], needle_accuracy=float("inf"))
+    save_summary(tmp_path / "summary.json", data)
+    text = (tmp_path / "summary.json").read_text()
+    assert '"window_s": NaN' in text and '"needle_accuracy": Infinity' in text
+    s = PointSummary.load(tmp_path / "summary.json")
+    assert s.window_s != s.window_s and s.needle_accuracy == float("inf")

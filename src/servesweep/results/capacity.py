@@ -13,11 +13,13 @@ frontier probe's `output_tokens_per_joule`, `joules_per_output_token`, `power_av
 probe has both more output tok/s per GPU and more output tokens per joule). A row without telemetry gets
 `energy: None`: every surface prints `-`, never a guess.
 
-The file's model is CapacityFile (schema_version 1, CAPACITY_SCHEMA_VERSION), one load (`CapacityFile.load`, through
-`load_capacity`) and one atomic save (results/schema.py VersionedFile) (`save_capacity`, what matrix/capacity_run.py writes with): every key is
-declared and typed, and a file with a field missing, of a wrong type or unknown is refused naming the file and the
-field. A capacity.json without `schema_version` is the format before the model, with the same keys (a row's
-`load_unit` and the energy figures absent where that code did not write them yet): it loads as version 1.
+The file's model is CapacityFile (schema_version 1): one load (`CapacityFile.load`, through
+`load_capacity`) and one atomic save (`save_capacity`, what matrix/capacity_run.py writes with), both from
+results/schema.py VersionedFile. Every key is declared and typed; a file with a field missing, of a wrong type or
+unknown is refused naming the file and the field. The same holds for searches/<search>.json (SearchFile,
+save_search, load_search), one per finished search, what capacity.json is made from. A file without
+`schema_version` is the format before the models, with the same keys (a row's `load_unit` and the energy figures
+absent where that code did not write them yet): it loads as version 1.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import operator
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Literal
 
 from servesweep.results import energy as en
 from servesweep.results.schema import Strict, VersionedFile
 
 CAPACITY_JSON = "capacity.json"
+SEARCHES_DIR = "searches"  # searches/<search>.json: one finished search (SearchFile)
 FRONTIER_SVG = "frontier.svg"
 ENERGY_FRONTIER_SVG = "energy_frontier.svg"
 GPU_JSON = "gpu.json"  # a point folder's GPU telemetry (driver/gpu_telemetry.py)
@@ -59,7 +62,6 @@ HEADER = [
 ]
 
 
-CAPACITY_SCHEMA_VERSION: Final = 1
 Load = int | float  # a concurrency or session count stays an int, a rate or a speed-up a float
 
 
@@ -85,13 +87,18 @@ class CapacityRow(Strict):
     energy: dict[str, Any] | None = None  # add_energy: the GPU telemetry at capacity (None: no sampler)
 
 
-class FrontierProbe(Strict):
-    """A probe of a search as a frontier point (matrix/search.py FrontierPoint), its search and Pareto flags."""
+class FrontierPointFile(Strict):
+    """A probe of a search as a frontier point (matrix/search.py FrontierPoint)."""
 
     config: str
     load: Load
     tokens_per_s_per_gpu: float
     user_tokens_per_s: float
+
+
+class FrontierProbe(FrontierPointFile):
+    """A frontier point in capacity.json: its search and Pareto flags."""
+
     search: str
     pareto: bool
     # add_energy's
@@ -105,10 +112,9 @@ class FrontierProbe(Strict):
 class CapacityFile(VersionedFile):
     """capacity.json of a run with a `search:` block, schema_version 1."""
 
-    SCHEMA_VERSION: ClassVar[int] = CAPACITY_SCHEMA_VERSION
     WHAT: ClassVar[str] = CAPACITY_JSON
 
-    schema_version: Literal[1] = CAPACITY_SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     run_id: str | None
     dry_run: bool = False
     axis: str | None
@@ -116,6 +122,43 @@ class CapacityFile(VersionedFile):
     frontier: list[FrontierProbe]
     probes: int
     grid_points: int
+
+
+class SearchHeadline(Strict):
+    probes: int
+    calls: int
+    grid_points: int
+    capacity: dict[str, Load | None]  # tier -> capacity
+
+
+class SearchFile(VersionedFile):
+    """searches/<search>.json of a run with a `search:` block (matrix/capacity_run.py search_document), one per
+    finished search, what capacity.json is made from: the SearchResult, one row per tier, the frontier points."""
+
+    WHAT: ClassVar[str] = "search result file"
+
+    schema_version: Literal[1] = 1
+    search: str
+    config: str
+    gpus: int
+    result: dict[str, Any]  # matrix/search.py SearchResult.as_dict: probes, tiers, judgements
+    rows: list[CapacityRow]
+    frontier: list[FrontierPointFile]
+    headline: SearchHeadline
+
+
+def search_path(run_dir: str | Path, search: str) -> Path:
+    return Path(run_dir) / SEARCHES_DIR / f"{search}.json"
+
+
+def save_search(run_dir: str | Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """searches/<search>.json from its JSON, checked (SearchFile), written atomically; the JSON as written."""
+    return SearchFile.save_data(search_path(run_dir, doc.get("search", "")), doc)
+
+
+def load_search(run_dir: str | Path, search: str) -> dict[str, Any]:
+    """searches/<search>.json, checked (FileNotFoundError; ValueError naming the file and the field)."""
+    return SearchFile.load_data(search_path(run_dir, search))
 
 
 def save_capacity(run_dir: str | Path, cap: dict[str, Any]) -> dict[str, Any]:

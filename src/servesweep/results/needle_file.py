@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Final, Literal
 from servesweep.results.runfolder import RunError
 from servesweep.results.schema import Strict, VersionedFile
 
-SCHEMA_VERSION: Final = 1
 PROBES_DIR: Final = "answers"
 
 
@@ -48,7 +47,6 @@ class NeedleProbe(Strict):
 class NeedleProbesFile(VersionedFile):
     """answers/<config_id>.json, schema_version 1."""
 
-    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
     WHAT: ClassVar[str] = "needle probes file"
 
     schema_version: Literal[1] = 1
@@ -65,9 +63,7 @@ def probes_path(run_dir: str | Path, config_id: str) -> Path:
 
 def save_probes(run_dir: str | Path, data: dict[str, Any]) -> dict[str, Any]:
     """A configuration's probe results (matrix/answer_probes.py) checked, written atomically; the JSON written."""
-    path = probes_path(run_dir, data.get("config_id", ""))
-    path.parent.mkdir(exist_ok=True)
-    return NeedleProbesFile.save_data(path, data)
+    return NeedleProbesFile.save_data(probes_path(run_dir, data.get("config_id", "")), data)
 
 
 def read_all_probes(run_dir: str | Path) -> dict[str, dict[str, Any]]:

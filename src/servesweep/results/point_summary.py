@@ -9,7 +9,7 @@ the file and the field. Readers take what a summary says from it; nothing recomp
 report and compare, which recompute every figure from records.parquet (with its interval) and take only what the
 records cannot give from here.
 
-Schema version 1 (SCHEMA_VERSION): the file as servesweep wrote it before the model existed plus
+Schema version 1 (`schema_version`, its one declaration; SCHEMA_VERSION): the file as servesweep wrote it before the model existed plus
 `"schema_version": 1`. A summary without `schema_version` is that earlier format, with the same keys: it loads as
 it is (version 0 is read as version 1; no key differs). A later stage's keys (the workers, the server's state, the
 GPUs, the needle accuracy, ...) are absent until it sets them.
@@ -24,7 +24,6 @@ from pydantic import Field
 
 from servesweep.results.schema import Strict, VersionedFile
 
-SCHEMA_VERSION: Final = 1
 SUMMARY: Final = "summary.json"
 
 
@@ -122,7 +121,6 @@ class ClientHeadroom(Strict):
 class PointSummary(VersionedFile):
     """summary.json of one point, schema_version 1."""
 
-    SCHEMA_VERSION: ClassVar[int] = SCHEMA_VERSION
     WHAT: ClassVar[str] = "point summary"
 
     schema_version: Literal[1] = 1
@@ -187,6 +185,9 @@ class PointSummary(VersionedFile):
     @property
     def point_labels(self) -> dict[str, str]:
         return dict(self.point.get("labels") or {})
+
+
+SCHEMA_VERSION: Final = PointSummary.version()
 
 
 def save_summary(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """The one way a results file crosses a stage: a pydantic model of the whole file (`VersionedFile`), one schema
 version, one load that names the file and the field a file gets wrong, one atomic save that writes only what the load
-accepts. summary.json (results/point_summary.py), capacity.json (results/capacity.py) and the needle probes'
-answers/<config>.json (results/needle_file.py) are its subclasses; manifest.json (results/manifest.py) follows the
-same rules with its own lock.
+accepts. summary.json (results/point_summary.py), capacity.json and searches/<search>.json (results/capacity.py)
+and the needle probes' answers/<config>.json (results/needle_file.py) are its subclasses; manifest.json
+(results/manifest.py) follows the same rules with its own lock.
 
 A file without `schema_version` is the format written before its model existed; each subclass says what that is.
-Where it is the same keys (all three here), it loads as the current version.
+Where it is the same keys (all four here), it loads as the current version.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from servesweep.results.store import write_json_atomic
 class Strict(BaseModel):
     """A part of a file: every key declared; one the model does not know is an error on load and on save."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # NaN and infinity stay what json.dumps writes (NaN, Infinity): a summary of no request has NaN in it
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, ser_json_inf_nan="constants")
 
 
 def field_error(e: ValidationError) -> str:
@@ -34,11 +35,15 @@ def field_error(e: ValidationError) -> str:
 
 
 class VersionedFile(Strict):
-    """A whole results file. Subclasses declare `schema_version: Literal[N] = N`, set SCHEMA_VERSION and WHAT (the
+    """A whole results file. Subclasses declare their version once, `schema_version: Literal[N] = N`, and WHAT (the
     file's name in messages)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
     WHAT: ClassVar[str] = "results file"
+
+    @classmethod
+    def version(cls) -> int:
+        """The schema version the subclass declares (its `schema_version` field's default)."""
+        return int(cls.model_fields["schema_version"].default)
 
     @classmethod
     def check(cls, path: str | Path, data: Any) -> Self:
@@ -46,9 +51,9 @@ class VersionedFile(Strict):
         the format before the model, read as the current version."""
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a {cls.WHAT} is a JSON object, not {type(data).__name__}")
-        version = data.get("schema_version", cls.SCHEMA_VERSION)
-        if version != cls.SCHEMA_VERSION:
-            raise ValueError(f"{path}: schema_version {version!r}, expected {cls.SCHEMA_VERSION}")
+        version = data.get("schema_version", cls.version())
+        if version != cls.version():
+            raise ValueError(f"{path}: schema_version {version!r}, expected {cls.version()}")
         try:
             return cls.model_validate(data)
         except ValidationError as e:
@@ -67,14 +72,16 @@ class VersionedFile(Strict):
         return cls.check(path, data)
 
     def save(self, path: str | Path) -> None:
-        """Written atomically (store.write_json_atomic): a reader sees the previous file or this one, whole."""
+        """Written atomically (store.write_json_atomic): a reader sees the previous file or this one, whole. Its
+        folder (a run's searches/, answers/) is made when missing."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(Path(path), self.as_data())
 
     def as_data(self) -> dict[str, Any]:
         """The file's JSON: the keys given (a later stage's keys absent until it sets them), with schema_version."""
         data = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
         return {
-            "schema_version": self.SCHEMA_VERSION,
+            "schema_version": self.version(),
             **{k: v for k, v in data.items() if k != "schema_version"},
         }
 
