@@ -27,7 +27,7 @@ def _cut(text: str | None, n: int) -> str | None:
 def records(dirs: list[Path], chars: int, per_point: int) -> list[dict]:
     import pyarrow.parquet as pq
 
-    from servesweep.results.answers import degenerate
+    from servesweep.results.answer_checks import degenerate
 
     keep = (
         "top_word_share",

@@ -180,12 +180,13 @@ def test_gate_and_compare_take_a_replay_capacity(tmp_path):
         row = {
             "search": "s01.production-chat-p2100-o200-c32", "config": "s01", "workload": "production",
             "prompt_tokens": 2100, "output_tokens": 200, "gpus": 2, "axis": "speedup", "tier": "t",
-            "capacity": lo, "bracket": [lo, hi], "stop": "resolution", "binding": "ttft_p95<=5s", "probes": 5,
+            "slos": ["ttft_p95<=5s"], "capacity": lo, "bracket": [lo, hi], "stop": "resolution", "binding": "ttft_p95<=5s", "probes": 5,
             "load_unit": "x trace", "at_capacity": {},
         }  # fmt: skip
         d = tmp_path / name
         d.mkdir()
-        (d / CAPACITY_JSON).write_text(json.dumps({"run_id": name, "axis": "speedup", "rows": [row], "frontier": []}))
+        cap = {"run_id": name, "axis": "speedup", "rows": [row], "frontier": [], "probes": 5, "grid_points": 9}
+        (d / CAPACITY_JSON).write_text(json.dumps(cap))  # as capacity_run writes it (results/capacity.py CapacityFile)
         return d
 
     old, new = run("old", 3.2, 3.5), run("new", 2.4, 2.6)

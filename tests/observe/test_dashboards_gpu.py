@@ -4,6 +4,7 @@ and verdicts, the capacity and frontier energy gauges, the backfill's, and the p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,7 +97,9 @@ def test_backfill_carries_the_gpu_gauges(tmp_path):
     (run / "manifest.json").write_text(json.dumps({"run_id": run.name, "points": {"p1": {
         "config_id": "c", "status": "done", "started": "2026-01-01T00:00:10+00:00",
         "finished": "2026-01-01T00:00:40+00:00"}}}))  # fmt: skip
-    (run / "p1" / "summary.json").write_text(json.dumps(_summary(gpu=GPU, point_id="p1")))
+    real = json.loads((Path(__file__).parents[1] / "results" / "summary_v0_point.json").read_text())
+    real["point"]["labels"] = {"config_id": "c"}
+    (run / "p1" / "summary.json").write_text(json.dumps({**real, "gpu": GPU, "point_id": "p1"}))
     fams = {f.name: f for f in parse_openmetrics(run_openmetrics(run))}
     assert {s.value for s in fams["servesweep_point_gpu_joules_per_output_token"].samples} == {0.9}
 

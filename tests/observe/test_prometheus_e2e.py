@@ -47,6 +47,7 @@ MODEL = "qwen3.6-35b-a3b"
 CONFIG = "tp1-nextn"
 OLD_RUN, LIVE_RUN = "e2e-old", "e2e-live"
 DAY = 86400.0
+REAL_SUMMARY = Path(__file__).parents[1] / "results" / "summary_v0_point.json"  # a real point's summary.json
 SIM_ARGS = ["--model-path", MODEL, "--enable-metrics", "--enable-cache-report",
             "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", "4", "--sim-fault-rate", "500=0.2", "--sim-seed", "7"]  # fmt: skip
@@ -412,10 +413,13 @@ def test_backfill_reads_orchestrator_run_folders(tmp_path):
                                "finished": "2026-01-01T00:00:40+00:00"}},
     }  # fmt: skip
     (run / "manifest.json").write_text(json.dumps(manifest))
-    summary = {"point_id": "c2-p256", "output_tokens": 256.0, "output_tokens_per_s": 99.5,
+    # a real point's summary.json (tests/results/summary_v0_point.json), its point and figures set for this run
+    summary = {**json.loads(REAL_SUMMARY.read_text()), "point_id": "c2-p256", "output_tokens": 256.0,
+               "output_tokens_per_s": 99.5, "started_unix": 1767225610.0, "wall_s": 30.0,
                "point": {"model": "qwen", "concurrency": 2, "prompt_tokens": 256, "output_tokens": 32,
                          "endpoint": "chat", "labels": {"config_id": "cfg1-mtp", "run_id": run.name, "bundle": "mtp"}},
-               "ttft_ms": {"p50": 10.0, "p90": 20.0, "p99": 30.0, "mean": 12.0}}  # fmt: skip
+               "ttft_ms": {"p50": 10.0, "p90": 20.0, "p95": 25.0, "p99": 30.0, "mean": 12.0, "min": 5.0, "max": 31.0,
+                           "n": 40}}  # fmt: skip
     (run / "c2-p256" / "summary.json").write_text(json.dumps(summary))
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
@@ -427,7 +431,7 @@ def test_backfill_reads_orchestrator_run_folders(tmp_path):
                            "gpu_count": "2"}  # fmt: skip  (tp_size 2 in the manifest: results/pergpu.py)
     tput = fams["servesweep_point_output_tokens_per_second_per_gpu"].samples
     assert [s.value for s in tput] and all(s.value == pytest.approx(99.5 / 2) for s in tput)
-    # no start time in the summary: the manifest's ISO times bound the samples
+    # the summary's start and wall time (the manifest's ISO times say the same) bound the samples
     times = [float(s.timestamp) for s in fams["servesweep_point_info"].samples]
     assert min(times) == 1767225610.0 and max(times) == 1767225640.0
     ttft = {s.labels["stat"]: s.value for s in fams["servesweep_point_ttft_seconds"].samples}

@@ -230,8 +230,9 @@ def test_a_backfilled_run_shows_as_history(root):
     run = root / "old-run"
     (run / "c4-p200").mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"run_id": "old-run"}))
+    real = json.loads((Path(__file__).parents[1] / "results" / "summary_v0_point.json").read_text())
     (run / "c4-p200" / "summary.json").write_text(
-        json.dumps({"point_id": "c4-p200", "started_unix": start, "wall_s": 120.0, "requests": 10})
+        json.dumps({**real, "point_id": "c4-p200", "started_unix": start, "wall_s": 120.0})
     )
     r = _cli("backfill", "--root", str(root), str(run))
     assert r.returncode == 0 and "block(s)" in r.stdout, r.stdout + r.stderr

@@ -342,7 +342,7 @@ def test_answers_fail_loudly_while_the_load_figures_stay(serial_run):
     """The random model cannot find a needle: 0 % at every configuration, in the console and the report; its
     greedy answers are a flood of one character, which servesweep's degeneration check flags; the load points
     still measured."""
-    from servesweep.results.answers import degenerate
+    from servesweep.results.answer_checks import degenerate
 
     run_dir, log = serial_run["run_dir"], serial_run["log"]
     for cid in ("s01-default", "s02-small-batch", "s03-eight-slot"):

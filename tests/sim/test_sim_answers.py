@@ -1,4 +1,4 @@
-"""The emulator's answers (sim/answers.py) against the answer checks (results/answers.py), issue 24: a healthy
+"""The emulator's answers (sim/answers.py) against the answer checks (results/answer_checks.py), issue 24: a healthy
 emulator passes every check, and each answer fault is caught by its own check."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import servesweep.sim.answers as sim_answers
-from servesweep.results.answers import (
+from servesweep.results.answer_checks import (
     answer_mismatch_rate,
     degenerate,
     degenerate_rate,

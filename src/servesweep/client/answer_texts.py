@@ -1,6 +1,6 @@
 """A response's text as the record keeps it: what the model answered (`content`, a completion's `text`) and what
 it reasoned (`reasoning_content`) apart. Gathered by client/sse.py's parse after the stream has ended, never per
-chunk; the checks that read the texts (results/answers.py) run in the parent, not in Locust."""
+chunk; the checks that read the texts (results/answer_checks.py) run in the parent, not in Locust."""
 
 from __future__ import annotations
 

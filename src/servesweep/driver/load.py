@@ -20,6 +20,7 @@ from servesweep.config.point import (
 from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, BadOption, CouldNotRun, UsageError
 from servesweep.results.degraded import exit_line
+from servesweep.results.point_summary import SUMMARY, load_summary
 from servesweep.results.table import results_table, table_notes
 from servesweep.target.probes import ProbeLog, resolve_point
 
@@ -113,7 +114,7 @@ def _resume_state(
     `interruptions`), and what is left to measure, in the sweep's order."""
     manifest = read_json(run_dir / "manifest.json")
     finished = [e for e in manifest["points"] if e.get("status") != "interrupted"]
-    summaries = {e["point_id"]: read_json(run_dir / e["dir"] / "summary.json") for e in finished}
+    summaries = {e["point_id"]: load_summary(run_dir / e["dir"] / SUMMARY) for e in finished}
     finished = [
         e for e in finished if summaries[e["point_id"]] is not None
     ]  # a folder removed since: measure it

@@ -218,7 +218,7 @@ def run_point(
     URLs (else $SERVESWEEP_GPU_TELEMETRY): their samples of the point go into gpu.json (driver/gpu_telemetry.py).
     """
     from servesweep.config.slo import parse_slos
-    from servesweep.results.store import write_json_atomic
+    from servesweep.results.point_summary import SUMMARY, save_summary
 
     if workers and worker_hosts:
         raise ValueError("workers and worker_hosts: give local worker processes or worker hosts, not both")
@@ -302,7 +302,8 @@ def run_point(
     gpu_urls = gpu_telemetry_urls(gpu_telemetry)
     if gpu_urls:  # the GPUs' energy, power, utilization and throttling during the point: gpu.json
         summary["gpu"] = gpu_summary_fields(write_point_gpu(gpu_urls, out_dir, summary, t0, wall_end))
-    write_json_atomic(out_dir / "summary.json", summary)
+    # checked against results/point_summary.py PointSummary, then written atomically
+    summary = save_summary(out_dir / SUMMARY, summary)
     if progress is not None:
         progress(_read_progress(work, point, time.monotonic() - started))
     shutil.rmtree(work, ignore_errors=True)

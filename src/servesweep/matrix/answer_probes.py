@@ -15,7 +15,6 @@ Building the probes' prompts says so once when it takes more than SLOW_BUILD_S (
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -27,9 +26,10 @@ from typing import Any
 
 from servesweep.config.experiment import Experiment
 from servesweep.results import manifest as mf
-from servesweep.results.answers import degenerate, score_needle
-from servesweep.results.needle import is_speculative, needle_warning, probe_path
-from servesweep.results.store import write_json_atomic
+from servesweep.results.answer_checks import degenerate, score_needle
+from servesweep.results.needle import is_speculative, needle_warning
+from servesweep.results.needle_file import probes_path, save_probes
+from servesweep.results.point_summary import SUMMARY, PointSummary
 from servesweep.target import http
 
 CONTEXT_MARGIN = 64  # tokens left free under the context length besides the prompt and max_tokens
@@ -215,7 +215,7 @@ def probe_configuration(
 ) -> None:
     """The hook the orchestrator calls once a configuration's server is ready: probe it (once per run: a resumed
     run keeps the probes it has), write the results, print one line per prompt length."""
-    path = probe_path(m.run_dir, config_id)
+    path = probes_path(m.run_dir, config_id)
     lengths = probe_lengths(m, config_id)
     if not exp.answers.needle_probes or not lengths or path.is_file():
         return
@@ -223,9 +223,8 @@ def probe_configuration(
     def progress(line: str) -> None:
         event(f"  [dim]{config_id}: {line}[/]")
 
-    data = {"config_id": config_id, **run_probes(exp, flags, lengths, base_url, api_key, progress)}
-    path.parent.mkdir(exist_ok=True)
-    write_json_atomic(path, data)
+    probes = run_probes(exp, flags, lengths, base_url, api_key, progress)
+    data = save_probes(m.run_dir, {"config_id": config_id, **probes})  # checked: results/needle_file.py
     m.configs[config_id]["needle_accuracy"] = {k: v["needle_accuracy"] for k, v in data["lengths"].items()}
     m.save()
     for length, v in data["lengths"].items():
@@ -258,6 +257,6 @@ def needle_into_summary(summary: dict, folder: Path, run_dir: Path, config_id: s
     if acc is None:
         return
     summary["needle_accuracy"] = acc
-    f = Path(folder) / "summary.json"
+    f = Path(folder) / SUMMARY
     if f.is_file():
-        write_json_atomic(f, {**json.loads(f.read_text()), "needle_accuracy": acc})
+        PointSummary.load(f).model_copy(update={"needle_accuracy": acc}).save(f)

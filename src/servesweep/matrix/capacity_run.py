@@ -16,7 +16,6 @@ The runner (matrix/orchestrator.Runner) is passed in: this module uses its manif
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,8 @@ from servesweep.matrix.search import (
     search,
 )
 from servesweep.results import manifest as mf
-from servesweep.results.capacity import CAPACITY_JSON, load_text
+from servesweep.results.capacity import load_search, load_text, save_capacity, save_search, search_path
 from servesweep.results.pergpu import flags_gpus
-from servesweep.results.store import write_json_atomic
 
 # a probe point's id: <search>-<tag><load>-n<call> (c: concurrency, r: req/s, x: a trace replay's speed-up)
 AXIS_TAG = {"concurrency": "-c", "rate": "-r", "speedup": "-x"}
@@ -192,7 +190,7 @@ def run_searches(runner, cid: str, todo: list[str]) -> None:
             runner.event(f"[red]✗ search {sid}[/]: {e}")
             continue
         doc = search_document(runner, cid, sid, result)
-        write_json_atomic(runner.run_dir / "searches" / f"{sid}.json", doc)
+        doc = save_search(runner.run_dir, doc)  # checked: results/capacity.py SearchFile
         s.update(status=mf.DONE, finished=mf.now_iso(), result=doc["headline"], reason=None)
         runner.m.save()
         for row in doc["rows"]:
@@ -295,10 +293,9 @@ def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
 
     rows, points, searches, probes, grid = [], [], [], 0, 0
     for sid, s in (data.get("searches") or {}).items():
-        f = run_dir / "searches" / f"{sid}.json"
-        if s["status"] != mf.DONE or not f.is_file():
+        if s["status"] != mf.DONE or not search_path(run_dir, sid).is_file():
             continue
-        doc = json.loads(f.read_text())
+        doc = load_search(run_dir, sid)
         rows += doc["rows"]
         points += [FrontierPoint(**p) for p in doc["frontier"]]
         searches += [sid] * len(doc["frontier"])
@@ -318,7 +315,7 @@ def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
         "probes": probes,
         "grid_points": grid,
     }
-    write_json_atomic(run_dir / CAPACITY_JSON, cap)
+    cap = save_capacity(run_dir, cap)  # checked against results/capacity.py CapacityFile, written atomically
     if points:
         write_frontier_svg(run_dir, cap)
     return cap

@@ -49,6 +49,7 @@ from servesweep.results.degeneration import degeneration_warning
 from servesweep.results.degraded import degradation
 from servesweep.results.packing import is_isolation_sample
 from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
+from servesweep.results.point_summary import SUMMARY, load_summary
 from servesweep.target import http
 
 if TYPE_CHECKING:  # at run time imported where used: a run that does not need one does not load it
@@ -1328,9 +1329,9 @@ class Runner(ServerRun):
         changed = False
         for pid, p in self.m.points.items():
             d = self.run_dir / pid
-            if p["status"] != mf.DONE and (d / "summary.json").is_file():
+            if p["status"] != mf.DONE and (d / SUMMARY).is_file():
                 p.update(
-                    status=mf.DONE, dir=pid, result=_headline(json.loads((d / "summary.json").read_text()))
+                    status=mf.DONE, dir=pid, result=_headline(load_summary(d / SUMMARY))
                 )
                 changed = True
             elif p["status"] == mf.RUNNING:

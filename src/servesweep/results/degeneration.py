@@ -1,4 +1,4 @@
-"""A point's degeneration figures, from the texts its records keep (results/answers.py judges each text).
+"""A point's degeneration figures, from the texts its records keep (results/answer_checks.py judges each text).
 
 Judged: the measured (not warmup), successful requests that kept a text. A request is degenerate when its answer
 or its reasoning is (a model that loops while thinking never reaches its answer). Run by the parent after the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from servesweep.results.answers import degenerate
+from servesweep.results.answer_checks import degenerate
 
 MOSTLY_DEGENERATE = 0.5  # a point past this share of degenerate answers is flagged loudly, whatever its speed
 EXAMPLES = 3  # distinct reasons kept in the summary

@@ -8,33 +8,20 @@ A probe file holds `lengths` ({prompt tokens: {n, correct, needle_accuracy}}) an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from servesweep.results.answers import answer_mismatch_rate
+from servesweep.results.answer_checks import answer_mismatch_rate
+from servesweep.results.needle_file import NeedleProbesFile, probes_path, read_all_probes
 
-PROBES_DIR = "answers"
 # Below this share of needles found at a prompt length, a configuration's figures at that length are flagged as
 # loudly as mostly degenerate answers (results/degeneration.py): a server that does not read its context (a wrong
 # RoPE scaling, a broken sliding window, an over-eager prefix cache) streams fluent text at full speed.
 LOW_NEEDLE_ACCURACY = 0.5
 
 
-def probe_path(run_dir: Path, config_id: str) -> Path:
-    return Path(run_dir) / PROBES_DIR / f"{config_id}.json"
-
-
 def read_probes(run_dir: Path) -> dict[str, dict]:
-    """Every configuration's probe file, by configuration id (none: {})."""
-    folder = Path(run_dir) / PROBES_DIR
-    out = {}
-    for f in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        try:
-            d = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        out[d.get("config_id", f.stem)] = d
-    return out
+    """Every configuration's probe file, checked (results/needle_file.py), by configuration id (none: {})."""
+    return read_all_probes(run_dir)
 
 
 def is_speculative(flags: dict) -> bool:
@@ -95,9 +82,8 @@ def mismatch_rows(probes: dict[str, dict], configs: dict[str, dict]) -> list[dic
 
 def needle_for_point(run_dir: Path, config_id: str, prompt_tokens: int) -> float | None:
     """The needle accuracy of the configuration's probes at the point's prompt length (None: not probed)."""
-    p = probe_path(run_dir, config_id)
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, ValueError):
+    p = probes_path(run_dir, config_id)
+    if not p.is_file():
         return None
-    return ((d.get("lengths") or {}).get(str(prompt_tokens)) or {}).get("needle_accuracy")
+    score = NeedleProbesFile.load(p).lengths.get(str(prompt_tokens))
+    return None if score is None else score.needle_accuracy

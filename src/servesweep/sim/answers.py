@@ -21,7 +21,7 @@ Answer faults (the same KIND[:ARG] grammar as faults.py, for `X-Sim-Fault` and `
   (default 8): from there its prose is drawn from another stream, so greedy answers of the speculative and the
   autoregressive server differ; with it off the answer is the healthy one. N = 0 changes the code itself.
 
-This module imports nothing of the load generator (sim/ rule); results/answers.py holds the checks that read
+This module imports nothing of the load generator (sim/ rule); results/answer_checks.py holds the checks that read
 these answers, and the tests run one against the other.
 """
 
