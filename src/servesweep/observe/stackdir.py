@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from servesweep.files import write_atomic
+from servesweep.processes import same_process
 
 if TYPE_CHECKING:
     pass
@@ -310,12 +311,14 @@ def write_record(path: Path, pid: int, **extra) -> dict:
 
 
 def running(path: Path) -> dict | None:
-    """The record at `path` if its process still runs (same pid AND same start time), else None."""
+    """The record at `path` if its process still runs (same pid AND same start time: processes.same_process),
+    else None."""
     try:
         rec = json.loads(path.read_text())
         pid, started = int(rec["pid"]), float(rec["start_time"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    now = process_start_time(pid)
-    # psutil's create_time comes from boot time + clock ticks: equal for one process, to 1/100 s
-    return rec if now is not None and abs(now - started) < 0.05 else None
+    if same_process({"pid": pid, "create_time": started}) is None:
+        _reap(pid)  # our own exited child stays a zombie until collected (`up` and `down` in one process)
+        return None
+    return rec

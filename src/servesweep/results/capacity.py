@@ -183,7 +183,7 @@ def load_capacity(run_dir: str | Path) -> dict[str, Any] | None:
 
 def _probe_gpu(run_dir: Path) -> dict[tuple[str, str], list[dict]]:
     """(search, load as text) -> the gpu.json of each finished call of that probe, from the manifest's points."""
-    from servesweep.results.runfolder import MANIFEST
+    from servesweep.results.store import MANIFEST
 
     try:
         points = (json.loads((run_dir / MANIFEST).read_text()).get("points") or {}).values()

@@ -227,10 +227,7 @@ class Engine:
             self._kick()
 
     async def stop(self) -> None:
-        self._stopped = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._halt()
         if self._hr is not None:
             self._hr.close()
             self._hr = None
@@ -240,6 +237,10 @@ class Engine:
         """Stop dead (a hung GPU or collective): the step in flight never ends, nothing runs again, requests that
         arrive wait forever. Only `stop` (the process's end) follows."""
         self.hung = True
+        self._halt()
+
+    def _halt(self) -> None:
+        """No step ends or starts from here on: both step timers disarmed (the high-resolution one stays open)."""
         self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
