@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from servesweep.matrix.answer_probes import probe_configuration
 from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
 from servesweep.matrix.search import ProbeResult
 from servesweep.results import manifest as mf
@@ -94,24 +93,13 @@ class _Servers:
             self.first_at = time.monotonic()
         if self.current is not None:
             r.m.configs[self.current]["status"] = "done"
-        c = r.m.configs[cid]
-        again = cid in self.seconds
-        c["attempts"] += 1
-        c.update(status="starting", started=mf.now_iso())
-        r.m.save()
         t0 = time.monotonic()
-        if r.exp.target.managed:
-            r.config_rule(next(cp.config for cp in r.plan.configs if cp.config.id == cid))
-            if not r._start_server(cid, [], restart=again):
-                self.current = None
-                raise ProbeFailed(f"server {cid} did not start: {(c.get('error') or '')[:500]}")
-        else:
-            c.update(status="ready")
-            r.m.save()
+        cfg = next(cp.config for cp in r.plan.configs if cp.config.id == cid)
+        if not r.open_config(cfg, [], restart=cid in self.seconds):
+            self.current = None
+            raise ProbeFailed(f"server {cid} did not start: {(r.m.configs[cid].get('error') or '')[:500]}")
         self.seconds[cid] = self.seconds.get(cid, 0.0) + time.monotonic() - t0
         self.current = cid
-        r._write_targets(cid)
-        probe_configuration(r.exp, r.m, cid, r.base_url(), r.api_key, r.event)
 
 
 class _Probes:

@@ -768,6 +768,29 @@ class ServerRun:
             if p["config_id"] == cfg_id and p["status"] not in mf.FINISHED
         ]
 
+    def open_config(self, cfg, todo: list[str], *, restart: bool = False) -> bool:
+        """Make a configuration's server ready for points: an attempt counted, the server started through the role
+        (or, unmanaged, its info read), its Prometheus targets written, its needle probes run. False: it did not
+        start (`_start_server` marked `todo` with the reason). The grid, a search and a decision start one so."""
+        cid = cfg.id
+        c = self.m.configs[cid]
+        c["attempts"] += 1
+        c.update(status="starting", started=mf.now_iso())
+        self.m.save()
+        if self.exp.target.managed:
+            self.config_rule(cfg)
+            if not self._start_server(cid, todo, restart=restart):
+                return False
+        else:
+            info = {
+                k: _get_json(self.base_url() + p) for k, p in (self.exp.launcher.info_paths or {}).items()
+            }
+            c.update(status="ready", server={**info, "info": info})
+            self.m.save()
+        self._write_targets(cid)
+        probe_configuration(self.exp, self.m, cid, self.base_url(), self.api_key, self.event)
+        return True
+
     def _run_config(self, cp: ConfigPlan) -> None:
         cfg = cp.config
         cid = cfg.id
@@ -778,23 +801,9 @@ class ServerRun:
             todo = pending_searches(self.m.data, cid)
         if not todo:
             return
+        if not self.open_config(cfg, [pid for pid in todo if pid in self.m.points]):
+            return
         c = self.m.configs[cid]
-        c["attempts"] += 1
-        c["status"] = "starting"
-        c["started"] = mf.now_iso()
-        self.m.save()
-        if self.exp.target.managed:
-            self.config_rule(cfg)
-            if not self._start_server(cid, [pid for pid in todo if pid in self.m.points]):
-                return
-        else:
-            info = {
-                k: _get_json(self.base_url() + p) for k, p in (self.exp.launcher.info_paths or {}).items()
-            }
-            c.update(status="ready", server={**info, "info": info})
-            self.m.save()
-        self._write_targets(cid)
-        probe_configuration(self.exp, self.m, cid, self.base_url(), self.api_key, self.event)
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import run_searches
 
@@ -1330,9 +1339,7 @@ class Runner(ServerRun):
         for pid, p in self.m.points.items():
             d = self.run_dir / pid
             if p["status"] != mf.DONE and (d / SUMMARY).is_file():
-                p.update(
-                    status=mf.DONE, dir=pid, result=_headline(load_summary(d / SUMMARY))
-                )
+                p.update(status=mf.DONE, dir=pid, result=_headline(load_summary(d / SUMMARY)))
                 changed = True
             elif p["status"] == mf.RUNNING:
                 p["status"] = mf.PENDING

@@ -34,8 +34,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from servesweep.config.experiment import Experiment
-from servesweep.results.store import MANIFEST
-from servesweep.results.store import write_json_atomic
+from servesweep.results.store import MANIFEST, write_json_atomic
 
 SCHEMA_VERSION: Final = 1
 
