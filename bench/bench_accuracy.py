@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 

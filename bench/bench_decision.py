@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from servesweep.config.experiment import load_experiment  # noqa: E402
-from servesweep.config.search import SearchBlock  # noqa: E402
+from servesweep.config.search_block import SearchBlock  # noqa: E402
 from servesweep.matrix import decision as D  # noqa: E402
 from servesweep.matrix import planner  # noqa: E402
 from servesweep.matrix.capacity_plan import price_search  # noqa: E402

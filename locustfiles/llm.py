@@ -29,7 +29,7 @@ failure within it is a WARNING line and exit 0; 1 an SLO breach. A process serve
 second, exit 4, when its parent dies, and so do the workers Locust's --processes forked when their master dies.
 """
 
-from servesweep.client import webui  # noqa: F401  (servesweep with the live LLM tabs, step ramps, per-step CSV, /metrics)
+from servesweep.client import webui  # noqa: F401  (servesweep with the live_stats LLM tabs, step ramps, per-step CSV, /metrics)
 from servesweep.client.user import LLMUser  # noqa: F401  (Locust picks up the user class from this module)
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ shows under each name and the label it shows it with:
   series and the step chart's column);
 - no label anywhere says "ITL" without saying which.
 
-The web UI's pages run only inside Locust (they import it): here their Python halves (client/live.py, client/charts.py)
+The web UI's pages run only inside Locust (they import it): here their Python halves (client/live_stats.py, client/charts.py)
 and static files (webui_static/charts.js, charts.html) are checked; the browser tests
 tests/client/test_webui.py (LLM tab rows against the records) and tests/client/test_webui_charts.py (the charts'
 series drawn, by legend name) cover them running.
@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.client import charts
-from servesweep.client.live import LATENCIES, LiveStats, Sketch
+from servesweep.client.live_stats import LATENCIES, LiveStats, Sketch
 from servesweep.config.slo import ITL_PER_CHUNK, ITL_PER_TOKEN, QUALIFIERS, parse_slos
 from servesweep.observe.dashboards import build_all, expressions, metric_names
 from servesweep.observe.exporter import HISTOGRAMS, SUMMARY_LATENCIES, ClientMetrics
@@ -270,7 +270,7 @@ def test_grafana_dashboards():
 
 
 def test_web_ui_llm_tab_and_charts():
-    """The LLM tab (client/live.py LATENCIES, what webui.llm_rows lists) and the charts' series (client/charts.py,
+    """The LLM tab (client/live_stats.py LATENCIES, what webui.llm_rows lists) and the charts' series (client/charts.py,
     webui_static/charts.js and charts.html)."""
     live = LiveStats()
     for r in RECORDS:

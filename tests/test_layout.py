@@ -34,3 +34,17 @@ def test_architecture_doc_lists_every_module():
         if not re.search(rf"(?<![\w.]){re.escape(f.stem)}(\.py)?(?!\w)", text):
             missing.append(str(rel))
     assert not missing, f"modules docs/architecture.md does not name in their folder's row: {missing}"
+
+
+def test_module_names_say_one_thing():
+    """No two modules share a basename (issue 29: `answers.py` ×3, `live.py` ×3, `search.py` ×2, ... named different
+    things), except where the folder says the role: `cli/<command>.py` is the command of that name and
+    `observe/dashboards/<dashboard>.py` builds that dashboard."""
+    by_name: dict[str, list[str]] = {}
+    for f in sorted((ROOT / "src" / "servesweep").rglob("*.py")):
+        rel = f.relative_to(ROOT / "src" / "servesweep")
+        if f.name in ("__init__.py", "__main__.py") or rel.parts[0] == "cli" or rel.parts[:2] == ("observe", "dashboards"):
+            continue
+        by_name.setdefault(f.stem, []).append(str(rel))
+    shared = {n: paths for n, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a name: {shared}"

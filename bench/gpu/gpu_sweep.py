@@ -3,7 +3,7 @@
 For each server setting (a restart axis: extra `transformers serve` flags) this starts the server in its own
 process group, waits for /health, sends one warm-up request, probes the chat template's overhead once, then runs
 the load axes (prompt tokens x concurrency, fixed output) point by point with servesweep's own load core
-(`servesweep.driver.point.run_point`: a real headless Locust process per point). The run folder has the layout
+(`servesweep.driver.point_run.run_point`: a real headless Locust process per point). The run folder has the layout
 `servesweep load` writes (manifest.json with a `points` list, one folder per point with records.parquet and
 summary.json; each point labelled with its server setting as `config_id`), so `servesweep report` reads it.
 
@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import PointFailed, run_point
+from servesweep.driver.point_run import PointFailed, run_point
 from servesweep.results.store import new_run, write_manifest
 from servesweep.target.probes import resolve_point
 

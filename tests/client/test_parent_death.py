@@ -1,6 +1,6 @@
 """Issue 18: no Locust process outlives the servesweep process that started it, even when that one is SIGKILLed.
 
-A small parent starts Locust the way `driver.point.run_point` does (`driver.command.locust_command`, its own session, output to a
+A small parent starts Locust the way `driver.point_run.run_point` does (`driver.command.locust_command`, its own session, output to a
 log file), the load runs, the parent is SIGKILLed: the Locust process (and the workers `--processes` forked) must be
 gone within seconds, and the emulator must see no request after that."""
 

@@ -23,7 +23,7 @@ import pytest
 
 from servesweep.client.rxstamp import RxClock, stamp_socket
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 

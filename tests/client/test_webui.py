@@ -27,7 +27,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from servesweep.client.live import Sketch
+from servesweep.client.live_stats import Sketch
 from servesweep.net import free_port
 from servesweep.results.records import read_parquet
 from servesweep.results.summary import summarize
@@ -502,7 +502,7 @@ def _synthetic_records(n: int, seed: int = 1) -> list[dict]:
 def test_live_aggregate_merged_across_workers_matches_the_summary():
     import msgpack
 
-    from servesweep.client.live import LiveStats
+    from servesweep.client.live_stats import LiveStats
     from servesweep.results.records import to_table
 
     rows = _synthetic_records(600)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.metrics import request_metrics
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
@@ -82,7 +82,7 @@ def test_live_views_give_the_summarys_tpot(run):
     the lead choice's own tokens, as results/metrics.py does, not by the usage's sum over both choices (n times
     too low)."""
     from servesweep.client.charts import _latencies
-    from servesweep.client.live import LiveStats
+    from servesweep.client.live_stats import LiveStats
     from servesweep.observe.exporter import ClientMetrics
     from servesweep.results.summary import summarize
 

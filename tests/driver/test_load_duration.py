@@ -4,7 +4,7 @@ dropped; warmup requests are kept in the file and left out of the summary."""
 from __future__ import annotations
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 

@@ -31,7 +31,7 @@ import pytest
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import local_inventory, run_playbook
 from servesweep.driver.command import LOCUSTFILE, master_command
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.driver.workers import (
     RemoteWorkersError,
     account,

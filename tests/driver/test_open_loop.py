@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 from servesweep.workload.arrivals import Arrivals, split_budget

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from servesweep.driver.live import PointWatch
+from servesweep.driver.point_progress import PointWatch
 from servesweep.sim.launch import start_sim
 
 LINE = re.compile(r"c2 \(concurrency 2\): (\d+) s, (\d+) done, \d+ failed, ([\d.]+) output tok/s streamed")

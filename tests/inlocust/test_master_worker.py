@@ -24,7 +24,7 @@ from locustrun import DistributedRun, wait_until
 from support import completed_by_emulator
 
 from servesweep.client.clients import counters as _counters
-from servesweep.client.live import LiveStats
+from servesweep.client.live_stats import LiveStats
 from servesweep.client.locust_internals import send_stats_now
 from servesweep.client.messages import LIVE_REPORT_KEY, RECORDS_REPORT_KEY
 from servesweep.config.point import LoadPoint

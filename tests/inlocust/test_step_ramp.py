@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 from locustrun import LocalRun, wait_until
 
-from servesweep.client.live import Sketch
+from servesweep.client.live_stats import Sketch
 from servesweep.results.records import read_parquet
 from servesweep.results.summary import summarize
 from servesweep.results.table import results_table

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from servesweep.matrix.capacity_agent import load_unit, search_overrides, session_figures
-from servesweep.matrix.search import ProbeResult, SearchSpec, parse_tier, search
+from servesweep.matrix.capacity_search import ProbeResult, SearchSpec, parse_tier, search
 
 MODEL = "Qwen/Qwen3.6-27B"
 TURNS = 3
@@ -25,7 +25,7 @@ def agent_probe(base_url: str, root: Path, files: dict[int, list[Path]]):
     """probe(sessions, turns): one run_point of agent sessions (3 turns: 256-token first prompt, half of it the
     shared tools description; 32-token tool results; 8-token answers), `turns` measured turns in all."""
     from servesweep.config.point import LoadPoint
-    from servesweep.driver.point import run_point
+    from servesweep.driver.point_run import run_point
     from servesweep.results.records import read_parquet
 
     k = count()

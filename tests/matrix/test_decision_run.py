@@ -16,9 +16,9 @@ import pytest
 from support import emulator_experiment_head, run_servesweep
 
 from servesweep.config.experiment import load_experiment
+from servesweep.matrix.capacity_search import parse_tier
 from servesweep.matrix.decision import Noise, capacity, exhaustive
 from servesweep.matrix.planner import decision_cells, make_plan
-from servesweep.matrix.search import parse_tier
 
 BODY = """\
   bundles:

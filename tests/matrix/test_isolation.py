@@ -17,7 +17,7 @@ import pytest
 import yaml
 from packed_experiment import EXPERIMENT
 
-from servesweep.matrix.isolation import _export
+from servesweep.matrix.isolation_rerun import _export
 from servesweep.observe.exporter import ClientMetrics
 
 SERVESWEEP = str(Path(sys.executable).parent / "servesweep")

@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.faults import FaultPicker, parse_fault_rates
 from servesweep.sim.launch import start_sim

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from servesweep.config.point import LoadPoint
-from servesweep.config.search import SearchBlock
+from servesweep.config.search_block import SearchBlock
 from servesweep.matrix.capacity_run import probe_tag, replay_probe, set_load
-from servesweep.matrix.search import SearchSpec, parse_tier, search
+from servesweep.matrix.capacity_search import SearchSpec, parse_tier, search
 from servesweep.results.capacity import table_rows
 from servesweep.results.trace_fidelity import trace_fidelity
 from servesweep.sglang.serverargs import resolve_server
@@ -33,7 +33,7 @@ from servesweep.sim.launch import start_sim
 from servesweep.workload.trace import synth
 from servesweep.workload.trace.cache import ideal_cached_tokens
 from servesweep.workload.trace.model import Trace, TraceRequest
-from servesweep.workload.trace.plan import replay_plan
+from servesweep.workload.trace.replay_estimate import replay_plan
 
 SIM = ["--model-path", "Qwen/Qwen3.6-27B", "--sim-calibration", "per_seq_s=0.1,speedup=20"]
 N, PROMPT, STEPS, RATE0, TPOT_SLO_MS = 40, 100, 16, 2.0, 16.0

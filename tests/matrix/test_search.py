@@ -1,4 +1,4 @@
-"""The capacity search (matrix/search.py): against synthetic servers whose latency against load is known in closed
+"""The capacity search (matrix/capacity_search.py): against synthetic servers whose latency against load is known in closed
 form, it lands within its stated resolution of the true capacity, on the concurrency and the rate axis, for several
 tiers at once with shared probes, in at most half the points of the equivalent grid; against the real emulator it
 agrees with a fine grid run in the same test."""
@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from servesweep.matrix.search import (
+from servesweep.matrix.capacity_search import (
     FrontierPoint,
     ProbeResult,
     SearchSpec,
@@ -395,7 +395,7 @@ def emulator_probe(base_url: str, root: Path, costs: list[float]):
     """probe(load, requests) on the emulator: one run_point of `requests` measured requests at concurrency
     `load` (a 0.2 s warm-up left out: the first wave's prefills arrive together)."""
     from servesweep.config.point import LoadPoint
-    from servesweep.driver.point import run_point
+    from servesweep.driver.point_run import run_point
     from servesweep.results.records import read_parquet
 
     k = count()

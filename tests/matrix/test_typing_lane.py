@@ -15,7 +15,7 @@ from support import emulator_experiment_head
 
 from servesweep.config.experiment import load_experiment
 from servesweep.matrix import orchestrator
-from servesweep.matrix.isolation import SUFFIX, add_samples
+from servesweep.matrix.isolation_rerun import SUFFIX, add_samples
 from servesweep.matrix.packed import PlacementRecord
 from servesweep.results import manifest as mf
 

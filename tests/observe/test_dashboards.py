@@ -75,7 +75,7 @@ CAPACITY_ROW = {
 }  # fmt: skip
 
 
-# a packed run's isolation result as matrix/isolation.py keeps it in the manifest
+# a packed run's isolation result as matrix/isolation_rerun.py keeps it in the manifest
 ISOLATION = {
     "threshold": 0.1,
     "configs": [

@@ -210,7 +210,7 @@ import os
 
 from locust import events
 
-from servesweep.client.exporter import install_locust
+from servesweep.client.exporter_feed import install_locust
 from servesweep.observe.exporter import ClientMetrics
 from servesweep.client.locustfile import LLMUser  # noqa: F401  servesweep's user, options and point set-up, unchanged
 

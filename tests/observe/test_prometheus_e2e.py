@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import ansible_dir
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.observe.dashboards import build_all, expressions, metric_names
 from servesweep.observe.exporter import ClientMetrics
 from servesweep.observe.promconfig import (
@@ -104,7 +104,7 @@ CAPACITY_ROW = {
 }  # fmt: skip
 
 
-# a packed run's isolation result (matrix/isolation.py), one configuration flagged
+# a packed run's isolation result (matrix/isolation_rerun.py), one configuration flagged
 ISOLATION = {
     "threshold": 0.1,
     "configs": [

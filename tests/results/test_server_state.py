@@ -1,4 +1,4 @@
-"""The server's state during a point (results/server_state.py; sampled by driver/point.py's ServerSampler): SGLang's
+"""The server's state during a point (results/server_state.py; sampled by driver/point_run.py's ServerSampler): SGLang's
 /metrics reduced with prometheus_client's parser, label sets combined, gauges' mean and max, counters' increase;
 a real point against the emulator as a hybrid model (Qwen3.6: mamba state slots) with a KV pool small enough that
 requests queue and get retracted; the report's "Server state" table; a server without SGLang's metrics."""
@@ -249,7 +249,7 @@ def test_the_sampler_sends_the_key_and_gives_up_on_a_server_without_sglang_metri
     monkeypatch, status, body, why
 ):
     from servesweep.config.point import LoadPoint
-    from servesweep.driver.point import ServerSampler
+    from servesweep.driver.point_run import ServerSampler
 
     monkeypatch.setenv("SS_TEST_KEY", "sk-sampler-secret")
     srv = _FakeServer(status, body)
@@ -278,7 +278,7 @@ def test_a_metrics_endpoint_that_hangs_ten_times_the_timeout_never_holds_the_poi
     request is cut at the timeout and retried at the next interval (a timeout is transient), stopping takes about
     one timeout, not the stall, and the point gets no server state with the reason, never an exception."""
     from servesweep.config.point import LoadPoint
-    from servesweep.driver.point import ServerSampler
+    from servesweep.driver.point_run import ServerSampler
 
     srv = _FakeServer(200, exposition(), stall_s=2.0)
     try:
@@ -312,7 +312,7 @@ def test_a_point_against_a_hybrid_model_records_the_servers_state_and_the_report
     """12 users against 8 running slots and a 3000-token KV pool: requests queue, and decode runs out of KV
     (retractions); Qwen3.6's running requests hold mamba state slots."""
     from servesweep.config.point import LoadPoint
-    from servesweep.driver.point import run_point
+    from servesweep.driver.point_run import run_point
     from servesweep.results.report import FEW_SAMPLES, MIN_GAUGE_SAMPLES, queue_s_per_request, write_report
     from servesweep.sim.launch import start_sim
 

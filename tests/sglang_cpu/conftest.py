@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 
 from servesweep.sglang.cpu import env as cpu_env
-from servesweep.sglang.cpu import launch
+from servesweep.sglang.cpu import local_server
 
 MAX_ALIVE = 2
 FILE_ORDER = (
@@ -85,7 +85,7 @@ def sglang_cpu_env() -> CpuEnv:
         pytest.fail(f"the real-SGLang tier cannot run: {e}", pytrace=False)
     return CpuEnv(
         python=python, model=model, stand_in=cpu_env.STAND_IN_DIR, tokenizer_json=model / "tokenizer.json",
-        server_env=launch.server_env(), version=cpu_env.SGLANG_VERSION, base_flags=dict(launch.BASE_FLAGS),
+        server_env=local_server.server_env(), version=cpu_env.SGLANG_VERSION, base_flags=dict(local_server.BASE_FLAGS),
     )
 
 
@@ -94,10 +94,10 @@ class _Servers:
         self.env = env
         self.folder = folder
         self.shared = shared
-        self.alive: OrderedDict[str, launch.ServerProcess] = OrderedDict()
-        self.all: list[launch.ServerProcess] = []
+        self.alive: OrderedDict[str, local_server.ServerProcess] = OrderedDict()
+        self.all: list[local_server.ServerProcess] = []
 
-    def __call__(self, flags: dict[str, Any] | None = None) -> launch.ServerProcess:
+    def __call__(self, flags: dict[str, Any] | None = None) -> local_server.ServerProcess:
         key = json.dumps(flags or {}, sort_keys=True, default=str)
         if self.shared and key in self.alive:
             srv = self.alive[key]
@@ -113,7 +113,7 @@ class _Servers:
         n = len(self.all)
         record = self.folder / f"server-{n}.sgl_kernel.txt"
         try:
-            srv = launch.start_server(
+            srv = local_server.start_server(
                 flags, model=self.env.model, log_path=self.folder / f"server-{n}.log", record=record
             )
         except RuntimeError as e:

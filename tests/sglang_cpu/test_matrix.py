@@ -89,7 +89,7 @@ def _cleanup(proc: subprocess.Popen | None, srv: Path) -> None:
 
 def _done_requests(run_dir: Path, point_id: str) -> int:
     """Requests the point's Locust process has completed so far: its live counters, in the folder the point runs
-    in until it is renamed to its id (driver/point.py)."""
+    in until it is renamed to its id (driver/point_run.py)."""
     try:
         f = run_dir / f".tmp-{point_id}" / ".work" / "progress.json"
         return int(json.loads(f.read_text()).get("completed", 0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.workload.trace import synth
 from servesweep.workload.trace.readers import read_trace

@@ -14,7 +14,7 @@ from support import byte_level_bpe, metaspace_tokenizer
 
 import servesweep.sim.answer_stream as answer_stream
 from servesweep.sim.answer_stream import MAX_PIECES, answer_table
-from servesweep.sim.answers import answer_words, parse_answer_fault, thinking_words
+from servesweep.sim.replies import answer_words, parse_answer_fault, thinking_words
 from servesweep.sim.text import WordTable
 from servesweep.workload.prompts import build_pool
 from servesweep.workload.tokenizer import HFTokenizer, load_tokenizer

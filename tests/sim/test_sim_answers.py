@@ -1,4 +1,4 @@
-"""The emulator's answers (sim/answers.py) against the answer checks (results/answer_checks.py), issue 24: a healthy
+"""The emulator's answers (sim/replies.py) against the answer checks (results/answer_checks.py), issue 24: a healthy
 emulator passes every check, and each answer fault is caught by its own check."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import servesweep.sim.answers as sim_answers
+import servesweep.sim.replies as sim_answers
 from servesweep.results.answer_checks import (
     answer_mismatch_rate,
     degenerate,
@@ -17,7 +17,8 @@ from servesweep.results.answer_checks import (
     needle_accuracy,
     score_needle,
 )
-from servesweep.sim.answers import (
+from servesweep.sim.faults import Fault
+from servesweep.sim.replies import (
     LOOP_TOKEN,
     Needle,
     answer_text,
@@ -25,7 +26,6 @@ from servesweep.sim.answers import (
     find_needle,
     parse_answer_fault,
 )
-from servesweep.sim.faults import Fault
 from servesweep.workload.prompts import build_pool
 
 pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)

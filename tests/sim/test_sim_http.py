@@ -19,8 +19,8 @@ from servesweep.sim import engine as sim_engine
 from servesweep.sim.answer_stream import answer_table
 from servesweep.sim.cli import parse_args
 from servesweep.sim.connection import Connection
+from servesweep.sim.exposition import EXPECTED_0_5_23
 from servesweep.sim.launch import start_sim
-from servesweep.sim.metrics import EXPECTED_0_5_23
 from servesweep.sim.probe import http, post_json, probe, probe_many, run, sse_events
 from servesweep.sim.server import SimApp
 from servesweep.workload.tokenizer import load_tokenizer, render_chatml

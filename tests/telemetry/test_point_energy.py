@@ -15,7 +15,7 @@ import pytest
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import ansible_dir
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.energy import summary_fields, throttle_flag
 from servesweep.sim.launch import start_sim
 from servesweep.sim.power import power_profile

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import local_inventory, run_playbook
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.net import free_port
 
 MODEL = "Qwen/Qwen3.6-27B"

@@ -15,9 +15,9 @@ from servesweep.cli.trace import command as trace_cli
 from servesweep.results.trace_fidelity import trace_fidelity
 from servesweep.workload.tokenizer import render_chatml
 from servesweep.workload.trace import synth
+from servesweep.workload.trace.block_prompts import TracePrompts
 from servesweep.workload.trace.cache import ideal_cached_tokens, ideal_hit_ratio, parse_tokens
 from servesweep.workload.trace.model import Trace, TraceError, TraceRequest
-from servesweep.workload.trace.prompts import TracePrompts
 from servesweep.workload.trace.readers import detect_format, read_trace
 from servesweep.workload.trace.window import speed_up, window
 

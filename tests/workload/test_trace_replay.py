@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from servesweep.cli.load import command
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 from servesweep.workload.build import load_point_trace

@@ -15,7 +15,7 @@ import pytest
 
 from servesweep.config.output_dist import parse_output_dist
 from servesweep.config.point import LoadPoint
-from servesweep.driver.point import run_point
+from servesweep.driver.point_run import run_point
 from servesweep.results.records import read_parquet
 from servesweep.sim.launch import start_sim
 from servesweep.workload.build import PATHS, build_workload

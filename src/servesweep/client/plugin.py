@@ -105,7 +105,7 @@ class Plugin:
             state.prepare = lambda c: prepare(environment, state, c)
         port = getattr(opts, "metrics_port", 0)
         if port and not self.ui_module and role is not Role.WORKER:
-            from servesweep.client.exporter import install_locust
+            from servesweep.client.exporter_feed import install_locust
             from servesweep.observe.exporter import ClientMetrics
             from servesweep.results.livefeed import RUN_ID_ENV
 

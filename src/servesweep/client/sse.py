@@ -11,7 +11,7 @@ import re
 import orjson
 
 from servesweep.client.answer_texts import add_texts, set_texts
-from servesweep.client.choices import ChoiceTally, _count
+from servesweep.client.stream_choices import ChoiceTally, _count
 
 _CONTEXT_400 = re.compile(r"context length|context window|maximum allowed length|maximum context", re.I)
 _MSG_MAX = 300
@@ -188,7 +188,7 @@ def parse_stream(lines: list[bytes], times: list[int], rec: dict, pause=None) ->
     malformed = None
     usage: dict | None = None
     finish = None
-    tally = ChoiceTally()  # n > 1: chunk_ns keeps the lead choice's chunks (client/choices.py)
+    tally = ChoiceTally()  # n > 1: chunk_ns keeps the lead choice's chunks (client/stream_choices.py)
     prev_text = 0  # /generate: length of the cumulative text so far
     first_reasoning = first_answer = None
     content: list[str] = []

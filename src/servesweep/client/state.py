@@ -55,7 +55,7 @@ class ClientState:
     prepare: Callable[[LoadContext], None] | None = None  # a load's share, sampler, status file, at first use
     abandoned: bool = False  # the parent or the master is gone: exit EXIT_PARENT_GONE
     feed: Feed | None = None  # the parent's live view of the records (client/feed.py)
-    metrics: ClientMetrics | None = None  # when this process serves /metrics (client/exporter.py)
+    metrics: ClientMetrics | None = None  # when this process serves /metrics (client/exporter_feed.py)
     live: Any = None  # the web UI module's live state (webui.LiveState)
     series: Any = None  # the web UI module's chart series (charts.Series)
 

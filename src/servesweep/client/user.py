@@ -88,7 +88,7 @@ class LoadContext:
     prepared: bool = False  # it has its share, and the process its sampler and status file (client/share.py)
     in_flight: int = 0  # requests sent and not ended yet
     # SSE events read so far, counted per socket read while the streams run (warmup included): the parent's live
-    # tok/s during long decodes, when no request has finished yet (driver/live.py)
+    # tok/s during long decodes, when no request has finished yet (driver/point_progress.py)
     streamed_events: int = 0
     issued: int = 0  # measured requests started (the budget of `requests`)
     completed: int = 0  # measured requests ended

@@ -37,7 +37,7 @@ from locust import events
 
 from servesweep.client import shapes
 from servesweep.client.context import build_context
-from servesweep.client.live import LATENCIES, Headroom, LiveStats
+from servesweep.client.live_stats import LATENCIES, Headroom, LiveStats
 from servesweep.client.locust_internals import validate_shape
 from servesweep.client.messages import LIVE_REPORT_KEY as LIVE_KEY
 from servesweep.client.messages import RECORD_CONTEXT_KEY, RECORDS_REPORT_KEY
@@ -580,7 +580,7 @@ def _add_routes(environment, state: LiveState) -> None:
 
 def _install_exporter(environment, opts) -> None:
     try:
-        from servesweep.client.exporter import install_locust
+        from servesweep.client.exporter_feed import install_locust
         from servesweep.observe.exporter import ClientMetrics
     except ImportError:  # the observability part is optional for the UI
         return

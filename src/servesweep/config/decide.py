@@ -112,7 +112,7 @@ class DecideBlock(BaseModel):
     def dry_run(self, speedup: float) -> dict[str, Any]:
         """The block for `--dry-run`: the tiers scaled to the faster emulator (as a search's: latencies divided by
         the speed-up, rates multiplied), a probe at most 64 requests and 2 looks."""
-        from servesweep.config.search import SearchBlock
+        from servesweep.config.search_block import SearchBlock
 
         d = self.model_dump(mode="json")
         d.update(

@@ -39,7 +39,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 from ruamel.yaml.reader import ReaderError
 
-from servesweep.config.answers import Answers
+from servesweep.config.answers_block import Answers
 from servesweep.config.decide import DecideBlock
 from servesweep.config.point import (
     DEFAULT_MAX_FAILURE_RATE,
@@ -48,7 +48,7 @@ from servesweep.config.point import (
     parse_seconds,
     seconds_alias,
 )
-from servesweep.config.search import SearchBlock
+from servesweep.config.search_block import SearchBlock
 from servesweep.sglang.flags import (
     did_you_mean,
     human_int,

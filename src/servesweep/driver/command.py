@@ -1,5 +1,5 @@
 """The Locust command line of one point: a headless Locust process (alone, or with local worker processes), or a
-master for workers on other hosts. `run_point` (driver/point.py) starts it; the remote workers' role
+master for workers on other hosts. `run_point` (driver/point_run.py) starts it; the remote workers' role
 (driver/workers.py) starts the workers that join the master.
 
 The point reaches Locust once, as the point.json file (--point-json) in the point's work folder. No value of the

@@ -1,5 +1,5 @@
 """`servesweep load`: one load point or a sweep (concurrency, rate) against a running server or the built-in
-emulator, each point through `driver.point.run_point`, with a table at the end."""
+emulator, each point through `driver.point_run.run_point`, with a table at the end."""
 
 import json
 import math
@@ -17,7 +17,7 @@ from servesweep.config.point import (
     check_arrival,
     knobs,
 )
-from servesweep.driver.point import STOP_SIGNALS, Interrupted, read_json, run_point
+from servesweep.driver.point_run import STOP_SIGNALS, Interrupted, read_json, run_point
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, BadOption, CouldNotRun, UsageError
 from servesweep.results.degraded import exit_line
 from servesweep.results.point_summary import SUMMARY, load_summary
@@ -435,7 +435,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
             TimeElapsedColumn(),
             console=err,
             transient=False,
-            disable=not err.is_terminal,  # without a terminal: plain lines (driver/live.py)
+            disable=not err.is_terminal,  # without a terminal: plain lines (driver/point_progress.py)
         ) as prog,
         exporter or nullcontext(),
     ):
@@ -550,7 +550,7 @@ def _point_watch(p: LoadPoint, err, exporter: _RunExporter | None):
     lines on stderr (start, every 30 s, end). None with a terminal and no exporter."""
     if err.is_terminal and exporter is None:
         return None
-    from servesweep.driver.live import PointWatch
+    from servesweep.driver.point_progress import PointWatch
 
     what = f"point {p.id} (concurrency {p.concurrency}" + (f", {p.rate_rps:g}/s)" if p.rate_rps else ")")
     echo = (
@@ -598,7 +598,7 @@ def _report(run: _Run, summaries: list[dict], run_dir: Path, err) -> None:
         out.print(f"results: {run_dir}")
     for line in table_notes(summaries):
         err.print(line)
-    for s in summaries:  # a trace replay's fidelity check (driver/point.py replay_fidelity)
+    for s in summaries:  # a trace replay's fidelity check (driver/point_run.py replay_fidelity)
         if tf := s.get("trace_fidelity"):
             style = "green" if tf.get("faithful") else "bold yellow"
             err.print(

@@ -1,7 +1,7 @@
 """What `servesweep plan` says about a `search:` block: the start estimate and the probes and time of each search.
 
 The step model (the emulator's, through the planner's timer) predicts each request's TTFT, TPOT, ITL and E2E at a
-load; the capacity search (matrix/search.py) then runs against that prediction as its probe. The model's requests
+load; the capacity search (matrix/capacity_search.py) then runs against that prediction as its probe. The model's requests
 are all alike, so every statistic's interval is a point and the search decides as soon as a statistic has its
 minimum samples: the probes, top-ups and requests it counts are the ones the real search takes when the model is
 right. The first tier's predicted capacity is the real search's start.
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from servesweep.matrix.search import ProbeResult, SearchSpec, parse_tier, search
+from servesweep.matrix.capacity_search import ProbeResult, SearchSpec, parse_tier, search
 
 MAX_QUEUE_S = 1e6  # an open loop above the server's throughput: the queue grows without bound
 

@@ -1,5 +1,5 @@
 """`servesweep run` with a `search:` block: per server configuration and per workload × endpoint × prompt × output
-combination, the capacity search of matrix/search.py, its probes run as points of the matrix.
+combination, the capacity search of matrix/capacity_search.py, its probes run as points of the matrix.
 
 The run folder (docs/capacity.md): every probe call is a point of the manifest (`<search>-c<load>-n<call>`, its
 folder with records.parquet and summary.json, like any point); `manifest.searches[<search>]` holds the search's
@@ -24,7 +24,7 @@ import numpy as np
 
 from servesweep.matrix.capacity_agent import is_agent, load_unit, search_overrides, session_figures
 from servesweep.matrix.capacity_plan import spec_for
-from servesweep.matrix.search import (
+from servesweep.matrix.capacity_search import (
     ProbeRecord,
     ProbeResult,
     SearchResult,
@@ -62,7 +62,7 @@ def replay_probe(point, out_dir: Path, *, workers: int = 0, **run_kw: Any):
     """probe(speed_up, requests) for search() over a trace replay's speed-up without a matrix: each call replays
     `point`'s window at that speed-up with `run_point` into out_dir/x<speed-up>-n<call> (what capacity_run's probes
     do inside a run; tests, scripts)."""
-    from servesweep.driver.point import run_point
+    from servesweep.driver.point_run import run_point
     from servesweep.results.records import read_parquet
 
     calls: dict[Any, int] = {}
@@ -288,7 +288,7 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
 def write_capacity(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
     """capacity.json (every finished search's rows, the frontier with its Pareto points marked, probes against the
     grid) and frontier.svg, from searches/*.json."""
-    from servesweep.matrix.search import FrontierPoint
+    from servesweep.matrix.capacity_search import FrontierPoint
     from servesweep.results.capacity import write_frontier_svg
 
     rows, points, searches, probes, grid = [], [], [], 0, 0

@@ -11,7 +11,7 @@ The levers, each a few lines below:
   probe stops at the first look where every open tier's verdict and the throughput are known to the resolution.
   The intervals stay valid whatever look it stops at: look k is judged at alpha_k = alpha · 6 / (pi² k²), a union
   bound over looks (sum alpha_k = alpha); a percentile's interval is the distribution-free order-statistic bound
-  (matrix/search.py), the throughput's a normal interval of the mean E2E (asymptotic).
+  (matrix/capacity_search.py), the throughput's a normal interval of the mean E2E (asymptotic).
 - **racing** (`derive`): a configuration leaves a question once its upper bound is below another's lower bound; a
   question is *decided* once the leader's lower bound times (1 + resolution) clears every rival's upper bound, a
   *tie* when the rivals' brackets are already at the capacity resolution and still overlap; a cell is no longer
@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from servesweep.matrix.search import Slo, _order_statistic_interval, parse_tier
+from servesweep.matrix.capacity_search import Slo, _order_statistic_interval, parse_tier
 
 Prediction = dict[str, float]  # ttft, tpot, e2e (s) and throughput (req/s) of one closed-loop concurrency
 Status = Literal["decided", "tie", "none", "leading", "open"]
@@ -274,13 +274,13 @@ def slo_tolerance(cell: Cell, s: Slo, load: int, resolution: float) -> float:
 
 
 def _min_samples(s: Slo) -> int:
-    from servesweep.matrix.search import min_samples
+    from servesweep.matrix.capacity_search import min_samples
 
     return min_samples(s)
 
 
 def _first_look(s: Slo, alpha_1: float) -> int:
-    """Requests of the first look: matrix/search.py's minimum, and enough that the order-statistic interval of
+    """Requests of the first look: matrix/capacity_search.py's minimum, and enough that the order-statistic interval of
     the percentile has a finite bound on the side that can prove a pass at look 1 (q^n <= alpha/2 for an upper
     limit on the value, (1 - q)^n for a lower one; decode speed is 1 / TPOT: its sides swap)."""
     q = float(s.stat[1:]) / 100.0 if s.stat else 0.5
@@ -370,7 +370,7 @@ def cell_bounds(
     cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float, prior_high: float = math.inf
 ) -> Bounds:
     """[low, high] of a cell's value for a tier from its probes (monotone capacity: a pass above the first fail is
-    left out, as in matrix/search.py). Without a failing load the upper bound is `prior_high` (the step model's
+    left out, as in matrix/capacity_search.py). Without a failing load the upper bound is `prior_high` (the step model's
     value times decide.prior_margin: an assumption on the model's error, not a measurement; inf: none)."""
     fails = [r for r in records if r.verdicts.get(tier) == "fail"]
     hi = min(fails, key=lambda r: r.load) if fails else None

@@ -3,7 +3,7 @@ servers (docs/decision.md).
 
 The cells are the planner's (`planner.decision_cells`, the ones `servesweep plan` predicts with; on the emulator its
 step model takes the configuration's `--sim-calibration`). `measure(cell, load)` is backed by the runner's point
-execution (`Runner._run_point`, i.e. `driver.point.run_point`): a probe's first look is one point of the manifest
+execution (`Runner._run_point`, i.e. `driver.point_run.run_point`): a probe's first look is one point of the manifest
 (`d-<config>-<shape>-c<load>-l1`), each later look of the same probe a *top-up* point (`-l2`, `-l3` ...: a new
 Locust start at the same load, its records added to the earlier looks'). A configuration's server is started
 through the role when the decision first probes it and kept while the decision probes it; a probe of another
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from servesweep.matrix.capacity_search import ProbeResult
 from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
-from servesweep.matrix.search import ProbeResult
 from servesweep.results import manifest as mf
 from servesweep.results.store import write_json_atomic
 

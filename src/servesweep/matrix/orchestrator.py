@@ -54,7 +54,7 @@ from servesweep.target import http
 
 if TYPE_CHECKING:  # at run time imported where used: a run that does not need one does not load it
     from servesweep.driver.ansible import PlaybookResult
-    from servesweep.driver.live import PointWatch
+    from servesweep.driver.point_progress import PointWatch
     from servesweep.matrix.packed import PlacementRecord
     from servesweep.observe.exporter import ClientMetrics
     from servesweep.observe.targets import RunTargets
@@ -472,7 +472,7 @@ class RunState:
     keep_server: bool
     owned: OwnedProcesses  # processes.json: the Locust groups and Ansible processes of this run
     api_key: str | None
-    key_env: str | None  # the variable each Locust child gets the run's key under (driver.point.run_point)
+    key_env: str | None  # the variable each Locust child gets the run's key under (driver.point_run.run_point)
     stop: StopState = field(default_factory=StopState)
     metrics: ClientMetrics | None = None  # while the run runs (Runner._start_exporter)
     exporter_at: str | None = None
@@ -649,7 +649,7 @@ class ServerRun:
         from rich.markup import escape
 
         from servesweep.driver.ansible import run_playbook
-        from servesweep.driver.live import PROGRESS_EVERY_S
+        from servesweep.driver.point_progress import PROGRESS_EVERY_S
 
         c = self.m.configs[cfg_id]
         ident = f"{cfg_id}-{state}-{c['attempts']}-{int(time.time())}"
@@ -725,8 +725,8 @@ class ServerRun:
 
     def _point_watch(self, pid: str, head: str) -> PointWatch:
         """The point's live view: the feed's records go to the exporter as they arrive; without a terminal, plain
-        progress lines (driver/live.py)."""
-        from servesweep.driver.live import PointWatch
+        progress lines (driver/point_progress.py)."""
+        from servesweep.driver.point_progress import PointWatch
 
         plain = None if self.console.is_terminal else self._plain
         return PointWatch(pid, metrics=self.metrics, echo=plain, label=head)
@@ -892,7 +892,7 @@ class ServerRun:
 
     def _run_point(self, cid: str, pid: str) -> bool:
         """Run one point of configuration `cid` into its folder; False when it failed (the run goes on)."""
-        from servesweep.driver.point import run_point  # no Locust import: it runs Locust as a subprocess
+        from servesweep.driver.point_run import run_point  # no Locust import: it runs Locust as a subprocess
 
         p = self.m.points[pid]
         ld = self.exp.load
@@ -1112,7 +1112,7 @@ class Runner(ServerRun):
             owned=OwnedProcesses(m.run_dir),
             api_key=api_key,
             # held in this process, never in os.environ (Ansible's processes inherit it); each Locust child gets it
-            # in its own environment (driver.point.run_point)
+            # in its own environment (driver.point_run.run_point)
             key_env=hold_key(api_key),
         )
         super().__init__(shared, port=m.port, console=console)
@@ -1522,7 +1522,7 @@ class Lane(ServerRun):
     phase). A stop it asks reaches the whole run; it never clears one."""
 
     def __init__(self, main: Runner, placement: PlacementRecord, interrupted: type[BaseException]):
-        self.main = main  # the run's Runner: its stop (matrix/isolation.py reads main.stop_requested)
+        self.main = main  # the run's Runner: its stop (matrix/isolation_rerun.py reads main.stop_requested)
         self.placement = placement
         self.interrupted = interrupted
         self.tag = f"{placement['host']}:{placement['gpus']}"
@@ -1532,7 +1532,7 @@ class Lane(ServerRun):
         return f"http://{self.placement['address']}:{self.port}"
 
     def _pending(self, cfg_id: str) -> list[str]:
-        # the isolation sample's twins run after the packed phase (matrix/isolation.py), not in the lane
+        # the isolation sample's twins run after the packed phase (matrix/isolation_rerun.py), not in the lane
         return [pid for pid in super()._pending(cfg_id) if not is_isolation_sample(self.m.points[pid])]
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:

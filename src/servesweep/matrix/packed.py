@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from servesweep.matrix.isolation import add_samples, run_samples
+from servesweep.matrix.isolation_rerun import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
 from servesweep.net import free_port
 from servesweep.results import manifest as mf

@@ -310,7 +310,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
 
                 prompt, output, rate = pp.spec.prompt_tokens, pp.spec.output_tokens, None
                 if (rp := (pp.detail.get("replay") or {})) and rp.get("requests"):
-                    # a speed-up search: the trace's mean lengths, its arrivals at speed 1 (workload/trace/plan.py)
+                    # a speed-up search: the trace's mean lengths, its arrivals at speed 1 (workload/trace/replay_estimate.py)
                     prompt, output = round(rp["prompt_mean"]), round(rp["output_mean"])
                     rate = rp["rate_rps"] / rp["speed_up"]
                 n = rp.get("requests") if rp else None
@@ -462,7 +462,7 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
     p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
     replay = None
     if (fields := _trace_fields(exp, pp)) is not None:
-        from servesweep.workload.trace.plan import replay_plan
+        from servesweep.workload.trace.replay_estimate import replay_plan
 
         try:
             replay = replay_plan(fields)
@@ -487,7 +487,7 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
     # A wave of b requests: their prefills run one after the other (they stall decodes), then b decode together.
     wave = b * prefill + steps * itl
     if replay is not None:
-        # a replay: its schedule at the speed-up, or the server's pace when slower (workload/trace/plan.py)
+        # a replay: its schedule at the speed-up, or the server's pace when slower (workload/trace/replay_estimate.py)
         request_s = prefill + steps * itl
         measure = replay.seconds(request_s, b)
         running = replay.running(request_s, min(c, b))

@@ -424,7 +424,7 @@ class ClientMetrics(Collector):
             self._frontier = [dict(p) for p in frontier]
 
     def set_isolation(self, iso: Mapping[str, Any]) -> None:
-        """A packed run's isolation result (matrix/isolation.py, the manifest's `isolation`), exposed as
+        """A packed run's isolation result (matrix/isolation_rerun.py, the manifest's `isolation`), exposed as
         servesweep_isolation_change_ratio{config, metric, flagged}."""
         with self._lock:
             self._isolation = dict(iso)
@@ -511,7 +511,7 @@ class ClientMetrics(Collector):
 
 def isolation_family(run_id: str, iso: Mapping[str, Any]) -> GaugeMetricFamily:
     """Per configuration and metric (TTFT p50, output tok/s), the change from the point run alone to the same point
-    run packed, as a fraction; `flagged` says it is above the isolation threshold (results/isolation.py)."""
+    run packed, as a fraction; `flagged` says it is above the isolation threshold (results/isolation_analysis.py)."""
     g = GaugeMetricFamily(
         "servesweep_isolation_change_ratio",
         "Change of a metric from the point run alone to the same point run packed (fraction)",

@@ -5,7 +5,7 @@
 `watching_prometheus`, `scrape_interval_s` of the generated prometheus.yml).
 
 It imports neither observe/promconfig.py (which writes prometheus.yml and launches Prometheus and the Pushgateway)
-nor observe/dashboards (Grafana's JSON), so the code that runs inside Locust (client/exporter.py, through
+nor observe/dashboards (Grafana's JSON), so the code that runs inside Locust (client/exporter_feed.py, through
 observe/targets.py) registers in the stack without them (pyproject.toml's contract "client/ imports no
 parent-side module"). observe/stack.py, the stack's commands, is built on it.
 """

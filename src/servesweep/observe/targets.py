@@ -1,6 +1,6 @@
 """The targets one run registers in the observe stack's one targets folder (observe/stackdir.py), removed together at
 its end: the run's client-metrics exporter (`servesweep run`, `servesweep load`), a Locust process's exporter
-(client/exporter.py) and the server's /metrics. A run registers whether or not a stack is up, so a Prometheus
+(client/exporter_feed.py) and the server's /metrics. A run registers whether or not a stack is up, so a Prometheus
 started later finds it. `last_scrape` keeps an exporter up until its last summary was scraped.
 
     t = RunTargets(run_id, results_root)

@@ -88,7 +88,7 @@ class CapacityRow(Strict):
 
 
 class FrontierPointFile(Strict):
-    """A probe of a search as a frontier point (matrix/search.py FrontierPoint)."""
+    """A probe of a search as a frontier point (matrix/capacity_search.py FrontierPoint)."""
 
     config: str
     load: Load
@@ -141,7 +141,7 @@ class SearchFile(VersionedFile):
     search: str
     config: str
     gpus: int
-    result: dict[str, Any]  # matrix/search.py SearchResult.as_dict: probes, tiers, judgements
+    result: dict[str, Any]  # matrix/capacity_search.py SearchResult.as_dict: probes, tiers, judgements
     rows: list[CapacityRow]
     frontier: list[FrontierPointFile]
     headline: SearchHeadline

@@ -2,7 +2,7 @@
 
 Judged: the measured (not warmup), successful requests that kept a text. A request is degenerate when its answer
 or its reasoning is (a model that loops while thinking never reaches its answer). Run by the parent after the
-point (driver/point.py, results/compare.py's samples), never inside Locust: ~3 ms per 1,000 tokens.
+point (driver/point_run.py, results/compare.py's samples), never inside Locust: ~3 ms per 1,000 tokens.
 """
 
 from __future__ import annotations

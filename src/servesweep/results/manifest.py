@@ -85,7 +85,7 @@ class PointEntry(_Entry):
     )
     server_log: str | None = None  # the log of the server that died during it
     server_lost: str | None = None  # what became of its server during it (died, hung), when it was lost
-    isolation_of: str | None = None  # an isolation twin's packed point (matrix/isolation.py)
+    isolation_of: str | None = None  # an isolation twin's packed point (matrix/isolation_rerun.py)
     # a capacity search's probe (matrix/capacity_run.py): its search, the load it probed and the requests asked
     search: str | None = None
     load: float | None = None
@@ -189,7 +189,7 @@ class ManifestFile(_Entry):
     max_parallel: int | None = None  # --max-parallel (a resume keeps it)
     isolation_sample: bool = True  # --no-isolation-sample said false (a resume keeps it)
     packing: dict[str, Any] | None = None  # a packed run's placements (matrix/packed.py packing_of)
-    isolation: dict[str, Any] | None = None  # packed against alone (results/isolation.py analyze)
+    isolation: dict[str, Any] | None = None  # packed against alone (results/isolation_analysis.py analyze)
     searches: dict[str, SearchEntry] | None = None  # a capacity run's searches (its points are their probes)
     decision: DecisionEntry | None = None  # a decide run's decision (its points are its probes)
 

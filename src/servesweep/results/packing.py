@@ -1,6 +1,6 @@
 """Whether a point ran packed (next to other servers on its host: `servesweep run --max-parallel N`) or alone.
 
-A packed run labels its points `packing: packed`, and the isolation sample it re-runs alone (matrix/isolation.py)
+A packed run labels its points `packing: packed`, and the isolation sample it re-runs alone (matrix/isolation_rerun.py)
 `packing: alone` with `isolation_of` naming the packed point; points of serial runs carry no label and ran alone.
 compare and the report read it here, so a packed point is never compared with an alone one unannounced.
 """

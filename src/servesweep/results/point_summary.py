@@ -2,7 +2,7 @@
 atomic save (results/schema.py VersionedFile).
 
 What is in it: summarize() of the point's records (results/summary.py: the figures of docs/metrics.md) and what the
-driver adds (driver/point.py: the point, its times, the client headroom, the workers' account, the failure check,
+driver adds (driver/point_run.py: the point, its times, the client headroom, the workers' account, the failure check,
 the server's state, a replay's fidelity, the GPUs' energy) and, later, the run (matrix/answer_probes.py: the needle
 accuracy). Every key is declared here, typed; one the model does not know is refused, on load and on save, naming
 the file and the field. Readers take what a summary says from it; nothing recomputes a figure it holds except the
@@ -87,7 +87,7 @@ class SloCheck(Strict):
 
 
 class FailureCheck(Strict):
-    """driver/point.py failure_check: whether the point's failures are above its max failure rate."""
+    """driver/point_run.py failure_check: whether the point's failures are above its max failure rate."""
 
     passed: bool = Field(alias="pass")
     message: str | None
@@ -124,7 +124,7 @@ class PointSummary(VersionedFile):
     WHAT: ClassVar[str] = "point summary"
 
     schema_version: Literal[1] = 1
-    # the driver's (driver/point.py)
+    # the driver's (driver/point_run.py)
     point_id: str
     point: dict[str, Any]  # the LoadPoint as run, as JSON (its labels: config_id, run_id, ...)
     locust_exit_code: int
@@ -191,7 +191,7 @@ SCHEMA_VERSION: Final = PointSummary.version()
 
 
 def save_summary(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
-    """A summary built as JSON (driver/point.py) checked, then written atomically; its JSON as written."""
+    """A summary built as JSON (driver/point_run.py) checked, then written atomically; its JSON as written."""
     return PointSummary.save_data(path, data)
 
 

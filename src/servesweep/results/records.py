@@ -101,7 +101,7 @@ _FIELDS: list[pa.Field] = (
         pa.field("read_lag_ns", pa.int64()),  # max over reads of (read time − kernel arrival)
         pa.field("response_text", pa.string()),  # the answer as streamed (content; a completion's text)
         pa.field("reasoning_text", pa.string()),  # reasoning_content, kept apart from the answer
-        # n > 1 (client/choices.py): chunk_ns and chunk_tokens are the lead choice's (its token came first)
+        # n > 1 (client/stream_choices.py): chunk_ns and chunk_tokens are the lead choice's (its token came first)
         pa.field("choices", pa.int32()),  # choices the stream carried (1 for n = 1); null without a token
         pa.field("lead_choice", pa.int32()),  # n > 1: the index of the choice chunk_ns holds
         pa.field("choice_completion_tokens", pa.list_(pa.int32())),  # n > 1: per choice, when the server said

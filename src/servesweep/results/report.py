@@ -39,8 +39,8 @@ from servesweep.results.compare import (
 from servesweep.results.degraded import Degradation, degradation
 from servesweep.results.diagnosis import MIN_STATE_SAMPLES, Diagnosis, config_label, diagnose_all, knees
 from servesweep.results.energy import throttle_flag
-from servesweep.results.isolation import html_section as isolation_html
-from servesweep.results.isolation import markdown as isolation_markdown
+from servesweep.results.isolation_analysis import html_section as isolation_html
+from servesweep.results.isolation_analysis import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
 from servesweep.results.runfolder import PointInfo, Run, load_run, secs_between
 
@@ -390,7 +390,7 @@ def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
         flags.append(Flag("prompt off", f"prompt tokens {dev:+.1f}% off target"))
     if gpu_text := throttle_flag(summary.get("gpu")):
         flags.append(Flag("GPU throttled", gpu_text))
-    tf = summary.get("trace_fidelity")  # a trace replay's check (driver/point.py replay_fidelity)
+    tf = summary.get("trace_fidelity")  # a trace replay's check (driver/point_run.py replay_fidelity)
     if tf and not tf.get("faithful", True):
         flags.append(Flag("replay off", str(tf.get("verdict"))))
     return flags

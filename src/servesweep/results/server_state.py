@@ -1,5 +1,5 @@
 """The server's own state during a point: SGLang's Prometheus `/metrics`, sampled about once a second while the
-point runs (driver/point.py), reduced to what a user reads (summary.json `server_state`, the report's "Server state"
+point runs (driver/point_run.py), reduced to what a user reads (summary.json `server_state`, the report's "Server state"
 table). Pure functions: exposition text in, numbers out; nothing here does I/O.
 
 Gauges (SGLang sets them at every log interval: each prefill batch and every `--decode-log-interval` decode steps)

@@ -1,4 +1,4 @@
-"""A request's answer text, prepared before its stream: the pieces of sim/answers.py as one byte string with
+"""A request's answer text, prepared before its stream: the pieces of sim/replies.py as one byte string with
 offsets (text.WordTable's layout), so the per-chunk path keeps slicing bytes and computes nothing per chunk.
 
 The engine fixes how many tokens a request will generate when it is submitted (max_new_tokens, or its EOS draw);
@@ -13,8 +13,8 @@ import weakref
 from array import array
 from itertools import accumulate
 
-from .answers import answer_words, thinking_words
 from .faults import ANSWER_KINDS, Fault
+from .replies import answer_words, thinking_words
 from .text import WordTable
 
 # At most this many pieces are built per request (≈ 0.3 µs each); a longer generation cycles through them.

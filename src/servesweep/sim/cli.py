@@ -70,7 +70,7 @@ def _fault_rates(value: str) -> dict[Fault, float]:
 
 
 def _answer_fault(value: str):
-    from .answers import parse_answer_fault
+    from .replies import parse_answer_fault
 
     try:
         return parse_answer_fault(value, "--sim-answer-fault")

@@ -187,7 +187,7 @@ class Engine:
         self.c_retracted_output_tokens = 0
         self.c_realtime = {"prefill_compute": 0, "prefill_cache": 0, "decode": 0}  # realtime_tokens_total
         self._pending_hit = 0  # cached tokens of the prefill step in flight, counted when it ends
-        # (stage, seconds) of a request, as SGLang's RequestStage observes them; set by sim/metrics.py
+        # (stage, seconds) of a request, as SGLang's RequestStage observes them; set by sim/exposition.py
         self.on_stage: Callable[[str, float], None] | None = None
         self.c_busy_s = 0.0  # engine-clock seconds spent in steps (sglang:fwd_occupancy)
         self._last_hit_rate = 0.0

@@ -57,7 +57,7 @@ class CpuMonitor:
 
 
 def collect(metrics, cpu: CpuMonitor, stages: dict):
-    """The families whose event has happened (metrics: sim.metrics.SimMetrics; stages: {stage: Hist})."""
+    """The families whose event has happened (metrics: sim.exposition.SimMetrics; stages: {stage: Hist})."""
     eng, lab = metrics.engine, metrics.sched_labels
     if eng.c_retractions:
         for name, value in (

@@ -9,7 +9,7 @@ Kinds (what the client sees):
 - `malformed[:N]`: after N token chunks (default 1), one chunk of broken JSON, then the stream goes on.
 - `slow_first_byte:S`: the response (headers included) starts S seconds late; generation starts then too.
 - `loop[:N]`, `wrong_past:T`, `spec_diverge[:N]`: answer faults (ANSWER_KINDS): the stream is healthy, its text
-  is not (sim/answers.py says what each writes). `--sim-answer-fault` sets one for every request of a server.
+  is not (sim/replies.py says what each writes). `--sim-answer-fault` sets one for every request of a server.
 
 On a non-streaming request the mid-stream kinds act on its one body: `disconnect` closes the socket instead of
 answering, `error_event` answers 500, `stall:S` answers S seconds late, `malformed` sends a truncated JSON body.

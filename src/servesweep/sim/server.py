@@ -94,7 +94,7 @@ class SimApp:
             self.gt = GroundTruthWriter(args.sim_ground_truth)
         self.metrics = None
         if args.enable_metrics:
-            from .metrics import SimMetrics
+            from .exposition import SimMetrics
 
             self.metrics = SimMetrics(
                 model_name=self.served_model_name,

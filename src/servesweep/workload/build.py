@@ -191,7 +191,7 @@ def load_point_trace(point: LoadPoint):
 
 
 def _build_trace(point: LoadPoint, model: str) -> Workload:
-    from servesweep.workload.trace.prompts import TracePrompts
+    from servesweep.workload.trace.block_prompts import TracePrompts
 
     t = load_point_trace(point)
     if not t.requests:

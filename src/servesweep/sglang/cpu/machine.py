@@ -60,7 +60,7 @@ def render_experiment(text: str, log: Log = _stderr) -> str:
 def serve(host: str, port: int, startup_timeout: float, sglang_args: list[str], log: Log = _stderr) -> None:
     """Real SGLang with the tiny model in the foreground until Ctrl-C or SIGTERM, which stop it and its children
     (then this returns); `sglang_args` are added to the CPU flags."""
-    from . import launch
+    from . import local_server
 
     install(log)
     tiny = model(log)
@@ -68,14 +68,14 @@ def serve(host: str, port: int, startup_timeout: float, sglang_args: list[str], 
     # starting this command in the background leaves SIGINT ignored, and Python then never raises on it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    srv = launch.start_server(
+    srv = local_server.start_server(
         model=tiny, host=host, port=port, extra_args=sglang_args, log_path="-",
         timeout=startup_timeout, wait_ready=False,
     )  # fmt: skip
     try:
         t0 = time.monotonic()
         try:
-            launch.wait_healthy(srv, startup_timeout)
+            local_server.wait_healthy(srv, startup_timeout)
         except RuntimeError as e:
             raise CommandError(str(e)) from None
         log(f"SGLang {cpu_env.SGLANG_VERSION} on CPU ready at {srv.base_url} in {time.monotonic() - t0:.0f} s "

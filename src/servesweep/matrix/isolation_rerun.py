@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from servesweep.results import manifest as mf
-from servesweep.results.isolation import analyze
+from servesweep.results.isolation_analysis import analyze
 from servesweep.results.packing import ALONE, PACKED, is_isolation_sample
 
 SUFFIX = "-alone"

@@ -3,7 +3,7 @@
 A pure module: the caller hands in `probe(load, requests) -> ProbeResult` (one measured load point: a concurrency
 for a closed loop, a request rate for an open loop) and SLO tiers; `search()` decides which loads to measure and
 how many requests each needs, and returns, per tier, the capacity with the bracket it ended in. Nothing here starts
-a server or Locust; the orchestrator wires `probe` to `driver.point.run_point` (docs/capacity.md).
+a server or Locust; the orchestrator wires `probe` to `driver.point_run.run_point` (docs/capacity.md).
 
 The method (docs/capacity.md has the why):
 - geometric bracket from the planner's estimate (x2 on a pass, /2 on a fail) inside [lower, upper], then

@@ -1,4 +1,4 @@
-"""Isolation measured: a packed point against the same point re-run alone on the same GPUs (matrix/isolation.py).
+"""Isolation measured: a packed point against the same point re-run alone on the same GPUs (matrix/isolation_rerun.py).
 
 For each pair, TTFT p50 and output tok/s change from alone (baseline) to packed, each with compare's bootstrap
 interval over the per-request values (requests resampled in both points); a configuration is flagged when a
