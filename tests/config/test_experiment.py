@@ -150,7 +150,7 @@ def test_expansion_aliases_exclusions_and_ids():
     assert configs[2].flags["speculative_algorithm"] == "NEXTN"
     pts, excl = exp.points_for(ar1)
     assert [p.id for p in pts] == ["s01-tp1-ar.chat-p3000-o256-c1", "s01-tp1-ar.chat-p3000-o256-c4"]
-    assert len(excl) == 2 and all(p.prompt_tokens == 100_000 for p, _ in excl)
+    assert [pid for pid, _ in excl] == ["s01-tp1-ar.chat-p100000-o256-c1", "s01-tp1-ar.chat-p100000-o256-c4"]
     pts2, excl2 = exp.points_for(configs[1])
     assert len(pts2) == 4 and not excl2
     ids = [p.id for c in configs for p in exp.points_for(c)[0]]
@@ -209,9 +209,17 @@ def test_workloads_axis_names_points_and_carries_loadpoint_fields():
     ar1 = exp.server_configs()[0][0]
     pts, excl = exp.points_for(ar1)
     # 3 workloads × 2 endpoints × 2 prompts × 2 concurrencies, minus agent on completions (4)
-    assert len(pts) == 20 and {p.workload for p in pts} == {"single", "agent", "prefix"}
+    assert len(pts) == 20 and {p.workload_name for p in pts} == {"single", "agent", "prefix"}
     assert "s01-tp1-ar.agent-chat-p3000-o256-c4" in {p.id for p in pts}
-    assert not any(p.workload == "agent" and p.endpoint == "completions" for p in pts)
+    assert not any(p.workload_name == "agent" and p.endpoint == "completions" for p in pts)
+    assert [pid for pid, _ in excl] == [
+        f"s01-tp1-ar.agent-completions-p{p}-o256-c{c}" for p in (3000, 100000) for c in (1, 4)
+    ]
+    # each point is the LoadPoint its load generator gets: its workload's fields, the configuration's labels
+    prefix = next(p for p in pts if p.id == "s01-tp1-ar.prefix-chat-p3000-o256-c4")
+    assert (prefix.workload, prefix.shared_prefix_tokens, prefix.num_groups) == ("shared_prefix", 2000, 2)
+    assert (prefix.concurrency, prefix.requests, prefix.ignore_eos) == (4, 2, False)
+    assert prefix.labels["config_id"] == "s01-tp1-ar"
     assert exp.load.workload_fields("prefix") == {
         "ignore_eos": False,
         "output_dist": "lognormal:mean=128,sigma=0.5",

@@ -43,6 +43,7 @@ from servesweep.config.answers_block import Answers
 from servesweep.config.decide import DecideBlock
 from servesweep.config.point import (
     DEFAULT_MAX_FAILURE_RATE,
+    LoadPoint,
     check_arrival,
     check_extra_body,
     parse_seconds,
@@ -763,12 +764,20 @@ class Experiment(_Strict):
                 dropped.append((cfg, rule))
         return kept, dropped
 
-    def points_for(self, cfg: ServerConfig) -> tuple[list[PointSpec], list[tuple[PointSpec, int]]]:
-        kept: list[PointSpec] = []
-        dropped: list[tuple[PointSpec, int]] = []
+    def points_for(self, cfg: ServerConfig) -> tuple[list[LoadPoint], list[tuple[str, int]]]:
+        """The load points of configuration `cfg`: the LoadPoints the run passes to its load generator, sent to the
+        target's configured address (a run gives them its own server's, its run id and GPU count:
+        orchestrator.create_run); and the ids of those an exclusion rule drops, with the rule's index (a dropped
+        combination, agent sessions on completions say, need not make a valid point)."""
+        kept: list[LoadPoint] = []
+        dropped: list[tuple[str, int]] = []
         ld = self.load
         named = ld.workload_axis
         rates: Sequence[float | None] = ld.rate or [None]
+        # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from the
+        # experiment; SGLang's lists the served name, so it may stay unset there
+        model = self.model.served_model_name or (self.model.path if self.launcher.generic else None)
+        labels = {"config_id": cfg.id, **{k: str(v) for k, v in cfg.labels.items()}}
         for wl, ep, p, o, c, r in itertools.product(
             ld.workload, ld.endpoint, ld.prompt_tokens, ld.output_tokens, ld.concurrency, rates
         ):
@@ -779,16 +788,7 @@ class Experiment(_Strict):
                 self.search is not None and self.search.axis == "speedup"
             ):  # the search's template: at its lower
                 tail = f"-x{self.search.lower:g}"
-            pt = PointSpec(
-                id=f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}",
-                config_id=cfg.id,
-                workload=wl if named else ep,  # what reports group by
-                endpoint=ep,
-                prompt_tokens=p,
-                output_tokens=o,
-                concurrency=c,
-                rate=r,
-            )
+            pid = f"{cfg.id}.{head}-p{p}-o{o}-c{c}{tail}"
             values = cfg.match_values() | {
                 # without named workloads, an exclusion rule's `workload` matches the endpoint, as the ids do
                 "workload": wl if named else ep,
@@ -800,10 +800,26 @@ class Experiment(_Strict):
             if r is not None:
                 values["rate"] = r
             rule = self._excluded_by(values, server_only=False)
-            if rule is None:
-                kept.append(pt)
-            else:
-                dropped.append((pt, rule))
+            if rule is not None:
+                dropped.append((pid, rule))
+                continue
+            kept.append(
+                LoadPoint(
+                    base_url=self.target.url(),
+                    model=model,
+                    endpoint=ep,
+                    concurrency=c,
+                    rate_rps=r,
+                    prompt_tokens=p,
+                    output_tokens=o,
+                    requests=ld.requests,
+                    tokenizer=self.model.tokenizer,
+                    point_id=pid,
+                    workload_name=wl if named else ep,  # what reports group by
+                    **ld.point_fields(wl if named else "single"),
+                    labels=labels,
+                )
+            )
         return kept, dropped
 
     def _excluded_by(self, values: dict[str, Any], *, server_only: bool) -> int | None:
@@ -885,20 +901,6 @@ class ServerConfig:
     def key(self) -> str:
         """Identity of the launched server: two configurations with the same key need no restart between them."""
         return json.dumps({"flags": self.flags, "env": self.env}, sort_keys=True, default=str)
-
-
-@dataclass
-class PointSpec:
-    """One load point of one server configuration."""
-
-    id: str
-    config_id: str
-    workload: str  # a name of load.workloads or 'single'; the endpoint when the file names no workloads
-    prompt_tokens: int
-    output_tokens: int
-    concurrency: int
-    endpoint: str = "chat"
-    rate: float | None = None  # open loop: requests/s (load.rate)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1138,8 +1140,6 @@ def _check_semantics(exp: Experiment, problems: list) -> None:
 def _check_workloads(exp: Experiment, problems: list) -> None:
     """Every name of load.workload is defined, and each workload makes valid points with every endpoint and
     prompt length of the matrix (LoadPoint's own checks, so the file fails now and not mid-run)."""
-    from servesweep.config.point import LoadPoint
-
     ld = exp.load
     for i, name in enumerate(ld.workload):
         if name not in ld.workloads and name not in BUILTIN_WORKLOADS:

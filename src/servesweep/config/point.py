@@ -345,6 +345,11 @@ class LoadPoint(BaseModel):
     )
     headers: dict[str, str] = Field(default_factory=dict)
     point_id: str | None = Field(None, description="None: derived from the load axes")
+    workload_name: str | None = Field(
+        None,
+        description="an experiment's name for the point's workload (a load.workloads key, or the endpoint when the "
+        "file names none): what its reports group by; None for a point of `servesweep load`",
+    )
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("base_url")
@@ -451,13 +456,18 @@ class LoadPoint(BaseModel):
         return base + "-" + self.digest()[:6]
 
     def digest(self) -> str:
-        """Hash of everything that changes what is measured (not the labels or the id)."""
-        exclude = {"point_id", "labels"}
+        """Hash of everything that changes what is measured (not the labels, the id or the workload's name)."""
+        exclude = {"point_id", "workload_name", "labels"}
         # A closed point's open-loop fields hold their defaults: they are not part of its digest.
         if self.arrival == "closed":
             exclude |= {"arrival", "rate_rps"}
         d = self.model_dump(exclude=exclude)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+    def replaced(self, **changes: Any) -> LoadPoint:
+        """This point with `changes` (field values), checked again as a new point (model_copy(update=...) would
+        take them unchecked): the run's server and labels given to a planned point, a probe's load, a lane's port."""
+        return LoadPoint.model_validate(self.model_dump() | changes)
 
     def effective_pool_size(self) -> int:
         if self.pool_size is not None:

@@ -154,7 +154,7 @@ def print_search_plan(plan, console) -> None:
                 f"{k} {'-' if v is None else f'{v:g}'}" for k, v in s["predicted_capacity"].items()
             )
             t.add_row(
-                pp.spec.id,
+                pp.id,
                 f"{s['start']:g}",
                 caps,
                 str(s["probes"]),

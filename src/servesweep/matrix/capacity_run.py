@@ -88,7 +88,7 @@ class ProbeFailed(RuntimeError):
 def move_points_to_searches(exp, data: dict[str, Any], plan) -> None:
     """In a new manifest: the planned points (one per combination, at search.lower) become searches with the
     planner's estimate; the probe points are added as the searches run."""
-    planned = {pp.spec.id: pp.search for cp in plan.configs for pp in cp.points}
+    planned = {pp.id: pp.search for cp in plan.configs for pp in cp.points}
     cut = AXIS_TAG[exp.search.axis]
     searches = {}
     for pid, p in data["points"].items():

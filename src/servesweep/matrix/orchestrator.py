@@ -33,7 +33,6 @@ from servesweep.config.experiment import (
     BUILTIN_WORKLOADS,
     Experiment,
     ExperimentError,
-    PointSpec,
     ServerConfig,
     load_experiment,
 )
@@ -105,7 +104,7 @@ def estimate_run_bytes(exp: Experiment, *, dry_run: bool = False) -> int:
         total += CONFIG_OVERHEAD_BYTES
         for pp in cp.points:
             if pp.feasible:
-                s = pp.spec
+                s = pp.point
                 total += point_bytes(_point_requests(exp, s.concurrency, dry_run), s.output_tokens)
     return total
 
@@ -236,11 +235,11 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
 
     ld = exp.load
     plan = make_plan(exp)
-    runs = [pp.spec for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
+    runs = [pp.point for cp in plan.configs if cp.error is None for pp in cp.points if pp.feasible]
     for axis in ("prompt_tokens", "output_tokens"):
         load[axis] = _ends([getattr(s, axis) for s in runs] or getattr(ld, axis))
     conc = [s.concurrency for s in runs] or ld.concurrency
-    rates = ([s.rate for s in runs if s.rate is not None] or ld.rate) if ld.rate else []
+    rates = ([s.rate_rps for s in runs if s.rate_rps is not None] or ld.rate) if ld.rate else []
     load["concurrency"], load["rate"] = _spread(conc), _spread(rates) if rates else None
     kept = [
         s
@@ -248,7 +247,7 @@ def shrink_for_dry_run(exp: Experiment) -> Experiment:
         if s.prompt_tokens in load["prompt_tokens"]
         and s.output_tokens in load["output_tokens"]
         and s.concurrency in load["concurrency"]
-        and (s.rate is None or s.rate in load["rate"])
+        and (s.rate_rps is None or s.rate_rps in load["rate"])
     ]
     # a large matrix: the ends of the load axis too, so its time stays minutes
     if len(kept) > DRY_RUN_MAX_POINTS:
@@ -311,31 +310,6 @@ def workload_cell(p: dict) -> str:
     return name if endpoint == "chat" else f"{name}/{endpoint}"
 
 
-def point_of(
-    exp: Experiment, spec: PointSpec, base_url: str, run_id: str, labels: dict[str, str], *, dry_run: bool
-) -> LoadPoint:
-    """The LoadPoint of one point of the matrix, as the manifest stores it: the experiment's load: values, the
-    point's axes, its workload's fields. The API key's variable is the run's own (Runner), set when it runs."""
-    ld = exp.load
-    return LoadPoint(
-        base_url=base_url,
-        # a generic server's /v1/models may list nothing or fail (transformers serve): the model comes from the
-        # experiment; SGLang's lists the served name, so it may stay unset there
-        model=exp.model.served_model_name or (exp.model.path if exp.launcher.generic else None),
-        endpoint=spec.endpoint,
-        concurrency=spec.concurrency,
-        rate_rps=spec.rate,
-        prompt_tokens=spec.prompt_tokens,
-        output_tokens=spec.output_tokens,
-        # a dry run sends one request per user: every user, every point, no more
-        requests=spec.concurrency if dry_run else ld.requests,
-        tokenizer=exp.model.tokenizer,
-        point_id=spec.id,
-        **ld.point_fields(spec.workload if ld.workload_axis else "single"),
-        labels={"config_id": spec.config_id, "run_id": run_id, **labels},
-    )
-
-
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
 
@@ -352,13 +326,17 @@ def create_run(
     points: dict[str, mf.PointEntry] = {}
     for order, cp in enumerate(plan.configs):
         configs[cp.config.id] = _config_entry(cp, order)
-        labels = {k: str(v) for k, v in cp.config.labels.items()}
         # every point says how many GPUs its server holds (results/pergpu.py; packed runs' `gpus` label is the
         # devices): the exporter, report and compare read it
-        labels["gpu_count"] = str(flags_gpus(cp.config.flags, exp.launcher.gpus))
+        gpu_count = str(flags_gpus(cp.config.flags, exp.launcher.gpus))
         for pp in cp.points:
-            point = point_of(exp, pp.spec, exp.target.url(port), run_dir.name, labels, dry_run=dry_run)
-            points[pp.spec.id] = _point_entry(cp, pp, point)
+            point = pp.point.replaced(
+                base_url=exp.target.url(port),
+                labels={"run_id": run_dir.name, **pp.point.labels, "gpu_count": gpu_count},
+                # a dry run sends one request per user: every user, every point, no more
+                **({"requests": pp.point.concurrency} if dry_run else {}),
+            )
+            points[pp.id] = _point_entry(cp, pp, point)
     data = mf.ManifestFile(
         schema_version=mf.SCHEMA_VERSION,
         run_id=run_dir.name,
@@ -428,12 +406,12 @@ def _point_entry(cp: ConfigPlan, pp: PointPlan, point: LoadPoint) -> mf.PointEnt
     return mf.PointEntry(
         point=point.model_dump(mode="json"),
         config_id=cp.config.id,
-        workload=pp.spec.workload,
-        endpoint=pp.spec.endpoint,
-        concurrency=pp.spec.concurrency,
-        prompt_tokens=pp.spec.prompt_tokens,
-        output_tokens=pp.spec.output_tokens,
-        **({"rate": pp.spec.rate} if pp.spec.rate is not None else {}),
+        workload=pp.workload,
+        endpoint=point.endpoint,
+        concurrency=point.concurrency,
+        prompt_tokens=point.prompt_tokens,
+        output_tokens=point.output_tokens,
+        **({"rate": point.rate_rps} if point.rate_rps is not None else {}),
         status=mf.PENDING if feasible else mf.INFEASIBLE,
         reason=None if feasible else "; ".join(pp.reasons or [f"server configuration: {cp.error}"]),
         warnings=pp.warnings,

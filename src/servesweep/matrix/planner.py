@@ -14,9 +14,9 @@ from typing import Any
 from servesweep.config.experiment import (
     KV_OVERFLOW,
     Experiment,
-    PointSpec,
     ServerConfig,
 )
+from servesweep.config.point import LoadPoint
 from servesweep.matrix.timeline import attach_schedule, packed_json, print_packed
 
 # Fixed costs (seconds) of the documented simple estimate (docs/experiments.md#time-estimates).
@@ -72,7 +72,10 @@ PITFALLS = (
 
 @dataclass
 class PointPlan:
-    spec: PointSpec
+    """A load point of the plan (the LoadPoint the run passes to its load generator) and what the planner made of
+    it."""
+
+    point: LoadPoint
     feasible: bool = True
     reasons: list[str] = field(default_factory=list)  # why it was dropped
     warnings: list[str] = field(default_factory=list)
@@ -82,6 +85,16 @@ class PointPlan:
     )  # prefill_s, ttft_s, itl_s, request_s, last_ttft_s; replay
     codes: list[str] = field(default_factory=list)  # pitfall codes this point is affected by (see PITFALLS)
     search: dict[str, Any] | None = None  # a search block's combination: start, probes, time (capacity_plan)
+
+    @property
+    def id(self) -> str:
+        return self.point.id
+
+    @property
+    def workload(self) -> str:
+        """The experiment's name for the point's workload (what reports group by)."""
+        assert self.point.workload_name is not None  # every point of an experiment has one (points_for)
+        return self.point.workload_name
 
 
 @dataclass
@@ -299,7 +312,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
     _price_under_limit(timer, cfg)
     # one context length that covers every point of this configuration (what to set instead)
     need_max = max(
-        (p.spec.prompt_tokens + p.spec.output_tokens + rs.num_reserved_tokens for p in cp.points), default=0
+        (p.point.prompt_tokens + p.point.output_tokens + rs.num_reserved_tokens for p in cp.points), default=0
     )
     for pp in cp.points:
         _check_point(exp, cfg, rs, arch, pp, mrr, spec_reset, need_max)
@@ -308,7 +321,7 @@ def _plan_points(exp: Experiment, cfg: ServerConfig, rs, arch, cp: ConfigPlan) -
             if exp.search is not None and timer is not None:
                 from servesweep.matrix.capacity_plan import price_search
 
-                prompt, output, rate = pp.spec.prompt_tokens, pp.spec.output_tokens, None
+                prompt, output, rate = pp.point.prompt_tokens, pp.point.output_tokens, None
                 if (rp := (pp.detail.get("replay") or {})) and rp.get("requests"):
                     # a speed-up search: the trace's mean lengths, its arrivals at speed 1 (workload/trace/replay_estimate.py)
                     prompt, output = round(rp["prompt_mean"]), round(rp["output_mean"])
@@ -338,7 +351,7 @@ def _running_cap_warning(cp: ConfigPlan, rs, spec_reset: bool) -> str | None:
     from servesweep.sglang.serverargs import SPEC_MAX_RUNNING_REQUESTS
 
     mrr = rs.effective_max_running_requests
-    capped = sorted({p.spec.concurrency for p in cp.points if p.feasible and p.spec.concurrency > mrr})
+    capped = sorted({p.point.concurrency for p in cp.points if p.feasible and p.point.concurrency > mrr})
     queue = f": concurrency {', '.join(map(str, capped))} will queue" if capped else ""
     if spec_reset:
         msg = (
@@ -362,7 +375,7 @@ def _plan_generic(exp: Experiment, cp: ConfigPlan) -> ConfigPlan:
     cp.stop_s = ANSIBLE_STOP_RUN_S + SERVER_STOP_S
     for pp in cp.points:
         pp.codes.append(GENERIC_UNPLANNED)
-        sched = (ld.requests / pp.spec.rate) if (pp.spec.rate and ld.requests) else 0.0
+        sched = (ld.requests / pp.point.rate_rps) if (pp.point.rate_rps and ld.requests) else 0.0
         pp.est_s = POINT_OVERHEAD_S + ld.warmup_s + (ld.duration_s or sched)
     return cp
 
@@ -373,7 +386,7 @@ def _needed_context(n: int) -> int:
 
 
 def _check_point(exp, cfg, rs, arch, pp: PointPlan, mrr: int, spec_reset: bool, need_max: int) -> None:
-    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    p, o, c = pp.point.prompt_tokens, pp.point.output_tokens, pp.point.concurrency
     need = p + o + rs.num_reserved_tokens
     if need >= rs.context_len:
         want = _needed_context(need_max)
@@ -447,21 +460,16 @@ class _Timer:
         return self.model.decode(batch, batch * ctx)
 
 
-def _trace_fields(exp: Experiment, pp: PointPlan) -> dict[str, Any] | None:
+def _trace_fields(pp: PointPlan) -> dict[str, Any] | None:
     """A trace point's LoadPoint fields (its workload's), None for any other point."""
-    ld = exp.load
-    try:
-        fields = ld.point_fields(pp.spec.workload if ld.workload_axis else "single")
-    except KeyError:
-        return None
-    return fields if fields.get("workload") == "trace" and fields.get("trace") else None
+    return pp.point.model_dump() if pp.point.workload == "trace" and pp.point.trace else None
 
 
 def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) -> None:
     ld = exp.load
-    p, o, c = pp.spec.prompt_tokens, pp.spec.output_tokens, pp.spec.concurrency
+    p, o, c = pp.point.prompt_tokens, pp.point.output_tokens, pp.point.concurrency
     replay = None
-    if (fields := _trace_fields(exp, pp)) is not None:
+    if (fields := _trace_fields(pp)) is not None:
         from servesweep.workload.trace.replay_estimate import replay_plan
 
         try:
@@ -494,8 +502,8 @@ def _estimate_point(exp: Experiment, rs, pp: PointPlan, timer: _Timer | None) ->
         kv = replay.kv_tokens(running)
     elif ld.requests is not None:
         measure = math.ceil(ld.requests / b) * wave
-        if pp.spec.rate:  # open loop: the schedule, unless the server is slower than the rate
-            measure = max(measure, ld.requests / pp.spec.rate)
+        if pp.point.rate_rps:  # open loop: the schedule, unless the server is slower than the rate
+            measure = max(measure, ld.requests / pp.point.rate_rps)
     else:
         measure = (ld.duration_s or 0.0) + wave  # running streams finish after the duration
     pp.detail = {
@@ -585,7 +593,7 @@ def _budget(plan: Plan) -> None:
     for p in ranked:
         if saved >= over:
             break
-        plan.cut_first.append(p.spec.id)
+        plan.cut_first.append(p.id)
         saved += p.est_s
     plan.warnings.append(
         f"estimated {_fmt_s(plan.total_s)} exceeds the budget of {_fmt_s(budget)} by {_fmt_s(over)}: cut first the "
@@ -601,7 +609,7 @@ def _pitfall(
 
 def _points_with(live: list[ConfigPlan], code: str) -> list[str]:
     """Ids of the points of the startable configurations that carry pitfall `code`."""
-    return [pp.spec.id for cp in live for pp in cp.points if code in pp.codes]
+    return [pp.id for cp in live for pp in cp.points if code in pp.codes]
 
 
 def _generic_pitfall(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any]:
@@ -615,7 +623,7 @@ def _generic_pitfall(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any]:
         f"a generic server ({' '.join(cmd[:4])} ...): servesweep does not plan its memory or check "
         "SGLang's pitfalls; every point is kept, and times count only the fixed costs" + bound,
         [cp.config.id for cp in live],
-        [pp.spec.id for cp in live for pp in cp.points],
+        [pp.id for cp in live for pp in cp.points],
         {"command": cmd},
     )
 
@@ -651,7 +659,7 @@ def _context_above_max(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | N
         CONTEXT_ABOVE_MAX,
         f"context_length above the model's maximum: SGLang refuses to start unless server.env sets {OVERRIDE_ENV}=1",
         [cp.config.id for cp in above],
-        [pp.spec.id for cp in above for pp in cp.points],
+        [pp.id for cp in above for pp in cp.points],
         {"set_env": {OVERRIDE_ENV: "1"}},
     )
 
@@ -679,7 +687,7 @@ def _tp_over_kv_heads(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | No
         f"{arch.num_kv_heads} KV heads: KV heads replicate, KV bytes per token per GPU stay as at tp "
         f"{arch.num_kv_heads}, so KV capacity per GPU stops growing with tp (the extra GPUs buy compute, not context)",
         [cp.config.id for cp in over],
-        [pp.spec.id for cp in over for pp in cp.points],
+        [pp.id for cp in over for pp in cp.points],
         {"num_kv_heads": arch.num_kv_heads, "per_tp": dict(sorted(per_tp.items()))},
     )
 
@@ -797,9 +805,9 @@ def _multi_minute_prefill(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] 
         "prompts of one wave (concurrency, up to the running cap) that prefill one after another, plus one "
         "wave per extra group of queued requests (detail: prefill_s of one request, last_ttft_s)",
         sorted({cp.config.id for cp, _ in slow}),
-        [pp.spec.id for _, pp in slow],
+        [pp.id for _, pp in slow],
         {
-            pp.spec.id: {"prefill_s": pp.detail.get("prefill_s"), "last_ttft_s": pp.detail.get("last_ttft_s")}
+            pp.id: {"prefill_s": pp.detail.get("prefill_s"), "last_ttft_s": pp.detail.get("last_ttft_s")}
             for _, pp in slow
         },
     )
@@ -815,12 +823,12 @@ def _cut_seconds_by_axis(plan: Plan) -> dict[str, dict[str, float]]:
         "concurrency": {},
     }
     for pp in plan.point_plans():
-        if pp.spec.id in cut:
+        if pp.id in cut:
             for axis, key in (
-                ("config", pp.spec.id.split(".")[0]),
-                ("prompt_tokens", str(pp.spec.prompt_tokens)),
-                ("output_tokens", str(pp.spec.output_tokens)),
-                ("concurrency", str(pp.spec.concurrency)),
+                ("config", pp.id.split(".")[0]),
+                ("prompt_tokens", str(pp.point.prompt_tokens)),
+                ("output_tokens", str(pp.point.output_tokens)),
+                ("concurrency", str(pp.point.concurrency)),
             ):
                 by[axis][key] = round(by[axis].get(key, 0.0) + pp.est_s, 1)
     return by
@@ -859,7 +867,7 @@ def _cannot_start(plan: Plan, live: list[ConfigPlan]) -> dict[str, Any] | None:
         CANNOT_START,
         "; ".join(f"{cp.config.id}: {cp.error}" for cp in dead),
         [cp.config.id for cp in dead],
-        [pp.spec.id for cp in dead for pp in cp.points],
+        [pp.id for cp in dead for pp in cp.points],
         {cp.config.id: cp.error for cp in dead},
     )
 
@@ -944,12 +952,12 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                 "excluded_points": cp.excluded_points,
                 "points": [
                     {
-                        "id": p.spec.id,
-                        "workload": p.spec.workload,
-                        "concurrency": p.spec.concurrency,
-                        "rate": p.spec.rate,
-                        "prompt_tokens": p.spec.prompt_tokens,
-                        "output_tokens": p.spec.output_tokens,
+                        "id": p.id,
+                        "workload": p.workload,
+                        "concurrency": p.point.concurrency,
+                        "rate": p.point.rate_rps,
+                        "prompt_tokens": p.point.prompt_tokens,
+                        "output_tokens": p.point.output_tokens,
                         "feasible": p.feasible and cp.error is None,
                         "reasons": p.reasons if cp.error is None else [f"server configuration: {cp.error}"],
                         "warnings": p.warnings,
@@ -1061,7 +1069,7 @@ def _config_table(plan: Plan):
 
 def _print_dropped_points(plan: Plan, console) -> None:
     """The infeasible points of startable configurations with their reasons (the first 60)."""
-    drops = [(p.spec.id, "; ".join(p.reasons)) for cp in plan.configs if not cp.error for p in cp.points
+    drops = [(p.id, "; ".join(p.reasons)) for cp in plan.configs if not cp.error for p in cp.points
              if not p.feasible]  # fmt: skip
     _print_points(console, f"dropped points ({len(drops)})", "reason", drops)
 
@@ -1069,7 +1077,7 @@ def _print_dropped_points(plan: Plan, console) -> None:
 def _print_kept_points(plan: Plan, console) -> None:
     """The points kept past the KV pool on purpose (keep: [kv_overflow]), each with its arithmetic (the first 60).
     No square brackets in the texts: rich would read them as markup."""
-    kept = [(p.spec.id, w.split("; ", 1)[-1]) for cp in plan.configs for p in cp.feasible_points
+    kept = [(p.id, w.split("; ", 1)[-1]) for cp in plan.configs for p in cp.feasible_points
             for w in p.warnings if w.startswith(f"{KV_OVERFLOW}:")]  # fmt: skip
     title = f"points kept past the KV pool on purpose ({len(kept)}, keep {KV_OVERFLOW})"
     _print_points(console, title, "KV overflow", kept)
@@ -1103,7 +1111,7 @@ def _print_point_warnings(plan: Plan, console) -> None:
                 key = (cp.config.id, w.split(":")[0])
                 if key not in seen:
                     seen.add(key)
-                    console.print(f"[yellow]! {p.spec.id}[/]: {w}")
+                    console.print(f"[yellow]! {p.id}[/]: {w}")
 
 
 def _print_totals(plan: Plan, console) -> None:
@@ -1158,8 +1166,8 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
             _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
         for pp in cp.feasible_points:
-            key = (pp.spec.workload, pp.spec.prompt_tokens, pp.spec.output_tokens)
-            shapes[key] = max(shapes.get(key, 0), pp.spec.concurrency)
+            key = (pp.workload, pp.point.prompt_tokens, pp.point.output_tokens)
+            shapes[key] = max(shapes.get(key, 0), pp.point.concurrency)
         for (wl, p, o), most in shapes.items():
             upper = min(top, most) if most >= d.lower else d.lower
             cells.append(
