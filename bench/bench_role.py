@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from servesweep.driver.ansible import local_inventory, run_playbook
+from servesweep.sglang.server_command import ServerLaunch
 
 ROOT = Path(__file__).resolve().parents[1]
 # controller-only actions: no module travels to the host
@@ -67,8 +68,20 @@ def one(adir: Path, tmp: Path, state: str, port: int, n: int, gather: bool) -> d
         "sglang_server_python": sys.executable,
         "sglang_server_emulator": True,
         "sglang_server_sim_gpu": "H200",
-        "sglang_server_sim_args": ["--sim-load-time", "0.2"],
-        "sglang_server_args": ["--tp-size", "1", "--context-length", "4096"],
+        # the command line the orchestrator builds (servesweep.sglang.server_command)
+        "sglang_server_argv": ServerLaunch(
+            kind="emulator",
+            launcher="process",
+            python=sys.executable,
+            model_path="Qwen/Qwen3.6-27B",
+            port=port,
+            bind="127.0.0.1",
+            workdir=str(tmp / "server"),
+            version="0.5.23",
+            flags={"tp_size": 1, "context_length": 4096},
+            sim_gpu="H200",
+            sim_args={"sim_load_time": 0.2},
+        ).argv(),
         "sglang_server_flags": {"tp_size": 1, "context_length": 4096},
         "sglang_server_workdir": str(tmp / "server"),
         "sglang_server_results_dir": str(tmp / "results"),

@@ -141,3 +141,29 @@ def completed_by_emulator(sim, prompt_tokens: int) -> set[str]:
         and d.get("status") == 200
         and d.get("completion_tokens")
     }
+
+
+def with_server_argv(v: dict, *, command: list[str] | None = None, sim_args: dict | None = None) -> dict:
+    """Role variables `v` plus the command line the controller hands the sglang_server role (`sglang_server_argv`,
+    built by servesweep.sglang.server_command as `servesweep run` builds it): the tests that apply the role
+    directly give it what the orchestrator would. `command`: a generic server's argv template."""
+    from servesweep.sglang.server_command import ServerLaunch
+
+    generic = bool(command)
+    launch = ServerLaunch(
+        kind="generic" if generic else "emulator" if v.get("sglang_server_emulator") else "sglang",
+        launcher=v.get("sglang_server_launcher", "process"),
+        python=v.get("sglang_server_python", "python3"),
+        model_path=v.get("sglang_server_model_path", ""),
+        served_model_name=v.get("sglang_server_served_model_name", ""),
+        port=int(v.get("sglang_server_port", 30000)),
+        bind=v.get("sglang_server_bind", "127.0.0.1"),
+        workdir=v.get("sglang_server_workdir", "/tmp/servesweep-server"),
+        version="" if generic else v.get("sglang_server_version", "0.5.23"),
+        flags=v.get("sglang_server_flags", {}),
+        command=command or (),
+        sim_gpu=v.get("sglang_server_sim_gpu", ""),
+        sim_args=sim_args or {},
+        api_key=bool(v.get("sglang_server_api_key_env")) and bool(os.environ.get(v["sglang_server_api_key_env"])),
+    )
+    return {**v, "sglang_server_argv": launch.argv(), "sglang_server_generic": generic}

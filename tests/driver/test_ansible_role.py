@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support import with_server_argv
 
 from servesweep.driver.ansible import ansible_dir, local_inventory, run_playbook
-from servesweep.sglang.flags import render_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen3.6-27B"
@@ -63,7 +63,6 @@ class Server:
             "sglang_server_python": sys.executable,
             "sglang_server_emulator": True,
             "sglang_server_sim_gpu": "H200",
-            "sglang_server_sim_args": ["--sim-load-time", "0.2"],
             "sglang_server_workdir": str(self.workdir),
             "sglang_server_results_dir": str(self.results),
             "sglang_server_startup_timeout": 120,
@@ -74,18 +73,14 @@ class Server:
         return v
 
     def apply(self, check: bool = False, **over):
-        """The role with these variables; `sglang_server_flags` also become `sglang_server_args`, rendered as the
-        orchestrator renders them (for the version, or as --name value for a generic server's command)."""
+        """The role with these variables and the command line the orchestrator would build from them
+        (tests/support.with_server_argv); `sglang_server_command` here is a generic server's argv template."""
         self.n += 1
-        if "sglang_server_flags" in over:
-            v = self.vars(**over)
-            generic = bool(v.get("sglang_server_command"))
-            version = None if generic else v["sglang_server_version"]
-            over["sglang_server_args"] = render_argv(over["sglang_server_flags"], version)
+        command = over.pop("sglang_server_command", None)
         return run_playbook(
             "sglang_server.yml",
             inventory=local_inventory(),
-            extravars=self.vars(**over),
+            extravars=with_server_argv(self.vars(**over), command=command, sim_args={"sim_load_time": 0.2}),
             artifact_dir=self.tmp / "artifacts",
             ident=f"t{self.n}",
             check=check,

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from support import run_servesweep
+from support import run_servesweep, with_server_argv
 
 from servesweep.cli.plan import command as plan_command
 from servesweep.config.experiment import parse_experiment
 from servesweep.driver.ansible import local_inventory, run_playbook
-from servesweep.sglang.flags import render_argv
 from servesweep.sglang.gpus import GPU_PROFILES
 from servesweep.sglang.models import dflash_draft_params, load_model_arch
 from servesweep.sglang.serverargs import resolve_server
@@ -219,13 +218,12 @@ def test_a6000_state_slot_cap_follows_the_documented_derivation():
 
 
 def _role_vars(exp, cfg: dict, tmp: Path) -> dict:
-    return {
+    return with_server_argv({
         "sglang_server_state": "started",
         "sglang_server_launcher": "systemd",
         "sglang_server_version": exp.sglang_version,
         "sglang_server_model_path": exp.model.path,
         "sglang_server_flags": cfg["flags"],
-        "sglang_server_args": render_argv(cfg["flags"], exp.sglang_version),
         "sglang_server_env": cfg["env"],
         "sglang_server_port": 30000,
         "sglang_server_python": "/opt/sglang/bin/python",
@@ -233,7 +231,7 @@ def _role_vars(exp, cfg: dict, tmp: Path) -> dict:
         "sglang_server_workdir": str(tmp / "work"),
         "sglang_server_unit_dir": str(tmp / "units"),
         "sglang_server_gather_facts": False,
-    }
+    })
 
 
 def _unit_text(tmp: Path, text: str, ident: str) -> str:
@@ -323,7 +321,7 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
     from servesweep.matrix.planner import make_plan
 
     full = make_plan(parse_experiment(A6000.read_text()))
-    dropped = {pp.spec.prompt_tokens for cp in full.configs for pp in cp.points if not pp.feasible}
+    dropped = {pp.point.prompt_tokens for cp in full.configs for pp in cp.points if not pp.feasible}
     assert dropped == {60000, 100000}
     info = json.loads((run_dir / "servers" / "s01" / "server_info.json").read_text())
     argv = info["argv"]

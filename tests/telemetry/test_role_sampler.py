@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from support import with_server_argv
+
 from servesweep.config.point import LoadPoint
 from servesweep.driver.ansible import local_inventory, run_playbook
 from servesweep.driver.point_run import run_point
@@ -38,21 +40,19 @@ def test_the_role_starts_the_sampler_with_the_server_and_stops_it_with_it(tmp_pa
         return run_playbook(
             "sglang_server.yml",
             inventory=local_inventory(),
-            extravars={
+            extravars=with_server_argv({
                 "sglang_server_state": state,
                 "sglang_server_model_path": MODEL,
                 "sglang_server_port": port,
                 "sglang_server_python": sys.executable,
                 "sglang_server_emulator": True,
-                "sglang_server_sim_args": ["--sim-load-time", "0.2"],
-                "sglang_server_args": ["--tp-size", "2"],
                 "sglang_server_workdir": str(work),
                 "sglang_server_startup_timeout": 120,
                 "sglang_server_stop_timeout": 20,
                 "sglang_server_gather_facts": False,
                 "sglang_server_gpu_sampler": True,
                 "sglang_server_flags": {"tp_size": 2, "gpu_power_limit_w": 450},
-            },
+            }, sim_args={"sim_load_time": 0.2}),
             artifact_dir=tmp_path / "artifacts",
             ident=f"t{n[0]}",
             timeout_s=300,

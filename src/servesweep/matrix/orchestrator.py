@@ -565,7 +565,7 @@ class ServerRun:
         return str(p)
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
-        from servesweep.sglang.flags import render_argv
+        from servesweep.sglang.server_command import ServerLaunch
 
         exp, L = self.exp, self.exp.launcher
         c = self.m.configs[cfg_id]
@@ -575,12 +575,32 @@ class ServerRun:
             image = L.image or ""
         else:
             image = L.image or f"lmsysorg/sglang:v{exp.sglang_version}"
+        bind, workdir = ("127.0.0.1" if local else "0.0.0.0"), f"{L.workdir.rstrip('/')}/p{self.port}"
+        # the server's whole command line, built here (sglang/server_command.py); the role only writes it out
+        launch = ServerLaunch(
+            kind="generic" if L.generic else "emulator" if L.emulator else "sglang",
+            launcher=L.kind,
+            python=python,
+            model_path=exp.model.path,
+            served_model_name=exp.model.served_model_name or "",
+            port=self.port,
+            bind=bind,
+            workdir=workdir,
+            version=exp.sglang_version or "",
+            flags=c["flags"],
+            command=L.command or (),
+            sim_gpu=L.gpu or "",
+            sim_args=L.sim_args,
+            extra_spec_algorithms=L.extra_spec_algorithms,
+            api_key=bool(self.api_key),
+        )
         return {
             "sglang_server_hosts": exp.target.host_group,
             "sglang_server_state": state,
             "sglang_server_launcher": L.kind,
             "sglang_server_version": exp.sglang_version or "",
-            "sglang_server_command": L.command or [],
+            "sglang_server_argv": launch.argv(),
+            "sglang_server_generic": L.generic,
             "sglang_server_health_path": L.health_path,
             "sglang_server_info_paths": L.info_paths,
             "sglang_server_verify": L.verify,
@@ -588,17 +608,13 @@ class ServerRun:
             "sglang_server_model_path": exp.model.path,
             "sglang_server_served_model_name": exp.model.served_model_name or "",
             "sglang_server_flags": c["flags"],
-            # the flags as argv words under this SGLang version's option strings (a generic server: --name value)
-            "sglang_server_args": render_argv(c["flags"], None if L.generic else exp.sglang_version),
             "sglang_server_env": c["env"],
             "sglang_server_port": self.port,
-            "sglang_server_bind": "127.0.0.1" if local else "0.0.0.0",
+            "sglang_server_bind": bind,
             "sglang_server_python": python,
             "sglang_server_emulator": L.emulator,
             "sglang_server_sim_gpu": L.gpu or "",
-            "sglang_server_sim_args": render_argv(L.sim_args, None),
-            "sglang_server_extra_spec_algorithms": L.extra_spec_algorithms,
-            "sglang_server_workdir": f"{L.workdir.rstrip('/')}/p{self.port}",
+            "sglang_server_workdir": workdir,
             "sglang_server_results_dir": str(self.run_dir / "servers" / cfg_id),
             # a started server's info and log are written here from the role's set_stats (_save_server_files):
             # three module runs fewer per start; a failed start's log the role still writes itself
