@@ -13,8 +13,10 @@ from servesweep.client.clients import Clients, Sampler
 from servesweep.results.records import RecordBuffer
 
 if TYPE_CHECKING:
+    from servesweep.client.charts import Series
     from servesweep.client.feed import Feed
     from servesweep.client.user import LoadContext
+    from servesweep.client.webui import LiveState
     from servesweep.config.point import LoadPoint
     from servesweep.observe.exporter import ClientMetrics
 
@@ -56,8 +58,8 @@ class ClientState:
     abandoned: bool = False  # the parent or the master is gone: exit EXIT_PARENT_GONE
     feed: Feed | None = None  # the parent's live view of the records (client/feed.py)
     metrics: ClientMetrics | None = None  # when this process serves /metrics (client/exporter_feed.py)
-    live: Any = None  # the web UI module's live state (webui.LiveState)
-    series: Any = None  # the web UI module's chart series (charts.Series)
+    live: LiveState | None = None  # the web UI module's live state
+    series: Series | None = None  # the web UI module's chart series
 
     @property
     def is_master(self) -> bool:
