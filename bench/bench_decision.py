@@ -9,6 +9,12 @@ exhaustive one. Times: the decision's GPU-hours and packed wall time on the expe
 (serial, packed) and today's capacity search (one search per configuration × shape, serial, packed).
 
     .venv/bin/python bench/bench_decision.py [examples/qwen36-27b-rtxpro6000-decide.yaml] [--seeds 5] [--json]
+    .venv/bin/python bench/bench_decision.py examples/qwen36-27b-a6000-tp2.yaml   # seed B: the decide block of
+                                                            # --decide-from (default the seed-A decide example)
+
+The step model's prediction error is reported before the fit (each probe's measured / predicted median) and after
+it (the same probe against its configuration's fitted calibration from its *other* shapes' probes, as the decision
+uses it for a shape it has not probed), with how often the fitted interval (± z sigma) holds the probe.
 """
 
 from __future__ import annotations
@@ -151,6 +157,40 @@ def explain(miss, run, truth_cells, tier_texts, noise, tolerance=0.05) -> tuple[
     return "; ".join(parts), tie
 
 
+def fit_errors(run, cells, confidence: float) -> dict[str, list[tuple[float, float, float]]]:
+    """Per metric, for every probe of a configuration with probes of other shapes: (log error before the fit, log
+    error after it, the fit's sigma) where the fit is the configuration's calibration from its other shapes' probes
+    (grouped by prompt length as the decision groups them; no probe of that prompt: the configuration's other
+    probes of any prompt)."""
+    prompt_of = {c.shape.key: c.shape.prompt for c in cells}
+    out: dict[str, list[tuple[float, float, float]]] = {m: [] for m in D.METRICS}
+    for r in run.records:
+        others = [x for x in run.records if x.config == r.config and x.shape != r.shape]
+        if not others:
+            continue
+        fits = D.fit_calibration(r.config, others, group=prompt_of.get)
+        fit = fits.get(prompt_of[r.shape]) or next(iter(D.fit_calibration(r.config, others).values()))
+        for m in D.METRICS:
+            before = math.log(r.ratios[m])
+            out[m].append((before, before - math.log(fit.ratios[m]), fit.sigma[m]))
+    return out
+
+
+def _error_line(errs, z: float) -> str:
+    parts = []
+    for m, rows in errs.items():
+        if not rows:
+            continue
+        b, a, sig = (np.array(x) for x in zip(*rows, strict=True))
+        cover = float(np.mean(np.abs(a) <= z * sig))
+        parts.append(
+            f"{m} before {np.exp(np.quantile(b, 0.025)):.3f}-{np.exp(np.quantile(b, 0.975)):.3f} (log-sd "
+            f"{np.std(b):.3f}), after {np.exp(np.quantile(a, 0.025)):.3f}-{np.exp(np.quantile(a, 0.975)):.3f} "
+            f"(log-sd {np.std(a):.3f}; the fit's ±{z:.2f} sigma holds {cover:.0%})"
+        )
+    return "; ".join(parts)
+
+
 def packed(run, hosts) -> float:
     jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
     return schedule(jobs, hosts).makespan_s if jobs else 0.0
@@ -164,14 +204,18 @@ def main(argv=None) -> int:
     ap.add_argument("--shape-error", type=float, default=0.05, help="log-sd of each cell's own factor")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
-    ap.add_argument("--ablate", action="store_true", help="also run without racing and without sequential looks")
+    ap.add_argument("--ablate", action="store_true", help="also run with each lever switched off")
+    ap.add_argument("--decide-from", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"),
+                    help="an experiment without a decide block takes this one's (seed B)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     exp = load_experiment(a.experiment)
+    if exp.decide is None:  # seed B: the question of --decide-from asked of this matrix
+        exp = exp.model_copy(update={"decide": load_experiment(a.decide_from).decide})
     d = exp.decide
     if d is None:
-        ap.error(f"{a.experiment}: no decide block")
+        ap.error(f"{a.experiment}: no decide block, nor in {a.decide_from}")
     plan = planner.make_plan(exp)
     sched = attach_schedule(plan, a.experiment)
     hosts = list(sched.hosts)
@@ -199,6 +243,7 @@ def main(argv=None) -> int:
         agree = D.agreement(run.answer.best(), answer, d.resolution)
         gpu_s = run.as_dict()["gpu_seconds"]
         half = D.run_decision(prior, d.tiers, measure, budget_gpu_s=gpu_s / 2, **kw)
+        half_label = half.answer.label
         half_agree = D.agreement(half.answer.best(), answer, d.resolution)
         grid_agree = D.agreement(grid_answer(exp, truth, noise), answer, d.resolution)
         for m in agree["misses"]:
@@ -206,11 +251,15 @@ def main(argv=None) -> int:
         agree["explained"] = (agree["questions"] * agree["exact"] + sum(
             1 for m in agree["misses"] if m["within_resolution"] or m["slo_tie"])) / max(1, agree["questions"])
         ratios = {m: [r.ratios[m] for r in run.records] for m in ("ttft", "tpot", "e2e")}
+        errors = fit_errors(run, prior, d.confidence)
         ablation = {}
         if a.ablate:
             for name, over in (("no racing", {"race": False}), ("no sequential looks (one look)", {"max_looks": 1}),
                                ("no prior bound", {"use_prior": False}),
-                               ("no calibrated prior (the step model's, fixed margin)", {"calibrate_prior": False})):
+                               ("no fitted calibration (prior bounds: the margin, shrunk with probes)",
+                                {"fit_prior": False}),
+                               ("no fitted calibration, no calibrated margin (the step model's, fixed margin)",
+                                {"fit_prior": False, "calibrate_prior": False})):
                 alt = D.run_decision(prior, d.tiers, measure, **{**kw, **over})
                 ablation[name] = {
                     "gpu_s": alt.as_dict()["gpu_seconds"],
@@ -218,6 +267,7 @@ def main(argv=None) -> int:
                 }
         rows.append({
             "ratios": ratios,
+            "fit_errors": errors,
             "ablation": ablation,
             "seed": seed,
             "probes": len(run.records),
@@ -227,7 +277,7 @@ def main(argv=None) -> int:
             "serial_s": sum(run.config_seconds.values()),
             "counts": run.answer.counts(),
             "agreement": agree,
-            "half_budget": {"label": half.answer.label, "agreement": half_agree},
+            "half_budget": {"label": half_label, "agreement": half_agree},
             "grid_agreement": grid_agree,
         })
     out = {
@@ -255,7 +305,7 @@ def main(argv=None) -> int:
     print(f"{exp.name}: {out['questions']} questions, {a.seeds} seeds, model error {a.model_error:.0%} "
           f"per configuration + {a.shape_error:.0%} per cell, "
           f"max probe {max_probe_s:g}s, prior margin {margin:g}, bench {out['bench_s']}s")
-    print("| method | GPU-h | serial h | packed h (8 GPUs) | agreement exact | within resolution | + SLO ties |")
+    print(f"| method | GPU-h | serial h | packed h ({sum(h.gpus for h in hosts)} GPUs) | agreement exact | within resolution | + SLO ties |")
     print("|---|---|---|---|---|---|---|")
     g_ex = mean("", lambda r, k: r["grid_agreement"]["exact"])
     g_in = mean("", lambda r, k: r["grid_agreement"]["within_resolution"])
@@ -282,6 +332,9 @@ def main(argv=None) -> int:
     print("step model's prediction error (measured median / predicted, over every probe): " + "; ".join(
         f"{m} {np.exp(np.mean(np.log(v))):.3f} (95 % of probes in {np.quantile(v, 0.025):.3f}-"
         f"{np.quantile(v, 0.975):.3f})" for m, v in allr.items()))
+    errs = {m: [x for r in rows for x in r["fit_errors"][m]] for m in D.METRICS}
+    print("prediction error of a probe's median, 95 % of probes (measured / predicted), before the fit and after "
+          "its configuration's fit from its other shapes: " + _error_line(errs, D._z(1 - d.confidence)))
     for r in rows:
         print(f"seed {r['seed']}: {r['probes']} probes, {r['requests']} requests, {r['counts']}; misses:")
         for m in r["agreement"]["misses"]:

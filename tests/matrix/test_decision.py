@@ -136,3 +136,60 @@ def test_a_measured_configuration_gets_a_tighter_prior_margin():
     assert D.calibrated_margin(1.5, 0) == 1.5
     assert D.calibrated_margin(1.5, 3) == pytest.approx(1.25)
     assert D.calibrated_margin(1.5, 100) == pytest.approx(1.25)  # never below half the excess
+
+
+def _slower(cell: D.Cell, ttft: float, tpot: float) -> D.Cell:
+    """The same cell with its truth off the model: TTFT and TPOT times these factors (a perturbed calibration)."""
+
+    def predict(c: int) -> D.Prediction:
+        p = dict(cell.predicted(c))
+        p["ttft"] *= ttft
+        p["tpot"] *= tpot
+        p["e2e"] = p["ttft"] + p["tpot"] * cell.shape.output
+        p["throughput"] = c / p["e2e"]
+        return p
+
+    return D.Cell(cell.config, cell.shape, cell.gpus, cell.lower, cell.upper, predict)
+
+
+def test_the_calibration_fit_recovers_a_perturbed_calibration():
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    shapes = [D.Shape("single", 1000, o) for o in (200, 400, 800)]
+    model = [_cell("c", 0.01, 40, shape=s) for s in shapes]
+    truth = {c.key: _slower(c, 1.3, 0.85).predicted for c in model}
+    measure = D.simulated_measure(NOISE, truth, 3)
+    records = [
+        D.sequential_probe(c, load, tiers, tiers, measure(c, load), confidence=0.95, resolution=0.05,
+                           max_requests=800, overhead_s=0)
+        for c in model
+        for load in (2, 8)
+    ]
+    fits = D.fit_calibration("c", records, group=lambda shape: 1000)
+    fit = fits[1000]
+    assert fit.probes == 6
+    assert fit.ratios["ttft"] == pytest.approx(1.3, rel=0.06)
+    assert fit.ratios["tpot"] == pytest.approx(0.85, rel=0.03)
+    # what the fit leaves is far below the 30 % / 15 % it removed, and no tighter than its prior allows
+    assert 0.01 < fit.sigma["tpot"] < 0.08 and fit.sigma["ttft"] < 0.12
+    # the fitted bounds of an unprobed shape hold its true value
+    other = _cell("c", 0.01, 40, shape=D.Shape("single", 1000, 600))
+    bounds = D.fitted_prior([other], tiers, NOISE, fit, 1.96)
+    true = D.exhaustive([_slower(other, 1.3, 0.85)], TIERS, NOISE)
+    for t in TIERS:
+        b = bounds[(other.key, t)]
+        assert b.low <= true[(other.shape.key, t)]["c"] <= b.high and b.low < b.estimate < b.high
+
+
+def test_a_cell_the_fitted_calibration_decides_is_not_probed():
+    # two shapes of one prompt length; 'good' is 3x faster per user than 'bad': once each configuration's fit
+    # bounds its other shape, that shape's questions are decided without probing it
+    shapes = [D.Shape("single", 1000, o) for o in (200, 800)]
+    cells = [_cell(n, t, 40, shape=s) for s in shapes for n, t in (("good", 0.004), ("bad", 0.012))]
+    fitted, unfitted = _run(cells, prior_margin=1.25), _run(cells, prior_margin=1.25, fit_prior=False)
+    truth = D.exhaustive(cells, TIERS, NOISE)
+    for run in (fitted, unfitted):
+        assert D.agreement(run.answer.best(), truth, 0.05)["exact"] == 1.0
+    probed = {(r.config, r.shape) for r in fitted.records}
+    assert {c.key for c in cells} - probed, "every cell was probed: the fit decided nothing"
+    assert len(fitted.records) < len(unfitted.records)
+    assert any("fitted calibrations" in q.label for q in fitted.answer.questions)

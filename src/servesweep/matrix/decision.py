@@ -301,6 +301,8 @@ class Bounds:
     high: float
     bracket: tuple[int | None, int | None]
     resolved: bool  # the capacity bracket is at the search resolution (more probes cannot narrow it)
+    # a bound rests on the configuration's fitted calibration, not on this cell's probes
+    from_prior: bool = False
 
 
 @dataclass
@@ -367,11 +369,34 @@ def _resolution_step(load: int, rel: float) -> float:
 
 
 def cell_bounds(
-    cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float, prior_high: float = math.inf
+    cell: Cell,
+    tier: str,
+    records: Sequence[ProbeRecord],
+    rel: float,
+    prior_high: float = math.inf,
+    prior: PriorBounds | None = None,
 ) -> Bounds:
     """[low, high] of a cell's value for a tier from its probes (monotone capacity: a pass above the first fail is
     left out, as in matrix/capacity_search.py). Without a failing load the upper bound is `prior_high` (the step model's
-    value times decide.prior_margin: an assumption on the model's error, not a measurement; inf: none)."""
+    value times decide.prior_margin: an assumption on the model's error, not a measurement; inf: none). `prior`: the
+    configuration's fitted calibration's bounds (`fitted_prior`): intersected with the measured ones on both sides
+    (where they conflict the measurement wins), so a cell may be bounded, and its question decided, with no probe of
+    its own."""
+    b = _measured_bounds(cell, tier, records, rel, prior_high)
+    if prior is None or b.resolved and b.high == 0.0:
+        return b
+    low, high = max(b.low, prior.low), min(b.high, prior.high)
+    if low > high:  # the fit contradicts what this cell measured: the measurement alone
+        return b
+    est = b.estimate if b.bracket[0] is not None else prior.estimate
+    return Bounds(
+        low, min(max(est, low), high), high, b.bracket, b.resolved, from_prior=low > b.low or high < b.high
+    )
+
+
+def _measured_bounds(
+    cell: Cell, tier: str, records: Sequence[ProbeRecord], rel: float, prior_high: float = math.inf
+) -> Bounds:
     fails = [r for r in records if r.verdicts.get(tier) == "fail"]
     hi = min(fails, key=lambda r: r.load) if fails else None
     passes = [r for r in records if r.verdicts.get(tier) == "pass" and (hi is None or r.load < hi.load)]
@@ -401,6 +426,7 @@ def derive(
     confidence: float,
     complete: bool = False,
     prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
+    prior_fit: Mapping[tuple[tuple[str, str], str], PriorBounds] | None = None,
 ) -> Answer:
     """Every question's answer from the probes so far: racing (drop a configuration whose upper bound is below
     another's lower bound), then decided / tie / none / leading / open. Pure: the same probes give the same answer."""
@@ -420,6 +446,7 @@ def derive(
                     by_cell.get(c.key, []),
                     resolution,
                     (prior_high or {}).get((c.key, tier), math.inf),
+                    (prior_fit or {}).get((c.key, tier)),
                 )
                 for c in group
             }
@@ -438,8 +465,9 @@ def derive(
             else:
                 status = "leading" if measured else "open"
             best = None if status in ("none", "open") else leader
+            via = " (bounds from the fitted calibrations)" if any(b[k].from_prior for k in alive) else ""
             label = {
-                "decided": f"{leader} (beats every rival by more than the resolution, or ties within it)",
+                "decided": f"{leader} (beats every rival by more than the resolution, or ties within it){via}",
                 "tie": f"{leader} by its estimate; tied within resolution with {', '.join(rivals) or 'none'}",
                 "none": "no configuration holds this tier at the lowest load",
                 "leading": f"{leader} leads; {len(rivals)} rivals not yet excluded",
@@ -458,10 +486,19 @@ def answer(
     resolution: float,
     confidence: float,
     prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
+    prior_fit: Mapping[tuple[tuple[str, str], str], PriorBounds] | None = None,
 ) -> Answer:
     """The anytime answer: the labelled best-so-far of every question from whatever probes have been measured (a
     run stopped at any point, e.g. half its budget, reports this)."""
-    return derive(cells, tiers, records, resolution=resolution, confidence=confidence, prior_high=prior_high)
+    return derive(
+        cells,
+        tiers,
+        records,
+        resolution=resolution,
+        confidence=confidence,
+        prior_high=prior_high,
+        prior_fit=prior_fit,
+    )
 
 
 def prior_bounds(
@@ -533,6 +570,94 @@ def calibration(config: str, records: Sequence[ProbeRecord]) -> dict[str, float]
     return {m: float(np.exp(np.mean([math.log(r.ratios[m]) for r in mine]))) for m in ("ttft", "tpot", "e2e")}
 
 
+METRICS = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A configuration's step-model calibration fitted to its probes: per metric the measured / predicted factor
+    (geometric mean over its probes: what its bandwidth, FLOP/s efficiency and accept-length errors do to TTFT, TPOT
+    and E2E) and the log-sd an unprobed shape's prediction keeps after it (the probes' scatter about the fit,
+    shrunk toward `prior_sigma`, plus the fit's own error)."""
+
+    ratios: dict[str, float]
+    sigma: dict[str, float]
+    probes: int
+
+
+def fit_calibration(
+    config: str,
+    records: Sequence[ProbeRecord],
+    prior_sigma: float = 0.05,
+    prior_weight: float = 2.0,
+    group: Callable[[str], Any] | None = None,
+) -> dict[Any, Fit]:
+    """The configuration's fits from its probes, one per group of shapes (`group(shape_key)`: the prompt length, so
+    one long-context probe informs every output length of that context, while a 3k probe says little of a 100k
+    prompt's attention time): per group, log factor = mean of its probes' log(measured / predicted median); the
+    residual variance is pooled over the configuration's groups and shrunk toward `prior_sigma`:
+    (prior_weight · prior_sigma² + Σ residual²) / (prior_weight + n - groups) (a few probes cannot claim a tight
+    fit); an unprobed shape's log-sd = residual sd · sqrt(1 + 1/n_group)."""
+    mine = [r for r in records if r.config == config]
+    key = group or (lambda shape: None)
+    groups: dict[Any, list[ProbeRecord]] = {}
+    for r in mine:
+        groups.setdefault(key(r.shape), []).append(r)
+    if not groups:
+        return {}
+    logs = {g: {m: np.log([r.ratios[m] for r in rs]) for m in METRICS} for g, rs in groups.items()}
+    dof = prior_weight + len(mine) - len(groups)
+    var = {
+        m: (
+            prior_weight * prior_sigma**2
+            + sum(float(np.sum((v[m] - v[m].mean()) ** 2)) for v in logs.values())
+        )
+        / dof
+        for m in METRICS
+    }
+    return {
+        g: Fit(
+            {m: math.exp(float(v[m].mean())) for m in METRICS},
+            {m: math.sqrt(var[m] * (1.0 + 1.0 / len(groups[g]))) for m in METRICS},
+            len(groups[g]),
+        )
+        for g, v in logs.items()
+    }
+
+
+@dataclass(frozen=True)
+class PriorBounds:
+    """A cell's value for a tier from its configuration's fitted calibration: the value with every metric at its
+    fitted factor (`estimate`), and with every metric z sigma faster (`high`) or slower (`low`): the capacity's
+    cliff carries the metrics' error into the value, so it is computed, not assumed proportional."""
+
+    low: float
+    estimate: float
+    high: float
+
+
+def fitted_prior(
+    cells: Sequence[Cell], tiers: Mapping[str, Sequence[Slo]], noise: Noise, fit: Fit, z: float
+) -> dict[tuple[tuple[str, str], str], PriorBounds]:
+    """Every (cell, tier) of the fitted configuration's cells bounded by its calibrated step model."""
+    out = {}
+    for c in cells:
+        f = {
+            k: _calibrated(c, {m: fit.ratios[m] * math.exp(k * z * fit.sigma[m]) for m in METRICS})
+            for k in (-1, 0, 1)
+        }
+        for name, slos in tiers.items():
+            v = {k: _value(c, slos, noise, g) for k, g in f.items()}
+            out[(c.key, name)] = PriorBounds(v[1], v[0], v[-1])
+    return out
+
+
+def _value(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> float:
+    """Output tok/s per GPU at the capacity a prediction gives (0: fails at the lowest load)."""
+    cap = _capacity_bisect(cell, slos, noise, f)
+    return 0.0 if cap is None else noise.throughput(f(cap), cap, cell.shape.output) / cell.gpus
+
+
 def prior_capacity(cell: Cell, slos: Sequence[Slo], noise: Noise, cal: Mapping[str, float]) -> int:
     """The calibrated step model's capacity (lower when it predicts a fail there): where the search starts."""
     return _capacity_bisect(cell, slos, noise, _calibrated(cell, cal)) or cell.lower
@@ -599,6 +724,9 @@ def run_decision(
     max_rounds: int = 5000,
     use_prior: bool = True,
     calibrate_prior: bool = True,
+    fit_prior: bool = True,
+    fit_min_probes: int = 2,
+    prior_sigma: float = 0.05,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
     on_record: Callable[[ProbeRecord, Answer], None] | None = None,
@@ -629,6 +757,7 @@ def run_decision(
         kw["prior_high"] = prior_bounds(cells, tiers, noise, prior_margin)
     stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
     by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
+    prompt_of = {c.shape.key: c.shape.prompt for c in cells}  # a fit's group: the shapes of one prompt length
     while rounds < max_rounds:
         ans = derive(cells, names, records, **kw)
         open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
@@ -644,7 +773,14 @@ def run_decision(
                 q = open_q.get((c.shape.key, t))
                 if (c.key, t) in stuck or (race and (q is None or c.config not in q.alive)):
                     continue
-                bt = cell_bounds(c, t, mine, resolution, kw.get("prior_high", {}).get((c.key, t), math.inf))
+                bt = cell_bounds(
+                    c,
+                    t,
+                    mine,
+                    resolution,
+                    kw.get("prior_high", {}).get((c.key, t), math.inf),
+                    kw.get("prior_fit", {}).get((c.key, t)),
+                )
                 if bt.resolved:
                     continue
                 want.append(t)
@@ -696,9 +832,17 @@ def run_decision(
         seconds[c.config] += rec.seconds
         records.append(rec)
         by_cell.setdefault(c.key, []).append(rec)
+        n_c = sum(1 for r in records if r.config == c.config)
+        mine_cells = [x for x in cells if x.config == c.config]
+        if fit_prior and n_c >= fit_min_probes:  # both bounds of its cells from its fitted calibration
+            fits = fit_calibration(c.config, records, prior_sigma, group=prompt_of.get)
+            for g, fit in fits.items():
+                kw.setdefault("prior_fit", {}).update(
+                    fitted_prior(
+                        [x for x in mine_cells if x.shape.prompt == g], tiers, noise, fit, _z(1 - confidence)
+                    )
+                )
         if use_prior and calibrate_prior:  # the configuration's cells re-bounded by its calibrated model
-            n_c = sum(1 for r in records if r.config == c.config)
-            mine_cells = [x for x in cells if x.config == c.config]
             kw["prior_high"].update(
                 prior_bounds(
                     mine_cells,
