@@ -193,3 +193,23 @@ def test_a_cell_the_fitted_calibration_decides_is_not_probed():
     assert {c.key for c in cells} - probed, "every cell was probed: the fit decided nothing"
     assert len(fitted.records) < len(unfitted.records)
     assert any("fitted calibrations" in q.label for q in fitted.answer.questions)
+
+
+def test_a_pass_the_fitted_model_cannot_exceed_needs_no_failing_probe():
+    # capacity of 'fast' (1/tpot >= 60: 1 + C/4 <= 1.67) is 2 on this steep model; measured passing at 2, the
+    # fitted model even z sigma faster fails at 3: the bracket is closed by the fit, the value is the measured
+    # throughput at 2 (no probe at 3)
+    c = _cell("a", 0.01, 4)
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted}, 2)
+    rec = D.sequential_probe(c, 2, tiers, tiers, measure(c, 2), confidence=0.95, resolution=0.05,
+                             max_requests=800, overhead_s=0)
+    assert rec.verdicts["fast"] == "pass"
+    unfitted = D.cell_bounds(c, "fast", [rec], 0.05, prior_high=1e9)
+    assert not unfitted.resolved and unfitted.high == 1e9
+    fit = D.Fit({m: 1.0 for m in D.METRICS}, {m: 0.02 for m in D.METRICS}, 4)
+    prior = D.fitted_prior([c], tiers, NOISE, fit, 1.96)[(c.key, "fast")]
+    assert prior.cap_high <= 2
+    fitted = D.cell_bounds(c, "fast", [rec], 0.05, prior_high=1e9, prior=prior)
+    assert fitted.resolved and fitted.from_prior and fitted.bracket == (2, None)
+    assert (fitted.low, fitted.high) == (rec.tput[0], rec.tput[2])

@@ -385,6 +385,12 @@ def cell_bounds(
     b = _measured_bounds(cell, tier, records, rel, prior_high)
     if prior is None or b.resolved and b.high == 0.0:
         return b
+    lo_load = b.bracket[0]
+    if not b.resolved and lo_load is not None and 0 < prior.cap_high <= lo_load:
+        # even z sigma faster the fitted model fails above the measured pass: the capacity is that load, and the
+        # value its measured throughput (no probe of the next load needed)
+        at = next(r for r in records if r.load == lo_load and r.verdicts.get(tier) == "pass")
+        return Bounds(b.low, b.estimate, max(at.tput[2], b.low), b.bracket, True, from_prior=True)
     low, high = max(b.low, prior.low), min(b.high, prior.high)
     if low > high:  # the fit contradicts what this cell measured: the measurement alone
         return b
@@ -634,6 +640,7 @@ class PriorBounds:
     low: float
     estimate: float
     high: float
+    cap_high: int = 0  # the capacity with every metric z sigma faster (0: fails at the lowest load even so)
 
 
 def fitted_prior(
@@ -648,14 +655,15 @@ def fitted_prior(
         }
         for name, slos in tiers.items():
             v = {k: _value(c, slos, noise, g) for k, g in f.items()}
-            out[(c.key, name)] = PriorBounds(v[1], v[0], v[-1])
+            out[(c.key, name)] = PriorBounds(v[1][0], v[0][0], v[-1][0], v[-1][1])
     return out
 
 
-def _value(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> float:
-    """Output tok/s per GPU at the capacity a prediction gives (0: fails at the lowest load)."""
+def _value(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> tuple[float, int]:
+    """Output tok/s per GPU at the capacity a prediction gives, and that capacity (0, 0: fails at the lowest
+    load)."""
     cap = _capacity_bisect(cell, slos, noise, f)
-    return 0.0 if cap is None else noise.throughput(f(cap), cap, cell.shape.output) / cell.gpus
+    return (0.0, 0) if cap is None else (noise.throughput(f(cap), cap, cell.shape.output) / cell.gpus, cap)
 
 
 def prior_capacity(cell: Cell, slos: Sequence[Slo], noise: Noise, cal: Mapping[str, float]) -> int:
@@ -725,7 +733,7 @@ def run_decision(
     use_prior: bool = True,
     calibrate_prior: bool = True,
     fit_prior: bool = True,
-    fit_min_probes: int = 2,
+    fit_min_probes: int = 1,
     prior_sigma: float = 0.05,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
