@@ -659,7 +659,9 @@ def fitted_prior(
     return out
 
 
-def _value(cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]) -> tuple[float, int]:
+def _value(
+    cell: Cell, slos: Sequence[Slo], noise: Noise, f: Callable[[int], Prediction]
+) -> tuple[float, int]:
     """Output tok/s per GPU at the capacity a prediction gives, and that capacity (0, 0: fails at the lowest
     load)."""
     cap = _capacity_bisect(cell, slos, noise, f)
