@@ -75,3 +75,16 @@ def test_decide_and_search_do_not_mix():
         )
     )
     assert "decide" in msg
+
+
+def test_a_search_block_reads_its_tiers_by_the_same_rules_with_its_own_refusals():
+    from pydantic import ValidationError
+
+    from servesweep.config.search_block import SearchBlock
+
+    ok = SearchBlock(tiers=[["ttft<=1s", "goodput_ratio>=90%"], "tpot_p50<=50ms"], upper=64)  # tier1, tier2
+    assert list(ok.tiers) == ["tier1", "tier2"]
+    with pytest.raises(ValidationError, match="tier t: per-request SLOs only say which requests are good"):
+        SearchBlock(tiers={"t": ["ttft<=1s"]}, upper=64)
+    with pytest.raises(ValidationError, match="tier t: needs at least one SLO"):
+        SearchBlock(tiers={"t": []}, upper=64)

@@ -32,7 +32,8 @@ from typing import Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servesweep.config.point import seconds_alias
-from servesweep.config.slo import SLOError, parse_slos
+from servesweep.config.search_block import SearchBlock, tier_texts
+from servesweep.config.slo import SLO
 
 # what a decide tier may judge: per-request metrics whose quantiles the decision bounds distribution-free
 DECIDE_METRICS = ("ttft", "tpot", "e2e", "decode_tokens_per_s")
@@ -47,6 +48,16 @@ def _fraction(v, what: str) -> float:
             f"{what}: expected a percentage like 95% or a fraction like 0.95, got {v!r}"
         ) from None
     return x
+
+
+def _decidable(name: str, parsed: list[SLO]) -> None:
+    for s in parsed:
+        stat = s.metric.stat or ""
+        if s.metric.base not in DECIDE_METRICS or not stat.startswith("p"):
+            raise ValueError(
+                f"tier {name}: {s.text} cannot decide: a decide tier judges a percentile (pNN) of "
+                f"{', '.join(DECIDE_METRICS)}"
+            )
 
 
 class DecideBlock(BaseModel):
@@ -80,28 +91,7 @@ class DecideBlock(BaseModel):
     @field_validator("tiers", mode="before")
     @classmethod
     def _tiers(cls, v):
-        if isinstance(v, list):  # a list of tiers: named tier1, tier2, ...
-            v = {f"tier{i + 1}": t for i, t in enumerate(v)}
-        if not isinstance(v, dict):
-            raise ValueError("expected a mapping of tier name -> list of SLOs")
-        out = {}
-        for name, slos in v.items():
-            texts = [slos] if isinstance(slos, str) else [str(s) for s in slos or []]
-            try:
-                parsed = parse_slos(texts)
-            except SLOError as e:
-                raise ValueError(f"tier {name}: {e}") from None
-            if not parsed:
-                raise ValueError(f"tier {name}: needs at least one SLO")
-            for s in parsed:
-                stat = s.metric.stat or ""
-                if s.metric.base not in DECIDE_METRICS or not stat.startswith("p"):
-                    raise ValueError(
-                        f"tier {name}: {s.text} cannot decide: a decide tier judges a percentile (pNN) of "
-                        f"{', '.join(DECIDE_METRICS)}"
-                    )
-            out[str(name)] = texts
-        return out
+        return tier_texts(v, _decidable)
 
     @model_validator(mode="after")
     def _bounds(self) -> DecideBlock:
@@ -112,8 +102,6 @@ class DecideBlock(BaseModel):
     def dry_run(self, speedup: float) -> dict[str, Any]:
         """The block for `--dry-run`: the tiers scaled to the faster emulator (as a search's: latencies divided by
         the speed-up, rates multiplied), a probe at most 64 requests and 2 looks."""
-        from servesweep.config.search_block import SearchBlock
-
         d = self.model_dump(mode="json")
         d.update(
             tiers=SearchBlock.scaled_tiers(cast(Any, self), speedup),  # it reads the tiers only

@@ -21,17 +21,50 @@ endpoint) still multiply: each combination gets its own search.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from servesweep.config.point import seconds_alias
-from servesweep.config.slo import SLOError, parse_slos
+from servesweep.config.slo import SLO, SLOError, parse_slos
 
 # metrics of the grammar the search cannot judge on a probe's requests (docs/capacity.md lists what it judges)
 NOT_SEARCHED = ("cache_hit_ratio", "schedule_lag", "itl_per_token")
 # units a faster emulator multiplies (SearchBlock.scaled_tiers)
 RATE_UNITS = ("tok/s", "req/s")
+
+
+def tier_texts(v: Any, check: Callable[[str, list[SLO]], None]) -> dict[str, list[str]]:
+    """A block's `tiers` (a search's or a decision's): a mapping of tier name -> SLO texts (or a list of tiers,
+    named tier1, tier2, ...), each tier's SLOs parsed, none empty, and `check(name, parsed)` raising what the
+    block cannot judge; the texts kept as written."""
+    if isinstance(v, list):  # a list of tiers: named tier1, tier2, ...
+        v = {f"tier{i + 1}": t for i, t in enumerate(v)}
+    if not isinstance(v, dict):
+        raise ValueError("expected a mapping of tier name -> list of SLOs")
+    out = {}
+    for name, slos in v.items():
+        texts = [slos] if isinstance(slos, str) else [str(s) for s in slos or []]
+        try:
+            parsed = parse_slos(texts)
+        except SLOError as e:
+            raise ValueError(f"tier {name}: {e}") from None
+        if not parsed:
+            raise ValueError(f"tier {name}: needs at least one SLO")
+        check(str(name), parsed)
+        out[str(name)] = texts
+    return out
+
+
+def _searchable(name: str, parsed: list[SLO]) -> None:
+    bad = [s.text for s in parsed if s.metric.base in NOT_SEARCHED]
+    if bad:
+        raise ValueError(f"tier {name}: {', '.join(bad)} cannot be judged by the capacity search")
+    if any(s.per_request for s in parsed) and not any(s.goodput for s in parsed):
+        raise ValueError(
+            f"tier {name}: per-request SLOs only say which requests are good; add goodput_ratio>=X%"
+        )
 
 
 class SearchBlock(BaseModel):
@@ -56,28 +89,7 @@ class SearchBlock(BaseModel):
     @field_validator("tiers", mode="before")
     @classmethod
     def _tiers(cls, v):
-        if isinstance(v, list):  # a list of tiers: named tier1, tier2, ...
-            v = {f"tier{i + 1}": t for i, t in enumerate(v)}
-        if not isinstance(v, dict):
-            raise ValueError("expected a mapping of tier name -> list of SLOs")
-        out = {}
-        for name, slos in v.items():
-            texts = [slos] if isinstance(slos, str) else [str(s) for s in slos or []]
-            try:
-                parsed = parse_slos(texts)
-            except SLOError as e:
-                raise ValueError(f"tier {name}: {e}") from None
-            if not parsed:
-                raise ValueError(f"tier {name}: needs at least one SLO")
-            bad = [s.text for s in parsed if s.metric.base in NOT_SEARCHED]
-            if bad:
-                raise ValueError(f"tier {name}: {', '.join(bad)} cannot be judged by the capacity search")
-            if any(s.per_request for s in parsed) and not any(s.goodput for s in parsed):
-                raise ValueError(
-                    f"tier {name}: per-request SLOs only say which requests are good; add goodput_ratio>=X%"
-                )
-            out[str(name)] = texts
-        return out
+        return tier_texts(v, _searchable)
 
     @field_validator("resolution", mode="before")
     @classmethod
