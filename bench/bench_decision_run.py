@@ -1,0 +1,515 @@
+"""The decision run on the emulator against the exhaustive answer of the same emulator (issue 33's done-when).
+
+`servesweep run` executes a cut of `examples/qwen36-27b-rtxpro6000-decide.yaml`'s decision against the emulator,
+time-accelerated: every configuration's emulator runs with a seeded calibration error (bandwidth, FLOP/s
+efficiencies and accept length off by a log-normal factor, log-sd `--model-error`, as bench/bench_decision.py's
+truth) and `speedup=S`; the decide tiers are scaled to the speed-up (latencies / S, rates × S) and so is
+`max_probe_time`. The planner's priors stay the unperturbed step model (the child process that runs `servesweep run`
+hides the error keys of `--sim-calibration` from `planner.sim_calibration`, the speed-up only is seen), so the priors
+are wrong the way a real calibration is.
+
+The exhaustive answer is the emulator's own engine (sim/engine.py `Engine` in virtual time, the code that times the
+HTTP emulator's steps) with the same perturbed calibration: every cell's closed loop at each concurrency the capacity
+bisection asks for, its per-request TTFT, TPOT and E2E, the tier's percentiles on them, the capacity (largest
+concurrency holding the tier) and its output tok/s per GPU. Not the planner's analytic closed-loop formula with
+matrix/decision.py's `Noise`: that is the prior's approximation of the engine, not the engine (chunked-prefill
+interleaving, the batch's phases, the KV pool), and the run measures the engine.
+
+Then a real-timing slice (probes of the run on 3k/256 repeated at speed-up 1: accelerated × S against real for TTFT,
+TPOT and throughput, bootstrap intervals) and the same run with budget.wall_time at half its measured time (exit 2,
+decision.json labelled best so far, its agreement).
+
+    .venv/bin/python bench/bench_decision_run.py [--speedup 20] [--seed 0] [--out /tmp/bdr] [--skip-real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from servesweep.config.experiment import load_experiment  # noqa: E402
+from servesweep.matrix import decision as D  # noqa: E402
+from servesweep.matrix import planner  # noqa: E402
+
+HIDDEN = ("bw_eff", "flops_eff", "decode_flops_eff", "spec_accept_mean")  # the error the priors do not see
+
+
+# ---------------------------------------------------------------- the cut experiment
+
+
+def perturbation(cid: str, rs, exp, err: float, seed: int) -> dict[str, float]:
+    """A configuration's emulator calibration off by seeded factors (bench/bench_decision.py's perturbed_timer)."""
+    from servesweep.sglang.stepmodel import calibration_for
+
+    cal = calibration_for(rs, None)
+    rng = np.random.default_rng([seed, zlib.crc32(cid.encode())])
+    f = np.exp(err * rng.standard_normal(4))
+    out = {
+        "bw_eff": min(0.99, cal.bw_eff * f[0]),
+        "flops_eff": min(0.99, cal.flops_eff * f[1]),
+        "decode_flops_eff": min(0.99, cal.decode_flops_eff * f[2]),
+    }
+    accept = planner._Timer(rs, exp).accept
+    if accept > 1.0:
+        out["spec_accept_mean"] = max(1.0, accept * float(np.exp(0.5 * math.log(f[3]))))
+    return {k: round(float(v), 4) for k, v in out.items()}
+
+
+def cut_experiment(
+    a, workdir: Path, *, speedup: float, budget_s: float | None, name: str
+) -> tuple[dict, dict]:
+    """The cut of the decide example as an experiment dict for the emulator here, and each configuration's hidden
+    calibration {config id: {key: value}}."""
+    src = yaml.safe_load(Path(a.experiment).read_text())
+    base_exp = load_experiment(a.experiment)
+    bundles = {b["name"]: b.get("flags") or {} for b in src["server"]["bundles"]}
+    d: dict[str, Any] = {k: v for k, v in src.items() if k not in ("slo", "exclude", "budget")}
+    d["name"] = name
+    d["target"] = {"inventory": "local", "port": 0}
+    d["answers"] = {"needle_probes": False}
+    d["launcher"] = {
+        **src["launcher"],
+        "workdir": str(workdir / "srv"),
+        "startup_timeout_s": 120,
+        "stop_timeout_s": 20,
+        "sim_args": {"sim_load_time": 0.3},
+    }
+    new_bundles = []
+    for tp in a.tp:
+        for b in a.bundles:
+            new_bundles.append({"name": f"tp{tp}-{b}", "flags": {**bundles[b], "tp_size": tp}})
+    d["server"] = {"base": src["server"]["base"], "bundles": new_bundles}
+    load = dict(src["load"])
+    load.pop("workloads", None)
+    load.update(workload=["single"], prompt_tokens=a.prompts, output_tokens=a.outputs)
+    d["load"] = load
+    if 100000 in a.prompts:
+        d["exclude"] = [{"prompt_tokens": 100000, "concurrency": [16, 32, 64, 100]}]
+    dec = dict(src["decide"])
+    from servesweep.config.search_block import SearchBlock
+
+    dec["tiers"] = SearchBlock.scaled_tiers(base_exp.decide, speedup)  # type: ignore[arg-type]
+    dec["max_probe_time"] = f"{base_exp.decide.max_probe_time_s / speedup:g}s"  # type: ignore[union-attr]
+    d["decide"] = dec
+    if budget_s:
+        d["budget"] = {"wall_time": f"{budget_s:g}s"}
+    # each configuration's hidden calibration: the plan resolves the servers (config ids s01-...)
+    d_plan = json.loads(json.dumps(d))
+    exp = _validate(d_plan)
+    plan = planner.make_plan(exp)
+    hidden = {}
+    by_bundle = {cp.config.id.split("-", 1)[1]: cp for cp in plan.configs}  # s03-tp1-ddtree32: not in order
+    for b in new_bundles:
+        cp = by_bundle[b["name"]]
+        h = perturbation(cp.config.id, cp.resolved, exp, a.model_error, a.seed)
+        hidden[cp.config.id] = h
+        cal = ",".join(f"{k}={v}" for k, v in h.items())
+        b["flags"]["sim_calibration"] = f"{cal},speedup={speedup:g}"
+    return d, hidden
+
+
+def _validate(d: dict):
+    from servesweep.config.experiment import Experiment
+
+    return Experiment.model_validate(d)
+
+
+# ---------------------------------------------------------------- the exhaustive answer: the engine itself
+
+
+def engine_samples(rs, cal: dict, prompt: int, output: int, conc: int, seed: int) -> dict[str, np.ndarray]:
+    """A closed loop of `conc` users on the emulator's engine in virtual time: per-request TTFT, TPOT, E2E (s) of
+    the requests after the first round (the start's burst of prefills is the warm-up)."""
+    from servesweep.sim.engine import Engine, EngineRequest
+
+    eng = Engine(rs, seed=seed, calibration=cal)
+    rng = random.Random(seed + 1)
+    total = conc + max(4 * conc, 200)
+    sent = 0
+    done: list = []
+
+    def make():
+        nonlocal sent
+        sent += 1
+        ids = [rng.randrange(1, 150000) for _ in range(prompt)]
+        return EngineRequest(f"r{sent}", ids, output, on_emit, ignore_eos=True)
+
+    def on_emit(req, n, finished):
+        if finished:
+            done.append(req)
+            if sent < total:
+                eng.submit(make())
+
+    eng.run_simulated([make() for _ in range(conc)])
+    rows = [r for r in done[conc:] if r.first_token_time is not None and r.finish_time is not None]
+    ttft = np.array([r.first_token_time - r.queue_start for r in rows])
+    e2e = np.array([r.finish_time - r.queue_start for r in rows])
+    tpot = (e2e - ttft) / np.maximum(1, np.array([r.completion_tokens for r in rows]) - 1)
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+
+
+def holds(slos, s: dict[str, np.ndarray]) -> bool:
+    for x in slos:
+        q = float(x.stat[1:]) if x.stat else 50.0
+        if x.metric == "decode_tokens_per_s":
+            v = float(np.percentile(1.0 / s["tpot"], q))
+        else:
+            v = 1000.0 * float(np.percentile(s[x.metric], q))
+        if not x.holds(v):
+            return False
+    return True
+
+
+def engine_truth(exp, hidden: dict, tiers: dict, seed: int) -> tuple[dict, dict]:
+    """{(shape, tier): {config: tok/s per GPU at its capacity}} and {(config, shape, tier): capacity} on the engine
+    at real speed (the unscaled tiers). The capacity is found by bisection over [lower, upper] (a tier's verdict
+    falls with concurrency), each concurrency's closed loop simulated once and shared by the tiers."""
+    plan = planner.make_plan(exp)
+    by_id = {cp.config.id: cp for cp in plan.configs}
+    cells = planner.decision_cells(plan)
+    values: dict = {}
+    caps: dict = {}
+    for c in cells:
+        rs = by_id[c.config].resolved
+        cache: dict[int, dict[str, np.ndarray]] = {}
+
+        def at(load: int, c=c, rs=rs, cache=cache) -> dict[str, np.ndarray]:
+            if load not in cache:
+                cache[load] = engine_samples(rs, hidden[c.config], c.shape.prompt, c.shape.output, load, seed)
+            return cache[load]
+
+        for name, texts in tiers.items():
+            slos = D.parse_tier(list(texts))
+            if not holds(slos, at(c.lower)):
+                cap = None
+            elif holds(slos, at(c.upper)):
+                cap = c.upper
+            else:
+                lo, hi = c.lower, c.upper  # holds at lo, fails at hi
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if holds(slos, at(mid)) else (lo, mid)
+                cap = lo
+            caps[(c.config, c.shape.key, name)] = cap
+            v = 0.0 if cap is None else cap * c.shape.output / float(np.mean(at(cap)["e2e"])) / c.gpus
+            values.setdefault((c.shape.key, name), {})[c.config] = v
+    return values, caps
+
+
+# ---------------------------------------------------------------- the run
+
+
+def child_run(argv: list[str]) -> int:
+    """`servesweep run ARGV` with the planner blind to the hidden calibration keys (the priors: the unperturbed
+    step model at the emulator's speed-up)."""
+    original = planner.sim_calibration
+
+    def seen(exp, cfg):
+        got = original(exp, cfg)
+        return None if got is None else {k: v for k, v in got.items() if k not in HIDDEN}
+
+    planner.sim_calibration = seen  # type: ignore[assignment]
+    from servesweep.cli import main
+
+    try:
+        main(argv, prog_name="servesweep")
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def run_servesweep(args: list[str], log: Path, timeout: float) -> tuple[int, float]:
+    t0 = time.monotonic()
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, __file__, "--child", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+    return rc, time.monotonic() - t0
+
+
+def decided(doc: dict) -> dict:
+    return {(q["shape"], q["tier"]): q["best"] for q in doc["questions"]}
+
+
+def agreement_of(doc: dict, truth: dict, resolution: float, caps: dict, tiers: dict) -> dict:
+    got = decided(doc)
+    agree = D.agreement(got, truth, resolution)
+    by_q = {(q["shape"], q["tier"]): q for q in doc["questions"]}
+    for m in agree["misses"]:
+        q = by_q[m["question"]]
+        shape, tier = m["question"]
+        vals = truth[m["question"]]
+        m["state"] = q["state"]
+        m["why"] = (
+            f"run: {q['state']} {q['best']} (bracket {q['value'] and q['value']['bracket']}, "
+            f"{q['value'] and q['value']['estimate']} tok/s/GPU accelerated); engine: {m['exhaustive']} "
+            f"capacity {caps.get((m['exhaustive'], shape, tier))}, {m['decided']} capacity "
+            f"{caps.get((m['decided'], shape, tier))}; values "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(vals.items(), key=lambda kv: -kv[1])[:3])
+        )
+    ties = sum(1 for q in doc["questions"] if q["state"] == "tie")
+    agree["ties"] = ties
+    return agree
+
+
+# ---------------------------------------------------------------- the real-timing slice
+
+
+def probe_samples(run_dir: Path, points: list[str]) -> dict[str, np.ndarray]:
+    from servesweep.matrix.capacity_search import ProbeResult
+    from servesweep.results.records import read_parquet
+
+    parts = [ProbeResult.from_records(read_parquet(run_dir / p / "records.parquet")) for p in points]
+    ok = np.concatenate([x.ok for x in parts])
+    return {
+        m: np.concatenate([getattr(x, f"{m}_ms") for x in parts])[ok] / 1000.0
+        for m in ("ttft", "tpot", "e2e")
+    }
+
+
+def ratio_interval(acc: np.ndarray, real: np.ndarray, stat, rng, n: int = 2000) -> tuple[float, float, float]:
+    """stat(acc) / stat(real) with a percentile-bootstrap 95 % interval (requests resampled on each side)."""
+    est = stat(acc) / stat(real)
+    bs = [stat(rng.choice(acc, acc.size)) / stat(rng.choice(real, real.size)) for _ in range(n)]
+    return est, float(np.quantile(bs, 0.025)), float(np.quantile(bs, 0.975))
+
+
+def real_slice(a, run_dir: Path, doc: dict, d_acc: dict, work: Path, speedup: float) -> list[dict]:
+    """The run's probes of the smallest shape repeated at speed-up 1, one grid point each (same flags, same load,
+    same request count), accelerated figures × S against real."""
+    shape = min({r["shape"] for r in doc["probe_log"]}, key=lambda s: (len(s), s))
+    picks: list[dict] = []
+    for r in doc["probe_log"]:
+        if r["shape"] == shape and r["config"] not in {p["config"] for p in picks}:
+            picks.append(r)
+    picks = sorted(picks, key=lambda r: r["load"])[: a.real_probes]
+    out = []
+    rng = np.random.default_rng(0)
+    flags_of = {}
+    exp_acc = _validate(json.loads(json.dumps(d_acc)))
+    for cp in planner.make_plan(exp_acc).configs:
+        flags_of[cp.config.id] = dict(cp.config.flags)
+    bundle_of = {b["name"]: b for b in d_acc["server"]["bundles"]}
+    for r in picks:
+        bname = next(n for n in bundle_of if r["config"].endswith(n))
+        b = json.loads(json.dumps(bundle_of[bname]))
+        b["flags"]["sim_calibration"] = b["flags"]["sim_calibration"].replace(
+            f"speedup={speedup:g}", "speedup=1"
+        )
+        requests = r["requests"]
+        d = json.loads(json.dumps(d_acc))
+        d.pop("decide")
+        d["name"] = f"real-{r['config']}-c{r['load']}"[:60]
+        d["server"]["bundles"] = [b]
+        prompt, output = (int(x[1:]) for x in shape.split("-")[1:3])
+        d["load"].update(
+            prompt_tokens=[prompt], output_tokens=[output], concurrency=[r["load"]], requests=requests
+        )
+        d.pop("budget", None)
+        f = work / f"{d['name']}.yaml"
+        f.write_text(yaml.safe_dump(d, sort_keys=False))
+        out_dir = work / "real-runs" / d["name"]
+        rc, wall = run_servesweep(["run", str(f), "--out", str(out_dir)], work / f"{d['name']}.log", 900)
+        rdir = next(out_dir.iterdir())
+        m = json.loads((rdir / "manifest.json").read_text())
+        (pid,) = list(m["points"])
+        real = probe_samples(rdir, [pid])
+        acc = probe_samples(run_dir, r["points"])
+        acc = {k: v * speedup for k, v in acc.items()}
+        row = {
+            "config": r["config"],
+            "shape": shape,
+            "load": r["load"],
+            "requests": requests,
+            "rc": rc,
+            "real_wall_s": round(wall, 1),
+            "n_acc": int(acc["e2e"].size),
+            "n_real": int(real["e2e"].size),
+        }
+        for metric, st in (
+            ("ttft_p50", np.median),
+            ("ttft_p95", lambda x: np.percentile(x, 95)),
+            ("tpot_p50", np.median),
+        ):
+            row[metric] = ratio_interval(acc[metric[:4]], real[metric[:4]], st, rng)
+        # throughput = load × output / mean E2E: its ratio is the inverse of the mean E2E's
+        e = ratio_interval(real["e2e"], acc["e2e"], np.mean, rng)
+        row["throughput"] = e
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def one_run(a, work: Path, tag: str, budget_s: float | None) -> dict:
+    d, hidden = cut_experiment(a, work, speedup=a.speedup, budget_s=budget_s, name=f"bdr-{tag}")
+    f = work / f"{tag}.yaml"
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
+    out_dir = work / f"runs-{tag}"
+    rc, wall = run_servesweep(["run", str(f), "--out", str(out_dir)], work / f"{tag}.log", a.timeout)
+    run_dir = next(out_dir.iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    return {"rc": rc, "wall_s": wall, "doc": doc, "run_dir": run_dir, "d": d, "hidden": hidden, "file": f}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--child"]:
+        return child_run(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("experiment", nargs="?", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"))
+    ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    ap.add_argument("--bundles", type=lambda s: s.split(","), default=["ar", "dflash", "ddtree32"])
+    ap.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[3000, 30000])
+    ap.add_argument("--outputs", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024])
+    ap.add_argument("--speedup", type=float, default=20.0)
+    ap.add_argument("--model-error", type=float, default=0.10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--real-probes", type=int, default=3)
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--skip-half", action="store_true")
+    ap.add_argument("--plan-only", action="store_true", help="price the cut (servesweep plan) and stop")
+    ap.add_argument("--out", default="/tmp/bench_decision_run")
+    a = ap.parse_args(argv)
+    work = Path(a.out)
+    work.mkdir(parents=True, exist_ok=True)
+    t_bench = time.monotonic()
+    d, hidden = cut_experiment(a, work, speedup=1.0, budget_s=None, name="bdr-real")
+    exp_real = _validate(json.loads(json.dumps(d)))
+    plan = planner.make_plan(exp_real)
+    from servesweep.matrix.decision import Noise, run_decision, simulated_measure
+
+    cells = planner.decision_cells(plan)  # the real-speed prior: the plan's predicted time at real speed
+    pred = run_decision(
+        cells,
+        exp_real.decide.tiers,  # type: ignore[union-attr]
+        simulated_measure(Noise(), {c.key: c.predicted for c in cells}, 0),
+        **planner.decision_settings(exp_real),
+        noise=Noise(),
+    )
+    pd = pred.as_dict()
+    print(
+        f"cut: TP {a.tp} x {a.bundles}, single, prompts {a.prompts}, outputs {a.outputs}: "
+        f"{len(plan.configs)} configurations, {len(cells)} cells, "
+        f"{len(cells) // max(1, len(plan.configs)) * len(exp_real.decide.tiers)} questions; "  # type: ignore[union-attr]
+        f"plan at real speed: {len(pred.records)} probes, {sum(pred.config_seconds.values()) / 3600:.2f} h serial, "
+        f"{pd['gpu_seconds'] / 3600:.2f} GPU-h"
+    )
+    if a.plan_only:
+        return 0
+    t0 = time.monotonic()
+    tiers = exp_real.decide.tiers  # type: ignore[union-attr]
+    truth, caps = engine_truth(exp_real, hidden, tiers, a.seed)
+    truth_s = time.monotonic() - t0
+    print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
+    full = one_run(a, work, "full", None)
+    doc = full["doc"]
+    res = exp_real.decide.resolution  # type: ignore[union-attr]
+    agree = agreement_of(doc, truth, res, caps, tiers)
+    probe_real_s = sum(r["seconds"] for r in doc["probe_log"]) * a.speedup
+    report: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cut": {"tp": a.tp, "bundles": a.bundles, "prompts": a.prompts, "outputs": a.outputs},
+        "speedup": a.speedup,
+        "model_error": a.model_error,
+        "seed": a.seed,
+        "hidden": hidden,
+        "truth_s": round(truth_s, 1),
+        "plan_real": {
+            "probes": len(pred.records),
+            "serial_s": sum(pred.config_seconds.values()),
+            "gpu_s": pd["gpu_seconds"],
+        },
+        "full": {
+            "rc": full["rc"],
+            "wall_s": round(full["wall_s"], 1),
+            "probes": doc["probes"],
+            "label": doc["label"],
+            "states": doc["states"],
+            "elapsed_s": doc["elapsed_s"],
+            "probe_s_accelerated": round(sum(r["seconds"] for r in doc["probe_log"]), 1),
+            "probe_s_at_real_speed": round(probe_real_s, 1),
+            "agreement": agree,
+            "run_dir": str(full["run_dir"]),
+        },
+    }
+    print(f"full run: rc {full['rc']}, {full['wall_s']:.0f} s wall, {doc['probes']} probes, {doc['label']}")
+    print(
+        f"  agreement with the engine's exhaustive answer: exact {agree['exact']:.1%}, within resolution "
+        f"{agree['within_resolution']:.1%} ({agree['questions']} questions; {agree['ties']} answered as ties)"
+    )
+    print(
+        f"  probes' request time {report['full']['probe_s_accelerated']} s accelerated = "
+        f"{probe_real_s / 3600:.2f} h at real speed (+ {doc['probes']} x the point overhead)"
+    )
+    for m in agree["misses"]:
+        print(
+            f"  miss {m['question']}: {m['why']}{' (tie within resolution)' if m['within_resolution'] else ''}"
+        )
+    if not a.skip_half:
+        half_s = max(1.0, doc["elapsed_s"] / 2)
+        half = one_run(a, work, "half", half_s)
+        hdoc = half["doc"]
+        hag = agreement_of(hdoc, truth, res, caps, tiers)
+        report["half"] = {
+            "budget_s": half_s,
+            "rc": half["rc"],
+            "wall_s": round(half["wall_s"], 1),
+            "status": hdoc["status"],
+            "label": hdoc["label"],
+            "probes": hdoc["probes"],
+            "states": hdoc["states"],
+            "agreement": hag,
+        }
+        print(
+            f"half budget ({half_s:.0f} s): rc {half['rc']}, {hdoc['status']}, {hdoc['probes']} probes, "
+            f"{hdoc['label']}; exact {hag['exact']:.1%}, within resolution {hag['within_resolution']:.1%}"
+        )
+    if not a.skip_real:
+        rows = real_slice(a, full["run_dir"], doc, full["d"], work, a.speedup)
+        report["real_slice"] = rows
+        for r in rows:
+            print(
+                f"real slice {r['config']} {r['shape']} c{r['load']} ({r['n_acc']} vs {r['n_real']} requests, "
+                f"{r['real_wall_s']} s): accelerated x {a.speedup:g} / real: "
+                + "; ".join(
+                    f"{k} {r[k][0]:.3f} [{r[k][1]:.3f}, {r[k][2]:.3f}]"
+                    for k in ("ttft_p50", "ttft_p95", "tpot_p50", "throughput")
+                )
+            )
+    report["bench_s"] = round(time.monotonic() - t_bench, 1)
+    (work / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"bench {report['bench_s']} s; {work / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
