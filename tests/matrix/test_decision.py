@@ -213,3 +213,14 @@ def test_a_pass_the_fitted_model_cannot_exceed_needs_no_failing_probe():
     fitted = D.cell_bounds(c, "fast", [rec], 0.05, prior_high=1e9, prior=prior)
     assert fitted.resolved and fitted.from_prior and fitted.bracket == (2, None)
     assert (fitted.low, fitted.high) == (rec.tput[0], rec.tput[2])
+
+
+def test_an_open_question_names_the_step_models_pick_until_measured():
+    cells = [_cell("good", 0.005, 60), _cell("bad", 0.012, 30)]
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    value = {k: v / 1.5 for k, v in D.prior_bounds(cells, tiers, NOISE, 1.5).items()}
+    ans = D.answer(cells, list(TIERS), [], resolution=0.05, confidence=0.95, prior_value=value)
+    assert {q.status for q in ans.questions} == {"open"}
+    assert {q.best for q in ans.questions} == {"good"}
+    assert all("by the step model" in q.label for q in ans.questions)
+    assert ans.label.startswith("best so far (not finished): 0/2 questions settled")

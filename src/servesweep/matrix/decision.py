@@ -315,6 +315,7 @@ class QuestionAnswer:
     alive: list[str]
     dropped: list[str]
     label: str
+    bar: float = 0.0  # the racing leader's lower bound (what the order weighs a rival's chance against)
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -433,6 +434,7 @@ def derive(
     complete: bool = False,
     prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
     prior_fit: Mapping[tuple[tuple[str, str], str], PriorBounds] | None = None,
+    prior_value: Mapping[tuple[tuple[str, str], str], float] | None = None,
 ) -> Answer:
     """Every question's answer from the probes so far: racing (drop a configuration whose upper bound is below
     another's lower bound), then decided / tie / none / leading / open. Pure: the same probes give the same answer."""
@@ -459,7 +461,9 @@ def derive(
             floor = max(x.low for x in b.values())
             alive = [k for k, x in b.items() if x.high >= floor]
             dropped = [k for k in b if k not in alive]
-            leader = max(alive, key=lambda k: (b[k].estimate, b[k].low))
+            # the estimates first; among configurations with none (not measured, not fitted) the step model's value
+            pick = {k: (prior_value or {}).get((c.key, tier), 0.0) for c in group for k in (c.config,)}
+            leader = max(alive, key=lambda k: (b[k].estimate, b[k].low, pick[k]))
             rivals = [k for k in alive if k != leader]
             measured = bool(by_cell.keys() & {(k, shape) for k in alive})
             if all(b[k].high == 0.0 for k in alive):
@@ -470,16 +474,28 @@ def derive(
                 status = "tie"
             else:
                 status = "leading" if measured else "open"
-            best = None if status in ("none", "open") else leader
+            best = None if status == "none" else leader
+            if status in ("leading", "open"):
+                # the best guess so far (anytime: a run stopped now answers it, labelled): a measured or fitted
+                # configuration's estimate, else the step model's value
+                cell_of = {c.config: c for c in group}
+                guess = {
+                    k: b[k].estimate
+                    if b[k].bracket != (None, None) or (cell_of[k].key, tier) in (prior_fit or {})
+                    else pick[k]
+                    for k in alive
+                }
+                best = max(alive, key=lambda k: guess[k]) if max(guess.values()) > 0 else None
             via = " (bounds from the fitted calibrations)" if any(b[k].from_prior for k in alive) else ""
             label = {
                 "decided": f"{leader} (beats every rival by more than the resolution, or ties within it){via}",
                 "tie": f"{leader} by its estimate; tied within resolution with {', '.join(rivals) or 'none'}",
                 "none": "no configuration holds this tier at the lowest load",
-                "leading": f"{leader} leads; {len(rivals)} rivals not yet excluded",
-                "open": "not measured yet",
+                "leading": f"{best} leads; {len(rivals)} rivals not yet excluded",
+                "open": f"not measured yet; {best} by the step model" if best else "not measured yet",
             }[status]
-            out.append(QuestionAnswer(shape, tier, best, status, b[leader], alive, dropped, label))
+            shown = b[best] if best is not None else b[leader]
+            out.append(QuestionAnswer(shape, tier, best, status, shown, alive, dropped, label, b[leader].low))
     gpu_s = sum(r.seconds * r.gpus for r in records)
     return Answer(out, len(records), gpu_s, confidence, complete)
 
@@ -493,6 +509,7 @@ def answer(
     confidence: float,
     prior_high: Mapping[tuple[tuple[str, str], str], float] | None = None,
     prior_fit: Mapping[tuple[tuple[str, str], str], PriorBounds] | None = None,
+    prior_value: Mapping[tuple[tuple[str, str], str], float] | None = None,
 ) -> Answer:
     """The anytime answer: the labelled best-so-far of every question from whatever probes have been measured (a
     run stopped at any point, e.g. half its budget, reports this)."""
@@ -504,6 +521,7 @@ def answer(
         confidence=confidence,
         prior_high=prior_high,
         prior_fit=prior_fit,
+        prior_value=prior_value,
     )
 
 
@@ -765,6 +783,7 @@ def run_decision(
     kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
     if use_prior:
         kw["prior_high"] = prior_bounds(cells, tiers, noise, prior_margin)
+        kw["prior_value"] = {k: v / prior_margin for k, v in kw["prior_high"].items()}
     stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
     by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
     prompt_of = {c.shape.key: c.shape.prompt for c in cells}  # a fit's group: the shapes of one prompt length
@@ -874,7 +893,7 @@ def run_decision(
 
 def _high(q: QuestionAnswer) -> float:
     """The question's best lower bound so far (what a rival must beat), from its leader."""
-    return q.value.low if q.value is not None and q.value.low > 0 else math.inf
+    return q.bar if q.bar > 0 else math.inf
 
 
 def _width(b: Bounds, cell: Cell) -> float:
