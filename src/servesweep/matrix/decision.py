@@ -154,6 +154,7 @@ class ProbeRecord:
     ratios: dict[str, float]  # measured median / predicted, per metric
     at_cap: bool = False
     order: int = 0
+    guessed: tuple[str, ...] = ()  # tiers whose verdict the point estimate gave at the cap (not proven)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -202,6 +203,7 @@ def sequential_probe(
     max_probe_s: float | None = None,
     max_looks: int = 4,
     min_rounds: float = 2.0,
+    guess_extend: float = 1.0,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
@@ -221,40 +223,61 @@ def sequential_probe(
             n, max(most, floor)
         )  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
-    k = 0
-    while True:
-        k += 1
-        m = draw(n)
-        a_k = look_alpha(alpha, k)
-        cap = n >= most or k >= most_looks
-        verdicts = {}
+    # past the cap, a probe whose open verdict would be a guess may go on to guess_extend x its requests
+    hard_most = max(most, int(most * guess_extend))
+    extra_looks = 0 if hard_most == most else max(1, math.ceil(math.log2(guess_extend)))
+
+    def judged(n_looked: int, m: Measured, a_k: float, at_cap: bool) -> dict[str, str]:
+        out = {}
         for name, slos in tiers.items():
             vs = [
                 _judge(
                     s,
                     m.tpot if s.metric in ("tpot", "decode_tokens_per_s") else getattr(m, s.metric),
                     1.0 - a_k,
-                    cap,
+                    at_cap,
                     tol[s.text],
                 )
                 for s in slos
             ]
-            verdicts[name] = (
-                "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
-            )
+            out[name] = "fail" if "fail" in vs else ("pass" if all(v == "pass" for v in vs) else "undecided")
+        return out
+
+    k = 0
+    while True:
+        k += 1
+        m = draw(n)
+        a_k = look_alpha(alpha, k)
+        proven = judged(n, m, a_k, False)
+        guessing = any(proven[t] == "undecided" for t in want)
+        soft_cap = n >= most or k >= most_looks
+        hard_cap = n >= hard_most or k >= most_looks + extra_looks
+        cap = soft_cap and (not guessing or hard_cap)
+        verdicts = judged(n, m, a_k, True) if cap else proven
         mean, sd = float(np.mean(m.e2e)), float(np.std(m.e2e, ddof=1))
         half = _z(a_k) * sd / math.sqrt(n)
         per_gpu = load * m.output / cell.gpus
         tput = (per_gpu / (mean + half), per_gpu / mean, per_gpu / max(mean - half, 1e-9))
         narrow = (tput[2] - tput[0]) / tput[1] <= 2 * resolution  # within ± the resolution
-        if cap or (narrow and all(verdicts[t] != "undecided" for t in want)):
+        if cap or (narrow and not guessing):
             break
-        n = min(most, 2 * n)
+        n = min(hard_most if soft_cap else most, 2 * n)
     window = n / p["throughput"] if p["throughput"] > 0 else 0.0
     ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
     took = overhead_s + window if m.seconds is None else m.seconds
+    guessed = tuple(t for t in tiers if cap and proven[t] == "undecided")
     return ProbeRecord(
-        cell.config, cell.shape.key, load, n, took, cell.gpus, verdicts, tput, ratios, at_cap=cap
+        cell.config,
+        cell.shape.key,
+        load,
+        n,
+        took,
+        cell.gpus,
+        verdicts,
+        tput,
+        ratios,
+        at_cap=cap,
+        guessed=guessed,
     )
 
 
@@ -755,6 +778,7 @@ def run_decision(
     fit_prior: bool = True,
     fit_min_probes: int = 1,
     prior_sigma: float = 0.05,
+    guess_extend: float = 1.0,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
     on_record: Callable[[ProbeRecord, Answer], None] | None = None,
@@ -854,6 +878,7 @@ def run_decision(
             max_probe_s=max_probe_s,
             max_looks=max_looks,
             min_rounds=min_rounds,
+            guess_extend=guess_extend,
         )
         rec.order = len(records) + 1
         if c.config not in seconds:
