@@ -49,7 +49,8 @@ def test_packed_dry_run_of_the_8_gpu_example_does_every_point_once_with_the_isol
     assert len(m["points"]) == 3 * 2 + 3 and len(twins) == 3
     for pid, p in m["points"].items():
         assert p["status"] == "done" and p["attempts"] == 1, (pid, p["status"], p.get("reason"))
-        assert p["result"]["ok"] == p["concurrency"] and p["result"]["failed"] == 0, (pid, p["result"])
+        req = json.loads((run_dir / p["dir"] / "summary.json").read_text())["requests"]
+        assert req["ok"] == p["concurrency"] and req["failed"] == 0, (pid, req)
     folders = sorted(d.name for d in run_dir.iterdir() if (d / "summary.json").is_file())
     assert folders == sorted(m["points"])
     # the isolation report: manifest, report and console

@@ -75,7 +75,8 @@ def test_a_key_in_a_packed_run_reaches_every_server_and_leaks_into_no_artifact(t
     run_dir = run_dir_of(runs)
     m = manifest(run_dir)
     assert len(m["packing"]["placements"]) == 2
-    assert all(p["status"] == "done" and p["result"]["ok"] == 3 for p in m["points"].values()), m["points"]
+    assert all(p["status"] == "done" for p in m["points"].values()), m["points"]
+    assert all(json.loads((run_dir / p["dir"] / "summary.json").read_text())["requests"]["ok"] == 3 for p in m["points"].values())
     # both lanes went through Ansible (start and stop of each server), each with its own artifacts
     commands = list(run_dir.rglob("command"))
     assert len(commands) >= 4, commands

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servesweep.matrix.orchestrator import workload_cell
+from servesweep.results.manifest import PointEntry
 
 
 @pytest.mark.fast
@@ -15,8 +16,8 @@ from servesweep.matrix.orchestrator import workload_cell
         ({"workload": "chat", "endpoint": "chat"}, "synthetic"),
         ({"workload": "single", "endpoint": "completions"}, "synthetic/completions"),
         ({"workload": "agent_docs", "endpoint": "chat"}, "agent_docs"),
-        ({"workload": "chat"}, "synthetic"),  # a manifest from before load.endpoint
     ],
 )
 def test_workload_cell(point, cell):
-    assert workload_cell(point) == cell
+    axes = {"concurrency": 1, "prompt_tokens": 100, "output_tokens": 4}
+    assert workload_cell(PointEntry(point={}, config_id="s01", **axes, **point)) == cell

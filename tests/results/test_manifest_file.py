@@ -51,7 +51,9 @@ def test_a_new_runs_manifest_reads_back_whole(run_dir):
     assert m.experiment().name == "mftest" and m.experiment().sglang_version == "0.5.23"
     assert sorted(p["concurrency"] for p in m.points.values()) == [1, 2]
     for pid, p in m.points.items():
-        assert p["status"] == mf.PENDING and p["attempts"] == 0 and p["dir"] is None and p["result"] is None
+        assert p["status"] == mf.PENDING and p["attempts"] == 0 and p["dir"] is None
+        assert "result" not in p  # a point's figures are its summary.json's alone, never copied here
+        assert p["point"]["workload_name"] == p["workload"] == "chat"  # the LoadPoint says what reports group by
         assert "rate" not in p  # a closed-loop point has no arrival rate (the results table shows none)
         assert p["point"]["point_id"] == pid
     cfg = next(iter(m.configs.values()))
@@ -123,9 +125,9 @@ def test_a_save_never_writes_what_a_resume_would_refuse(run_dir):
 
 
 def test_lanes_saving_side_by_side_leave_a_whole_manifest(run_dir):
-    """A packed run's lanes change their own entries and save from their own threads (matrix/packed.py): each save
-    is one checked snapshot under the manifest's lock, so none fails and the last file holds every lane's last
-    change."""
+    """A packed run's lanes change their own entries (update_point, update_config) and save from their own threads
+    (matrix/packed.py): each change and each save is made under the manifest's one lock, so none fails and the last
+    file holds every lane's last change."""
     import threading
 
     m = mf.Manifest.load(run_dir)
@@ -135,8 +137,8 @@ def test_lanes_saving_side_by_side_leave_a_whole_manifest(run_dir):
     def lane(n: int) -> None:
         try:
             for i in range(30):
-                m.points[pids[n % len(pids)]].update(status=mf.RUNNING, attempts=i, started=mf.now_iso())
-                m.configs[cids[0]]["restarts"] = i
+                m.update_point(pids[n % len(pids)], status=mf.RUNNING, attempts=i, started=mf.now_iso())
+                m.update_config(cids[0], restarts=i)
                 m.add_event(f"lane {n} step {i}")
                 m.save()
         except BaseException as e:  # noqa: BLE001 - reported by the test below
@@ -156,7 +158,8 @@ def test_lanes_saving_side_by_side_leave_a_whole_manifest(run_dir):
 
 def test_a_manifest_written_before_the_model_loads_and_saves_as_it_was(tmp_path):
     """Same keys, schema_version 1: a run folder of the code before the model resumes as it is (the format is the
-    one ManifestFile declares, not a new version)."""
+    one ManifestFile declares, not a new version); its points' copies of their summaries' headlines (`result`,
+    written before issue 29) load and are dropped."""
     run_dir = tmp_path / "packed-run"
     run_dir.mkdir()
     shutil.copyfile(BEFORE_THE_MODEL, run_dir / "manifest.json")
@@ -165,9 +168,33 @@ def test_a_manifest_written_before_the_model_loads_and_saves_as_it_was(tmp_path)
     assert m.status == "finished" and m.counts() == {mf.DONE: 6} and m.max_parallel == 2
     assert m.packing is not None and len(m.packing["placements"]) == 2 and m.exporter is not None
     assert sum(1 for p in m.points.values() if p.get("isolation_of")) == 2  # the alone twins
+    assert all("result" in p for p in before["points"].values())  # the headline copy it was written with
     m.save()
     after = json.loads((run_dir / "manifest.json").read_text())
     assert after.keys() == before.keys() and after["updated"] != before["updated"]
+    # saved as it was, less the copy of each summary's headline (a point's figures are its summary.json's)
+    for p in before["points"].values():
+        del p["result"]
     assert {k: v for k, v in after.items() if k != "updated"} == {
         k: v for k, v in before.items() if k != "updated"
     }
+
+
+def test_an_entry_changes_only_through_a_checked_update(run_dir):
+    """A point is read typed and changed through update_point: a key the model lacks, a status it does not know or
+    an axis that is not the point's is refused, naming it, and nothing changes."""
+    from pydantic import ValidationError
+
+    m = mf.Manifest.load(run_dir)
+    pid = next(iter(m.points))
+    for bad, named in (({"statu": "done"}, "statu"), ({"status": "finished"}, "status"), ({"concurrency": 7}, "differ from the point")):
+        with pytest.raises(ValidationError, match=named):
+            m.update_point(pid, **bad)
+    assert m.point(pid).status == mf.PENDING and "statu" not in m.points[pid]
+    assert m.points[pid]["concurrency"] == m.points[pid]["point"]["concurrency"]
+    new = m.update_point(pid, status=mf.RUNNING, attempts=1)
+    assert new.status == m.point(pid).status == mf.RUNNING and m.point(pid).attempts == 1
+    cid = m.point(pid).config_id
+    with pytest.raises(ValidationError, match="status"):
+        m.update_config(cid, status="gone")
+    assert m.update_config(cid, restarts=2).restarts == m.config(cid).restarts == 2

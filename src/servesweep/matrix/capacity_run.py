@@ -133,19 +133,21 @@ class _Probe:
         call = self.calls[load] = self.calls.get(load, 0) + 1
         pid = self.point_id(load, call)
         m = self.runner.m
-        p = m.points.get(pid)
-        if p is None or p["status"] != mf.DONE or p.get("asked", p["point"]["requests"]) != requests:
-            p = self._new_point(pid, load, requests)
+        p = m.point(pid) if pid in m.points else None
+        asked = None if p is None else (p.asked if p.asked is not None else p.point["requests"])
+        if p is None or p.status != mf.DONE or asked != requests:
+            self._new_point(pid, load, requests)
             t0 = time.monotonic()
             self.runner._run_point(self.cid, pid)
-            p["probe_wall_s"] = round(time.monotonic() - t0, 3)
+            p = m.update_point(pid, probe_wall_s=round(time.monotonic() - t0, 3))
             m.save()
-            if p["status"] != mf.DONE:
-                raise ProbeFailed(f"probe {pid}: {p['status']}: {(p.get('reason') or '')[:500]}")
+            if p.status != mf.DONE:
+                raise ProbeFailed(f"probe {pid}: {p.status}: {(p.reason or '')[:500]}")
         else:
             self.runner.event(f"  ↺ {pid}: finished before, read back")
-        table = read_parquet(self.runner.run_dir / p["dir"] / "records.parquet")
-        return ProbeResult.from_records(table, wall_s=p.get("probe_wall_s"))
+        assert p.dir is not None  # a done point's folder
+        table = read_parquet(self.runner.run_dir / p.dir / "records.parquet")
+        return ProbeResult.from_records(table, wall_s=p.probe_wall_s)
 
     def _new_point(self, pid: str, load, requests: int) -> dict[str, Any]:
         s = self.runner.m.data["searches"][self.sid]
@@ -161,10 +163,10 @@ class _Probe:
         else:
             p["speedup"] = float(load)
         p.update(
-            status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, search=self.sid, load=load,
+            status=mf.PENDING, attempts=0, dir=None, reason=None, search=self.sid, load=load,
             asked=requests,
         )  # fmt: skip
-        self.runner.m.points[pid] = p
+        self.runner.m.add_point(pid, p)
         return p
 
 
@@ -232,9 +234,9 @@ def _sessions_at(runner, sid: str, template: dict[str, Any], load) -> dict[str, 
     if load is None or not is_agent(template):
         return {}
     files = [
-        runner.run_dir / p["dir"] / "records.parquet"
-        for p in runner.m.points.values()
-        if p.get("search") == sid and p.get("load") == load and p["status"] == mf.DONE and p.get("dir")
+        runner.run_dir / p.dir / "records.parquet"
+        for p in runner.m.points_typed().values()
+        if p.search == sid and p.load == load and p.status == mf.DONE and p.dir
     ]
     return session_figures(files)
 
@@ -243,7 +245,7 @@ def search_document(runner, cid: str, sid: str, result: SearchResult) -> dict[st
     """searches/<sid>.json: the SearchResult, the combination, the GPUs, one row per tier and the frontier points."""
     s = runner.m.data["searches"][sid]
     t = s["template"]
-    gpus = flags_gpus(runner.m.configs[cid]["flags"], runner.exp.launcher.gpus)
+    gpus = flags_gpus(runner.m.config(cid).flags, runner.exp.launcher.gpus)
     by_load = {p.load: p for p in result.probes}
     rows = []
     for name, tr in result.tiers.items():

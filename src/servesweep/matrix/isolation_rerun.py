@@ -32,31 +32,30 @@ def add_samples(m: mf.Manifest, packing: dict[str, Any]) -> list[str]:
     if len(packing.get("placements") or []) < 2:
         return []
     placed = {pl["config"] for pl in packing["placements"]}
-    twins: dict[str, dict] = {}
-    for pid, p in m.points.items():
-        if p["config_id"] not in placed or is_isolation_sample(p):
+    twins: dict[str, mf.PointEntry] = {}
+    for pid, p in m.points_typed().items():
+        if p.config_id not in placed or p.isolation_of is not None:
             continue
-        p["point"]["labels"] = {**(p["point"].get("labels") or {}), "packing": PACKED}
+        labels = {**(p.point.get("labels") or {}), "packing": PACKED}
+        m.update_point(pid, point={**p.point, "labels": labels})
         if (
-            p["status"] in mf.FINISHED
-            or p["status"] == mf.SERVER_FAILED
-            or p["config_id"] in {t["config_id"] for t in twins.values()}
+            p.status in mf.FINISHED
+            or p.status == mf.SERVER_FAILED
+            or p.config_id in {t.config_id for t in twins.values()}
         ):
             continue
-        twin = copy.deepcopy(p)
+        twin = copy.deepcopy(m.points[pid])
         twin.update(status=mf.PENDING, attempts=0, isolation_of=pid)
-        twin["point"]["point_id"] = pid + SUFFIX
-        twin["point"]["labels"]["packing"] = ALONE
-        twins[pid + SUFFIX] = twin
-    m.points.update(twins)
+        twin["point"].update(point_id=pid + SUFFIX, labels={**labels, "packing": ALONE})
+        twins[pid + SUFFIX] = m.add_point(pid + SUFFIX, twin)
     return list(twins)
 
 
 def pending_samples(m: mf.Manifest, cid: str) -> list[str]:
     return [
         pid
-        for pid, p in m.points.items()
-        if p["config_id"] == cid and is_isolation_sample(p) and p["status"] not in mf.FINISHED
+        for pid, p in m.points_typed().items()
+        if p.config_id == cid and p.isolation_of is not None and p.status not in mf.FINISHED
     ]
 
 
@@ -64,8 +63,8 @@ def _run_alone(lane, interrupted: type[BaseException], todo: list[str]) -> None:
     """One configuration's twins on its placement's server, started for them and stopped after."""
     cid = lane.placement["config"]
     for aid in todo:
-        lane.m.points[aid]["point"]["base_url"] = lane.base_url()
-    lane.m.configs[cid].pop("server_stopped", None)
+        lane.m.update_point(aid, point={**lane.m.point(aid).point, "base_url": lane.base_url()})
+    lane.m.update_config(cid, server_stopped=None)
     lane.m.save()
     managed = lane.exp.target.managed
     try:

@@ -46,9 +46,8 @@ from servesweep.processes import OwnedProcesses
 from servesweep.results import manifest as mf
 from servesweep.results.degeneration import degeneration_warning
 from servesweep.results.degraded import degradation
-from servesweep.results.packing import is_isolation_sample
 from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
-from servesweep.results.point_summary import SUMMARY, load_summary
+from servesweep.results.point_summary import SUMMARY, PointSummary, Stats
 from servesweep.target import http
 
 if TYPE_CHECKING:  # at run time imported where used: a run that does not need one does not load it
@@ -296,18 +295,12 @@ def _spread(values: list) -> list:
     return sorted(picked)
 
 
-def _endpoint(p: dict) -> str:
-    """A manifest point's endpoint; manifests from before `load.endpoint` kept it under `workload`."""
-    return p.get("endpoint") or p["workload"]
-
-
-def workload_cell(p: dict) -> str:
+def workload_cell(p: mf.PointEntry) -> str:
     """The results table's workload: `synthetic` for the built-in single-shot prompts (the word `servesweep load
     --workload` and the records use; the point ids keep the endpoint), a named workload by its name, and the
     endpoint after a slash when it is not chat."""
-    name = "synthetic" if p["workload"] in BUILTIN_WORKLOADS else p["workload"]
-    endpoint = _endpoint(p)
-    return name if endpoint == "chat" else f"{name}/{endpoint}"
+    name = "synthetic" if p.workload in BUILTIN_WORKLOADS else p.workload
+    return name if p.endpoint == "chat" else f"{name}/{p.endpoint}"
 
 
 def new_run_id(name: str) -> str:
@@ -418,7 +411,6 @@ def _point_entry(cp: ConfigPlan, pp: PointPlan, point: LoadPoint) -> mf.PointEnt
         est_s=round(pp.est_s, 2),
         attempts=0,
         dir=None,
-        result=None,
     )
 
 
@@ -568,7 +560,7 @@ class ServerRun:
         from servesweep.sglang.server_command import ServerLaunch
 
         exp, L = self.exp, self.exp.launcher
-        c = self.m.configs[cfg_id]
+        c = self.m.config(cfg_id)
         local = exp.target.inventory == "local"
         python = L.python or (sys.executable if (L.emulator and local) else "python3")
         if L.generic:
@@ -587,7 +579,7 @@ class ServerRun:
             bind=bind,
             workdir=workdir,
             version=exp.sglang_version or "",
-            flags=c["flags"],
+            flags=c.flags,
             command=L.command or (),
             sim_gpu=L.gpu or "",
             sim_args=L.sim_args,
@@ -607,8 +599,8 @@ class ServerRun:
             "sglang_server_server_api_key_env": L.server_api_key_env or "",
             "sglang_server_model_path": exp.model.path,
             "sglang_server_served_model_name": exp.model.served_model_name or "",
-            "sglang_server_flags": c["flags"],
-            "sglang_server_env": c["env"],
+            "sglang_server_flags": c.flags,
+            "sglang_server_env": c.env,
             "sglang_server_port": self.port,
             "sglang_server_bind": bind,
             "sglang_server_python": python,
@@ -645,8 +637,7 @@ class ServerRun:
         from servesweep.driver.ansible import run_playbook
         from servesweep.driver.point_progress import PROGRESS_EVERY_S
 
-        c = self.m.configs[cfg_id]
-        ident = f"{cfg_id}-{state}-{c['attempts']}-{int(time.time())}"
+        ident = f"{cfg_id}-{state}-{self.m.config(cfg_id).attempts}-{int(time.time())}"
         status = self.console.status(f"{what}: starting Ansible")
         # Without a terminal the spinner shows nothing: a server that takes minutes to start (a big model on GPUs)
         # gets a plain line at the start and, while the role waits, one every PROGRESS_EVERY_S with its task.
@@ -752,14 +743,14 @@ class ServerRun:
 
     def _gpu_samplers(self, cid: str) -> list[str] | None:
         """The GPU sampler the role started beside the configuration's server (docs/gpu-telemetry.md), if any."""
-        gs = (self.m.configs[cid].get("server") or {}).get("gpu_sampler") or {}
+        gs = (self.m.config(cid).server or {}).get("gpu_sampler") or {}
         return [gs["url"]] if gs.get("running") and gs.get("url") else None
 
     def _pending(self, cfg_id: str) -> list[str]:
         return [
             pid
-            for pid, p in self.m.points.items()
-            if p["config_id"] == cfg_id and p["status"] not in mf.FINISHED
+            for pid, p in self.m.points_typed().items()
+            if p.config_id == cfg_id and p.status not in mf.FINISHED
         ]
 
     def open_config(self, cfg, todo: list[str], *, restart: bool = False) -> bool:
@@ -767,9 +758,7 @@ class ServerRun:
         (or, unmanaged, its info read), its Prometheus targets written, its needle probes run. False: it did not
         start (`_start_server` marked `todo` with the reason). The grid, a search and a decision start one so."""
         cid = cfg.id
-        c = self.m.configs[cid]
-        c["attempts"] += 1
-        c.update(status="starting", started=mf.now_iso())
+        self.m.update_config(cid, attempts=self.m.config(cid).attempts + 1, status="starting", started=mf.now_iso())
         self.m.save()
         if self.exp.target.managed:
             self.config_rule(cfg)
@@ -779,7 +768,7 @@ class ServerRun:
             info = {
                 k: _get_json(self.base_url() + p) for k, p in (self.exp.launcher.info_paths or {}).items()
             }
-            c.update(status="ready", server={**info, "info": info})
+            self.m.update_config(cid, status="ready", server={**info, "info": info})
             self.m.save()
         self._write_targets(cid)
         probe_configuration(self.exp, self.m, cid, self.base_url(), self.api_key, self.event)
@@ -797,7 +786,6 @@ class ServerRun:
             return
         if not self.open_config(cfg, [pid for pid in todo if pid in self.m.points]):
             return
-        c = self.m.configs[cid]
         if self.exp.search is not None:
             from servesweep.matrix.capacity_run import run_searches
 
@@ -808,32 +796,30 @@ class ServerRun:
                 if self.stop_requested:
                     raise Interrupted(signal.Signals(self.stop_signal).name)
                 self._run_point(cid, pid)
-                p = self.m.points[pid]
+                p = self.m.point(pid)
                 # _run_point has checked /health when Locust ran; else (the point failed before) check it now
-                if p["status"] != mf.FAILED or (
-                    p.get("server_lost") is None and not self._lost_under(pid, keep_reason=True)
+                if p.status != mf.FAILED or (
+                    p.server_lost is None and not self._lost_under(pid, keep_reason=True)
                 ):
                     break
                 # the server died under this point: keep its log with the point, restart it, retry the point
                 self._server_crashed(cid, pid)
-                retry = p["attempts"] <= self.exp.retries
+                retry = p.attempts <= self.exp.retries
                 later = todo[i + 1 :]
                 if not self.exp.target.managed or not (retry or later):
                     for other in later:
-                        self.m.points[other].update(
-                            status=mf.SERVER_FAILED, reason=f"server crashed during {pid}"
-                        )
+                        self.m.update_point(other, status=mf.SERVER_FAILED, reason=f"server crashed during {pid}")
                     self.m.save()
                     return
                 if not self._start_server(cid, ([pid] if retry else []) + later, restart=True):
                     return
                 if not retry:
                     self.event(
-                        f"[red]✗ {pid}[/]: failed after {p['attempts']} attempts (retries: {self.exp.retries})"
+                        f"[red]✗ {pid}[/]: failed after {p.attempts} attempts (retries: {self.exp.retries})"
                     )
                     break
-                self.event(f"retrying {pid} (attempt {p['attempts'] + 1} of {self.exp.retries + 1})")
-        c["status"] = "done"
+                self.event(f"retrying {pid} (attempt {p.attempts + 1} of {self.exp.retries + 1})")
+        self.m.update_config(cid, status="done")
         self.m.save()
 
     def config_rule(self, cfg: ServerConfig) -> None:
@@ -842,9 +828,8 @@ class ServerRun:
 
     def _start_server(self, cid: str, todo: list[str], *, restart: bool = False) -> bool:
         """Apply the role (state started); on failure every point of `todo` is marked server_failed."""
-        c = self.m.configs[cid]
         if restart:
-            c["restarts"] = c.get("restarts", 0) + 1
+            self.m.update_config(cid, restarts=self.m.config(cid).restarts + 1)
         res = self.ansible(cid, "started", f"{'restarting' if restart else 'server'} {cid}")
         server = res.artifact_data.get("sglang_server")
         if not res.ok:
@@ -857,17 +842,19 @@ class ServerRun:
             # message, whose tail of the log is mostly usage text or stack frames
             decisive = decisive_line(log.read_text(errors="replace")) if log.is_file() else None
             error = res.error() if decisive is None else f"{decisive} -- {res.error()}"
-            c.update(status="failed", error=error, server=server, log=str(log) if log.exists() else None)
+            self.m.update_config(
+                cid, status="failed", error=error, server=server, log=str(log) if log.exists() else None
+            )
             for pid in todo:
-                self.m.points[pid].update(status=mf.SERVER_FAILED, reason=f"server did not start: {error}")
+                self.m.update_point(pid, status=mf.SERVER_FAILED, reason=f"server did not start: {error}")
             self.m.save()
             head = "" if decisive is None else f"[bold]{escape(decisive)}[/]\n  "
             self.event(f"[red]✗ {cid}[/]: {head}{escape(res.error()[:2000])}")
             return False
         self._save_server_files(cid, server, res.artifact_data.get("sglang_server_log"))
-        c.update(status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
+        self.m.update_config(cid, status="ready", server=server, error=None, ready_after_s=round(res.duration_s, 1))
         if server and server.get("facts"):
-            self.m.hosts[server.get("host", "?")] = server["facts"]
+            self.m.set_host_facts(server.get("host", "?"), server["facts"])
         self.m.save()
         ready = (server or {}).get("ready") or {}
         self.event(
@@ -888,19 +875,20 @@ class ServerRun:
         """Run one point of configuration `cid` into its folder; False when it failed (the run goes on)."""
         from servesweep.driver.point_run import run_point  # no Locust import: it runs Locust as a subprocess
 
-        p = self.m.points[pid]
+        p = self.m.point(pid)
         ld = self.exp.load
         flushed = None
         if self.exp.flush_cache_between_points and self.exp.launcher.flush_cache_path:
             flushed = _flush_cache(self.base_url() + self.exp.launcher.flush_cache_path, self.api_key)
         # the point as the manifest stores it; the key's variable is the one this process holds the run's key under
-        point = LoadPoint.model_validate({**p["point"], "api_key_env": self.key_env})
+        point = LoadPoint.model_validate({**p.point, "api_key_env": self.key_env})
         tmp = self.run_dir / f".tmp-{pid}"
         shutil.rmtree(tmp, ignore_errors=True)
-        self._check_room(pid, p)
-        p.update(
+        self._check_room(pid, point)
+        p = self.m.update_point(
+            pid,
             status=mf.RUNNING,
-            attempts=p["attempts"] + 1,
+            attempts=p.attempts + 1,
             started=mf.now_iso(),
             cache_flushed=flushed,
             server_lost=None,
@@ -933,7 +921,7 @@ class ServerRun:
                     owned=self.owned,
                     max_failure_rate=ld.max_failure_rate,
                     on_records=watch.records,
-                    gpu_telemetry=self._gpu_samplers(p["config_id"]),
+                    gpu_telemetry=self._gpu_samplers(p.config_id),
                 )
         except Interrupted:
             self._keep_interrupted(pid, tmp)
@@ -944,13 +932,14 @@ class ServerRun:
         if self._lost_under(pid):
             # the server died or hung under this point: its records measure that, not the configuration. Keep
             # them aside for inspection (a folder resume does not adopt) and let the caller record the crash.
-            aside = _aside(self.run_dir, pid, p["attempts"])
+            aside = _aside(self.run_dir, pid, p.attempts)
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, aside)
             self._metrics_finished(pid, aside, None)
-            p.update(
+            self.m.update_point(
+                pid,
                 status=mf.FAILED,
-                reason=f"{p['reason']}; records in {aside.relative_to(self.run_dir)}",
+                reason=f"{self.m.point(pid).reason}; records in {aside.relative_to(self.run_dir)}",
                 finished=mf.now_iso(),
             )
             self.m.save()
@@ -958,10 +947,10 @@ class ServerRun:
         self._point_done(pid, tmp, summary, time.monotonic() - t0)
         return True
 
-    def _check_room(self, pid: str, p: dict) -> None:
+    def _check_room(self, pid: str, point: LoadPoint) -> None:
         """DiskTrouble when the results folder has no room for the point's records and the manifest."""
         dry = self.m.dry_run
-        need = point_bytes(_point_requests(self.exp, p["concurrency"], dry), p["output_tokens"])
+        need = point_bytes(_point_requests(self.exp, point.concurrency, dry), point.output_tokens)
         free = shutil.disk_usage(self.run_dir).free
         if free < need + MANIFEST_RESERVE_BYTES:
             raise DiskTrouble(
@@ -972,13 +961,13 @@ class ServerRun:
     def _keep_interrupted(self, pid: str, tmp: Path) -> None:
         """A signal stopped the point: the records Locust wrote before it stopped (run_point kept them in tmp) go
         aside, listed on the point."""
-        p = self.m.points[pid]
         if (tmp / "interrupted.json").is_file():
-            aside = self.run_dir / "interrupted" / f"{pid}.{p['attempts']}"
+            aside = self.run_dir / "interrupted" / f"{pid}.{self.m.point(pid).attempts}"
             aside.parent.mkdir(exist_ok=True)
             shutil.rmtree(aside, ignore_errors=True)
             os.replace(tmp, aside)
-            p.update(
+            self.m.update_point(
+                pid,
                 records_aside=str(aside.relative_to(self.run_dir)),
                 reason=f"interrupted by {signal.Signals(self.stop_signal).name}; the records of what "
                 f"finished: {aside.relative_to(self.run_dir)}/records.partial.parquet",
@@ -996,28 +985,28 @@ class ServerRun:
                 f"the results folder filled up during {pid} ({type(e).__name__}: {first})"
             ) from e
         msg = f"{type(e).__name__}: {e}"
-        self.m.points[pid].update(status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
+        self.m.update_point(pid, status=mf.FAILED, reason=msg[-4000:], finished=mf.now_iso())
         self.m.save()
         self._metrics_finished(pid, tmp, None)
         self.event(f"[red]✗ {pid}[/]: {msg[:500]}")
 
     def _point_done(self, pid: str, tmp: Path, summary: dict, took_s: float) -> None:
-        """The point's folder takes its final name and the manifest its headline."""
-        p = self.m.points[pid]
+        """The point's folder takes its final name and the manifest says where it is (its figures stay in its
+        summary.json, the one place they are)."""
         final = self.run_dir / pid
         if final.exists():  # a folder from an attempt the manifest never recorded as done
             shutil.rmtree(final)
-        needle_into_summary(summary, tmp, self.run_dir, p["config_id"])
+        needle_into_summary(summary, tmp, self.run_dir, self.m.point(pid).config_id)
         os.replace(tmp, final)
         self._metrics_finished(pid, final, summary)
-        p.update(status=mf.DONE, dir=pid, result=_headline(summary), finished=mf.now_iso(), reason=None)
+        self.m.update_point(pid, status=mf.DONE, dir=pid, finished=mf.now_iso(), reason=None)
         self.m.save()
-        r = p["result"]
-        mark = "[bold red]! DEGRADED[/]" if r.get("degraded") else "✓"  # not the asked load: no tick
+        s = PointSummary.check(final / SUMMARY, summary)
+        mark = "[bold red]! DEGRADED[/]" if s.degraded else "✓"  # not the asked load: no tick
         self.console.print(
-            f"  {mark} {pid}: {r['output_tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {_ms(r['ttft_p50_ms'])}, "
-            f"ITL/chunk p50 {_ms(r['itl_p50_ms'])}, ITL/token p50 {_ms(r.get('itl_per_token_p50_ms'))}, "
-            f"{r['failed']} failed ({took_s:.1f} s)"
+            f"  {mark} {pid}: {s.output_tokens_per_s or 0:.1f} tok/s, TTFT p50 {_ms(_p(s.ttft_ms, 'p50'))}, "
+            f"ITL/chunk p50 {_ms(_p(s.itl_ms, 'p50'))}, ITL/token p50 {_ms(_p(s.itl_per_token_ms, 'p50'))}, "
+            f"{s.requests.failed} failed ({took_s:.1f} s)"
         )
         if warning := degeneration_warning({**summary, "point_id": pid}):
             self.event(f"[bold red]{warning}[/]")
@@ -1053,31 +1042,36 @@ class ServerRun:
         lost = self._server_lost()
         if lost is not None:
             what, detail = lost
-            p = self.m.points[pid]
-            before = f"; {p['reason']}" if keep_reason and p.get("reason") else ""
-            p.update(server_lost=what, reason=f"{what} during this point ({detail}){before}")
+            reason = self.m.point(pid).reason
+            before = f"; {reason}" if keep_reason and reason else ""
+            self.m.update_point(pid, server_lost=what, reason=f"{what} during this point ({detail}){before}")
         return lost is not None
 
     def _server_crashed(self, cid: str, failed_pid: str) -> None:
         """Record the crash: the server's log is fetched (Ansible) and attached to the failed point's kept-aside
         records; the configuration keeps a list of its crashes."""
-        c = self.m.configs[cid]
-        p = self.m.points[failed_pid]
+        p = self.m.point(failed_pid)
         if self.exp.target.managed:
             self.ansible(cid, "logs", f"server {cid} crashed: fetching its log")
         log = self.run_dir / "servers" / cid / "server.log"
-        aside = _aside(self.run_dir, failed_pid, p["attempts"])
+        aside = _aside(self.run_dir, failed_pid, p.attempts)
         attached = None
         if log.exists():
             aside.mkdir(exist_ok=True)
             shutil.copyfile(log, aside / "server.log")
             attached = str(aside / "server.log")
-        c.setdefault("crashes", []).append({"t": mf.now_iso(), "point": failed_pid, "log": attached})
-        lost = p.get("server_lost") or "the server stopped answering /health"
-        c["crashes"][-1]["what"] = lost
-        c.update(status="crashed", error=f"{lost} during {failed_pid}", log=attached)
-        reason = p.get("reason") or ""
-        p.update(
+        lost = p.server_lost or "the server stopped answering /health"
+        crash = {"t": mf.now_iso(), "point": failed_pid, "log": attached, "what": lost}
+        self.m.update_config(
+            cid,
+            crashes=[*self.m.config(cid).crashes, crash],
+            status="crashed",
+            error=f"{lost} during {failed_pid}",
+            log=attached,
+        )
+        reason = p.reason or ""
+        self.m.update_point(
+            failed_pid,
             server_log=attached,
             records_aside=str(aside.relative_to(self.run_dir))
             if (aside / "records.parquet").exists()
@@ -1204,18 +1198,16 @@ class Runner(ServerRun):
             self._stop_server_quietly()
         self.print_results()
         self.write_report()
-        not_done = [pid for pid, p in self.m.points.items() if p["status"] not in mf.FINISHED]
+        entries = self.m.points_typed()
+        not_done = [pid for pid, p in entries.items() if p.status not in mf.FINISHED]
         if not_done:
             _err(
                 f"exit {COULD_NOT_RUN}: {len(not_done)} point(s) not measured ({_first_ids(not_done)}; their "
                 "status and reason in manifest.json)",
             )
             return COULD_NOT_RUN
-        degraded = [
-            pid
-            for pid, p in self.m.points.items()
-            if p["status"] == mf.DONE and (p.get("result") or {}).get("degraded")
-        ]
+        done = self.summaries()
+        degraded = [pid for pid, s in done.items() if s.degraded]
         if degraded:  # measured, but not at the asked load: not what was asked (servesweep.exit_codes)
             from servesweep.results.degraded import exit_line
 
@@ -1233,22 +1225,20 @@ class Runner(ServerRun):
             if why := decision_unfinished(self.m.data):
                 _err(f"exit {COULD_NOT_RUN}: {why}")
                 return COULD_NOT_RUN
-        checks = [
-            fc
-            for p in self.m.points.values()
-            # a capacity probe's failures are the search's evidence (its SLOs judge them, error_rate included):
-            # a probe past the capacity may fail requests by design, and the search says what it found
-            if p["status"] == mf.DONE
-            and not p.get("search")
-            and not p.get("decide")  # a decision's probe likewise (its tiers judge it)
-            and (fc := (p.get("result") or {}).get("failure_check"))
-        ]
-        # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few
-        # 500s. (.get: a point finished before failure checks had warnings has none.)
+        # a capacity probe's failures are the search's evidence (its SLOs judge them, error_rate included): a probe
+        # past the capacity may fail requests by design, and the search says what it found; a decision's probe
+        # likewise (its tiers judge it)
+        measured = {
+            pid: s
+            for pid, s in done.items()
+            if entries[pid].search is None and entries[pid].decide is None
+        }
+        checks = [s.failure_check for s in measured.values()]
+        # Any failed request is said, even within load.max_failure_rate: a green CI job should not hide a few 500s
         for fc in checks:
-            if fc["pass"] and fc.get("warning"):
-                _err(f"WARNING: {fc['warning']}", style="bold yellow")
-        over = [fc["message"] for fc in checks if not fc["pass"]]
+            if fc.passed and fc.warning:
+                _err(f"WARNING: {fc.warning}", style="bold yellow")
+        over = [str(fc.message) for fc in checks if not fc.passed]
         for msg in over:
             _err(f"failed: {msg}")
         if over:
@@ -1259,14 +1249,7 @@ class Runner(ServerRun):
         if over:
             return FAILED_REQUESTS
         # the experiment's slo: at each measured point (a capacity probe's SLOs are the search's to judge)
-        breached = [
-            pid
-            for pid, p in self.m.points.items()
-            if p["status"] == mf.DONE
-            and not p.get("search")
-            and not p.get("decide")
-            and (p.get("result") or {}).get("slos_pass") is False
-        ]
+        breached = [pid for pid, s in measured.items() if s.slos and not all(c.passed for c in s.slos)]
         if breached:
             _err(
                 f"exit {BREACH}: an SLO of the experiment breached at {len(breached)} point(s): "
@@ -1330,13 +1313,19 @@ class Runner(ServerRun):
         for tmp in self.run_dir.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
         changed = False
-        for pid, p in self.m.points.items():
+        for pid, p in self.m.points_typed().items():
             d = self.run_dir / pid
-            if p["status"] != mf.DONE and (d / SUMMARY).is_file():
-                p.update(status=mf.DONE, dir=pid, result=_headline(load_summary(d / SUMMARY)))
+            if p.status != mf.DONE and (d / SUMMARY).is_file():
+                PointSummary.load(d / SUMMARY)  # whole and valid (a damaged one is refused, naming the field)
+                self.m.update_point(pid, status=mf.DONE, dir=pid)
                 changed = True
-            elif p["status"] == mf.RUNNING:
-                p["status"] = mf.PENDING
+            elif p.status == mf.DONE and not (self.run_dir / (p.dir or pid) / SUMMARY).is_file():
+                # its figures are in summary.json only: a done point whose folder went is measured again
+                self.event(f"{pid}: done, but its summary.json is gone; it runs again")
+                self.m.update_point(pid, status=mf.PENDING, dir=None)
+                changed = True
+            elif p.status == mf.RUNNING:
+                self.m.update_point(pid, status=mf.PENDING)
                 changed = True
         if changed:
             self.m.save()
@@ -1361,9 +1350,9 @@ class Runner(ServerRun):
             _err(f"could not stop the server: {stop_error}")
 
     def _mark_interrupted(self) -> None:
-        for p in self.m.points.values():
-            if p["status"] == mf.RUNNING:
-                p["status"] = mf.PENDING
+        for pid, p in self.m.points_typed().items():
+            if p.status == mf.RUNNING:
+                self.m.update_point(pid, status=mf.PENDING)
         self.m.status = "interrupted"
         self.m.save()
 
@@ -1407,6 +1396,15 @@ class Runner(ServerRun):
             return
         self.console.print(f"report: {html} (and {md.name})")
 
+    def summaries(self) -> dict[str, PointSummary]:
+        """Point id -> summary.json of every done point: where a point's figures are (the manifest says where its
+        folder is), read by the run's exit checks and its results table."""
+        return {
+            pid: PointSummary.load(self.run_dir / (p.dir or pid) / SUMMARY)
+            for pid, p in self.m.points_typed().items()
+            if p.status == mf.DONE
+        }
+
     def print_results(self) -> None:
         from rich.table import Table
 
@@ -1432,19 +1430,21 @@ class Runner(ServerRun):
         ):
             t.add_column(col, justify="left" if col in ("config", "workload", "status") else "right")
         gpus = manifest_gpus(self.m.data)  # per GPU: TP1 on one GPU and TP8 on eight compare fairly
-        for p in self.m.points.values():
-            r = p.get("result") or {}
-            st = p["status"]
-            g = gpus.get(p["config_id"])
+        done = self.summaries()
+        for pid, p in self.m.points_typed().items():
+            s = done.get(pid)
+            r = _table_figures(s)
+            st: str = p.status
+            g = gpus.get(p.config_id)
             color = {"done": "green", "infeasible": "dim", "pending": "yellow"}.get(st, "red")
-            if st == mf.DONE and r.get("degraded"):
+            if s is not None and s.degraded:
                 st, color = "DEGRADED", "bold red"  # done, but measured at a lower load than asked
             t.add_row(
-                p["config_id"],
+                p.config_id,
                 workload_cell(p),
-                str(p["prompt_tokens"]),
-                str(p["output_tokens"]),
-                str(p["concurrency"]) + (f"@{p['rate']:g}/s" if p.get("rate") else ""),
+                str(p.prompt_tokens),
+                str(p.output_tokens),
+                str(p.concurrency) + (f"@{p.rate:g}/s" if p.rate else ""),
                 f"[{color}]{st}[/]",
                 str(g or "-"),
                 f"{r['output_tokens_per_s']:.1f}" if r.get("output_tokens_per_s") is not None else "-",
@@ -1527,7 +1527,7 @@ class Lane(ServerRun):
 
     def _pending(self, cfg_id: str) -> list[str]:
         # the isolation sample's twins run after the packed phase (matrix/isolation_rerun.py), not in the lane
-        return [pid for pid in super()._pending(cfg_id) if not is_isolation_sample(self.m.points[pid])]
+        return [pid for pid in super()._pending(cfg_id) if self.m.point(pid).isolation_of is None]
 
     def role_vars(self, cfg_id: str, state: str) -> dict[str, Any]:
         v = super().role_vars(cfg_id, state)
@@ -1543,12 +1543,12 @@ class Lane(ServerRun):
         cid = self.placement["config"]
         cp = next(c for c in self.plan.configs if c.config.id == cid)
         labels = {"host": self.placement["host"], "gpus": self.placement["gpus"]}
-        for p in self.m.points.values():
-            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
-                p["point"]["base_url"] = self.base_url()
-                p["point"]["labels"] = {**p["point"].get("labels", {}), **labels}
-        self.m.configs[cid]["placement"] = dict(self.placement)
-        self.m.configs[cid].pop("server_stopped", None)  # from here on this placement may hold a server
+        for pid, p in self.m.points_typed().items():
+            if p.config_id == cid and p.status not in mf.FINISHED:
+                point = {**p.point, "base_url": self.base_url(), "labels": {**p.point.get("labels", {}), **labels}}
+                self.m.update_point(pid, point=point)
+        # from here on this placement may hold a server
+        self.m.update_config(cid, placement=dict(self.placement), server_stopped=None)
         self.m.save()
         try:
             self._run_config(cp)
@@ -1563,7 +1563,7 @@ class Lane(ServerRun):
         if not res.ok:
             self.console.print(f"[yellow]could not stop {cid}: {res.error()}[/]")
             return False
-        self.m.configs[cid]["server_stopped"] = True
+        self.m.update_config(cid, server_stopped=True)
         self.m.save()
         return True
 
@@ -1576,29 +1576,24 @@ def _aside(run_dir: Path, pid: str, attempt: int) -> Path:
     return d
 
 
-def _headline(summary: dict) -> dict[str, Any]:
-    def pick(key, stat):
-        v = summary.get(key)
-        return v.get(stat) if isinstance(v, dict) else None
+def _p(stats: Stats | None, which: str) -> float | None:
+    """A percentile of a summary's Stats (None: the point has no such values)."""
+    return None if stats is None else getattr(stats, which)
 
-    req = summary.get("requests") or {}
+
+def _table_figures(s: PointSummary | None) -> dict[str, Any]:
+    """The figures of the run's results table from a done point's summary.json ({} for a point not done)."""
+    if s is None:
+        return {}
     return {
-        "ok": req.get("ok"),
-        "failed": req.get("failed"),
-        "output_tokens_per_s": summary.get("output_tokens_per_s"),
-        "request_rate": summary.get("request_rate"),
-        "error_rate": summary.get("error_rate"),
-        "degenerate_rate": summary.get("degenerate_rate"),
-        "needle_accuracy": summary.get("needle_accuracy"),
-        "ttft_p50_ms": pick("ttft_ms", "p50"),
-        "ttft_p99_ms": pick("ttft_ms", "p99"),
-        "itl_p50_ms": pick("itl_ms", "p50"),
-        "itl_p99_ms": pick("itl_ms", "p99"),
-        "itl_per_token_p50_ms": pick("itl_per_token_ms", "p50"),
-        "tpot_p50_ms": pick("tpot_ms", "p50"),
-        "slos_pass": all(s.get("pass") for s in summary.get("slos") or []) if summary.get("slos") else None,
-        "failure_check": summary.get("failure_check"),
-        "degraded": bool(summary.get("degraded")),  # a lost worker: not the asked load (results/degraded.py)
+        "failed": s.requests.failed,
+        "output_tokens_per_s": s.output_tokens_per_s,
+        "request_rate": s.request_rate,
+        "ttft_p50_ms": _p(s.ttft_ms, "p50"),
+        "ttft_p99_ms": _p(s.ttft_ms, "p99"),
+        "itl_p50_ms": _p(s.itl_ms, "p50"),
+        "itl_p99_ms": _p(s.itl_ms, "p99"),
+        "itl_per_token_p50_ms": _p(s.itl_per_token_ms, "p50"),
     }
 
 
@@ -1678,17 +1673,15 @@ def run_matrix(
             m.experiment()
         )  # checked by Manifest.load: a manifest whose experiment is not valid is refused there
         resolve_run_key(exp_r, m.experiment_file)  # fail before the preflight
-        left = [p for p in m.points.values() if p["status"] not in mf.FINISHED]
+        entries = m.points_typed()
+        left = [p for p in entries.values() if p.status not in mf.FINISHED]
         preflight_results_dir(
             m.run_dir,
-            sum(
-                point_bytes(_point_requests(exp_r, p["concurrency"], m.dry_run), p["output_tokens"])
-                for p in left
-            )
+            sum(point_bytes(_point_requests(exp_r, p.concurrency, m.dry_run), p.output_tokens) for p in left)
             + MANIFEST_RESERVE_BYTES,
         )
         m.resumed_now()
-        done = sum(1 for p in m.points.values() if p["status"] == mf.DONE)
+        done = sum(1 for p in entries.values() if p.status == mf.DONE)
         console.print(f"resuming {m.run_id}: {done} of {len(m.points)} points already done")
     else:
         assert file is not None  # exactly one of FILE and --resume (checked above)

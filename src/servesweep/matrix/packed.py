@@ -36,7 +36,6 @@ from servesweep.matrix.isolation_rerun import add_samples, run_samples
 from servesweep.matrix.timeline import attach_schedule
 from servesweep.net import free_port
 from servesweep.results import manifest as mf
-from servesweep.results.packing import is_isolation_sample
 
 if TYPE_CHECKING:
     from servesweep.config.experiment import Experiment
@@ -129,9 +128,9 @@ def packing_of(runner: RunView, max_parallel: int | None) -> dict[str, Any]:
     }
     runner.m.packing = packing
     for cid, why in s.unplaced.items():
-        for p in runner.m.points.values():
-            if p["config_id"] == cid and p["status"] not in mf.FINISHED:
-                p.update(status=mf.SERVER_FAILED, reason=f"not placed: {why}")
+        for pid, p in runner.m.points_typed().items():
+            if p.config_id == cid and p.status not in mf.FINISHED:
+                runner.m.update_point(pid, status=mf.SERVER_FAILED, reason=f"not placed: {why}")
     if runner.m.isolation_sample:
         add_samples(runner.m, packing)  # the isolation sample: re-run alone after the packed phase
     else:
@@ -147,8 +146,8 @@ def holding(runner: RunView, packing: dict[str, Any]) -> list[PlacementRecord]:
     """The placements that may hold a server: their lane started (this run or a killed one) and did not stop it."""
     out: list[PlacementRecord] = []
     for pl in packing.get("placements", []):
-        c = runner.m.configs.get(pl["config"]) or {}
-        if c.get("placement") and not c.get("server_stopped"):
+        c = runner.m.config(pl["config"]) if pl["config"] in runner.m.configs else None
+        if c is not None and c.placement and not c.server_stopped:
             out.append(pl)
     return out
 
@@ -217,9 +216,9 @@ class PackedRun:
 
     def _todo(self) -> list[PlacementRecord]:
         pending = {
-            p["config_id"]
-            for p in self.runner.m.points.values()
-            if p["status"] not in mf.FINISHED and not is_isolation_sample(p)
+            p.config_id
+            for p in self.runner.m.points_typed().values()
+            if p.status not in mf.FINISHED and p.isolation_of is None
         }
         return [pl for pl in self.packing["placements"] if pl["config"] in pending]
 

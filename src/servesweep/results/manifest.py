@@ -9,9 +9,11 @@ run never writes a manifest its resume would refuse. The format on disk is the o
 model existed (same keys, schema_version 1, a later stage's keys absent until it sets them): a run folder of that
 code resumes as it is, and runfolder.load_run reads both; there is no earlier version to read.
 
-Between load and save the run changes the manifest as the JSON it is (`Manifest.data`, its `points` and `configs`
-entries dicts that the matrix modules update in place) under one lock (a packed run saves from one thread per
-placement); the top-level fields have typed properties. Every save is atomic (store.write_json_atomic): a run killed
+Between load and save the run holds the manifest as the JSON it is (`Manifest.data`). A point's or a configuration's
+entry is read typed (`Manifest.point(pid).status`, `points_typed()`, `config(cid)`: checked copies) and changed
+through `update_point` / `update_config` / `add_point`, each checked against its model and made under the manifest's
+one lock, the lock its save takes: a packed run's lanes change and save it from one thread per placement. The
+top-level fields have typed properties. Every save is atomic (store.write_json_atomic): a run killed
 at any instant leaves either the previous or the next manifest, never a torn one; that is what
 `servesweep run --resume` trusts.
 """
@@ -31,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servesweep.config.experiment import Experiment
 from servesweep.results.store import MANIFEST, write_json_atomic
@@ -48,6 +50,8 @@ SERVER_FAILED: Final = (
 )
 INFEASIBLE: Final = "infeasible"  # dropped by the planner, with a reason
 FINISHED = {DONE, INFEASIBLE}
+# a point entry's copy of its summary's headline, written before issue 29: loaded, ignored, not written again
+LEGACY_RESULT: Final = "result"
 PointStatus = Literal["done", "pending", "running", "failed", "server_failed", "infeasible"]
 ConfigStatus = Literal["pending", "infeasible", "starting", "ready", "failed", "crashed", "done"]
 RunStatus = Literal["created", "running", "finished", "interrupted"]
@@ -75,8 +79,7 @@ class PointEntry(_Entry):
     warnings: list[str] = Field(default_factory=list)
     est_s: float | None = None  # the planner's estimate
     attempts: int = 0
-    dir: str | None = None  # its folder under the run folder, once done
-    result: dict[str, Any] | None = None  # the headline of its summary, once done
+    dir: str | None = None  # its folder under the run folder, once done (its figures: summary.json there)
     started: str | None = None  # ISO 8601, the last attempt's
     finished: str | None = None
     cache_flushed: bool | None = None  # the server's prefix cache was flushed before it (None: not asked)
@@ -96,6 +99,30 @@ class PointEntry(_Entry):
     # look after the first is a top-up: a new Locust start at the same load, its records added to the earlier ones)
     decide: str | None = None
     look: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_result_copy(cls, v: Any) -> Any:
+        # a manifest written before issue 29 kept a copy of the summary's headline (`result`); the point's figures
+        # are its summary.json's alone, so the copy is read and dropped
+        if isinstance(v, dict) and LEGACY_RESULT in v:
+            v = {k: x for k, x in v.items() if k != LEGACY_RESULT}
+        return v
+
+    @model_validator(mode="after")
+    def _axes_are_the_points(self) -> PointEntry:
+        # the axes are kept beside the point for the readers of the JSON (reports, the exporter, scripts); they are
+        # the point's own values, never a second truth
+        if self.point:
+            mine = (self.endpoint, self.concurrency, self.prompt_tokens, self.output_tokens, self.rate)
+            pt = self.point
+            its = (pt.get("endpoint"), pt.get("concurrency"), pt.get("prompt_tokens"), pt.get("output_tokens"))
+            if mine != (*its, pt.get("rate_rps")):
+                raise ValueError(
+                    f"endpoint, concurrency, prompt_tokens, output_tokens, rate {mine} differ from the point's "
+                    f"{(*its, pt.get('rate_rps'))}"
+                )
+        return self
 
 
 class ConfigEntry(_Entry):
@@ -239,7 +266,8 @@ class Manifest:
     def __init__(self, run_dir: Path, data: dict[str, Any]):
         self.run_dir = Path(run_dir)
         self.data = data
-        self._lock = threading.Lock()  # a packed run saves from one thread per placement
+        # a packed run's lanes change and save it from one thread per placement; reentrant: a change may save
+        self._lock = threading.RLock()
 
     @property
     def path(self) -> Path:
@@ -256,6 +284,8 @@ class Manifest:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON ({e}); the run folder is damaged") from None
         check(path, data)
+        for p in data["points"].values():
+            p.pop(LEGACY_RESULT, None)
         return cls(Path(run_dir), data)
 
     def save(self) -> None:
@@ -275,8 +305,49 @@ class Manifest:
 
     @property
     def points(self) -> dict[str, dict[str, Any]]:
-        """Point id -> its entry (PointEntry as JSON)."""
+        """Point id -> its entry (PointEntry as JSON), for readers of the JSON; a point is read typed with point()
+        and changed with update_point()."""
         return self.data["points"]
+
+    def point(self, pid: str) -> PointEntry:
+        """Point `pid`'s entry, typed (a checked copy: change it with update_point); KeyError for an unknown id."""
+        with self._lock:
+            return PointEntry.model_validate(self.data["points"][pid])
+
+    def points_typed(self) -> dict[str, PointEntry]:
+        """Every point's entry, typed (checked copies), in the manifest's order."""
+        with self._lock:
+            return {pid: PointEntry.model_validate(p) for pid, p in self.data["points"].items()}
+
+    def update_point(self, pid: str, **changes: Any) -> PointEntry:
+        """Change point `pid`'s entry under the manifest's lock (the way a lane thread changes it): the changed
+        entry is checked first (a key PointEntry lacks or a value of a wrong type is a ValidationError naming it,
+        and nothing changes); its new state returned. Saved by the next save()."""
+        with self._lock:
+            entry = self.data["points"][pid]
+            new = PointEntry.model_validate({**entry, **changes})
+            entry.update(changes)
+            return new
+
+    def add_point(self, pid: str, entry: dict[str, Any]) -> PointEntry:
+        """A new point (a capacity or decision probe, an isolation twin), checked, under the manifest's lock."""
+        with self._lock:
+            new = PointEntry.model_validate(entry)
+            self.data["points"][pid] = entry
+            return new
+
+    def config(self, cid: str) -> ConfigEntry:
+        """Configuration `cid`'s entry, typed (a checked copy: change it with update_config)."""
+        with self._lock:
+            return ConfigEntry.model_validate(self.data["configs"][cid])
+
+    def update_config(self, cid: str, **changes: Any) -> ConfigEntry:
+        """Change configuration `cid`'s entry under the manifest's lock, checked first as update_point does."""
+        with self._lock:
+            entry = self.data["configs"][cid]
+            new = ConfigEntry.model_validate({**entry, **changes})
+            entry.update(changes)
+            return new
 
     @property
     def configs(self) -> dict[str, dict[str, Any]]:
@@ -311,8 +382,13 @@ class Manifest:
     def hosts(self) -> dict[str, Any]:
         return self.data["hosts"]
 
+    def set_host_facts(self, host: str, facts: dict[str, Any]) -> None:
+        with self._lock:
+            self.data["hosts"][host] = facts
+
     def add_event(self, text: str) -> None:
-        self.data["events"].append({"t": now_iso(), "event": text})
+        with self._lock:
+            self.data["events"].append({"t": now_iso(), "event": text})
 
     @property
     def exporter(self) -> ExporterInfo | None:
@@ -362,10 +438,10 @@ class Manifest:
         self.data["packing"] = value
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in self.points.values():
-            out[p["status"]] = out.get(p["status"], 0) + 1
-        return out
+        """Points by status."""
+        with self._lock:
+            statuses = [p["status"] for p in self.data["points"].values()]
+        return {s: statuses.count(s) for s in dict.fromkeys(statuses)}
 
 
 def versions() -> dict[str, str | None]:

@@ -2,10 +2,10 @@
 
 Per server configuration: the tables people make today (by concurrency, and by prompt length), the plots they would
 rather look at, the resolved server configuration, the planner's estimates against the measured times, the points
-that were infeasible or failed with their reasons, and load-generator saturation flags. Every value is recomputed
-from records.parquet (`servesweep.results.compare.PointSample`, the definitions of docs/metrics.md); summary.json is used
-only for what the records cannot give (the SLO checks the run was made with, the client headroom's saturation
-reasons).
+that were infeasible or failed with their reasons, and load-generator saturation flags. A point's figures are read
+from its summary.json (`PointSummary`, the one place they are: docs/metrics.md's definitions, applied once when the
+point ended), never recomputed beside it; records.parquet gives only what a summary does not hold: the ITL
+distributions the plots draw and, against a baseline, compare's bootstrap intervals (results/compare.py).
 The HTML has no script and no URL: inline CSS and inline SVG plots, so it opens offline and can be attached to CI.
 """
 
@@ -42,6 +42,7 @@ from servesweep.results.energy import throttle_flag
 from servesweep.results.isolation_analysis import html_section as isolation_html
 from servesweep.results.isolation_analysis import markdown as isolation_markdown
 from servesweep.results.pergpu import point_gpus, with_per_gpu
+from servesweep.results.point_summary import PointSummary
 from servesweep.results.runfolder import PointInfo, Run, load_run, secs_between
 
 HTML_NAME = "report.html"
@@ -71,8 +72,23 @@ COLUMNS = (
     ("error_rate", "error rate %", "error_rate", "%", 2),
     ("degenerate_rate", "degenerate %", "degenerate_rate", "%", 1),
 )
-# The GPUs' energy during each point (its gpu.json, where a GPU sampler ran: docs/gpu-telemetry.md), after COLUMNS
-# in a report where any point has it
+# Where each column's figure is in summary.json: (field, statistic of its Stats; None: the field is the figure)
+SUMMARY_AT = {
+    "output_tokens_per_s": ("output_tokens_per_s", None),
+    "request_rate": ("request_rate", None),
+    "decode_tokens_per_s": ("decode_tokens_per_s", "mean"),
+    "ttft_p50": ("ttft_ms", "p50"),
+    "ttft_p99": ("ttft_ms", "p99"),
+    "itl_p50": ("itl_ms", "p50"),
+    "itl_p99": ("itl_ms", "p99"),
+    "itl_per_token_p50": ("itl_per_token_ms", "p50"),
+    "tpot_p50": ("tpot_ms", "p50"),
+    "e2e_p50": ("e2e_ms", "p50"),
+    "error_rate": ("error_rate", None),
+    "degenerate_rate": ("degenerate_rate", None),
+}
+# The GPUs' energy during each point (summary.json's `gpu`, from its gpu.json where a GPU sampler ran:
+# docs/gpu-telemetry.md), after COLUMNS in a report where any point has it
 ENERGY_COLUMNS = (
     ("joules_per_output_token", "GPU J/out tok", "joules_per_output_token", "", 3),
     ("output_tokens_per_joule", "out tok/J", "output_tokens_per_joule", "", 3),
@@ -249,39 +265,46 @@ class ConfigSection:
         return [p for p in self.points if p.status != "done"]
 
 
+def summary_values(s: PointSummary) -> dict[str, float]:
+    """The table's figures (COLUMNS and ENERGY_COLUMNS keys) as the point's summary.json holds them; NaN where it
+    has none (no such values, no GPU measured)."""
+    out = {}
+    for key, _, name, _, _ in COLUMNS + ENERGY_COLUMNS:
+        if name is None:
+            continue
+        if key in (e[0] for e in ENERGY_COLUMNS):
+            v = (s.gpu or {}).get(key)
+        else:
+            field_name, stat = SUMMARY_AT[key]
+            v = getattr(s, field_name)
+            if stat is not None:
+                v = None if v is None else getattr(v, stat)
+        out[key] = math.nan if v is None else float(v)
+    return out
+
+
 def point_row(p: PointInfo, gpus: int | None = None) -> PointRow:
-    """One done point's table row, recomputed from its records; totals also per GPU when `gpus` is known."""
-    s = point_sample(p)
-    values = with_per_gpu(
-        {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS + ENERGY_COLUMNS if name}, gpus
-    )
-    from collections import Counter
-
-    import pyarrow.parquet as pq
-
+    """One done point's table row: its figures as its summary.json says them (the one place a point's figures
+    are), totals also per GPU when `gpus` is known; its records give only what a summary does not hold, the ITL
+    distribution its plot draws. A bare records file has no summary: its figures come from its records alone."""
+    if p.records_file is not None:
+        return _records_row(p, gpus)
+    assert p.summary is not None  # a done point's, checked (runfolder.read_summary)
+    summary = p.summary
+    s = PointSummary.model_validate(summary)
     records = p.records_path
-    assert records is not None  # point_sample read them
-    t = pq.read_table(records, columns=["warmup", "error_class"])
-    classes = [
-        e
-        for e, w in zip(t.column("error_class").to_pylist(), t.column("warmup").to_pylist(), strict=True)
-        if e is not None and not w
-    ]
-    failures = dict(sorted(Counter(classes).items()))
-    summary = p.summary or {}
     deg = degradation(summary, records)
-    flags = saturation_flags(p, s, summary)
     return PointRow(
         info=p,
-        values=values,
-        ok=int(s.ok.sum()),
-        failed=int((~s.ok).sum()),
-        failures=failures,
+        values=with_per_gpu(summary_values(s), gpus),
+        ok=s.requests.ok,
+        failed=s.requests.failed,
+        failures=dict(sorted(s.failures.items())),
         slos=list(summary.get("slos") or []),
-        flags=([Flag("DEGRADED", deg.text)] if deg is not None else []) + kept_flags(p) + flags,
-        itl=s.pooled["itl"][0].tolist(),
-        samples=percentile_samples(s),
-        server_state=summary.get("server_state") if isinstance(summary.get("server_state"), dict) else None,
+        flags=([Flag("DEGRADED", deg.text)] if deg is not None else []) + kept_flags(p) + saturation_flags(p, s),
+        itl=point_sample(p).pooled["itl"][0].tolist(),
+        samples={key: stats.n for key, (f, st) in SUMMARY_AT.items() if st and (stats := getattr(s, f)) is not None},
+        server_state=s.server_state,
         degraded=deg,
     )
 
@@ -358,26 +381,47 @@ def utilization_note(sec: ConfigSection) -> str | None:
     )
 
 
-def percentile_samples(s) -> dict[str, int]:
-    """How many values each percentile column rests on: requests for TTFT, TPOT and E2E, gaps for ITL per chunk,
-    tokens for ITL per token."""
-    out = {}
-    for key, _, name, _, _ in COLUMNS:
-        m = metric(name) if name else None
-        if m is not None and m.stat and m.stat.startswith("p"):
-            out[key] = int(s.sorted_values(m.base)[0].size)
-    return out
+def _records_row(p: PointInfo, gpus: int | None) -> PointRow:
+    """The row of a bare records file (`locust ... --records r.parquet`: no summary.json), from its records."""
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    s = point_sample(p)
+    values = {key: metric(name).value(s) for key, _, name, _, _ in COLUMNS + ENERGY_COLUMNS if name}
+    assert p.records_file is not None
+    t = pq.read_table(p.records_file, columns=["warmup", "error_class"])
+    classes = [
+        e
+        for e, w in zip(t.column("error_class").to_pylist(), t.column("warmup").to_pylist(), strict=True)
+        if e is not None and not w
+    ]
+    samples = {
+        key: int(s.sorted_values(metric(name).base)[0].size)
+        for key, _, name, _, _ in COLUMNS
+        if name and str(metric(name).stat).startswith("p")
+    }
+    return PointRow(
+        info=p,
+        values=with_per_gpu(values, gpus),
+        ok=int(s.ok.sum()),
+        failed=int((~s.ok).sum()),
+        failures=dict(sorted(Counter(classes).items())),
+        slos=[],
+        flags=_client_flags(p, metric("schedule_lag_p99").value(s)),
+        itl=s.pooled["itl"][0].tolist(),
+        samples=samples,
+    )
 
 
-def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
-    """Signs that the load generator, not the server, limited the point; or that the workload was not as asked."""
-    flags = [reason_flag(str(r)) for r in (summary.get("client_headroom") or {}).get("reasons") or []]
-    lag = metric("schedule_lag_p99").value(s)
-    if math.isfinite(lag) and lag > LAG_FLAG_MS:
+def _client_flags(p: PointInfo, lag_p99_ms: float | None) -> list[Flag]:
+    """The load generator fell behind its schedule, or Locust warned of its CPU."""
+    flags = []
+    if lag_p99_ms is not None and math.isfinite(lag_p99_ms) and lag_p99_ms > LAG_FLAG_MS:
         flags.append(
             Flag(
                 "sched lag",
-                f"schedule lag p99 {lag:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind",
+                f"schedule lag p99 {lag_p99_ms:.1f} ms > {LAG_FLAG_MS:g} ms: the load generator fell behind",
             )
         )
     log = p.dir / "locust.log" if p.dir else None
@@ -385,12 +429,19 @@ def saturation_flags(p: PointInfo, s, summary: dict) -> list[Flag]:
         text = log.read_text(errors="replace")
         if re.search(r"CPU usage above \d+%", text):
             flags.append(Flag("Locust CPU", "Locust warned: load generator CPU above 90%"))
-    dev = (summary.get("prompt_tokens") or {}).get("mean_deviation_pct")
+    return flags
+
+
+def saturation_flags(p: PointInfo, s: PointSummary) -> list[Flag]:
+    """Signs that the load generator, not the server, limited the point; or that the workload was not as asked."""
+    flags = [reason_flag(str(r)) for r in s.client_headroom.reasons]
+    flags += _client_flags(p, s.schedule_lag_ms.p99 if s.schedule_lag_ms is not None else None)
+    dev = s.prompt_tokens.mean_deviation_pct
     if dev is not None and abs(dev) > PROMPT_DEV_FLAG_PCT:
         flags.append(Flag("prompt off", f"prompt tokens {dev:+.1f}% off target"))
-    if gpu_text := throttle_flag(summary.get("gpu")):
+    if gpu_text := throttle_flag(s.gpu):
         flags.append(Flag("GPU throttled", gpu_text))
-    tf = summary.get("trace_fidelity")  # a trace replay's check (driver/point_run.py replay_fidelity)
+    tf = s.trace_fidelity  # a trace replay's check (driver/point_run.py replay_fidelity)
     if tf and not tf.get("faithful", True):
         flags.append(Flag("replay off", str(tf.get("verdict"))))
     return flags
