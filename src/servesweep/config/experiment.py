@@ -43,6 +43,7 @@ from servesweep.config.answers_block import Answers
 from servesweep.config.decide import DecideBlock
 from servesweep.config.point import (
     DEFAULT_MAX_FAILURE_RATE,
+    REQUEST_ID_PREFIX,
     LoadPoint,
     check_arrival,
     check_extra_body,
@@ -398,6 +399,7 @@ POINT_SCALARS = (
     "stall_s",
     "total_s",
     "extra_body",
+    "request_id_prefix",
 )
 
 
@@ -439,6 +441,11 @@ class Load(_Strict):
     first_token_s: float = Field(900.0, gt=0, description="first-token timeout")
     stall_s: float = Field(120.0, gt=0, description="longest gap between chunks after the first token")
     total_s: float = Field(3600.0, gt=0, description="longest whole request")
+    request_id_prefix: str | None = Field(
+        None,
+        pattern=REQUEST_ID_PREFIX,
+        description="each request's X-Request-Id starts with this (e.g. the run's name), as LoadPoint's",
+    )
     workers: int = Field(0, ge=0, description="Locust worker processes per point (0: one local process)")
     max_failure_rate: float = Field(
         DEFAULT_MAX_FAILURE_RATE,

@@ -32,6 +32,8 @@ DEFAULT_MAX_FAILURE_RATE = 0.01
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _POINT_ID = re.compile(r"^[A-Za-z0-9._=-]{1,120}$")
+# a header's value and a records column: no space, nothing a log or the emulator's ground truth ('id#choice') splits on
+REQUEST_ID_PREFIX = r"^[A-Za-z0-9._-]{1,64}$"
 # Headers that carry secrets; they must come through api_key_env, never through the point (which is written to disk).
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
 # Body keys the load generator owns: a point that overrode them would no longer measure what it says it does.
@@ -330,6 +332,14 @@ class LoadPoint(BaseModel):
         group="advanced",
         help="NAME of the environment variable holding the API key (never the key itself)",
         elsewhere={"yaml": "launcher.api_key_env"},
+    )
+    request_id_prefix: str | None = knob(
+        None,
+        cli="--request-id-prefix",
+        group="advanced",
+        help="each request's X-Request-Id (and its records' request_id) is PREFIX-<uuid>: e.g. a run's name, to find "
+        "its requests in a server's or gateway's log and join them with the records; unset: the bare uuid",
+        pattern=REQUEST_ID_PREFIX,
     )
     # -- set by the front doors, not by a person --
     pool_size: int | None = Field(None, ge=1, description="distinct prompts in the pool; None: derived")
