@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servesweep.results.summary import CPU_SATURATED_PCT, LOOP_LAG_SATURATED_MS, client_headroom
+from servesweep.results.summary import CPU_SATURATED_PCT, LOOP_LAG_SATURATED_MS, ClientEntry, client_headroom
 
 pytestmark = pytest.mark.fast  # the fast tier: starts no process (tests/conftest.py)
 
@@ -21,7 +21,7 @@ def _client(name, cpu_s, wall_s, lags, role=None):
     }
     if role:
         d["role"] = role
-    return d
+    return ClientEntry.model_validate(d)  # an entry of clients.json
 
 
 def test_saturation_is_flagged_with_the_process_and_the_reason():

@@ -85,9 +85,8 @@ def tokens(summary: dict) -> tuple[float | None, float | None]:
 def write_point_gpu(
     urls: Sequence[str], out_dir: Path, summary: dict, wall_start: float, wall_end: float
 ) -> dict:
-    """Fetch, reduce and write gpu.json (and the raw samples) into out_dir; returns gpu.json's content."""
-    from servesweep.results.store import write_json_atomic
-
+    """Fetch, reduce and write gpu.json (and the raw samples) into out_dir, through its model (energy.GpuFile);
+    returns gpu.json's content as written."""
     try:
         return _write(urls, Path(out_dir), summary, wall_start, wall_end)
     except Exception as e:  # telemetry never fails a point: what went wrong is in gpu.json
@@ -95,13 +94,10 @@ def write_point_gpu(
             "schema": energy.SCHEMA,
             "errors": [{"sampler": ",".join(urls), "error": f"{type(e).__name__}: {e}"}],
         }
-        write_json_atomic(Path(out_dir) / "gpu.json", doc)
-        return doc
+        return energy.save_gpu(out_dir, doc)
 
 
 def _write(urls: Sequence[str], out_dir: Path, summary: dict, wall_start: float, wall_end: float) -> dict:
-    from servesweep.results.store import write_json_atomic
-
     start, end = point_window(summary, wall_start, wall_end, wall_offset_ns(out_dir / "records.parquet"))
     since = start - energy.IDLE_WINDOW_S - MARGIN_S
     sources = [fetch(u, since, end + MARGIN_S) for u in urls]
@@ -122,5 +118,4 @@ def _write(urls: Sequence[str], out_dir: Path, summary: dict, wall_start: float,
             for s in src.get("samples", []):
                 f.write(json.dumps({"sampler": src["sampler"], **s}, separators=(",", ":")) + "\n")
     os.replace(tmp, Path(out_dir) / "gpu_samples.jsonl")
-    write_json_atomic(Path(out_dir) / "gpu.json", doc)
-    return doc
+    return energy.save_gpu(out_dir, doc)

@@ -10,17 +10,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from servesweep.config.point import (
     LoadPoint,
     check_arrival,
     knobs,
 )
-from servesweep.driver.point_run import STOP_SIGNALS, Interrupted, read_json, run_point
+from servesweep.driver.point_run import STOP_SIGNALS, Interrupted, InterruptedFile, read_json, run_point
 from servesweep.exit_codes import BREACH, COULD_NOT_RUN, FAILED_REQUESTS, BadOption, CouldNotRun, UsageError
 from servesweep.results.degraded import exit_line
-from servesweep.results.point_summary import SUMMARY, load_summary
+from servesweep.results.point_summary import SUMMARY, ProbeRequests, load_summary
+from servesweep.results.schema import Strict, VersionedFile
+from servesweep.results.store import MANIFEST
 from servesweep.results.table import results_table, table_notes
 from servesweep.target.probes import ProbeLog, resolve_point
 
@@ -28,6 +30,88 @@ from servesweep.target.probes import ProbeLog, resolve_point
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_SIM_MODEL = "Qwen/Qwen3.6-27B"
 DEFAULT_SIM_ARGS = f"--model-path {DEFAULT_SIM_MODEL} --enable-cache-report"
+
+
+# ---------------------------------------------------------------- the run's manifest
+
+
+class LoadPointEntry(Strict):
+    """A point of the run: its folder, its sweep axes; an interrupted one has `status` and its partial records."""
+
+    point_id: str
+    dir: str  # its folder in the run folder (`<point>.interrupted[-n]` once a resume moved it aside)
+    concurrency: int | None = None
+    rate_rps: float | None = None
+    status: Literal["interrupted"] | None = None  # absent: measured (summary.json in its folder)
+    partial: InterruptedFile | None = None  # the point's interrupted.json
+
+
+class Interruption(Strict):
+    """A signal that stopped the run: which, when, the point it was measuring (None: between points)."""
+
+    signal: str
+    unix: float
+    point: str | None
+
+
+class PastInterruption(Strict):
+    """An interruption a resume took over: the signal (absent where the run was killed without a word) and the
+    interrupted points' folders, moved aside."""
+
+    signal: str | None = None
+    unix: float | None = None
+    point: str | None = None
+    points: list[LoadPointEntry]
+
+
+class Resume(Strict):
+    """One `--resume`: when, its command line, the server it measured and the probes it sent."""
+
+    unix: float
+    argv: list[str]
+    base_url: str | None = None
+    probe_requests: ProbeRequests | None = None
+
+
+class LoadManifestFile(VersionedFile):
+    """`servesweep load`'s manifest.json, schema_version 1: what the run is (its argv: `--resume` parses it again),
+    the points measured so far, and its interruptions and resumes. results/runfolder.py reads the same keys. A file
+    without schema_version is the format before the model, the same keys."""
+
+    WHAT: ClassVar[str] = "servesweep load manifest"
+
+    schema_version: Literal[1] = 1
+    run_id: str
+    kind: Literal["load"]
+    base_url: str
+    points: list[LoadPointEntry]
+    argv: list[str]
+    probe_requests: ProbeRequests
+    status: Literal["interrupted"] | None = None  # absent: running or finished (finished_unix)
+    interrupted: Interruption | None = None
+    interruptions: list[PastInterruption] = []
+    resumed: list[Resume] = []
+    finished_unix: float | None = None
+
+    def save_in(self, run_dir: Path) -> None:
+        self.save(Path(run_dir) / MANIFEST)
+
+
+def load_manifest(run_dir: Path) -> LoadManifestFile:
+    """The load run's manifest, checked: BadOption (for --resume) naming the file and the field that is wrong, or
+    saying it is another kind of run folder."""
+    path = run_dir / MANIFEST
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("kind") != "load" or not isinstance(data.get("argv"), list):
+        raise BadOption(
+            f"{run_dir}: not a servesweep load run folder (no manifest.json of kind 'load' with its argv); "
+            "a servesweep run folder resumes with servesweep run --resume",
+            "--resume",
+        )
+    try:
+        return LoadManifestFile.check(path, data)
+    except ValueError as e:
+        raise BadOption(str(e), "--resume") from None
 
 
 # ---------------------------------------------------------------- `servesweep load`
@@ -91,51 +175,52 @@ def run_load(opts: dict[str, Any]) -> None:
 def resumed_argv(run_dir: Path) -> list[str]:
     """`--resume RUN`: the `servesweep load` options RUN was started with (its manifest's argv), to be parsed again
     so that its points are the same points."""
-    manifest = read_json(run_dir / "manifest.json")
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("kind") != "load"
-        or not isinstance(manifest.get("argv"), list)
-    ):
-        raise BadOption(
-            f"{run_dir}: not a servesweep load run folder (no manifest.json of kind 'load' with its argv); "
-            "a servesweep run folder resumes with servesweep run --resume",
-            "--resume",
-        )
-    argv = [str(a) for a in manifest["argv"]]
+    argv = load_manifest(run_dir).argv
     return argv[1:] if argv[:1] == ["load"] else argv
+
+
+def _finished_summary(path: Path) -> dict[str, Any] | None:
+    """A finished point's summary, checked; None where its folder is gone (measured again). A damaged one is a
+    usage error of --resume naming the file and the field."""
+    try:
+        return load_summary(path)
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise BadOption(str(e), "--resume") from None
 
 
 def _resume_state(
     run_dir: Path, points: list[LoadPoint]
-) -> tuple[dict[str, Any], list[dict], list[LoadPoint]]:
+) -> tuple[LoadManifestFile, list[dict], list[LoadPoint]]:
     """A stopped run's manifest made ready to go on: the points it finished (with their summaries) stay, an
     interrupted point's folder moves aside to `<point>.interrupted[-n]` (its partial records kept, listed under
     `interruptions`), and what is left to measure, in the sweep's order."""
-    manifest = read_json(run_dir / "manifest.json")
-    finished = [e for e in manifest["points"] if e.get("status") != "interrupted"]
-    summaries = {e["point_id"]: load_summary(run_dir / e["dir"] / SUMMARY) for e in finished}
-    finished = [
-        e for e in finished if summaries[e["point_id"]] is not None
-    ]  # a folder removed since: measure it
+    manifest = load_manifest(run_dir)
+    finished = [e for e in manifest.points if e.status != "interrupted"]
+    summaries = {e.point_id: _finished_summary(run_dir / e.dir / SUMMARY) for e in finished}
+    finished = [e for e in finished if summaries[e.point_id] is not None]  # a folder removed since: measure it
     moved = []
-    for e in manifest["points"]:
-        if e.get("status") == "interrupted" and (run_dir / e["dir"]).is_dir():
-            aside, n = run_dir / f"{e['dir']}.interrupted", 1
+    for e in manifest.points:
+        if e.status == "interrupted" and (run_dir / e.dir).is_dir():
+            aside, n = run_dir / f"{e.dir}.interrupted", 1
             while aside.exists():
                 n += 1
-                aside = run_dir / f"{e['dir']}.interrupted-{n}"
-            (run_dir / e["dir"]).rename(aside)
-            moved.append({**e, "dir": aside.name})
-    if "interrupted" in manifest or moved:
-        manifest.setdefault("interruptions", []).append({**manifest.pop("interrupted", {}), "points": moved})
-    manifest.pop("status", None)
-    manifest.pop("finished_unix", None)
-    manifest["points"] = finished
-    manifest.setdefault("resumed", []).append({"unix": time.time(), "argv": sys.argv[1:]})
-    done = {e["point_id"] for e in finished}
-    kept = [summaries[p.id] for p in points if p.id in done]
-    return manifest, kept, [p for p in points if p.id not in done]
+                aside = run_dir / f"{e.dir}.interrupted-{n}"
+            (run_dir / e.dir).rename(aside)
+            moved.append(e.model_copy(update={"dir": aside.name}))
+    data = manifest.as_data()
+    for gone in ("status", "finished_unix", "interrupted"):  # the stop is history now: under `interruptions`
+        data.pop(gone, None)
+    resumed = LoadManifestFile.model_validate(data)
+    if manifest.interrupted is not None or moved:
+        past = manifest.interrupted.model_dump() if manifest.interrupted is not None else {}
+        resumed.interruptions = [*resumed.interruptions, PastInterruption(**past, points=moved)]
+    resumed.points = finished
+    resumed.resumed = [*resumed.resumed, Resume(unix=time.time(), argv=sys.argv[1:])]
+    done = {e.point_id for e in finished}
+    kept = [s for p in points if p.id in done and (s := summaries[p.id]) is not None]
+    return resumed, kept, [p for p in points if p.id not in done]
 
 
 def parse_rate_limit(text: str | None, what: str) -> float | None:
@@ -157,29 +242,29 @@ def parse_rate_limit(text: str | None, what: str) -> float | None:
 def _interrupted(state: dict, e: Interrupted) -> None:
     """A signal stopped `servesweep load`: Locust is stopped already (run_point); keep what finished, list the
     partial records of the point it interrupted, say so, exit 128 + signum."""
-    from servesweep.results.store import write_manifest
-
     err = sys.stderr
     name = signal.Signals(e.signum).name
     run_dir, manifest, current = state.get("run_dir"), state.get("manifest"), state.get("current")
     lines = [f"servesweep load: stopped by {name}; the load generator is stopped"]
     if run_dir is not None and manifest is not None:
-        manifest["status"] = "interrupted"
-        manifest["interrupted"] = {"signal": name, "unix": time.time(), "point": current}
-        done = [p["point_id"] for p in manifest["points"]]
+        manifest.status = "interrupted"
+        manifest.interrupted = Interruption(signal=name, unix=time.time(), point=current)
+        done = [p.point_id for p in manifest.points]
         if current is not None:
-            info = read_json(run_dir / current / "interrupted.json")
+            try:
+                info: InterruptedFile | None = InterruptedFile.load(run_dir / current / InterruptedFile.FILE)
+            except (OSError, ValueError):  # stopped before the point ran, or its file unreadable: not listed
+                info = None
             if info is not None:
-                manifest["points"].append(
-                    {"point_id": current, "dir": current, "status": "interrupted", "partial": info}
-                )
-                if info.get("records"):
+                entry = LoadPointEntry(point_id=current, dir=current, status="interrupted", partial=info)
+                manifest.points = [*manifest.points, entry]
+                if info.records:
                     lines.append(
-                        f"point {current} was interrupted: {info.get('rows')} finished requests in "
-                        f"{run_dir / current / info['records']} (partial; see interrupted.json)"
+                        f"point {current} was interrupted: {info.rows} finished requests in "
+                        f"{run_dir / current / info.records} (partial; see interrupted.json)"
                     )
         try:
-            write_manifest(run_dir, manifest)
+            manifest.save_in(run_dir)
         except OSError:
             pass
         lines.append(f"finished points kept in {run_dir}: {', '.join(done) or 'none'}")
@@ -374,15 +459,13 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from servesweep.processes import OwnedProcesses
-    from servesweep.results.store import new_run, write_manifest
+    from servesweep.results.store import new_run
 
     resume_dir = run.opts.get("resume_dir")
     kept: list[dict] = []
     if resume_dir is not None:
         resumed, kept, points = _resume_state(resume_dir, points)
-        state.update(
-            run_dir=resume_dir, manifest=resumed, all_points=[e["point_id"] for e in resumed["points"]]
-        )
+        state.update(run_dir=resume_dir, manifest=resumed, all_points=[e.point_id for e in resumed.points])
         state["all_points"] += [p.id for p in points]
         err.print(
             f"resuming {resume_dir}: {len(kept)} point(s) measured before are kept, {len(points)} to measure"
@@ -390,7 +473,7 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
             soft_wrap=True,  # one line in a log, the folder whole
         )
         if not points:
-            write_manifest(resume_dir, resumed)
+            resumed.save_in(resume_dir)
             return kept
     # Probe the server once for the whole run; every point reuses what it found.
     probes = ProbeLog()
@@ -413,17 +496,19 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
         f"model {first.model}; chat template overhead {first.template_overhead} tokens; "
         f"per-chunk usage {'yes' if first.continuous_usage else 'no'}; results in {run_dir}"
     )
-    manifest: dict[str, Any] = state.get("manifest") or {
-        "run_id": run_id,
-        "kind": "load",
-        "base_url": base_url,
-        "points": [],
-        "argv": sys.argv[1:],
-        "probe_requests": probes.as_dict(),
-    }
+    probe_requests = ProbeRequests.model_validate(probes.as_dict())
+    manifest: LoadManifestFile = state.get("manifest") or LoadManifestFile(
+        run_id=run_id,
+        kind="load",
+        base_url=base_url,
+        points=[],
+        argv=sys.argv[1:],
+        probe_requests=probe_requests,
+    )
     if resume_dir is not None:
-        manifest["resumed"][-1].update(base_url=base_url, probe_requests=probes.as_dict())
-    write_manifest(run_dir, manifest)
+        manifest.resumed[-1].base_url = base_url
+        manifest.resumed[-1].probe_requests = probe_requests
+    manifest.save_in(run_dir)
     state["manifest"] = manifest
     summaries = list(kept)
     exporter = _RunExporter.start(run, run_id, base_url, err)
@@ -467,13 +552,12 @@ def _run_points(state: dict, run: _Run, points: list[LoadPoint], base_url: str, 
             if exporter is not None and watch is not None:
                 exporter.point_finished(p.id, run_dir / p.id, s, watch)
             summaries.append(s)
-            manifest["points"].append(
-                {"point_id": p.id, "dir": p.id, "concurrency": p.concurrency, "rate_rps": p.rate_rps}
-            )
-            write_manifest(run_dir, manifest)
+            entry = LoadPointEntry(point_id=p.id, dir=p.id, concurrency=p.concurrency, rate_rps=p.rate_rps)
+            manifest.points = [*manifest.points, entry]
+            manifest.save_in(run_dir)
             state["current"] = None
-    manifest["finished_unix"] = time.time()
-    write_manifest(run_dir, manifest)
+    manifest.finished_unix = time.time()
+    manifest.save_in(run_dir)
     return summaries
 
 

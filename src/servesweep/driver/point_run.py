@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Literal
 
 from servesweep.config.point import DEFAULT_MAX_FAILURE_RATE, LoadPoint
 from servesweep.config.secrets import KEY_ENV, child_env
@@ -22,6 +23,9 @@ from servesweep.driver.gpu_telemetry import sampler_urls as gpu_telemetry_urls
 from servesweep.driver.gpu_telemetry import write_point_gpu
 from servesweep.processes import Group, process_alive, start_group, stop_group
 from servesweep.results.energy import summary_fields as gpu_summary_fields
+from servesweep.results.point_summary import FailureCheck
+from servesweep.results.schema import VersionedFile
+from servesweep.results.summary import CLIENTS_JSON, ClientsFile
 from servesweep.target.probes import ProbeLog, resolve_point, server_metrics_text
 from servesweep.workload.build import build_bodies, build_workload
 
@@ -47,32 +51,47 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = float(os.environ.get("SERVESWEEP_STOP_GRACE_S", "5"))
 
 
-def keep_partial(work: Path, out_dir: Path, point_id: str, reason: str) -> dict:
+class InterruptedFile(VersionedFile):
+    """interrupted.json in an interrupted point's folder (keep_partial), schema_version 1: why the point stopped and
+    the partial records kept (`records`: their file beside it, None when Locust wrote none; `rows`: how many,
+    None when unknown; `unreadable`: why a torn file could not be counted). `servesweep load` lists it in its
+    manifest (driver/load.py). A file without schema_version is the format before the model, the same keys."""
+
+    WHAT: ClassVar[str] = "interrupted point file (interrupted.json)"
+    FILE: ClassVar[str] = "interrupted.json"
+
+    schema_version: Literal[1] = 1
+    point_id: str
+    reason: str
+    records: str | None
+    rows: int | None
+    unreadable: str | None = None
+
+
+def keep_partial(work: Path, out_dir: Path, point_id: str, reason: str) -> InterruptedFile:
     """An interrupted point: the records Locust wrote (what finished before the stop) go next to its log as
     `records.partial.parquet`, described by `interrupted.json`; `.work/` is removed. Returns that description."""
-    from servesweep.results.store import write_json_atomic
-
-    info: dict = {"point_id": point_id, "reason": reason, "records": None, "rows": None}
+    info = InterruptedFile(point_id=point_id, reason=reason, records=None, rows=None)
     rec = work / "records.parquet"
     if rec.is_file():
         dest = out_dir / "records.partial.parquet"
         os.replace(rec, dest)
-        info["records"] = dest.name
+        info.records = dest.name
         try:
             from servesweep.results.records import read_parquet
 
-            info["rows"] = read_parquet(dest).num_rows
+            info.rows = read_parquet(dest).num_rows
         except Exception as e:  # a torn file: kept, and said so
-            info["unreadable"] = f"{type(e).__name__}: {e}"
-    write_json_atomic(out_dir / "interrupted.json", info)
+            info.unreadable = f"{type(e).__name__}: {e}"
+    info.save(out_dir / InterruptedFile.FILE)
     shutil.rmtree(work, ignore_errors=True)
     return info
 
 
-def failure_check(summary: dict, max_failure_rate: float | None = DEFAULT_MAX_FAILURE_RATE) -> dict:
+def failure_check(summary: dict, max_failure_rate: float | None = DEFAULT_MAX_FAILURE_RATE) -> FailureCheck:
     """Whether a point's failures are above the threshold: none succeeded, or the failed share of measured
-    requests is above max_failure_rate (None: no share check). {"pass", "message", "warning", "top_error",
-    "max_failure_rate"}: `message` says why it failed; `warning` says that requests failed although the point
+    requests is above max_failure_rate (None: no share check). summary.json's "failure_check" ("pass", "message",
+    "warning", "top_error", "max_failure_rate"): `message` says why it failed; `warning` says that requests failed although the point
     passed (any failure at all is worth a look: a CI log shows it even when the exit status is 0)."""
     req = summary.get("requests") or {}
     measured, ok, failed = req.get("measured", 0), req.get("ok", 0), req.get("failed", 0)
@@ -93,13 +112,13 @@ def failure_check(summary: dict, max_failure_rate: float | None = DEFAULT_MAX_FA
             f"point {summary.get('point_id')}: {failed} of {measured} requests failed "
             f"({failed / measured:.1%}, within {limit}){top_txt}"
         )
-    return {
-        "pass": msg is None,
-        "message": msg,
-        "warning": warning,
-        "top_error": top[0] if top else None,
-        "max_failure_rate": max_failure_rate,
-    }
+    return FailureCheck(
+        passed=msg is None,
+        message=msg,
+        warning=warning,
+        top_error=top[0] if top else None,
+        max_failure_rate=max_failure_rate,
+    )
 
 
 class ServerSampler:
@@ -340,7 +359,7 @@ def _fresh_work(out_dir: Path, point: LoadPoint) -> Path:
     shutil.rmtree(status_dir, ignore_errors=True)
     status_dir.mkdir()
     shutil.rmtree(work / "live", ignore_errors=True)
-    for stale in ("records.parquet", "progress.json", "clients.json"):
+    for stale in ("records.parquet", "progress.json", CLIENTS_JSON):
         (work / stale).unlink(missing_ok=True)
     (work / "point.json").write_text(point.model_dump_json(indent=2))
     return work
@@ -451,9 +470,11 @@ def _point_summary(
             f"point {point.id}: Locust exited with {rc} and wrote no records; locust.log ends:\n{tail}"
         )
     table = read_parquet(rec_path)
-    got = read_json(work / "clients.json") or {}
-    clients = got.get("clients", [])
-    exits = {int(k): v for k, v in got.get("worker_exits", {}).items()}
+    try:
+        got = ClientsFile.load(work / CLIENTS_JSON)  # a damaged one: ValueError naming the file and the field
+    except FileNotFoundError:  # Locust wrote records but no account of its processes: none to show
+        got = ClientsFile(clients=[])
+    clients, exits = got.clients, got.worker_exits
     summary = {
         "point_id": point.id,
         "point": point.model_dump(mode="json"),
@@ -467,12 +488,12 @@ def _point_summary(
     summary["degraded"], summary["problems"] = False, []
     summary["notes"] = list(probes.notes)
     summary["probe_requests"] = probes.as_dict()
-    summary["failure_check"] = failure_check(summary, max_failure_rate)
+    summary["failure_check"] = failure_check(summary, max_failure_rate).model_dump(by_alias=True)
     if workers or states is not None:
         from servesweep.driver.workers import account
 
         log_text = log_path.read_text(errors="replace")
-        missing = {c.get("worker") for c in clients if c.get("missing")}
+        missing = {c.worker for c in clients if c.missing and c.worker}
         if states is None:
             states = _local_worker_states(work / "status", exits)
         acc = account(states, table, log_text, missing=missing)

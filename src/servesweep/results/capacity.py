@@ -38,7 +38,6 @@ CAPACITY_JSON = "capacity.json"
 SEARCHES_DIR = "searches"  # searches/<search>.json: one finished search (SearchFile)
 FRONTIER_SVG = "frontier.svg"
 ENERGY_FRONTIER_SVG = "energy_frontier.svg"
-GPU_JSON = "gpu.json"  # a point folder's GPU telemetry (driver/gpu_telemetry.py)
 HEADER = [
     "config",
     "workload",
@@ -193,11 +192,9 @@ def _probe_gpu(run_dir: Path) -> dict[tuple[str, str], list[dict]]:
     for p in points:
         if p.get("status") != "done" or not p.get("search") or not p.get("dir") or p.get("load") is None:
             continue
-        f = run_dir / p["dir"] / GPU_JSON
-        try:
-            out[(p["search"], f"{p['load']:g}")].append(json.loads(f.read_text()))
-        except (OSError, ValueError):  # no sampler for this point, or a damaged file: it adds nothing
-            continue
+        doc = en.load_gpu(run_dir / p["dir"])  # a damaged one: ValueError naming the file and the field
+        if doc is not None:  # None: no sampler for this point, it adds nothing
+            out[(p["search"], f"{p['load']:g}")].append(doc.as_data())
     return out
 
 

@@ -16,7 +16,6 @@ give intervals like [-95%, +1956%], which "within noise" would misreport as no c
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from servesweep.results import metrics
 from servesweep.results.degeneration import degenerate_flags
 from servesweep.results.degraded import degradation
 from servesweep.results.diagnosis import Diagnosis, diagnose_all
+from servesweep.results.energy import GPU_JSON, load_gpu
 from servesweep.results.packing import is_isolation_sample, point_packing
 from servesweep.results.pergpu import point_gpus, with_per_gpu_changes
 from servesweep.results.runfolder import PointInfo, Run, RunError
@@ -55,9 +55,8 @@ class PointSample:
     cached: np.ndarray  # cached tokens where reported, NaN elsewhere
     prompt: np.ndarray  # prompt tokens from usage of ok requests, NaN elsewhere
     degenerate: np.ndarray | None = None  # 1 degenerate, 0 not, NaN not judged (results/degeneration.py)
-    energy: dict | None = (
-        None  # the point's GPU energy, gpu.json's `total` (results/energy.py); None: no sampler
-    )
+    # the point's GPU energy, gpu.json's `total` (results/energy.py GpuTotal, as JSON); None: no sampler
+    energy: dict[str, Any] | None = None
 
     _sorted: dict = field(default_factory=dict, repr=False)
 
@@ -144,16 +143,17 @@ def point_sample(p: PointInfo) -> PointSample:
     return p.cache["sample"]
 
 
-def point_energy(p: PointInfo) -> dict | None:
+def point_energy(p: PointInfo) -> dict[str, Any] | None:
     """The point's gpu.json `total` (its GPUs' energy, J per token...), None where no GPU sampler measured it."""
     if p.dir is None:
         return None
     try:
-        doc = json.loads((p.dir / "gpu.json").read_text())
-    except (OSError, ValueError):
+        doc = load_gpu(p.dir)
+    except (OSError, ValueError) as e:  # a damaged gpu.json: named, with its field
+        raise RunError(f"point {p.point_id}: {e}") from None
+    if doc is None or doc.total is None or doc.total.energy_j is None:
         return None
-    t = doc.get("total") or {}
-    return t if t.get("energy_j") is not None else None
+    return doc.total.model_dump(mode="json")
 
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -192,7 +192,7 @@ ENERGY_METRICS = ("joules_per_output_token", "joules_per_token", "output_tokens_
 
 
 def _has_energy(run: Run) -> bool:
-    return any(p.dir is not None and (p.dir / "gpu.json").is_file() for p in run.done_points())
+    return any(p.dir is not None and (p.dir / GPU_JSON).is_file() for p in run.done_points())
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ power samples over the same window is computed too, and their difference shown (
 GPU whose samples carry no counter (energy_source "integrated_power") gets the integral, and says so.
 Idle baseline, per GPU: the median power of the samples at 0% utilization in the IDLE_WINDOW_S before the point
 (between points); energy above idle = energy - idle_w x duration. None where no such sample exists (said so).
+
+gpu.json's one model is `GpuFile` (results/schema.py VersionedFile: one load naming the file and the field, one
+atomic save, schema_version 1). A file without `schema_version` is the format before the model, the same keys: it
+loads as version 1; the figures added since (`tokens_per_joule`, the link traffic means) are absent there.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Final, Literal
+
+from pydantic import Field
+
+from servesweep.results.schema import Strict, VersionedFile
 
 SCHEMA = "servesweep.gpu/1"
 IDLE_WINDOW_S = 30.0  # the baseline's look-back before a point
@@ -32,6 +42,126 @@ REASONS = {
     0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown",
 }
+
+
+GPU_JSON: Final = "gpu.json"  # a point folder's GPU telemetry (driver/gpu_telemetry.py writes it)
+
+
+class Throttle(Strict):
+    """A GPU's throttling inside the point: any sample throttled, the reasons, the share of samples throttled."""
+
+    seen: bool
+    reasons: list[str]
+    fraction: float
+
+
+class GpuFigures(Strict):
+    """One GPU over the point (gpu_energy), with the sampler that reported it and its source (nvml, sim)."""
+
+    sampler: str
+    source: str
+    index: int
+    name: str
+    uuid: str
+    samples: int
+    coverage: float
+    energy_j: float | None
+    energy_source: str
+    energy_integrated_j: float | None
+    counter_vs_integrated_pct: float | None
+    idle_w: float | None
+    idle_samples: int
+    idle_energy_j: float | None
+    energy_above_idle_j: float | None
+    power_avg_w: float | None
+    power_peak_w: float | None
+    power_limit_w: float | None
+    util_mean_pct: float | None
+    util_max_pct: float | None
+    sm_clock_mean_mhz: float | None
+    sm_clock_min_mhz: float | None
+    temp_max_c: float | None
+    mem_used_max_bytes: int | None
+    # link traffic (MB/s, mean over the point) where NVML has it; absent in files from before issue 31's links
+    pcie_tx_mb_s_mean: float | None = None
+    pcie_rx_mb_s_mean: float | None = None
+    nvlink_tx_mb_s_mean: float | None = None
+    nvlink_rx_mb_s_mean: float | None = None
+    throttle: Throttle
+    power_capped_fraction: float
+    notes: list[str]
+
+
+class GpuTotal(Strict):
+    """The point's GPUs together (point_gpu's `total`): what summary.json's "gpu", compare and gate read."""
+
+    gpus: int
+    energy_j: float | None
+    energy_sources: list[str]
+    idle_w: float | None
+    idle_energy_j: float | None
+    energy_above_idle_j: float | None
+    power_avg_w: float | None
+    power_peak_w: float | None
+    util_mean_pct: float | None
+    util_max_pct: float | None
+    counter_vs_integrated_pct_max: float | None
+    output_tokens: float | None
+    total_tokens: float | None
+    joules_per_output_token: float | None
+    joules_per_token: float | None
+    joules_per_output_token_above_idle: float | None
+    joules_per_token_above_idle: float | None
+    output_tokens_per_joule: float | None
+    tokens_per_joule: float | None = None  # absent in the first files
+    throttled: bool
+    throttle_reasons: list[str]
+    throttled_gpus: list[str]
+    power_capped_fraction_max: float | None
+
+
+class Window(Strict):
+    """The measured window, wall-clock seconds."""
+
+    start: float
+    end: float
+    duration_s: float
+
+
+class SamplerError(Strict):
+    """A sampler that did not answer (or the telemetry step itself failing): named, never a failed point."""
+
+    sampler: str
+    error: str
+
+
+class GpuFile(VersionedFile):
+    """A point folder's gpu.json, schema_version 1. `schema` is the format's older name, kept. A file of a failed
+    telemetry step holds only `schema` and `errors`."""
+
+    WHAT: ClassVar[str] = "GPU telemetry file (gpu.json)"
+
+    schema_version: Literal[1] = 1
+    schema_name: str = Field(SCHEMA, alias="schema")
+    window: Window | None = None
+    idle_window_s: float | None = None
+    total: GpuTotal | None = None
+    gpus: list[GpuFigures] = []
+    errors: list[SamplerError] = []
+
+
+def save_gpu(folder: str | Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """A point's gpu.json (point_gpu's document) checked and written atomically into `folder`; the JSON written."""
+    return GpuFile.save_data(Path(folder) / GPU_JSON, doc)
+
+
+def load_gpu(folder: str | Path) -> GpuFile | None:
+    """The point folder's gpu.json, checked; None where it has none (no GPU sampler ran). ValueError naming the
+    file and the field of a damaged one."""
+    try:
+        return GpuFile.load(Path(folder) / GPU_JSON)
+    except FileNotFoundError:
+        return None
 
 
 def _at(ts: Sequence[float], vs: Sequence[float], t: float) -> float | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import ClassVar, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ from servesweep.results import metrics
 from servesweep.results.degraded import in_flight
 from servesweep.results.diagnosis import record_evidence
 from servesweep.results.records import ERROR_CLASSES
+from servesweep.results.schema import Strict, VersionedFile
 
 _NS_PER_MS = metrics.NS_PER_MS
 
@@ -97,8 +99,43 @@ LOOP_LAG_SATURATED_MS = 20.0  # p99 of how late a 50 ms sleep wakes up: a stamp 
 MERGED_GAPS_SATURATED_SHARE = 0.01
 
 
+CLIENTS_JSON: Final = "clients.json"
+
+
+class ClientEntry(Strict):
+    """One load-generating process as the master (or a local runner, of itself) knew it at the end: its counters,
+    CPU time, every event-loop lag sample, the last state Locust gave it (`missing`: its heartbeats stopped)."""
+
+    client_id: str
+    lags_ms: list[float]
+    cpu_pct_max: float
+    worker: str | None = None  # host:pid; the master's is "master host:pid"
+    pid: int | None = None
+    role: str | None = None  # local, master; absent: a worker
+    issued: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    cpu_s: float | None = None
+    wall_s: float | None = None
+    shipped: int = 0
+    last_state: str | None = None
+    missing: bool = False
+
+
+class ClientsFile(VersionedFile):
+    """clients.json, beside a point's records (client/clients.py `Clients.write`; read by driver/point_run.py into
+    summary.json's client_headroom and workers), schema_version 1. A file without schema_version is the format
+    before the model, the same keys."""
+
+    WHAT: ClassVar[str] = "clients file (clients.json)"
+
+    schema_version: Literal[1] = 1
+    clients: list[ClientEntry]
+    worker_exits: dict[int, int] = {}  # forked local worker pid -> exit status (a signal N as 128 + N)
+
+
 def client_headroom(
-    clients: list[dict], records: pa.Table | None = None, itl_zero_gap_share: float | None = None
+    clients: list[ClientEntry], records: pa.Table | None = None, itl_zero_gap_share: float | None = None
 ) -> dict:
     """Per load-generating process (clients.json): CPU use over the point (process CPU time / wall time, % of one
     core) and its busiest 3-s window, and event-loop lag percentiles; `client_saturated` with the reasons when a
@@ -106,16 +143,16 @@ def client_headroom(
     in the records, more than MERGED_GAPS_SATURATED_SHARE of the ITL gaps were chunks read together): then the
     client, not the server, may have set the numbers. The read lag's percentiles are reported beside."""
     rows, reasons = [], []
-    for c in sorted(clients, key=lambda c: str(c.get("worker") or c.get("client_id"))):
-        wall = c.get("wall_s") or 0.0
-        cpu = 100.0 * c["cpu_s"] / wall if wall > 0 and c.get("cpu_s") is not None else None
-        lag = stats(c.get("lags_ms") or [])
+    for c in sorted(clients, key=lambda c: str(c.worker or c.client_id)):
+        wall = c.wall_s or 0.0
+        cpu = 100.0 * c.cpu_s / wall if wall > 0 and c.cpu_s is not None else None
+        lag = stats(c.lags_ms)
         row = {
-            "worker": c.get("worker"),
-            "role": c.get("role", "worker"),  # worker, local (one process) or master (merges, sends nothing)
-            "client_id": c.get("client_id"),
+            "worker": c.worker,
+            "role": c.role or "worker",  # worker, local (one process) or master (merges, sends nothing)
+            "client_id": c.client_id,
             "cpu_pct": cpu,
-            "cpu_pct_max_3s": c.get("cpu_pct_max")
+            "cpu_pct_max_3s": c.cpu_pct_max
             if wall >= 3.0
             else None,  # no full window in a short point
             "loop_lag_p50_ms": lag["p50"] if lag else None,
@@ -124,18 +161,13 @@ def client_headroom(
             "wall_s": wall or None,
         }
         rows.append(row)
-        name = row["worker"] or row["client_id"]
+        name = c.worker or c.client_id
         if cpu is not None and cpu > CPU_SATURATED_PCT:
             reasons.append(f"{name}: CPU {cpu:.0f}% of a core > {CPU_SATURATED_PCT:g}%")
         # The master stamps nothing: its loop lag delays no measurement (its CPU does: records pile up).
-        if (
-            row["role"] != "master"
-            and row["loop_lag_p99_ms"] is not None
-            and row["loop_lag_p99_ms"] > LOOP_LAG_SATURATED_MS
-        ):
-            reasons.append(
-                f"{name}: event-loop lag p99 {row['loop_lag_p99_ms']:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms"
-            )
+        lag_p99 = lag["p99"] if lag else None
+        if c.role != "master" and lag_p99 is not None and lag_p99 > LOOP_LAG_SATURATED_MS:
+            reasons.append(f"{name}: event-loop lag p99 {lag_p99:.1f} ms > {LOOP_LAG_SATURATED_MS:g} ms")
     read_lag = _read_lag_ms(records)
     if (
         read_lag is not None
