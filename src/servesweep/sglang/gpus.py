@@ -4,7 +4,7 @@ power limits NVML allows, by name and alias (`get_gpu("h200")`)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -54,39 +54,32 @@ class GpuProfile:
         return self.memory_mib * MiB
 
 
+_H200_POWER = PowerLimits(
+    700.0,
+    200.0,
+    700.0,
+    "measured: NVML on the H200 test machine (driver 580.159.04, 2026-12-02)",
+    idle_w=120.0,
+    load_w=700.0,
+)
+_H200 = GpuProfile("H200", 143771, 4.8e12, 989.5e12, 450e9, 12e-6, _H200_POWER)
+# The H100 SXM is the same GH100 die on the same board as the H200 (bf16 FLOP/s, NVLink 4, all-reduce latency, the
+# 200-700 W range): only its HBM (less, slower) and its idle draw differ.
+_H100 = replace(
+    _H200,
+    name="H100",
+    memory_mib=81559,
+    hbm_bandwidth=3.35e12,
+    power=replace(
+        _H200_POWER,
+        source="700 W TDP: NVIDIA H100 SXM datasheet; the 200 W floor assumed as H200's",
+        idle_w=70.0,
+    ),
+)
+
 GPU_PROFILES: dict[str, GpuProfile] = {
-    "H200": GpuProfile(
-        "H200",
-        143771,
-        4.8e12,
-        989.5e12,
-        450e9,
-        12e-6,
-        PowerLimits(
-            700.0,
-            200.0,
-            700.0,
-            "measured: NVML on the H200 test machine (driver 580.159.04, 2026-12-02)",
-            idle_w=120.0,
-            load_w=700.0,
-        ),
-    ),
-    "H100": GpuProfile(
-        "H100",
-        81559,
-        3.35e12,
-        989.5e12,
-        450e9,
-        12e-6,
-        PowerLimits(
-            700.0,
-            200.0,
-            700.0,
-            "700 W TDP: NVIDIA H100 SXM datasheet; the 200 W floor assumed as H200's",
-            idle_w=70.0,
-            load_w=700.0,
-        ),
-    ),
+    "H200": _H200,
+    "H100": _H100,
     "RTX PRO 6000 Blackwell": GpuProfile(
         "RTX PRO 6000 Blackwell",
         97887,

@@ -235,21 +235,15 @@ def _arch_from_config(cfg: Mapping[str, Any], name: str) -> ModelArch:
 
 
 # Built-in profiles: the shapes of the real checkpoints' config.json (text part), so the emulator needs no download.
-_QWEN36_27B = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5_text",
-    "num_hidden_layers": 64,
+# Qwen3.5's hybrid layout, shared by Qwen3.6's dense and MoE checkpoints: every fourth layer full attention, the others
+# Gated DeltaNet (linear attention with a conv kernel and a float32 SSM state), one MTP layer, Qwen3.5's vocabulary.
+_QWEN35_HYBRID = {
     "full_attention_interval": 4,
-    "hidden_size": 5120,
-    "intermediate_size": 17408,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 4,
     "head_dim": 256,
     "vocab_size": 248320,
     "max_position_embeddings": 262144,
     "tie_word_embeddings": False,
     "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48,
     "linear_key_head_dim": 128,
     "linear_value_head_dim": 128,
     "linear_conv_kernel_dim": 4,
@@ -257,30 +251,30 @@ _QWEN36_27B = {
     "mtp_num_hidden_layers": 1,
     "torch_dtype": "bfloat16",
 }
+_QWEN36_27B = {
+    **_QWEN35_HYBRID,
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5_text",
+    "num_hidden_layers": 64,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "linear_num_value_heads": 48,
+}
 _QWEN36_35B_A3B = {
+    **_QWEN35_HYBRID,
     "architectures": ["Qwen3_5MoeForConditionalGeneration"],
     "model_type": "qwen3_5_moe_text",
     "num_hidden_layers": 40,
-    "full_attention_interval": 4,
     "hidden_size": 2048,
     "num_attention_heads": 16,
     "num_key_value_heads": 2,
-    "head_dim": 256,
-    "vocab_size": 248320,
-    "max_position_embeddings": 262144,
-    "tie_word_embeddings": False,
     "num_experts": 256,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 512,
     "shared_expert_intermediate_size": 512,
-    "linear_num_key_heads": 16,
     "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "mamba_ssm_dtype": "float32",
-    "mtp_num_hidden_layers": 1,
-    "torch_dtype": "bfloat16",
 }
 _QWEN3_NEXT_80B = {
     **_QWEN36_35B_A3B,

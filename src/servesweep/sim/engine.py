@@ -673,6 +673,19 @@ class Engine:
         area = 0.0
         page = self._page
 
+        def take(r: EngineRequest, n: int) -> None:
+            """`n` of r's tokens into this prefill: allocated, counted into the batch and its chunk and input
+            budgets (rem_total apart: the chunk and a new request reserve differently)."""
+            nonlocal n_new, sum_prefix, area, rem_chunk, rem_input
+            self._alloc_tokens(r, n)
+            reqs.append(r)
+            ns.append(n)
+            n_new += n
+            sum_prefix += r._fill
+            area += n * (r._fill + n / 2)
+            rem_chunk -= n
+            rem_input -= n
+
         c = self._chunked
         if c is not None:
             left = c._need - c._fill
@@ -692,14 +705,7 @@ class Engine:
             n = min(left, budget)
             if n < left:
                 n = max(page, n // page * page)
-            self._alloc_tokens(c, n)
-            reqs.append(c)
-            ns.append(n)
-            n_new += n
-            sum_prefix += c._fill
-            area += n * (c._fill + n / 2)
-            rem_chunk -= n
-            rem_input -= n
+            take(c, n)
             rem_total -= n
             if n < left:
                 return reqs, ns, n_new, sum_prefix, area
@@ -740,14 +746,7 @@ class Engine:
             if n > rem_chunk:
                 n = max(page, rem_chunk // page * page)
                 chunked = True
-            self._alloc_tokens(r, n)
-            reqs.append(r)
-            ns.append(n)
-            n_new += n
-            sum_prefix += r._fill
-            area += n * (r._fill + n / 2)
-            rem_chunk -= n
-            rem_input -= n
+            take(r, n)
             rem_total -= total
             active += 1
             if chunked:
@@ -814,14 +813,7 @@ class Engine:
         self._used -= r._alloc
         r._alloc = 0
         if r._locked and r._keys is not None:
-            cache = self._cache
-            for key in r._keys[: r._locked]:
-                node = cache.get(key)
-                if node is not None:
-                    node[1] -= 1
-                    if node[1] == 0:
-                        self._locked_tokens -= node[0]
-            r._locked = 0
+            self._release_locks_only(r)
 
     def _finish(self, r: EngineRequest, t: float) -> None:
         r._state = _DONE
@@ -888,6 +880,7 @@ class Engine:
             self._release_locks_only(r)
 
     def _release_locks_only(self, r: EngineRequest) -> None:
+        """Drop the request's references on the cache blocks it holds (a block no one holds becomes evictable)."""
         cache = self._cache
         assert r._keys is not None
         for key in r._keys[: r._locked]:

@@ -35,43 +35,61 @@ PARETO = "Pareto frontier"
 FRONTIER_BY = "run_id, search, config, load"
 
 
-def _pareto(metric: str, cap_sel: str) -> str:
-    """A servesweep_frontier_* gauge at the probes on the Pareto frontier (servesweep_frontier_pareto == 1), its
-    config label set to PARETO: after the panel's partition by config they are one series of their own."""
+def _on_frontier(metric: str, cap_sel: str, flag: str, label: str) -> str:
+    """A servesweep_frontier_* gauge at the probes on a frontier (the gauge `flag` == 1), its config label set to
+    `label`: after the panel's partition by config they are one series of their own."""
     last = f"max by ({FRONTIER_BY}) (last_over_time({{m}}{{{{{cap_sel}}}}}[$__range]))"
-    on = f"{last.format(m=metric)} * on ({FRONTIER_BY}) ({last.format(m='servesweep_frontier_pareto')} == 1)"
-    return f'label_replace({on}, "config", "{PARETO}", "", "")'
+    on = f"{last.format(m=metric)} * on ({FRONTIER_BY}) ({last.format(m=flag)} == 1)"
+    return f'label_replace({on}, "config", "{label}", "", "")'
+
+
+def frontier_chart(
+    title: str,
+    pairs: tuple[tuple[str, str], tuple[str, str]],
+    sel: str,
+    cap_sel: str,
+    *,
+    axes: tuple[str, str],
+    flag: str,
+    label: str,
+    desc: str,
+) -> dict:
+    """An XY chart of the finished points, one series per configuration, and a frontier of the searches' probes as
+    one more series drawn over them (black, thicker). `pairs`: (the points' gauge, the frontier's gauge) for y,
+    then x; `axes`: the (x, y) names; `flag`: the frontier's 0/1 gauge; `label`: its series' name. Each query is
+    the points' values `or` the frontier's: the frontier rows differ in their labels (config, search, load), so
+    `or` keeps both and the merge pairs each row's x and y."""
+    x, y = axes
+    targets = [g.target(f"{with_axes(summ(pt, sel), sel)} or {_on_frontier(fr, cap_sel, flag, label)}", table=True)
+               for pt, fr in pairs]  # fmt: skip
+    p = g.xychart(title, targets, x=x, series_by="config", x_label=x, y_label=y, desc=desc)
+    # the two queries' values side by side in one row per point, named for the axes
+    p["transformations"][1:1] = [
+        {"id": "organize", "options": {"renameByName": {"Value #A": y, "Value #B": x},
+                                       "excludeByName": {"Time": True}}},
+    ]  # fmt: skip
+    # the frontier drawn over the configurations' lines: black, thicker, larger points
+    p["fieldConfig"]["overrides"].append(
+        {"matcher": {"id": "byRegexp", "options": f".*{label}.*"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "black"}},
+                        {"id": "custom.lineWidth", "value": 2}, {"id": "custom.pointSize", "value": {"fixed": 9}}]}
+    )  # fmt: skip
+    return p
 
 
 def frontier(sel: str, cap_sel: str) -> dict:
     """Throughput per GPU (y) against the median per-request decode speed (x), one series per configuration, and
     the Pareto frontier across configurations as one more series (`cap_sel` selects the servesweep_frontier_*
-    gauges, which carry no model label). Each query is the points' values `or` the frontier's: the Pareto rows
-    differ in their labels (config, search, load), so `or` keeps both and the merge pairs each row's x and y."""
-    pairs = (  # (the points' gauge, the frontier's gauge): y, then x
-        ("servesweep_point_output_tokens_per_second_per_gpu", "servesweep_frontier_output_tokens_per_second_per_gpu"),
-        ("servesweep_point_decode_tokens_per_second_p50", "servesweep_frontier_decode_tokens_per_second_p50"),
-    )
-    targets = [g.target(f"{with_axes(summ(pt, sel), sel)} or {_pareto(fr, cap_sel)}", table=True) for pt, fr in pairs]
-    p = g.xychart(
+    gauges, which carry no model label)."""
+    return frontier_chart(
         "Frontier: output tok/s per GPU vs per-user output tok/s",
-        targets, x=X, series_by="config", x_label=X, y_label=Y,
+        (("servesweep_point_output_tokens_per_second_per_gpu", "servesweep_frontier_output_tokens_per_second_per_gpu"),
+         ("servesweep_point_decode_tokens_per_second_p50", "servesweep_frontier_decode_tokens_per_second_p50")),
+        sel, cap_sel, axes=(X, Y), flag="servesweep_frontier_pareto", label=PARETO,
         desc="Every finished point (a grid's loads, a search's probes), one line per server configuration; "
         "up and to the right is better on both. Pareto frontier (black): the searches' probes no other probe beats "
         "on both (capacity.json's frontier, as the report draws it).",
     )  # fmt: skip
-    # the two queries' values side by side in one row per point, named for the axes
-    p["transformations"][1:1] = [
-        {"id": "organize", "options": {"renameByName": {"Value #A": Y, "Value #B": X},
-                                       "excludeByName": {"Time": True}}},
-    ]  # fmt: skip
-    # the frontier drawn over the configurations' lines: black, thicker, larger points
-    p["fieldConfig"]["overrides"].append(
-        {"matcher": {"id": "byRegexp", "options": f".*{PARETO}.*"},
-         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "black"}},
-                        {"id": "custom.lineWidth", "value": 2}, {"id": "custom.pointSize", "value": {"fixed": 9}}]}
-    )  # fmt: skip
-    return p
 
 
 def capacity_table(sel: str) -> dict:

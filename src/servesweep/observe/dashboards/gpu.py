@@ -12,6 +12,7 @@ configuration, the energy frontier (output tokens per joule against output tok/s
 from __future__ import annotations
 
 from servesweep.observe.dashboards import grafana as g
+from servesweep.observe.dashboards.capacity import frontier_chart
 from servesweep.observe.dashboards.queries import CLIENT, EPS, SERVER, summ, with_axes
 
 GPU = SERVER  # the sampler's series carry the labels its scrape target gives it: run_id, config
@@ -89,43 +90,21 @@ def tokens_per_joule_chart(sel: str) -> dict:
 
 
 ENERGY_PARETO = "energy frontier"
-FRONTIER_BY = "run_id, search, config, load"
 X, Y = "output tok/s per GPU", "output tokens per joule"
-
-
-def _energy_pareto(metric: str, cap_sel: str) -> str:
-    """A servesweep_frontier_* gauge at the probes on the energy frontier, its config label set to ENERGY_PARETO."""
-    last = f"max by ({FRONTIER_BY}) (last_over_time({{m}}{{{{{cap_sel}}}}}[$__range]))"
-    on = f"{last.format(m=metric)} * on ({FRONTIER_BY}) ({last.format(m='servesweep_frontier_energy_pareto')} == 1)"
-    return f'label_replace({on}, "config", "{ENERGY_PARETO}", "", "")'
 
 
 def energy_frontier(sel: str, cap_sel: str) -> dict:
     """Output tokens per joule (y) against output tok/s per GPU (x) at every point with GPU telemetry, one series
     per configuration, and the energy frontier of the searches' probes (capacity.json) as one more series."""
-    pairs = (  # (the points' gauge, the frontier's gauge): y, then x
-        ("servesweep_point_gpu_output_tokens_per_joule", "servesweep_frontier_output_tokens_per_joule"),
-        ("servesweep_point_output_tokens_per_second_per_gpu", "servesweep_frontier_output_tokens_per_second_per_gpu"),
-    )
-    targets = [g.target(f"{with_axes(summ(pt, sel), sel)} or {_energy_pareto(fr, cap_sel)}", table=True)
-               for pt, fr in pairs]  # fmt: skip
-    p = g.xychart(
+    return frontier_chart(
         "Energy frontier: output tokens per joule vs output tok/s per GPU",
-        targets, x=X, series_by="config", x_label=X, y_label=Y,
+        (("servesweep_point_gpu_output_tokens_per_joule", "servesweep_frontier_output_tokens_per_joule"),
+         ("servesweep_point_output_tokens_per_second_per_gpu", "servesweep_frontier_output_tokens_per_second_per_gpu")),
+        sel, cap_sel, axes=(X, Y), flag="servesweep_frontier_energy_pareto", label=ENERGY_PARETO,
         desc="Every finished point a GPU sampler measured, one line per server configuration; up and to the right is "
         "better on both. Energy frontier (black): the searches' probes no other probe beats on both (the report's "
         "energy_frontier.svg).",
     )  # fmt: skip
-    p["transformations"][1:1] = [
-        {"id": "organize", "options": {"renameByName": {"Value #A": Y, "Value #B": X},
-                                       "excludeByName": {"Time": True}}},
-    ]  # fmt: skip
-    p["fieldConfig"]["overrides"].append(
-        {"matcher": {"id": "byRegexp", "options": f".*{ENERGY_PARETO}.*"},
-         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "black"}},
-                        {"id": "custom.lineWidth", "value": 2}, {"id": "custom.pointSize", "value": {"fixed": 9}}]}
-    )  # fmt: skip
-    return p
 
 
 DIAGNOSIS_BY = "run_id, point_id, config, cause, verdict, breached"

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from servesweep.observe.dashboards import gpu, server_state
 from servesweep.observe.dashboards import grafana as g
-from servesweep.observe.dashboards.queries import CLIENT, EPS, SERVER, hist_mean, quantile, rate_sum
+from servesweep.observe.dashboards.queries import (
+    CLIENT,
+    EPS,
+    SERVER,
+    hist_mean,
+    quantile,
+    rate_sum,
+    run_variables,
+)
 
 FAILED = CLIENT + ', outcome="failure"'
 _Q = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
@@ -137,13 +145,7 @@ def build() -> dict:
         "step": "5s", "titleFormat": "{{point_id}}", "textFormat": "run {{run_id}}", "tagKeys": "run_id,point_id",
         "useValueForTime": False,
     }, gpu.diagnosis_annotation(CLIENT)]  # fmt: skip
-    variables = [
-        g.datasource_var(),
-        g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", sort=2),
-        g.query_var("model", 'label_values(servesweep_point_info{run_id=~"$run_id"}, model)', label="Model"),
-        g.query_var("config", 'label_values(servesweep_point_info{run_id=~"$run_id", model=~"$model"}, config)',
-                    label="Server configuration"),
-    ]  # fmt: skip
+    variables = run_variables(one_run=False)
     return g.dashboard(
         "servesweep-live",
         "servesweep / Live run",

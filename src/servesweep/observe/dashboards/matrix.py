@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from servesweep.observe.dashboards import capacity, gpu
 from servesweep.observe.dashboards import grafana as g
-from servesweep.observe.dashboards.queries import summ, with_axes
+from servesweep.observe.dashboards.queries import run_variables, summ, with_axes
 
 SEL = 'run_id="$run_id", model=~"$model", config=~"$config"'
 
@@ -115,14 +115,7 @@ def build() -> dict:
     for p in (tput, ttft, itl, needle, gpu.tokens_per_joule_chart(SEL)):
         p.update(repeat="config", repeatDirection="h", maxPerRow=3)
         L.add(p, w=8, h=9)
-    variables = [
-        g.datasource_var(),
-        g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", multi=False,
-                    include_all=False, sort=2),
-        g.query_var("model", 'label_values(servesweep_point_info{run_id="$run_id"}, model)', label="Model"),
-        g.query_var("config", 'label_values(servesweep_point_info{run_id="$run_id", model=~"$model"}, config)',
-                    label="Server configuration"),
-    ]  # fmt: skip
+    variables = run_variables(one_run=True)
     return g.dashboard(
         "servesweep-matrix",
         "servesweep / Matrix",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from servesweep.observe.dashboards import grafana as g
+
 # Client series carry run_id, point_id, model, config; SGLang series get run_id and config from file_sd labels.
 CLIENT = 'run_id=~"$run_id", model=~"$model", config=~"$config"'
 SERVER = 'run_id=~"$run_id", config=~"$config"'
@@ -40,3 +42,17 @@ def with_axes(expr: str, sel: str, axes: str = AXES) -> str:
         f"{expr} * on (run_id, point_id) group_left ({axes}) "
         f"max by (run_id, point_id, {axes}) (last_over_time(servesweep_point_info{{{sel}}}[$__range]))"
     )
+
+
+def run_variables(*, one_run: bool) -> list[dict]:
+    """The data source, then Run, Model and Server configuration from servesweep_point_info, each narrowing the
+    next: one run (Matrix: `run_id="$run_id"`) or any runs chosen (Live: `run_id=~"$run_id"`)."""
+    run = 'run_id="$run_id"' if one_run else 'run_id=~"$run_id"'
+    pick = {"multi": False, "include_all": False} if one_run else {}
+    return [
+        g.datasource_var(),
+        g.query_var("run_id", "label_values(servesweep_point_info, run_id)", label="Run", **pick, sort=2),
+        g.query_var("model", f"label_values(servesweep_point_info{{{run}}}, model)", label="Model"),
+        g.query_var("config", f'label_values(servesweep_point_info{{{run}, model=~"$model"}}, config)',
+                    label="Server configuration"),
+    ]  # fmt: skip
