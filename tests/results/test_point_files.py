@@ -98,3 +98,19 @@ def test_a_damaged_clients_json_is_named_with_its_field(tmp_path, change, field)
     with pytest.raises(ValueError) as e:
         ClientsFile.load(tmp_path / CLIENTS_JSON)
     assert str(tmp_path / CLIENTS_JSON) in str(e.value) and field in str(e.value)
+
+
+def test_compare_reads_a_points_energy_through_the_model_and_names_a_damaged_gpu_json(tmp_path):
+    from servesweep.results.compare import point_energy
+    from servesweep.results.runfolder import PointInfo, RunError
+
+    point = PointInfo("c4", "", "chat", 200, 32, 4, "done", dir=tmp_path)
+    assert point_energy(point) is None  # no sampler ran
+    raw = json.loads(GPU_BEFORE.read_text())
+    shutil.copy(GPU_BEFORE, tmp_path / GPU_JSON)
+    assert point_energy(point) == {**raw["total"], "tokens_per_joule": raw["total"].get("tokens_per_joule")}
+    raw["total"]["energy_j"] = "lots"
+    (tmp_path / GPU_JSON).write_text(json.dumps(raw))
+    with pytest.raises(RunError) as e:  # before the model: returned as it was, a string where a figure goes
+        point_energy(point)
+    assert str(tmp_path / GPU_JSON) in str(e.value) and "total.energy_j" in str(e.value)
