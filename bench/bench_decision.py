@@ -246,8 +246,10 @@ def main(argv=None) -> int:
         half_label = half.answer.label
         half_agree = D.agreement(half.answer.best(), answer, d.resolution)
         grid_agree = D.agreement(grid_answer(exp, truth, noise), answer, d.resolution)
+        on_guess = {(q.shape, q.tier) for q in run.answer.questions if q.guessed}
         for m in agree["misses"]:
             m["why"], m["slo_tie"] = explain(m, run, truth, d.tiers, noise)
+            m["on_guess"] = m["question"] in on_guess
         agree["explained"] = (agree["questions"] * agree["exact"] + sum(
             1 for m in agree["misses"] if m["within_resolution"] or m["slo_tie"])) / max(1, agree["questions"])
         ratios = {m: [r.ratios[m] for r in run.records] for m in ("ttft", "tpot", "e2e")}
@@ -276,6 +278,7 @@ def main(argv=None) -> int:
             "packed_s": packed(run, hosts),
             "serial_s": sum(run.config_seconds.values()),
             "counts": run.answer.counts(),
+            "on_guess": len(on_guess),
             "agreement": agree,
             "half_budget": {"label": half_label, "agreement": half_agree},
             "grid_agreement": grid_agree,
@@ -335,12 +338,16 @@ def main(argv=None) -> int:
     errs = {m: [x for r in rows for x in r["fit_errors"][m]] for m in D.METRICS}
     print("prediction error of a probe's median, 95 % of probes (measured / predicted), before the fit and after "
           "its configuration's fit from its other shapes: " + _error_line(errs, D._z(1 - d.confidence)))
+    wrong = [m for r in rows for m in r["agreement"]["misses"] if not m["within_resolution"]]
+    print(f"answers resting on a point estimate at a probe's cap: {sum(r['on_guess'] for r in rows)} of "
+          f"{out['questions'] * len(rows)}; of the {len(wrong)} answers off by more than the resolution, "
+          f"{sum(m['on_guess'] for m in wrong)} are among them")
     for r in rows:
         print(f"seed {r['seed']}: {r['probes']} probes, {r['requests']} requests, {r['counts']}; misses:")
         for m in r["agreement"]["misses"]:
             print(f"  {m['question']}: decided {m['decided']} ({m['decided_value']}) vs {m['exhaustive']} "
                   f"({m['best_value']}){' tie within resolution' if m['within_resolution'] else ''}"
-                  f"{' SLO tie' if m['slo_tie'] else ''}; {m['why']}")
+                  f"{' SLO tie' if m['slo_tie'] else ''}{' (on a guess)' if m['on_guess'] else ''}; {m['why']}")
     return 0
 
 

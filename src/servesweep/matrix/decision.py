@@ -326,6 +326,7 @@ class Bounds:
     resolved: bool  # the capacity bracket is at the search resolution (more probes cannot narrow it)
     # a bound rests on the configuration's fitted calibration, not on this cell's probes
     from_prior: bool = False
+    guessed: bool = False  # a bracketing verdict was the point estimate's at a probe's cap (not proven)
 
 
 @dataclass
@@ -339,6 +340,7 @@ class QuestionAnswer:
     dropped: list[str]
     label: str
     bar: float = 0.0  # the racing leader's lower bound (what the order weighs a rival's chance against)
+    guessed: bool = False  # settled on a verdict the point estimate gave at a probe's cap (not proven)
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -367,10 +369,12 @@ class Answer:
         c = self.counts()
         settled = sum(c.get(k, 0) for k in ("decided", "tie", "none"))
         head = "final answer" if self.complete else "best so far (not finished)"
+        guessed = sum(1 for q in self.questions if q.guessed and q.status in ("decided", "tie"))
         return (
             f"{head}: {settled}/{len(self.questions)} questions settled ({c.get('decided', 0)} decided at "
             f"{self.confidence:.0%} per interval, {c.get('tie', 0)} ties within resolution, {c.get('none', 0)} "
-            f"served by no configuration), {self.probes} probes, {self.gpu_seconds / 3600:.2f} GPU-h"
+            f"served by no configuration; {guessed} of them on a point estimate at a probe's cap), "
+            f"{self.probes} probes, {self.gpu_seconds / 3600:.2f} GPU-h"
         )
 
     def best(self) -> dict[tuple[str, str], str | None]:
@@ -414,13 +418,21 @@ def cell_bounds(
         # even z sigma faster the fitted model fails above the measured pass: the capacity is that load, and the
         # value its measured throughput (no probe of the next load needed)
         at = next(r for r in records if r.load == lo_load and r.verdicts.get(tier) == "pass")
-        return Bounds(b.low, b.estimate, max(at.tput[2], b.low), b.bracket, True, from_prior=True)
+        return Bounds(
+            b.low, b.estimate, max(at.tput[2], b.low), b.bracket, True, from_prior=True, guessed=b.guessed
+        )
     low, high = max(b.low, prior.low), min(b.high, prior.high)
     if low > high:  # the fit contradicts what this cell measured: the measurement alone
         return b
     est = b.estimate if b.bracket[0] is not None else prior.estimate
     return Bounds(
-        low, min(max(est, low), high), high, b.bracket, b.resolved, from_prior=low > b.low or high < b.high
+        low,
+        min(max(est, low), high),
+        high,
+        b.bracket,
+        b.resolved,
+        from_prior=low > b.low or high < b.high,
+        guessed=b.guessed,
     )
 
 
@@ -432,19 +444,20 @@ def _measured_bounds(
     passes = [r for r in records if r.verdicts.get(tier) == "pass" and (hi is None or r.load < hi.load)]
     lo = max(passes, key=lambda r: r.load) if passes else None
     bracket = (lo.load if lo else None, hi.load if hi else None)
+    guessed = any(tier in r.guessed for r in (lo, hi) if r is not None)
     if hi is not None and hi.load <= cell.lower:
-        return Bounds(0.0, 0.0, 0.0, bracket, True)
+        return Bounds(0.0, 0.0, 0.0, bracket, True, guessed=guessed)
     low = lo.tput[0] if lo else 0.0
     est = lo.tput[1] if lo else 0.0
     if lo is not None and lo.load >= cell.upper:
-        return Bounds(low, est, lo.tput[2], bracket, True)
+        return Bounds(low, est, lo.tput[2], bracket, True, guessed=guessed)
     # tput(first fail) bounds the value from above; where noise makes it read below the last pass, the last pass's
     # own upper bound is kept (the bounds never cross)
     high = max(hi.tput[2], lo.tput[2] if lo else 0.0) if hi else max(prior_high, lo.tput[2] if lo else 0.0)
     resolved = (
         lo is not None and hi is not None and hi.load - lo.load <= _resolution_step(lo.load, rel) + 1e-9
     )
-    return Bounds(low, est, high, bracket, resolved)
+    return Bounds(low, est, high, bracket, resolved, guessed=guessed)
 
 
 def derive(
@@ -510,15 +523,24 @@ def derive(
                 }
                 best = max(alive, key=lambda k: guess[k]) if max(guess.values()) > 0 else None
             via = " (bounds from the fitted calibrations)" if any(b[k].from_prior for k in alive) else ""
+            # the answer leans on a verdict the point estimate gave at a probe's cap: not proven at the confidence
+            on_guess = any(x.guessed for x in b.values())
+            via += (
+                " (on a point estimate at a probe's cap)" if on_guess and status in ("decided", "tie") else ""
+            )
             label = {
                 "decided": f"{leader} (beats every rival by more than the resolution, or ties within it){via}",
-                "tie": f"{leader} by its estimate; tied within resolution with {', '.join(rivals) or 'none'}",
+                "tie": f"{leader} by its estimate; tied within resolution with {', '.join(rivals) or 'none'}{via}",
                 "none": "no configuration holds this tier at the lowest load",
                 "leading": f"{best} leads; {len(rivals)} rivals not yet excluded",
                 "open": f"not measured yet; {best} by the step model" if best else "not measured yet",
             }[status]
             shown = b[best] if best is not None else b[leader]
-            out.append(QuestionAnswer(shape, tier, best, status, shown, alive, dropped, label, b[leader].low))
+            out.append(
+                QuestionAnswer(
+                    shape, tier, best, status, shown, alive, dropped, label, b[leader].low, on_guess
+                )
+            )
     gpu_s = sum(r.seconds * r.gpus for r in records)
     return Answer(out, len(records), gpu_s, confidence, complete)
 
