@@ -224,3 +224,16 @@ def test_an_open_question_names_the_step_models_pick_until_measured():
     assert {q.best for q in ans.questions} == {"good"}
     assert all("by the step model" in q.label for q in ans.questions)
     assert ans.label.startswith("best so far (not finished): 0/2 questions settled")
+
+
+def test_a_verdict_the_estimate_gave_at_the_cap_is_marked_guessed():
+    c = _cell("a", 0.01, 40)  # 'fast' (1/tpot >= 60) holds to 26: at 27 its p50 sits within 2 % of the threshold
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted}, 1)
+    capped = D.sequential_probe(c, 27, tiers, tiers, measure(c, 27), confidence=0.95, resolution=0.05,
+                                max_requests=20, overhead_s=0, max_looks=1)
+    assert capped.at_cap and "fast" in capped.guessed  # 20 requests cannot place its p50 within 2 %
+    assert D.cell_bounds(c, "fast", [capped], 0.05).guessed
+    proven = D.sequential_probe(c, 4, tiers, tiers, measure(c, 4), confidence=0.95, resolution=0.05,
+                                max_requests=800, overhead_s=0)
+    assert proven.guessed == ()
