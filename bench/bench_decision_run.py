@@ -427,7 +427,25 @@ def main(argv=None) -> int:
         return 0
     t0 = time.monotonic()
     tiers = exp_real.decide.tiers  # type: ignore[union-attr]
-    truth, caps = engine_truth(exp_real, hidden, tiers, a.seed)
+    # the engine's answer depends on the cut, the hidden calibrations and the seed only: kept in the out folder
+    # (a re-run on another decision algorithm reuses it: 10 minutes of virtual-time closed loops here)
+    key = json.dumps([a.tp, a.bundles, a.prompts, a.outputs, hidden, tiers, a.seed], sort_keys=True)
+    cache_file = work / "engine_truth.json"
+    cached = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+    if cached.get("key") == key:
+        truth = {tuple(k.split("|")): v for k, v in cached["truth"].items()}
+        caps = {tuple(k.split("|")): v for k, v in cached["caps"].items()}
+    else:
+        truth, caps = engine_truth(exp_real, hidden, tiers, a.seed)
+        cache_file.write_text(
+            json.dumps(
+                {
+                    "key": key,
+                    "truth": {"|".join(k): v for k, v in truth.items()},
+                    "caps": {"|".join(k): v for k, v in caps.items()},
+                }
+            )
+        )
     truth_s = time.monotonic() - t0
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
     full = one_run(a, work, "full", None)

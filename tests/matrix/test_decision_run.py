@@ -80,10 +80,11 @@ def test_decide_run_names_the_step_models_best_configuration(tmp_path):
         v = q["value"]
         assert v["low"] <= v["estimate"] <= v["high"], v
         # the measured capacity bracket holds the step model's capacity, one step either way (a near-threshold
-        # verdict is decided by its estimate)
+        # verdict is decided by its estimate); no upper end: the winner was not seen failing (decided on its
+        # calibrated bound)
         lo, hi = v["bracket"]
         cap = caps[(q["best"], q["shape"], q["tier"])]
-        assert lo - 1 <= cap <= (hi or lo) + 1, (q, cap)
+        assert lo - 1 <= cap and (hi is None or cap <= hi + 1), (q, cap)
     print(f"\n{doc['label']}; {doc['gpu_seconds']} GPU-s, {doc['elapsed_s']} s")
     # every probe is a point of the manifest with its folder and summary; each server started once
     m = json.loads((run_dir / "manifest.json").read_text())
@@ -118,15 +119,16 @@ def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path
     finished = m["points"][first]["finished"]
     assert "## Decision" in (run_dir / "report.md").read_text()
 
-    # a resume reads the measured probe back (not measured again) and goes on for another budget
+    # a resume reads the measured probe back (not measured again) and goes on for another budget: one more probe
+    # measured, then the budget stops it (exit 2) or the decision is settled (exit 0)
     rc, out = run_servesweep("run", "--resume", str(run_dir), timeout=120)
-    assert rc == 2, out[-5000:]
     assert f"↺ {first}: finished before, read back" in out
     doc = json.loads((run_dir / "decision.json").read_text())
     m = json.loads((run_dir / "manifest.json").read_text())
-    assert doc["probes"] == 2 and doc["status"] == "budget", doc["label"]
+    assert doc["probes"] == 2 and doc["status"] in ("budget", "finished"), doc["label"]
+    assert rc == (0 if doc["status"] == "finished" else 2), out[-5000:]
     assert m["points"][first]["finished"] == finished and m["points"][first]["attempts"] == 1
-    assert len(m["points"]) == 2
+    assert sorted(m["points"]) == sorted(pid for r in doc["probe_log"] for pid in r["points"])
 
 
 @pytest.mark.timeout(240)
