@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servesweep.client.locust_internals import forked_worker_exits
-from servesweep.files import write_atomic
 
 if TYPE_CHECKING:
     from servesweep.client.user import LoadContext
@@ -57,11 +55,10 @@ class Clients:
                 self.exits[pid] = 128 - code if code < 0 else code  # as a shell says it: SIGKILL is 137
 
     def write(self, path: Path) -> None:
-        write_atomic(
-            path,
-            json.dumps({"clients": list(self.by_id.values()), "worker_exits": self.exits}),
-            durable=False,
-        )
+        """clients.json through its model (results/summary.py ClientsFile): checked, versioned, atomic."""
+        from servesweep.results.summary import ClientsFile
+
+        ClientsFile.save_data(path, {"clients": list(self.by_id.values()), "worker_exits": self.exits})
 
 
 class Sampler:
