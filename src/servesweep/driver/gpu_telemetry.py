@@ -14,11 +14,11 @@ import json
 import math
 import os
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 from servesweep.results import energy
+from servesweep.target import http
 
 ENV = "SERVESWEEP_GPU_TELEMETRY"
 FETCH_TIMEOUT_S = 10.0
@@ -34,12 +34,9 @@ def sampler_urls(explicit: Sequence[str] | None = None) -> list[str]:
 def fetch(url: str, since: float, until: float, timeout: float = FETCH_TIMEOUT_S) -> dict:
     """{"sampler", "source", "interval_s", "samples"} or {"sampler", "error"}; never raises."""
     try:
-        with urllib.request.urlopen(
-            f"{url}/samples?since={since:.3f}&until={until:.3f}", timeout=timeout
-        ) as r:
-            doc = json.loads(r.read())
+        doc = http.get_json(f"{url}/samples?since={since:.3f}&until={until:.3f}", timeout=timeout)
         return {"sampler": url, **doc}
-    except Exception as e:
+    except Exception as e:  # ServerError (no answer, an error status, not JSON) or a document that is no mapping
         return {"sampler": url, "error": f"{type(e).__name__}: {e}"[:300]}
 
 
