@@ -158,18 +158,18 @@ def explain(miss, run, truth_cells, tier_texts, noise, tolerance=0.05) -> tuple[
 
 
 def fit_errors(run, cells, confidence: float) -> dict[str, list[tuple[float, float, float]]]:
-    """Per metric, for every probe of a configuration with probes of other shapes: (log error before the fit, log
-    error after it, the fit's sigma) where the fit is the configuration's calibration from its other shapes' probes
-    (grouped by prompt length as the decision groups them; no probe of that prompt: the configuration's other
-    probes of any prompt)."""
+    """Per metric, for every probe of a configuration with probes of other shapes of its prompt length: (log error
+    before the fit, log error after it, the fit's sigma) where the fit is the configuration's calibration from
+    those probes, as the decision fits and uses it (a prompt length it has not probed gets no fitted bounds)."""
     prompt_of = {c.shape.key: c.shape.prompt for c in cells}
     out: dict[str, list[tuple[float, float, float]]] = {m: [] for m in D.METRICS}
     for r in run.records:
         others = [x for x in run.records if x.config == r.config and x.shape != r.shape]
         if not others:
             continue
-        fits = D.fit_calibration(r.config, others, group=prompt_of.get)
-        fit = fits.get(prompt_of[r.shape]) or next(iter(D.fit_calibration(r.config, others).values()))
+        fit = D.fit_calibration(r.config, others, group=prompt_of.get).get(prompt_of[r.shape])
+        if fit is None:
+            continue
         for m in D.METRICS:
             before = math.log(r.ratios[m])
             out[m].append((before, before - math.log(fit.ratios[m]), fit.sigma[m]))
@@ -337,7 +337,8 @@ def main(argv=None) -> int:
         f"{np.quantile(v, 0.975):.3f})" for m, v in allr.items()))
     errs = {m: [x for r in rows for x in r["fit_errors"][m]] for m in D.METRICS}
     print("prediction error of a probe's median, 95 % of probes (measured / predicted), before the fit and after "
-          "its configuration's fit from its other shapes: " + _error_line(errs, D._z(1 - d.confidence)))
+          "its configuration's fit from its other shapes of that prompt length: "
+          + (_error_line(errs, D._z(1 - d.confidence)) or "no configuration probed two shapes of one prompt length"))
     wrong = [m for r in rows for m in r["agreement"]["misses"] if not m["within_resolution"]]
     print(f"answers resting on a point estimate at a probe's cap: {sum(r['on_guess'] for r in rows)} of "
           f"{out['questions'] * len(rows)}; of the {len(wrong)} answers off by more than the resolution, "
