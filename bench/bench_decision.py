@@ -205,6 +205,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
     ap.add_argument("--ablate", action="store_true", help="also run with each lever switched off")
+    ap.add_argument("--guess-extend", type=float, default=1.0,
+                    help="a probe whose verdict would be a guess at its cap goes on to this many times its requests")
+    ap.add_argument("--check-guesses", type=float, default=1.0,
+                    help="a guessed probe a settled answer leans on is extended to this many times its requests")
     ap.add_argument("--decide-from", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"),
                     help="an experiment without a decide block takes this one's (seed B)")
     ap.add_argument("--json", action="store_true")
@@ -237,7 +241,8 @@ def main(argv=None) -> int:
         answer = D.exhaustive(truth, d.tiers, noise)
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
                   max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
-                  max_looks=d.max_looks, prior_margin=margin)
+                  max_looks=d.max_looks, prior_margin=margin, guess_extend=a.guess_extend,
+                  check_guesses=a.check_guesses)
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
         run = D.run_decision(prior, d.tiers, measure, **kw)
         agree = D.agreement(run.answer.best(), answer, d.resolution)

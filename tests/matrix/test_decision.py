@@ -237,3 +237,17 @@ def test_a_verdict_the_estimate_gave_at_the_cap_is_marked_guessed():
     proven = D.sequential_probe(c, 4, tiers, tiers, measure(c, 4), confidence=0.95, resolution=0.05,
                                 max_requests=800, overhead_s=0)
     assert proven.guessed == ()
+
+
+def test_check_guesses_extends_the_guessed_probe_an_answer_leans_on():
+    cells = [_cell("good", 0.005, 60), _cell("bad", 0.012, 30)]
+    fast = _run(cells, max_probe_s=1.0)  # every probe capped at its first look: its verdicts are guesses
+    (probe,) = fast.records
+    assert set(probe.guessed) == {"slow", "fast"} and all(q.guessed for q in fast.answer.questions)
+    assert "on a point estimate at a probe's cap" in fast.answer.questions[0].label
+    checked = _run(cells, max_probe_s=1.0, check_guesses=4)
+    (again,) = checked.records
+    assert again.load == probe.load and again.requests == 4 * probe.requests
+    assert "fast" not in again.guessed  # proven on the longer stream
+    assert checked.answer.gpu_seconds > fast.answer.gpu_seconds
+    assert checked.answer.best() == fast.answer.best()

@@ -801,6 +801,7 @@ def run_decision(
     fit_min_probes: int = 1,
     prior_sigma: float = 0.05,
     guess_extend: float = 1.0,
+    check_guesses: float = 1.0,
     race: bool = True,
     on_probe: Callable[[Answer], None] | None = None,
     on_record: Callable[[ProbeRecord, Answer], None] | None = None,
@@ -833,8 +834,36 @@ def run_decision(
     stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
     by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
     prompt_of = {c.shape.key: c.shape.prompt for c in cells}  # a fit's group: the shapes of one prompt length
+    checked: set[tuple[tuple[str, str], int]] = set()
+    cell_of = {c.key: c for c in cells}
     while rounds < max_rounds:
         ans = derive(cells, names, records, **kw)
+        target = _guess_to_check(ans, cell_of, by_cell, kw.get("prior_value", {}), checked)
+        if check_guesses > 1 and target is not None:
+            # a settled answer leans on a guessed verdict that could change it: that probe goes on to
+            # check_guesses x its requests (its stream extended: a real run's top-up)
+            c, old = target
+            checked.add((c.key, old.load))
+            rec = sequential_probe(
+                c,
+                old.load,
+                tiers,
+                [t for t in old.guessed],
+                measure(c, old.load),
+                confidence=confidence,
+                resolution=resolution,
+                max_requests=int(old.requests * check_guesses),
+                overhead_s=overhead_s,
+                max_probe_s=None,
+                max_looks=max_looks + math.ceil(math.log2(check_guesses)),
+                min_rounds=min_rounds,
+            )
+            rec.order = old.order
+            records[records.index(old)] = rec
+            by_cell[c.key][by_cell[c.key].index(old)] = rec
+            seconds[c.config] += rec.seconds - old.seconds
+            rounds += 1
+            continue
         open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
         if not open_q and race:
             break
@@ -936,6 +965,30 @@ def run_decision(
                 on_record(rec, now)
     final = derive(cells, names, records, complete=not budget_hit, **kw)
     return DecisionRun(final, records, seconds, {k: gpus[k] for k in seconds}, rounds, budget_hit)
+
+
+def _guess_to_check(
+    ans: Answer,
+    cell_of: Mapping[tuple[str, str], Cell],
+    by_cell: Mapping[tuple[str, str], Sequence[ProbeRecord]],
+    prior_value: Mapping[tuple[tuple[str, str], str], float],
+    checked: set[tuple[tuple[str, str], int]],
+) -> tuple[Cell, ProbeRecord] | None:
+    """The first guessed probe a settled answer leans on, not yet checked: the leader's, or a guessed fail of a
+    configuration the step model values above the leader's lower bound."""
+    for q in ans.questions:
+        if not q.guessed or q.status not in ("decided", "tie") or q.best is None:
+            continue
+        bar = q.value.low if q.value is not None else 0.0
+        for config in [q.best, *q.alive, *q.dropped]:
+            key = (config, q.shape)
+            for r in by_cell.get(key, []):
+                if q.tier not in r.guessed or (key, r.load) in checked:
+                    continue
+                wrong_fail = r.verdicts.get(q.tier) == "fail" and prior_value.get((key, q.tier), 0.0) > bar
+                if config == q.best or wrong_fail:
+                    return cell_of[key], r
+    return None
 
 
 def _high(q: QuestionAnswer) -> float:
