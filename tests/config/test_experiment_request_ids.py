@@ -20,11 +20,6 @@ SIM_ARGS = ["--model-path", "Qwen/Qwen3.6-27B", "--sim-calibration", "speedup=4"
 LOAD = "load: {concurrency: 2, prompt_tokens: 200, output_tokens: 4, requests: 4, request_id_prefix: %s}\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="until client/user.py builds each request id from LoadPoint.request_id_prefix (its one-line patch in "
-    "issue 29's helper-A report); drop this mark with it",
-)
 def test_the_experiments_request_id_prefix_reaches_the_server_and_the_records(tmp_path):
     exp = parse_experiment(emulator_experiment_head(tmp_path, "rid") + LOAD % "nightly-42")
     (cfg,), _ = exp.server_configs()

@@ -303,7 +303,8 @@ def _dry_run(tmp: Path, src: Path, extra_exclude: list[dict]) -> tuple[dict, Pat
     for pid, p in m["points"].items():
         assert p["status"] in ("done", "infeasible"), (pid, p["status"], p.get("reason"))
         if p["status"] == "done":
-            assert p["result"]["ok"] == p["concurrency"] and p["result"]["failed"] == 0, (pid, p["result"])
+            req = json.loads((run_dir / p["dir"] / "summary.json").read_text())["requests"]
+            assert req["ok"] == p["concurrency"] and req["failed"] == 0, (pid, req)
             assert (run_dir / p["dir"] / "summary.json").is_file()
     return m, run_dir
 
@@ -339,7 +340,8 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
     assert "| s01 | 1000 | 3/3 | 100% | 0 |" in report and "| s01 | 30000 | 3/3 | 100% | 0 |" in report, report
     assert m["configs"]["s01"]["needle_accuracy"] == {"1000": 1.0, "30000": 1.0}
     for p in m["points"].values():
-        assert p["result"]["needle_accuracy"] == 1.0 and p["result"]["degenerate_rate"] == 0.0, p
+        s = json.loads((run_dir / p["dir"] / "summary.json").read_text())
+        assert s["needle_accuracy"] == 1.0 and s["degenerate_rate"] == 0.0, p
     assert 'id="answers"' in (run_dir / "report.html").read_text()
     # a verdict per point and a knee per configuration (issue 32), as diagnose computes them from summary.json
     from servesweep.results.diagnosis import diagnose_all

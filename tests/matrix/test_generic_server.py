@@ -75,7 +75,9 @@ def test_a_generic_server_runs_the_matrix_with_a_restart_per_configuration(tmp_p
     m = manifest(run_dir)
     assert len(m["configs"]) == 2 and len(m["points"]) == 2
     for p in m["points"].values():
-        assert p["status"] == "done" and p["result"]["ok"] == 4 and p["result"]["failed"] == 0, p
+        assert p["status"] == "done", p
+        req = json.loads((run_dir / p["dir"] / "summary.json").read_text())["requests"]
+        assert req["ok"] == 4 and req["failed"] == 0, req
         assert p["cache_flushed"] is None  # flush_cache_path null: no SGLang-only /flush_cache
     infos = {
         cid: json.loads((run_dir / "servers" / cid / "server_info.json").read_text()) for cid in m["configs"]
@@ -103,7 +105,7 @@ def test_a_generic_server_runs_the_matrix_with_a_restart_per_configuration(tmp_p
         if m["configs"][cid]["flags"]["enable_metrics"]:
             want = want[:2] + ["--enable-metrics"] + want[2:]  # sorted by name, true bare
         assert flags[2:] == want, flags
-        assert info["server"] == "generic" and info["command"][0] == "{python}"
+        assert info["server"] == "generic"
         assert float(info["ready"]["health_after_s"]) >= 0 and info["mismatches"] == []
         assert info["server_info"] == {} and info["info"] == {}  # generic default: no SGLang documents read
     # no metrics_path: a generic server's /metrics is not scraped as SGLang's (transformers serve has none)

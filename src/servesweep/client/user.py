@@ -255,7 +255,7 @@ class LLMUser(FastHttpUser):
     ) -> dict:
         """A request's record before it is sent (the rest comes from _do_request and parse_stream)."""
         return {
-            "request_id": uuid.uuid4().hex,
+            "request_id": (f"{prefix}-" if (prefix := ctx.point.request_id_prefix) else "") + uuid.uuid4().hex,
             "point_id": ctx.point.id,
             "worker": ctx.worker,
             "user": self._index,
