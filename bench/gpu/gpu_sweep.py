@@ -33,7 +33,7 @@ from pathlib import Path
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.point_run import PointFailed, run_point
-from servesweep.results.store import new_run, write_manifest
+from servesweep.results.store import MANIFEST, new_run, write_json_atomic
 from servesweep.target.probes import resolve_point
 
 
@@ -234,7 +234,7 @@ def main() -> int:
         caps[int(p_)] = int(m_)
 
     t_start = time.monotonic()
-    run_id, run_dir = new_run(args.out, prefix="gpu")
+    run_id, run_dir = new_run(args.out, "gpu")
     manifest: dict = {
         "run_id": run_id,
         "kind": "load",
@@ -246,7 +246,7 @@ def main() -> int:
         "servers": {},
         "argv": sys.argv[1:],
     }
-    write_manifest(run_dir, manifest)
+    write_json_atomic(run_dir / MANIFEST, manifest)
     print(f"run folder {run_dir}", flush=True)
 
     for name, flags in settings:
@@ -316,7 +316,7 @@ def main() -> int:
                     manifest["points"].append(
                         {"point_id": pid, "dir": pid, "concurrency": c, "config_id": name}
                     )
-                    write_manifest(run_dir, manifest)
+                    write_json_atomic(run_dir / MANIFEST, manifest)
                     print(json.dumps(brief(pid, s)), flush=True)
                     if s["requests"]["ok"] == 0 and not serves(server.url, args.model):
                         # e.g. the CB worker died (CUDA OOM): /health still answers 200, every request fails.
@@ -332,9 +332,9 @@ def main() -> int:
             print(f"[{name}] setting failed: {str(e)[:1500]}", flush=True)
         finally:
             server.stop()
-            write_manifest(run_dir, manifest)
+            write_json_atomic(run_dir / MANIFEST, manifest)
     manifest["finished_s"] = round(time.monotonic() - t_start, 1)
-    write_manifest(run_dir, manifest)
+    write_json_atomic(run_dir / MANIFEST, manifest)
     print(f"done in {manifest['finished_s']} s: {run_dir}", flush=True)
     return 0
 

@@ -56,13 +56,12 @@ from servesweep.sglang.flags import (
     human_int,
     normalise_flags,
 )
+from servesweep.sglang.server_command import PLACEHOLDER as _PLACEHOLDER
+from servesweep.sglang.server_command import PLACEHOLDERS
 
 ENDPOINTS = ("chat", "completions", "generate")
 Endpoint = Literal["chat", "completions", "generate"]
 LOAD_AXES = ("concurrency", "prompt_tokens", "output_tokens", "workload", "endpoint", "rate")
-# launcher.command placeholders: what servesweep fills in (the key files are 0600 files on the server's host)
-PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SGLANG_INFO_PATHS = {"model_info": "/model_info", "server_info": "/server_info", "models": "/v1/models"}
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -25,7 +25,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +47,7 @@ from servesweep.results.degeneration import degeneration_warning
 from servesweep.results.degraded import degradation
 from servesweep.results.pergpu import flags_gpus, manifest_gpus, per_gpu
 from servesweep.results.point_summary import SUMMARY, PointSummary, Stats
+from servesweep.results.store import new_run
 from servesweep.target import http
 
 if TYPE_CHECKING:  # at run time imported where used: a run that does not need one does not load it
@@ -303,17 +303,13 @@ def workload_cell(p: mf.PointEntry) -> str:
     return name if p.endpoint == "chat" else f"{name}/{p.endpoint}"
 
 
-def new_run_id(name: str) -> str:
-    return f"{name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-
-
 def create_run(
     exp: Experiment, out: Path, *, experiment_file: str | None = None, dry_run: bool = False
 ) -> mf.Manifest:
     """Plan the experiment and write the run folder with its first manifest (every point pending or infeasible)."""
     plan = make_plan(exp)
     out = out.resolve()  # absolute: load generators name it on their command line (found again on resume)
-    run_dir = _new_run_dir(out, new_run_id(exp.name))
+    _, run_dir = new_run(out, exp.name)
     port = exp.target.port if exp.target.port else free_port()
     configs: dict[str, mf.ConfigEntry] = {}
     points: dict[str, mf.PointEntry] = {}
@@ -361,19 +357,6 @@ def create_run(
     m = mf.Manifest(run_dir, data)
     m.save()
     return m
-
-
-def _new_run_dir(out: Path, run_id: str) -> Path:
-    """A fresh folder for the run under `out`: `run_id`, or `run_id-2`, `-3` ... when that name is taken."""
-    out.mkdir(parents=True, exist_ok=True)
-    run_dir, n = out / run_id, 1
-    while True:
-        try:
-            run_dir.mkdir()
-            return run_dir
-        except FileExistsError:
-            n += 1
-            run_dir = out / f"{run_id}-{n}"
 
 
 def _config_entry(cp: ConfigPlan, order: int) -> mf.ConfigEntry:

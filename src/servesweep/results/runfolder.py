@@ -19,7 +19,7 @@ manifest.json comes in two kinds, told apart by its `points`:
   dir, ...); `configs` is an object, config id -> `ConfigEntry` {flags, env, labels, server, ...}; beside them the
   experiment, plan, versions, git revision and host facts. Read here as it is, without the model: a report of a
   folder whose resume would be refused (a field missing, an experiment no longer valid) still shows what it holds.
-- `servesweep load` (store.write_manifest, `kind` "load"): `points` is a list of {point_id, dir, concurrency,
+- `servesweep load` (driver/load.py `LoadManifestFile`, `kind` "load"): `points` is a list of {point_id, dir, concurrency,
   rate_rps} appended as each point finishes; an interrupted point is listed with `status` "interrupted" and no
   summary.json. Point folders the list lacks (the run stopped before recording them) are read too.
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from pathlib import Path
 
@@ -28,13 +27,24 @@ def _default(o):
     return str(o)
 
 
-def new_run(root: Path, prefix: str = "load") -> tuple[str, Path]:
-    """A fresh run folder under root: <prefix>-<UTC time>-<4 hex>."""
-    run_id = f"{prefix}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(2)}"
-    path = Path(root) / run_id
-    path.mkdir(parents=True, exist_ok=False)
-    return run_id, path
+def new_run_id(name: str) -> str:
+    """The one run id format, `servesweep run`'s and `servesweep load`'s: <name>-<UTC date>-<UTC time>."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
 
 
-def write_manifest(run_dir: Path, manifest: dict) -> None:
-    write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+def new_run(root: Path, name: str = "load") -> tuple[str, Path]:
+    """A fresh run folder under `root`: `new_run_id(name)`, or that id with `-2`, `-3` ... when it is taken (two
+    runs started in the same second); (its id, its path)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    run_id = base = new_run_id(name)
+    n = 1
+    while True:
+        try:
+            (root / run_id).mkdir()
+            return run_id, root / run_id
+        except FileExistsError:
+            n += 1
+            run_id = f"{base}-{n}"
+
+

@@ -18,7 +18,7 @@ from servesweep.sglang.flags import render_argv
 
 # What a generic server's argv template may name; the key files are 0600 files on the server's host.
 PLACEHOLDERS = ("python", "model_path", "host", "port", "served_model_name", "api_key_file", "api_key_config")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Inside a container the key files are mounted here (docker-run.sh.j2's -v).
 CONTAINER_SECRETS = "/run/servesweep"
 
@@ -101,4 +101,4 @@ class ServerLaunch:
 
         if not self.command:
             raise ValueError("launcher.command is empty: a generic server needs its argv template")
-        return [_PLACEHOLDER.sub(fill, str(word)) for word in self.command]
+        return [PLACEHOLDER.sub(fill, str(word)) for word in self.command]
