@@ -76,6 +76,11 @@ def test_decide_run_names_the_step_models_best_configuration(tmp_path):
     assert {(q["shape"], q["tier"]) for q in doc["questions"]} == set(best)
     for q in doc["questions"]:
         assert q["state"] == "decided", q
+        # how many probes measured the answer's own cell (0: it rests on the configuration's other cells or the
+        # step model)
+        assert q["best_cell_probes"] == sum(
+            1 for r in doc["probe_log"] if (r["config"], r["shape"]) == (q["best"], q["shape"])
+        ), q
         assert q["best"] == best[(q["shape"], q["tier"])], (q, best)
         v = q["value"]
         assert v["low"] <= v["estimate"] <= v["high"], v

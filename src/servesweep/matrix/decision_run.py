@@ -191,6 +191,11 @@ def decision_document(
     per_shape: dict[str, int] = {}
     for r in records:
         per_shape[r.shape] = per_shape.get(r.shape, 0) + 1
+    # the probes of each (configuration, shape): an answer whose best cell has none rests on the configuration's
+    # fitted calibration (its other shapes' probes) or the step model, not on a measurement of that cell
+    cell_probes: dict[tuple[str, str], int] = {}
+    for r in records:
+        cell_probes[(r.config, r.shape)] = cell_probes.get((r.config, r.shape), 0) + 1
     questions = []
     for q in ans.questions:
         v = q.value
@@ -213,6 +218,7 @@ def decision_document(
                 "alive": q.alive,
                 "dropped": q.dropped,
                 "probes": per_shape.get(q.shape, 0),
+                "best_cell_probes": cell_probes.get((q.best, q.shape), 0) if q.best else 0,
                 "label": q.label,
             }
         )
