@@ -618,3 +618,88 @@ def test_a_worker_that_comes_back_within_the_silence_is_counted_once(lab):
     assert s["in_flight"]["p50"] == 4 and s["in_flight"]["mean"] > 3.2, s["in_flight"]
     print(f"\nw2 cut off for 5 s and back: {len(ids)} records = {len(served)} served, none twice; "
           f"w2 heartbeat_missing={rows['w2']['heartbeat_missing']}, in flight {s['in_flight']['mean']:.2f}")  # fmt: skip
+
+
+def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_point(lab):
+    """A request-budget point (closed loop, 3 users: one worker runs 2, the other 1, each half the budget, so the
+    one with 1 user needs about twice as long). The network between the master and that slower worker is cut for
+    7 s (past the master's ~4 s missing mark, inside the worker's 15 s silence) so that the faster worker finishes
+    its share and quits while the other is `missing`. Locust's master would end the point there ("The last worker
+    quit"), and the slower worker's records would have no master to go to; the master waits for it instead: every
+    request the emulator served has exactly one record, none lost, and the point is not degraded."""
+    point = LoadPoint(
+        base_url=lab.base_url,
+        model=MODEL,
+        probe=False,
+        concurrency=3,
+        prompt_tokens=300,
+        output_tokens=48,
+        requests=120,
+        point_id="mh-budget-heal",
+    )
+    share = 60  # split_budget(120, i, 2)
+    files = {h: _fresh(lab, h) for h in ("w1", "w2")}
+    seen: dict[str, float | str] = {}
+
+    def completed(h: str) -> int:
+        try:
+            return int(json.loads(files[h][0].read_text()).get("completed", 0))
+        except (OSError, ValueError):
+            return 0
+
+    def cut_the_slower_then_heal() -> None:
+        for h in files:
+            _issuing(files[h][0], at_least=1, counter="completed")
+        c0, t0 = {h: completed(h) for h in files}, time.monotonic()
+        time.sleep(3.0)
+        rate = {h: (completed(h) - c0[h]) / (time.monotonic() - t0) for h in files}
+        fast = max(rate, key=lambda h: rate[h])
+        slow = "w2" if fast == "w1" else "w1"
+        seen.update(fast=fast, slow=slow)
+        # the cut starts ~5.5 s before the faster worker's last request: the slower one is missing by then
+        while (share - completed(fast)) / rate[fast] > 5.5:
+            time.sleep(0.05)
+        lab.net.cut("master", slow)
+        seen["cut"] = time.monotonic()
+        seen["slow_left_at_cut"] = share - completed(slow)
+        while time.monotonic() - seen["cut"] < 7.0:
+            if "fast_quit" not in seen and files[fast][1].is_file():
+                seen["fast_quit"] = time.monotonic() - seen["cut"]
+            time.sleep(0.05)
+        seen["slow_left_at_heal"] = share - completed(slow)
+        lab.net.heal("master", slow)
+        seen["healed"] = time.monotonic()
+
+    t, errors = _during(cut_the_slower_then_heal)
+    before = lab.gt_ids()
+    out = lab.tmp / "mh-budget-heal"
+    t0 = time.monotonic()
+    try:
+        s = run_point(
+            point,
+            out,
+            command_prefix=lab.net["master"].prefix(),
+            worker_hosts=_remote(lab, locust_worker_master_silence_s=15),
+        )
+    finally:
+        t.join(120)
+        if "cut" in seen and "healed" not in seen:
+            lab.net.heal("master", str(seen["slow"]))
+    took = time.monotonic() - t0
+    assert not errors, errors
+    # the fault as meant: the faster worker quit during the cut, the slower one had requests left after it
+    assert "fast_quit" in seen, f"the faster worker did not quit during the cut: {seen}"
+    assert int(seen["slow_left_at_heal"]) > 0, seen
+    served = lab.gt_ids() - before
+    ids = read_parquet(out / "records.parquet").column("request_id").to_pylist()
+    rows = {r["host"]: r for r in s["workers"]["workers"]}
+    slow = str(seen["slow"])
+    assert rows[slow]["heartbeat_missing"], rows[slow]
+    assert len(ids) == len(set(ids)), "a record counted twice"
+    assert set(ids) == served, (len(served - set(ids)), len(set(ids) - served))
+    assert len(ids) == point.requests, len(ids)
+    assert rows[slow]["exit_code"] == 0 and rows[slow]["lost"] == 0, rows[slow]
+    assert not s["degraded"], s["problems"]
+    print(f"\n{slow} cut off for 7 s, {seen['fast']} quit {float(seen['fast_quit']):.1f} s into the cut, "
+          f"{slow} had {seen['slow_left_at_heal']} requests left at the heal: {len(ids)} records = {len(served)} "
+          f"served, none twice, not degraded; {took:.0f} s")  # fmt: skip

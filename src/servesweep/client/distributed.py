@@ -1,11 +1,13 @@
 """Master and workers: the records and client status each worker ships with its reports, and the graceful end of a
 duration point (the master says END_MSG; each worker stops sending, lets its streams finish, ships every record
 and answers DRAINED_MSG; then the master quits). Locust's own end (-t) would quit the master 0.5 s after telling
-the workers to stop, before the records of the streams that were still running arrive."""
+the workers to stop, before the records of the streams that were still running arrive. And the end of a
+request-budget point, held while a worker that went `missing` may still come back (`MissingWorkers`)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -13,13 +15,31 @@ from locust import events
 
 from servesweep.client.clients import client_status
 from servesweep.client.feed import take_records
-from servesweep.client.locust_internals import send_stats_now
+from servesweep.client.locust_internals import hold_end_for_missing, send_stats_now
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.state import ClientState
-from servesweep.client.watch import on_abort
+from servesweep.client.watch import MASTER_SILENCE_ENV, on_abort
 from servesweep.config.point import LoadPoint
 
 log = logging.getLogger("servesweep")
+
+# report_to_master: how long this worker goes without a heartbeat from its master before it stops itself (s); only a
+# worker servesweep started remotely has one (SERVESWEEP_MASTER_SILENCE_S from the locust_worker role)
+SILENCE_REPORT_KEY = "servesweep_master_silence_s"
+# the worker's heartbeat after a heal reaches the master up to one heartbeat interval after the worker hears again
+RETURN_MARGIN_S = 1.0
+
+
+def _own_silence_s(state: ClientState) -> float | None:
+    """A remote worker's master silence (client/watch.py), for the master's wait; None for a forked worker (its
+    master is its parent) or one started without the role's silence."""
+    raw = os.environ.get(MASTER_SILENCE_ENV)
+    if state.forked or not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
 
 
 def worker_hooks(environment: Any, state: ClientState) -> None:
@@ -32,8 +52,12 @@ def worker_hooks(environment: Any, state: ClientState) -> None:
         ABORT_MSG, lambda environment, msg, **_k: on_abort(environment, state), concurrent=True
     )
 
+    silence_s = _own_silence_s(state)
+
     @events.report_to_master.add_listener
     def _ship(client_id, data, **_k) -> None:
+        if silence_s is not None:
+            data[SILENCE_REPORT_KEY] = silence_s
         load = state.load  # None: a host-less worker before its first spawn
         if load is None:
             return
@@ -48,8 +72,15 @@ def master_hooks(environment: Any, state: ClientState) -> None:
     watch that ends a point when no worker is left."""
     import gevent
 
+    missing = MissingWorkers(environment.runner, state)
+    environment.events.heartbeat_sent.add_listener(missing.heard)
+    hold_end_for_missing(environment.runner, missing.hold)
+
     @events.worker_report.add_listener
     def _collect(client_id, data, **_k) -> None:
+        silence_s = data.get(SILENCE_REPORT_KEY)
+        if silence_s is not None:
+            missing.silence_s[client_id] = float(silence_s)
         cols = data.get(RECORDS_REPORT_KEY)
         if cols:
             state.merged.extend_columns(cols)
@@ -60,7 +91,67 @@ def master_hooks(environment: Any, state: ClientState) -> None:
     environment.runner.register_message(
         DRAINED_MSG, lambda environment, msg, **_k: state.drained.add(msg.node_id)
     )
-    gevent.spawn(_watch_workers, environment, state)
+    gevent.spawn(_watch_workers, environment, state, missing)
+
+
+class MissingWorkers:
+    """Master of a headless request-budget point: Locust ends the test when no worker is ready or running, a
+    `missing` one (no heartbeat for ~3 s) not counted, so the worker that finishes its share first ends the point
+    while one cut off for a few seconds still holds the rest of its share and its records, which then have no master
+    to go to (a degraded point though the worker came back). A missing remote worker stops by itself after its
+    silence (its reports say how long: client/watch.py), so until then, measured from its last heartbeat on the
+    monotonic clock (plus RETURN_MARGIN_S), the end is held (locust_internals.hold_end_for_missing): a worker
+    that comes back finishes its share and ships its records, and its quit ends the point; one that does not, ends
+    it as before (_watch_workers), degraded. The records come once either way: nothing is resent."""
+
+    def __init__(self, runner: Any, state: ClientState) -> None:
+        self.runner = runner
+        self.state = state
+        self.heard_at: dict[str, float] = {}  # worker id -> monotonic time of its last heartbeat
+        self.silence_s: dict[str, float] = {}  # worker id -> its master silence, from its reports
+        self.held = False  # the end was held once: _watch_workers ends the point when nothing may return
+
+    def heard(self, client_id: str, **_k: Any) -> None:  # Locust's heartbeat_sent: the master answers one
+        self.heard_at[client_id] = time.monotonic()
+
+    def may_return(self) -> list[str]:
+        """The missing workers still within their silence since their last heartbeat."""
+        now = time.monotonic()
+        return [
+            c.id
+            for c in self.runner.clients.all
+            if c.state == "missing"
+            and c.id in self.silence_s
+            and c.id in self.heard_at
+            and now - self.heard_at[c.id] < self.silence_s[c.id] + RETURN_MARGIN_S
+        ]
+
+    def hold(self) -> bool:
+        """Whether Locust's end of the test waits now: a headless budget point, no worker left but a missing one
+        that may come back (and the master not abandoned: then it stops at once)."""
+        st, point = self.state, self.state.point
+        if (
+            not st.headless
+            or st.abandoned
+            or point is None
+            or point.requests is None
+            or point.duration_s is not None
+            or any(c.state != "missing" for c in self.runner.clients.all)
+        ):
+            return False
+        back = self.may_return()
+        if back and not self.held:
+            self.held = True
+            wait = max(
+                self.silence_s[i] + RETURN_MARGIN_S - (time.monotonic() - self.heard_at[i]) for i in back
+            )
+            log.warning(
+                "servesweep: no worker running but %s missing; waiting up to %.1f s for it to come back before "
+                "ending the point",
+                ", ".join(back),
+                wait,
+            )
+        return bool(back)
 
 
 def _on_end(environment: Any, state: ClientState) -> None:
@@ -104,12 +195,13 @@ def end_distributed(environment: Any, state: ClientState) -> None:
     runner.quit()
 
 
-def _watch_workers(environment: Any, state: ClientState) -> None:
+def _watch_workers(environment: Any, state: ClientState, missing: MissingWorkers) -> None:
     """Master: note each worker's state once a second (a killed worker turns `missing` about 3 s after its last
     heartbeat), and end a request-bounded point when no worker is left (Locust only stops when the last one goes
-    missing, and a headless master would then wait for ever)."""
+    missing, and a headless master would then wait for ever), or, when its end was held for a missing worker
+    (MissingWorkers), once that one is past its silence."""
     import gevent
-    from locust.runners import STATE_STOPPED
+    from locust.runners import STATE_STOPPED, STATE_STOPPING
 
     runner = environment.runner
     seen_running = False
@@ -127,8 +219,15 @@ def _watch_workers(environment: Any, state: ClientState) -> None:
             and point.requests is not None
             and point.duration_s is None
             and runner.worker_count <= 0
-            and runner.state == STATE_STOPPED
+            and not missing.hold()
         ):
-            log.warning("servesweep: no worker left; ending the point")
+            if runner.state == STATE_STOPPED:
+                log.warning("servesweep: no worker left; ending the point")
+            elif missing.held and runner.state != STATE_STOPPING:
+                # Locust's end, held for a missing worker that did not come back within its silence
+                log.warning("servesweep: the missing workers did not come back; ending the point")
+                runner.stop()
+            else:
+                continue
             runner.quit()
             return

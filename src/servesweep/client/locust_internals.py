@@ -76,3 +76,39 @@ def take_over_master_timeout() -> float:
         _LOCUST_MASTER_TIMEOUT.append(float(locust.runners.MASTER_HEARTBEAT_TIMEOUT))
     locust.runners.MASTER_HEARTBEAT_TIMEOUT = float("inf")  # type: ignore[assignment]
     return _LOCUST_MASTER_TIMEOUT[0]
+
+
+def hold_end_for_missing(runner: Any, hold: Callable[[], bool]) -> None:
+    """A master that does not end the test while `hold()` says so (a missing worker may still come back). Locust's
+    `MasterRunner` ends a test when no ready, spawning or running worker is left, a `missing` one not counted:
+    `handle_message` ("quit": "The last worker quit", then `stop()` and, headless, `quit()`, which also sends
+    `quit` to the missing worker) and `heartbeat_worker` ("The last worker went missing": `stop()`, which sends it
+    `stop`). In a request-budget point the worker that finished first so ends the point while a worker cut off for a
+    few seconds still holds its share and its records. While `hold()`, those `stop` and `quit` calls do nothing
+    (the caller ends the test itself once nothing may return: client/distributed.py), nor does `check_stopped`
+    (called after every message: with only a missing worker left it would set the runner STOPPED, and the returning
+    worker's own quit would then end the test without its `test_stop`). The dispatcher is dropped (as Locust's
+    `stop` drops it), so a worker back from `missing` is not handed the users of the one that quit: it finishes its
+    own share with its own users. Locust calls the three on the instance (`self.stop()`), so they are replaced
+    there."""
+    stop, quit_, check_stopped = runner.stop, runner.quit, runner.check_stopped
+
+    def _held() -> bool:
+        if not hold():
+            return False
+        runner._users_dispatcher = None
+        return True
+
+    def _stop(*args: Any, **kwargs: Any) -> None:
+        if not _held():
+            stop(*args, **kwargs)
+
+    def _quit() -> None:
+        if not _held():
+            quit_()
+
+    def _check_stopped() -> None:
+        if not hold():
+            check_stopped()
+
+    runner.stop, runner.quit, runner.check_stopped = _stop, _quit, _check_stopped
