@@ -253,8 +253,8 @@ def test_workload_errors_name_the_workload_key_and_line():
 
 
 def test_dry_run_of_the_rtx_pro_6000_example_keeps_configs_and_the_ends_of_each_axis():
-    from servesweep.matrix.orchestrator import shrink_for_dry_run
     from servesweep.matrix.planner import make_plan
+    from servesweep.matrix.run_setup import shrink_for_dry_run
 
     exp = load_experiment(ROOT / "examples" / "qwen36-27b-rtxpro6000.yaml")
     dry = shrink_for_dry_run(exp)

@@ -218,7 +218,8 @@ def test_workloads_axis_runs_end_to_end_and_the_exporter_serves_each_point(tmp_p
     from rich.console import Console
 
     from servesweep.config.experiment import load_experiment
-    from servesweep.matrix.orchestrator import Runner, create_run
+    from servesweep.matrix.orchestrator import Runner
+    from servesweep.matrix.run_setup import create_run
 
     f = tmp_path / "wl.yaml"
     f.write_text(
@@ -295,7 +296,8 @@ def test_open_loop_rates_are_an_axis_of_the_matrix(tmp_path):
     from rich.console import Console
 
     from servesweep.config.experiment import ExperimentError, load_experiment, parse_experiment
-    from servesweep.matrix.orchestrator import Runner, create_run
+    from servesweep.matrix.orchestrator import Runner
+    from servesweep.matrix.run_setup import create_run
 
     f = tmp_path / "open.yaml"
     f.write_text(

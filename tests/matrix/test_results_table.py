@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from servesweep.matrix.orchestrator import workload_cell
+from servesweep.matrix.run_setup import workload_cell
 from servesweep.results.manifest import PointEntry
 
 

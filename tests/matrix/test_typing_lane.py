@@ -14,7 +14,7 @@ from rich.console import Console
 from support import emulator_experiment_head
 
 from servesweep.config.experiment import load_experiment
-from servesweep.matrix import orchestrator
+from servesweep.matrix import orchestrator, run_setup
 from servesweep.matrix.isolation_rerun import SUFFIX, add_samples
 from servesweep.matrix.packed import PlacementRecord
 from servesweep.results import manifest as mf
@@ -41,7 +41,7 @@ def runner(tmp_path, monkeypatch):
             """
         )
     )
-    m = orchestrator.create_run(load_experiment(f), tmp_path / "runs", experiment_file=str(f))
+    m = run_setup.create_run(load_experiment(f), tmp_path / "runs", experiment_file=str(f))
     r = orchestrator.Runner(m, console=Console(file=io.StringIO(), width=200))
     try:
         yield r

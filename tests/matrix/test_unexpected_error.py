@@ -28,7 +28,8 @@ def test_an_unexpected_error_mid_run_stops_the_server_and_keeps_the_run_resumabl
 
     from servesweep.config.experiment import load_experiment
     from servesweep.matrix import orchestrator
-    from servesweep.matrix.orchestrator import Runner, create_run
+    from servesweep.matrix.orchestrator import Runner
+    from servesweep.matrix.run_setup import create_run
 
     f = tmp_path / "exp.yaml"
     f.write_text(

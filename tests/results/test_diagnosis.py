@@ -620,7 +620,7 @@ def emulated(tmp_path_factory):
     from servesweep.config.experiment import parse_experiment
     from servesweep.config.point import LoadPoint
     from servesweep.driver.point_run import run_point
-    from servesweep.matrix.orchestrator import create_run
+    from servesweep.matrix.run_setup import create_run
     from servesweep.sim.launch import start_sim
 
     root = tmp_path_factory.mktemp("diagnosis")

@@ -15,7 +15,7 @@ import pytest
 from support import emulator_experiment_head, run_servesweep
 
 from servesweep.config.experiment import load_experiment
-from servesweep.matrix import orchestrator
+from servesweep.matrix import run_setup
 from servesweep.results import manifest as mf
 
 # manifest.json of a packed run (2 bundles side by side, the isolation sample, 6 points done) as servesweep wrote it
@@ -34,7 +34,7 @@ def run_dir(tmp_path):
             """
         )
     )
-    return orchestrator.create_run(load_experiment(f), tmp_path / "runs", experiment_file=str(f)).run_dir
+    return run_setup.create_run(load_experiment(f), tmp_path / "runs", experiment_file=str(f)).run_dir
 
 
 def _resume(run_dir) -> tuple[int, str]:

@@ -773,7 +773,7 @@ class Experiment(_Strict):
     def points_for(self, cfg: ServerConfig) -> tuple[list[LoadPoint], list[tuple[str, int]]]:
         """The load points of configuration `cfg`: the LoadPoints the run passes to its load generator, sent to the
         target's configured address (a run gives them its own server's, its run id and GPU count:
-        orchestrator.create_run); and the ids of those an exclusion rule drops, with the rule's index (a dropped
+        run_setup.create_run); and the ids of those an exclusion rule drops, with the rule's index (a dropped
         combination, agent sessions on completions say, need not make a valid point)."""
         kept: list[LoadPoint] = []
         dropped: list[tuple[str, int]] = []
