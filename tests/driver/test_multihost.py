@@ -620,13 +620,18 @@ def test_a_worker_that_comes_back_within_the_silence_is_counted_once(lab):
           f"w2 heartbeat_missing={rows['w2']['heartbeat_missing']}, in flight {s['in_flight']['mean']:.2f}")  # fmt: skip
 
 
-def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_point(lab):
+# back: the cut heals after 7 s, inside the worker's silence; lost: it never heals, the worker stops itself
+@pytest.mark.parametrize("comes_back", [True, False], ids=["back", "lost"])
+def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_point(lab, comes_back):
     """A request-budget point (closed loop, 3 users: one worker runs 2, the other 1, each half the budget, so the
-    one with 1 user needs about twice as long). The network between the master and that slower worker is cut for
-    7 s (past the master's ~4 s missing mark, inside the worker's 15 s silence) so that the faster worker finishes
-    its share and quits while the other is `missing`. Locust's master would end the point there ("The last worker
-    quit"), and the slower worker's records would have no master to go to; the master waits for it instead: every
-    request the emulator served has exactly one record, none lost, and the point is not degraded."""
+    one with 1 user needs about twice as long). The network between the master and that slower worker is cut
+    (past the master's ~4 s missing mark) so that the faster worker finishes its share and quits while the other is
+    `missing`. Locust's master would end the point there ("The last worker quit"), and the slower worker's records
+    would have no master to go to; the master waits for it instead, bounded by its silence since its last
+    heartbeat. Back (the cut heals after 7 s, inside its 15 s silence): every request the emulator served has
+    exactly one record, none lost, and the point is not degraded. Lost (never heals; silence 8 s): the master ends
+    the point once the silence is over, degraded, the worker named, nothing counted twice."""
+    silence_s = 15.0 if comes_back else 8.0
     point = LoadPoint(
         base_url=lab.base_url,
         model=MODEL,
@@ -635,7 +640,7 @@ def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_p
         prompt_tokens=300,
         output_tokens=48,
         requests=120,
-        point_id="mh-budget-heal",
+        point_id=f"mh-budget-{'back' if comes_back else 'lost'}",
     )
     share = 60  # split_budget(120, i, 2)
     files = {h: _fresh(lab, h) for h in ("w1", "w2")}
@@ -647,7 +652,7 @@ def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_p
         except (OSError, ValueError):
             return 0
 
-    def cut_the_slower_then_heal() -> None:
+    def cut_the_slower() -> None:
         for h in files:
             _issuing(files[h][0], at_least=1, counter="completed")
         c0, t0 = {h: completed(h) for h in files}, time.monotonic()
@@ -661,25 +666,25 @@ def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_p
             time.sleep(0.05)
         lab.net.cut("master", slow)
         seen["cut"] = time.monotonic()
-        seen["slow_left_at_cut"] = share - completed(slow)
         while time.monotonic() - seen["cut"] < 7.0:
             if "fast_quit" not in seen and files[fast][1].is_file():
                 seen["fast_quit"] = time.monotonic() - seen["cut"]
             time.sleep(0.05)
         seen["slow_left_at_heal"] = share - completed(slow)
-        lab.net.heal("master", slow)
-        seen["healed"] = time.monotonic()
+        if comes_back:
+            lab.net.heal("master", slow)
+            seen["healed"] = time.monotonic()
 
-    t, errors = _during(cut_the_slower_then_heal)
+    t, errors = _during(cut_the_slower)
     before = lab.gt_ids()
-    out = lab.tmp / "mh-budget-heal"
+    out = lab.tmp / point.id
     t0 = time.monotonic()
     try:
         s = run_point(
             point,
             out,
             command_prefix=lab.net["master"].prefix(),
-            worker_hosts=_remote(lab, locust_worker_master_silence_s=15),
+            worker_hosts=_remote(lab, locust_worker_master_silence_s=silence_s),
         )
     finally:
         t.join(120)
@@ -696,10 +701,21 @@ def test_a_worker_back_within_the_silence_is_waited_for_at_the_end_of_a_budget_p
     slow = str(seen["slow"])
     assert rows[slow]["heartbeat_missing"], rows[slow]
     assert len(ids) == len(set(ids)), "a record counted twice"
-    assert set(ids) == served, (len(served - set(ids)), len(set(ids) - served))
-    assert len(ids) == point.requests, len(ids)
-    assert rows[slow]["exit_code"] == 0 and rows[slow]["lost"] == 0, rows[slow]
-    assert not s["degraded"], s["problems"]
-    print(f"\n{slow} cut off for 7 s, {seen['fast']} quit {float(seen['fast_quit']):.1f} s into the cut, "
-          f"{slow} had {seen['slow_left_at_heal']} requests left at the heal: {len(ids)} records = {len(served)} "
-          f"served, none twice, not degraded; {took:.0f} s")  # fmt: skip
+    master_log = (out / "locust.log").read_text(errors="replace")
+    assert "waiting up to" in master_log, "the master did not wait for the missing worker"
+    if comes_back:
+        assert set(ids) == served, (len(served - set(ids)), len(set(ids) - served))
+        assert len(ids) == point.requests, len(ids)
+        assert rows[slow]["exit_code"] == 0 and rows[slow]["lost"] == 0, rows[slow]
+        assert not s["degraded"], s["problems"]
+        print(f"\n{slow} cut off for 7 s, {seen['fast']} quit {float(seen['fast_quit']):.1f} s into the cut, "
+              f"{slow} had {seen['slow_left_at_heal']} requests left at the heal: {len(ids)} records = "
+              f"{len(served)} served, none twice, not degraded; {took:.0f} s")  # fmt: skip
+    else:
+        assert set(ids) < served, "the lost worker's last requests never reached the master"
+        assert "did not come back" in master_log
+        assert rows[slow]["exit_code"] == 4 and rows[slow]["lost"] >= 1, rows[slow]
+        assert s["degraded"] and any(f"on {slow}" in p for p in s["problems"]), s["problems"]
+        print(f"\n{slow} cut off for good, {seen['fast']} quit {float(seen['fast_quit']):.1f} s into the cut: "
+              f"the point ended degraded after the {silence_s:g} s silence, {len(served) - len(ids)} of "
+              f"{len(served)} served without a record; {s['problems']}; {took:.0f} s")  # fmt: skip
