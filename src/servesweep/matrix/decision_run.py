@@ -213,6 +213,7 @@ def decision_document(
                     "estimate": _r(v.estimate),
                     "high": _r(v.high),
                     "bracket": list(v.bracket),
+                    "from_fit": v.from_prior,  # a bound rests on the configuration's fitted calibration
                     "unit": "output tok/s per GPU at the tier's capacity",
                 },
                 "alive": q.alive,
@@ -220,6 +221,7 @@ def decision_document(
                 "probes": per_shape.get(q.shape, 0),
                 "best_cell_probes": cell_probes.get((q.best, q.shape), 0) if q.best else 0,
                 "label": q.label,
+                "guessed": q.guessed,  # settled on a point estimate at a probe's cap, not proven
             }
         )
     states: dict[str, int] = {}
@@ -256,6 +258,7 @@ def decision_document(
                 "verdicts": r.verdicts,
                 "tput_per_gpu": [_r(x) for x in r.tput],
                 "at_cap": r.at_cap,
+                "guessed": list(r.guessed),
                 "points": probes.point_of.get((r.config, r.shape, r.load), []),
             }
             for r in records
