@@ -157,7 +157,9 @@ def explain(miss, run, truth_cells, tier_texts, noise, tolerance=0.05) -> tuple[
     return "; ".join(parts), tie
 
 
-def fit_errors(run, cells, confidence: float) -> dict[str, list[tuple[float, float, float]]]:
+def fit_errors(
+    run, cells, confidence: float, cell_sigma: float = D.CELL_SIGMA
+) -> dict[str, list[tuple[float, float, float]]]:
     """Per metric, for every probe of a configuration with probes of other shapes of its prompt length: (log error
     before the fit, log error after it, the fit's sigma) where the fit is the configuration's calibration from
     those probes, as the decision fits and uses it (a prompt length it has not probed gets no fitted bounds)."""
@@ -167,7 +169,8 @@ def fit_errors(run, cells, confidence: float) -> dict[str, list[tuple[float, flo
         others = [x for x in run.records if x.config == r.config and x.shape != r.shape]
         if not others:
             continue
-        fit = D.fit_calibration(r.config, others, group=prompt_of.get).get(prompt_of[r.shape])
+        fits = D.fit_calibration(r.config, others, group=prompt_of.get, cell_sigma=cell_sigma)
+        fit = fits.get(prompt_of[r.shape])
         if fit is None:
             continue
         for m in D.METRICS:
@@ -202,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--model-error", type=float, default=0.10, help="log-sd of each calibration factor")
     ap.add_argument("--shape-error", type=float, default=0.05, help="log-sd of each cell's own factor")
+    ap.add_argument("--cell-sigma", type=float, default=D.CELL_SIGMA,
+                    help="log-sd added to every fitted sigma for an unprobed cell's own error (0: the fit's alone)")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
     ap.add_argument("--ablate", action="store_true", help="also run with each lever switched off")
@@ -242,7 +247,7 @@ def main(argv=None) -> int:
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
                   max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
                   max_looks=d.max_looks, prior_margin=margin, guess_extend=a.guess_extend,
-                  check_guesses=a.check_guesses)
+                  check_guesses=a.check_guesses, cell_sigma=a.cell_sigma)
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
         run = D.run_decision(prior, d.tiers, measure, **kw)
         agree = D.agreement(run.answer.best(), answer, d.resolution)
@@ -258,7 +263,7 @@ def main(argv=None) -> int:
         agree["explained"] = (agree["questions"] * agree["exact"] + sum(
             1 for m in agree["misses"] if m["within_resolution"] or m["slo_tie"])) / max(1, agree["questions"])
         ratios = {m: [r.ratios[m] for r in run.records] for m in ("ttft", "tpot", "e2e")}
-        errors = fit_errors(run, prior, d.confidence)
+        errors = fit_errors(run, prior, d.confidence, a.cell_sigma)
         ablation = {}
         if a.ablate:
             for name, over in (("no racing", {"race": False}), ("no sequential looks (one look)", {"max_looks": 1}),
@@ -293,6 +298,7 @@ def main(argv=None) -> int:
         "seeds": a.seeds,
         "model_error": a.model_error,
         "shape_error": a.shape_error,
+        "cell_sigma": a.cell_sigma,
         "max_probe_s": max_probe_s,
         "prior_margin": margin,
         "noise": D.Noise().__dict__,

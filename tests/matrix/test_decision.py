@@ -180,6 +180,43 @@ def test_the_calibration_fit_recovers_a_perturbed_calibration():
         assert b.low <= true[(other.shape.key, t)]["c"] <= b.high and b.low < b.estimate < b.high
 
 
+def test_a_rival_within_the_widened_fitted_interval_of_the_leader_is_not_dropped():
+    # probes that agree perfectly with one another still leave an unprobed cell its own error (CELL_SIGMA): the
+    # fit's scatter alone would drop a rival whose fitted upper bound falls just short of the leader's lower bound
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    probed, unprobed = (_cell("near", 0.01, 40, shape=D.Shape("single", 1000, o)) for o in (200, 800))
+    measure = D.simulated_measure(NOISE, {probed.key: probed.predicted}, 4)
+    records = [
+        D.sequential_probe(probed, load, tiers, tiers, measure(probed, load), confidence=0.95, resolution=0.05,
+                           max_requests=800, overhead_s=0)
+        for load in (2, 8, 16)
+    ]
+    tight = D.fit_calibration("near", records, group=lambda shape: 1000, cell_sigma=0.0)[1000]
+    honest = D.fit_calibration("near", records, group=lambda shape: 1000)[1000]
+    for m in D.METRICS:
+        assert honest.sigma[m] >= D.CELL_SIGMA
+        assert honest.sigma[m] ** 2 == pytest.approx(tight.sigma[m] ** 2 + D.CELL_SIGMA**2)
+    t_bounds = D.fitted_prior([unprobed], tiers, NOISE, tight, 1.96)[(unprobed.key, "slow")]
+    h_bounds = D.fitted_prior([unprobed], tiers, NOISE, honest, 1.96)[(unprobed.key, "slow")]
+    assert h_bounds.high > t_bounds.high
+    # the leader's lower bound sits above the tight upper bound of the rival, and more than the resolution (2 %)
+    # below the widened one
+    assert h_bounds.high > t_bounds.high * 1.03
+    lead_low = h_bounds.high / 1.025
+    lead = D.Cell("lead", unprobed.shape, 1, 1, 256, unprobed.predict)
+    leader = D.PriorBounds(lead_low, lead_low * 1.05, lead_low * 1.1)
+    for rival, dropped in ((t_bounds, True), (h_bounds, False)):
+        ans = D.derive(
+            [lead, unprobed], ["slow"], [], resolution=0.02, confidence=0.95,
+            prior_fit={(lead.key, "slow"): leader, (unprobed.key, "slow"): rival},
+        )
+        (q,) = ans.questions
+        assert q.best == "lead"
+        assert ("near" in q.dropped) is dropped and ("near" in q.alive) is not dropped
+        # not decided while the rival may still beat the leader by more than the resolution
+        assert (q.status == "decided") is dropped
+
+
 def test_a_cell_the_fitted_calibration_decides_is_not_probed():
     # two shapes of one prompt length; 'good' is 3x faster per user than 'bad': once each configuration's fit
     # bounds its other shape, that shape's questions are decided without probing it

@@ -68,18 +68,23 @@ def test_the_plan_predicts_time_and_confidence(plan):
     assert "time to decision" in text and "confidence it reaches" in text and "packed" in text
 
 
-def test_the_field_question_is_planned_inside_its_budget():
+def test_the_field_question_is_planned_against_its_budget():
     """Issue 33's target: `servesweep plan examples/qwen36-27b-rtxpro6000-decide.yaml` predicts the whole 8-GPU
-    question answered within its 2-hour budget (the emulator-guided priors are what bring it there: without the
-    fitted calibration the same procedure needs about 3 h)."""
+    question answered within its 2-hour budget. With the fitted bounds honest (decision.CELL_SIGMA: an unprobed
+    cell's own error, so the fit's interval holds ~95 % of the bench's probes) the example's 2-minute probes take
+    2.29 h packed, over the budget, and the plan says so; 1-minute probes bring it inside (1.89 h; the bench's
+    agreement within resolution 89.8 % against 90.2 %, 20 seeds)."""
     from pathlib import Path
 
     from servesweep.config.experiment import load_experiment
 
     path = Path(__file__).resolve().parents[2] / "examples/qwen36-27b-rtxpro6000-decide.yaml"
-    p = planner.plan_experiment(load_experiment(path), str(path))
-    d = p.decision
-    assert d is not None and d["questions"] == 30 and d["configs"] == 15
-    assert d["budget_s"] == 7200 and d["within_budget"], d["packed_wall_s"]
-    assert d["packed_wall_s"] <= 7200 < d["grid_serial_s"]
-    assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
+    exp = load_experiment(path)
+    for probe_s in (exp.decide.max_probe_time_s, 60.0):
+        exp.decide.max_probe_time_s = probe_s
+        d = planner.plan_experiment(exp, str(path)).decision
+        assert d is not None and d["questions"] == 30 and d["configs"] == 15
+        assert d["budget_s"] == 7200 and d["within_budget"] == (d["packed_wall_s"] <= 7200)
+        assert d["packed_wall_s"] < d["grid_serial_s"] / 10
+        assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
+    assert d["within_budget"], d["packed_wall_s"]  # 1-minute probes: inside the 2 hours
