@@ -53,7 +53,9 @@ def test_the_private_parts_exist():
         assert sock._read_event is not None
     assert "MASTER_HEARTBEAT_TIMEOUT" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names
     assert "last_heartbeat_timestamp" in WorkerRunner.heartbeat_timeout_checker.__code__.co_names
-    from locust.runners import MasterRunner  # hold_end_for_missing: Locust's ends go through these instance calls
+    from locust.runners import (
+        MasterRunner,  # hold_end_for_missing: Locust's ends go through these instance calls
+    )
 
     assert {"stop", "quit", "check_stopped", "worker_count"} <= set(MasterRunner.handle_message.__code__.co_names)
     assert {"stop", "check_stopped", "_users_dispatcher"} <= set(MasterRunner.heartbeat_worker.__code__.co_names)
