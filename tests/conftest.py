@@ -60,7 +60,7 @@ def pytest_configure(config):
 # 2026-12-02); every other file follows in its usual order. A stale list only costs time, never a test.
 SLOWEST_FIRST = [
     "tests/driver/test_multihost.py",  # ~300 s with the remote-worker faults (2026-12-04)
-    "tests/test_bench_chaos.py",  # ~340 s: the 2-host chaos smoke (issue 35)
+    "tests/test_bench_chaos.py",  # ~200 s: the 2-host chaos smoke (issue 35)
     "tests/matrix/test_packed_kills.py",
     "tests/matrix/test_packed_hosts.py",
     "tests/matrix/test_faults_server.py",  # ~200 s

@@ -1,8 +1,9 @@
-"""Smoke of the 2-host chaos soak (bench/bench_chaos.py, issue 35): one round of `servesweep run` (3 configurations x
-2 concurrencies, 8 requests a point) with its Locust workers on two emulated hosts (network namespaces, sshd, the locust_worker role),
-one fault of each host-level kind forced in turn: a remote worker SIGKILLed, a worker host's death, a short and a
-long master<->worker cut, and `servesweep run` SIGKILLed on the fifth point and left for the soak's final
-`run --resume`, which must then measure the fifth and sixth points. Checked as the soak checks: every point done with figures matching the emulator's ground truth or
+"""Smoke of the 2-host chaos soak (bench/bench_chaos.py, issue 35): one round of `servesweep run` (2 configurations x
+2 concurrencies, 8 requests a point) with its Locust workers on two emulated hosts (network namespaces, sshd, the
+locust_worker role), three host-level faults forced in turn: a worker host's death, a long master<->worker cut, and
+`servesweep run` SIGKILLed on the third point and left for the soak's final `run --resume`, which must then measure
+the third and fourth points (a remote worker's SIGKILL and a short cut are tests/driver/test_multihost.py's, and the
+soak's draws). Checked as the soak checks: every point done with figures matching the emulator's ground truth or
 marked with its fault, 0 silently wrong, and the resume finishes the run. Then the judge must be able to fail: a
 done point's records and summary edited so they disagree with the ground truth are flagged.
 
@@ -24,11 +25,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_chaos  # noqa: E402
 
-# ~6 min on the loaded 2-core machine: each point starts and stops its remote workers over SSH (~20 s)
+# ~2-4 min on the 2-core machine: each point starts and stops its remote workers over SSH (~20 s)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REQUESTS = 8
 
-FORCED = ["worker_kill", "host_death", "cut_short", "cut_long", "orchestrator_kill:end"]
+FORCED = ["host_death", "cut_long", "orchestrator_kill:end"]
 
 
 def _events(out: Path) -> list[dict]:
@@ -38,7 +39,7 @@ def _events(out: Path) -> list[dict]:
 def test_two_host_soak_marks_every_fault_and_its_judge_catches_a_wrong_number(tmp_path):
     out = tmp_path / "soak"
     f = bench_chaos.soak(
-        60, seed=7, out=out, hosts=2, force=list(FORCED), rounds_max=1, requests=REQUESTS, configs=(8, 16, 24)
+        60, seed=7, out=out, hosts=2, force=list(FORCED), rounds_max=1, requests=REQUESTS, configs=(8, 16)
     )
     print(json.dumps({k: v for k, v in f.items() if k != "runs"}))
     assert f["wrong"] == [] and f["silently_wrong"] == 0 and f["rounds_hung"] == 0, f["wrong"]
@@ -49,7 +50,7 @@ def test_two_host_soak_marks_every_fault_and_its_judge_catches_a_wrong_number(tm
     assert [e["resume"] for e in _events(out) if e["kind"] == "orchestrator_kill"] == [
         "at the end of the soak"
     ]
-    assert f["points"] == 6 and f["outcomes"].get("unfinished", 0) == 0, f["outcomes"]
+    assert f["points"] == 4 and f["outcomes"].get("unfinished", 0) == 0, f["outcomes"]
     assert f["outcomes"].get("degraded", 0) >= 1, "a host's death leaves its point degraded, marked"
     assert f["final_resumes"] == 1 and f["final_resumes_finished"] == 1, f
     (run_dir,) = map(Path, f["runs"])
