@@ -29,7 +29,7 @@ def test_a_server_whose_starter_is_sigkilled_is_stopped_with_its_children(sglang
         f"""
         import json, time
         from servesweep.sglang.cpu import local_server
-        srv = launch.start_server(model={str(sglang_cpu_env.model)!r}, log_path={str(tmp_path / "server.log")!r})
+        srv = local_server.start_server(model={str(sglang_cpu_env.model)!r}, log_path={str(tmp_path / "server.log")!r})
         open({str(out)!r}, "w").write(json.dumps({{"ref": srv.group.ref, "url": srv.base_url}}))
         time.sleep(600)
         """
