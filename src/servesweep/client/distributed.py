@@ -7,7 +7,6 @@ request-budget point, held while a worker that went `missing` may still come bac
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ from servesweep.client.feed import take_records
 from servesweep.client.locust_internals import hold_end_for_missing, send_stats_now
 from servesweep.client.messages import ABORT_MSG, CLIENT_REPORT_KEY, DRAINED_MSG, END_MSG, RECORDS_REPORT_KEY
 from servesweep.client.state import ClientState
-from servesweep.client.watch import MASTER_SILENCE_ENV, on_abort
+from servesweep.client.watch import configured_silence_s, on_abort
 from servesweep.config.point import LoadPoint
 
 log = logging.getLogger("servesweep")
@@ -33,13 +32,7 @@ RETURN_MARGIN_S = 1.0
 def _own_silence_s(state: ClientState) -> float | None:
     """A remote worker's master silence (client/watch.py), for the master's wait; None for a forked worker (its
     master is its parent) or one started without the role's silence."""
-    raw = os.environ.get(MASTER_SILENCE_ENV)
-    if state.forked or not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        return None
+    return None if state.forked else configured_silence_s()
 
 
 def worker_hooks(environment: Any, state: ClientState) -> None:

@@ -73,16 +73,22 @@ class MasterSilence:
         return self.heard_at is not None and now - self.heard_at > self.limit_s
 
 
+def configured_silence_s() -> float | None:
+    """SERVESWEEP_MASTER_SILENCE_S as the locust_worker role set it; None when unset or unreadable."""
+    try:
+        return float(os.environ[MASTER_SILENCE_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
 def _silence_limit(state: ClientState, watched: bool) -> float:
     """Locust's own limit (60 s), or for a remote worker servesweep started (its parent watched, not forked: its
     master is not its parent) SERVESWEEP_MASTER_SILENCE_S (15 s)."""
     locust_limit = take_over_master_timeout()
     if not watched or state.forked:
         return locust_limit
-    try:
-        return float(os.environ.get(MASTER_SILENCE_ENV, MASTER_SILENCE_S))
-    except ValueError:
-        return MASTER_SILENCE_S
+    configured = configured_silence_s()
+    return MASTER_SILENCE_S if configured is None else configured
 
 
 def start_watch(environment: Any, state: ClientState, lineage: Lineage) -> None:
