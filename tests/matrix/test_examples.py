@@ -345,6 +345,7 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
     assert 'id="answers"' in (run_dir / "report.html").read_text()
     # a verdict per point and a knee per configuration (issue 32), as diagnose computes them from summary.json
     from servesweep.results.diagnosis import diagnose_all
+    from servesweep.results.diagnosis import knees as sweep_knees
 
     summaries = [json.loads((run_dir / p["dir"] / "summary.json").read_text()) for p in m["points"].values()]
     section = report[report.index("### Diagnosis") :]
@@ -352,7 +353,13 @@ def test_a6000_dry_run_completes_on_the_emulator(tmp_path):
         assert f"| {d.line} |" in section, (s["point_id"], d.line)
     sweep = "- saturation, config s01, chat p1000 o128"  # a dry run with 4 loads: outputs up to 128 tokens
     knees = [line for line in section.splitlines() if line.startswith(sweep)]
-    assert len(knees) == 1 and "knee at concurrency ≈ " in knees[0], section
+    # the report's verdict on the sweep is the one diagnosis computes from the points' summary.json. Whether the
+    # throughput bends here depends on this machine: the emulator and Locust share its 2 cores with the whole suite,
+    # and client-bound small points flatten the curve (a CI run: "grows slowly throughout"). The knee's arithmetic
+    # is tests/results/test_diagnosis.py's, on known curves.
+    (knee,) = sweep_knees(summaries).values()
+    assert knees == [f"{sweep}: {knee.text}"], section
+    assert knee.text.startswith(("knee at concurrency ≈ ", "no knee up to 100: ")), knee.text
 
 
 def test_rtxpro_dry_run_completes_on_the_emulator(tmp_path):

@@ -3,7 +3,8 @@
 //   the charts page over the UI;
 // - the start form's custom parameters under one heading per group, in the locustfile's order (the ramp first;
 //   /servesweep/form.json names the groups), with whole labels above their fields instead of cut ones inside;
-// - the users field relabelled (read-only) while the step ramp, a load shape, drives the users.
+// - the users field relabelled (read-only) while the step ramp, a load shape, drives the users;
+// - the page brought back to Locust's state after a stop (Locust's page stays at the stop otherwise, below).
 // Locust's page is React's: this only adds nodes beside React's own and re-adds them when React renders anew.
 "use strict";
 (function () {
@@ -89,10 +90,26 @@
     }
   }
 
+  // Locust's page polls its stats only while a test spawns or runs (locust issues 2046, 2400): once a poll has seen
+  // the stop ("cleanup" on a local runner, "stopping" on a master, while the users finish within --stop-timeout),
+  // the page shows it for good, without NEW, after the test has stopped. While the page shows a stop, ask Locust;
+  // once it has stopped, reload: the charts come back from Locust's history, the form with the last start's values.
+  const STOP_SHOWN = new Set(["cleanup", "stopping"]);
+  let asking = false;
+  function followStop() {
+    const shown = [...document.querySelectorAll("header .MuiTypography-button")].some(e => STOP_SHOWN.has(e.textContent));
+    if (!shown || asking) return;
+    asking = true;
+    fetch(base + "/stats/requests", {cache: "no-store"}).then(r => r.json()).then(d => {
+      if (d.state === "stopped" || d.state === "ready") location.reload();
+    }).catch(() => {}).finally(() => { setTimeout(() => { asking = false; }, 2000); });
+  }
+
   function decorate() {
     placeButton();
     usersField();
     groupHeadings();
+    followStop();
   }
   decorate();
   setInterval(decorate, 300);
