@@ -75,7 +75,7 @@ def ui(tmp_path_factory):
         port = free_port()
         cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", sim.base_url, "--web-host",
                "127.0.0.1", "--web-port", str(port), "--prompt-tokens", "300", "--output-tokens", "16",
-               "--stop-timeout", "6"]  # fmt: skip
+               "--stop-timeout", "10"]  # fmt: skip
         log = tmp / "locust.log"
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
                                 start_new_session=True)  # fmt: skip
@@ -251,17 +251,23 @@ def test_form_settings_survive_new_and_reload(ui, page, tmp_path):
 def test_page_leaves_the_stop_once_the_test_has_stopped(ui, page, tmp_path):
     """Locust's page polls its stats only while a test spawns or runs (locust issues 2046, 2400): a poll that saw the
     stop ("cleanup" on a local runner, "stopping" on a master: the users finishing their streams within
-    --stop-timeout) left the page there, without NEW, after the test had stopped (a CI run failed on it). A ramp whose streams outlast its step makes the stop take seconds, longer than the page's
-    2-second poll: the page must show the stop, then the stopped test and NEW."""
+    --stop-timeout) left the page there, without NEW, after the test had stopped (a CI run failed on it). A ramp
+    whose streams outlast its step makes the stop last the stop timeout (10 s), five of the page's 2-second polls:
+    the page shows the stop, then the stopped test and NEW."""
     open_form(page, ui, after_test=_state(ui) == "stopped")
     page.select_option("select[name=loadShape]", "step-ramp")
     page.fill("input[name=rampSteps]", "1")
     page.fill("input[name=rampHold]", "1")
-    page.fill("input[name=outputTokens]", "4000")  # streams longer than the step: the stop waits on them
+    page.fill("input[name=outputTokens]", "8000")  # streams longer than the step: the stop waits on them
     page.get_by_role("button", name="Start").click()
-    _wait_state(ui, "cleanup", 30)  # a local runner's stop: "cleanup" while its users finish (a master's: "stopping")
-    status = page.locator("header .MuiTypography-button", has_text=re.compile("^cleanup$"))
-    expect(status).to_be_visible()  # the page saw the stop (what left it stuck)
+    status = page.locator("header .MuiTypography-button").filter(
+        has_text=re.compile("^(ready|spawning|running|cleanup|stopping|stopped)$")
+    )
+    expect(status).not_to_have_text("ready")  # the page took the start
+    _wait_state(ui, "cleanup", 30)  # a local runner's stop (a master's: "stopping")
+    expect(status).to_have_text("cleanup")  # the page saw the stop: what left it stuck
+    page.screenshot(path=str(tmp_path / "stopping.png"))
     _wait_state(ui, "stopped", 30)
-    page.get_by_role("button", name="New").click(timeout=15_000)  # the page follows Locust to its stopped state
+    expect(status).to_have_text("stopped")
+    page.get_by_role("button", name="New").click()
     page.screenshot(path=str(tmp_path / "after-stop.png"))

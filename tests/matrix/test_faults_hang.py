@@ -37,7 +37,8 @@ esac
 exec "$py" -m servesweep.sim --model-path "$model" --host "$host" --port "$port" --sim-load-time 0.1 $extra "$@"
 """
 
-FIRST_TOKEN_S, STALL_S, STARTUP_S, STOP_S = 2, 2, 15, 5
+# compressed in time: the point's request timeouts, the role's startup and stop timeouts, /health's per-try timeout
+FIRST_TOKEN_S, STALL_S, STARTUP_S, STOP_S, HEALTH_S = 2, 2, 15, 5, 2
 
 
 def faulty_experiment(tmp: Path, name: str, fault_flags: str, load: str, extra: str = "") -> Path:
@@ -56,6 +57,7 @@ def faulty_experiment(tmp: Path, name: str, fault_flags: str, load: str, extra: 
         "workdir": str(tmp / "srv"),
         "startup_timeout_s": STARTUP_S,
         "stop_timeout_s": STOP_S,
+        "health_timeout_s": HEALTH_S,
     }
     path = tmp / f"{name}.yaml"
     path.write_text(
@@ -193,7 +195,7 @@ def test_a_hung_server_ends_its_point_by_the_timeouts_and_the_matrix_goes_on(tmp
                 assert p["status"] == "done" and sg["requests"]["ok"] == 4 and sg["requests"]["failed"] == 0
         assert "the server hung during " in " ".join(out.split()), out[-3000:]
         assert server_pid(srv) is None, "the hung server was left running"
-        # bounded: the point's timeouts + /health's 3 tries of 10 s + the log + the stop (5 s) + the restart's
+        # bounded: the point's timeouts + /health's 3 tries of HEALTH_S + 1 + 2 s + the log + the stop (5 s) + the restart's
         # startup timeout (15 s) + the next configuration (~40 s on this machine); before issue 35 the hung
         # /health alone took 2 x 93 s
         assert after_hang < 170, f"{after_hang:.0f} s from the hang to the run's end"

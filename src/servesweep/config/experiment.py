@@ -162,6 +162,9 @@ class Launcher(_Strict):
     become: bool = False
     startup_timeout_s: float = Field(1800.0, gt=0, description="model load + warmup, bounded")
     stop_timeout_s: float = Field(120.0, gt=0)
+    health_timeout_s: float = Field(
+        10.0, gt=0, description="after each point, per /health try (3 tries): no answer within it = the server hung"
+    )
     extra_spec_algorithms: list[str] = Field(
         default_factory=list, description="speculative algorithms of a fork"
     )

@@ -690,16 +690,15 @@ class ServerRun:
     def _server_lost(self) -> tuple[str, str] | None:
         """None when /health answers 200, retried for a few seconds (a server may answer 503 briefly without being
         dead); else (what happened to the server, the detail): it hung (it took the connection and answered nothing
-        within _HEALTH_TIMEOUT_S: its process is up), it died (no connection), or it answered another status.
-        Bounded: 3 tries of at most _HEALTH_TIMEOUT_S, 1 + 2 s apart; the load has stopped when this runs, so a
+        within launcher.health_timeout_s: its process is up), it died (no connection), or it answered another
+        status. Bounded: 3 tries of at most health_timeout_s (default 10 s), 1 + 2 s apart; the load has stopped when this runs, so a
         live server answers at once."""
         health_path = self.exp.launcher.health_path
         assert health_path is not None  # filled with its default by Launcher._server_kind_defaults
         url = self.base_url() + health_path
+        timeout = self.exp.launcher.health_timeout_s
         try:
-            code = http.retrying(
-                "health", lambda: http.status("GET", url, timeout=_HEALTH_TIMEOUT_S), _HEALTH_RETRY
-            )
+            code = http.retrying("health", lambda: http.status("GET", url, timeout=timeout), _HEALTH_RETRY)
         except http.ServerError as e:
             if e.status is not None:
                 return f"the server answered {health_path} with HTTP {e.status}", str(e)
@@ -812,7 +811,6 @@ def _get_json(url: str) -> Any:
 _HEALTH_RETRY = http.Retry(attempts=3, first_delay_s=1.0)  # 1 + 2 s
 
 
-_HEALTH_TIMEOUT_S = 10.0  # per try: after a point the load has stopped; a hung server is known within 33 s
 
 
 # SGLang's /flush_cache answers 400 while requests still run: up to 20 tries 0.5 s apart
