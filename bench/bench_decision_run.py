@@ -20,6 +20,7 @@ TPOT and throughput, bootstrap intervals) and the same run with budget.wall_time
 decision.json labelled best so far, its agreement).
 
     .venv/bin/python bench/bench_decision_run.py [--speedup 20] [--seed 0] [--out /tmp/bdr] [--skip-real]
+    [--truth-only: the exhaustive answer only, kept in --out for the run that follows]
 """
 
 from __future__ import annotations
@@ -397,6 +398,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-half", action="store_true")
     ap.add_argument("--plan-only", action="store_true", help="price the cut (servesweep plan) and stop")
+    ap.add_argument(
+        "--truth-only", action="store_true", help="compute (and keep in --out) the engine's exhaustive answer, stop"
+    )
     ap.add_argument("--out", default="/tmp/bench_decision_run")
     a = ap.parse_args(argv)
     work = Path(a.out)
@@ -448,6 +452,8 @@ def main(argv=None) -> int:
         )
     truth_s = time.monotonic() - t0
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
+    if a.truth_only:
+        return 0
     full = one_run(a, work, "full", None)
     doc = full["doc"]
     res = exp_real.decide.resolution  # type: ignore[union-attr]
