@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from servesweep.config.decide import DecideBlock
 from servesweep.config.experiment import ExperimentError, load_experiment, parse_experiment
 
 pytestmark = pytest.mark.fast
@@ -88,3 +89,29 @@ def test_a_search_block_reads_its_tiers_by_the_same_rules_with_its_own_refusals(
         SearchBlock(tiers={"t": ["ttft<=1s"]}, upper=64)
     with pytest.raises(ValidationError, match="tier t: needs at least one SLO"):
         SearchBlock(tiers={"t": []}, upper=64)
+
+
+@pytest.mark.fast
+def test_cell_sigma_is_a_decide_setting_the_plan_and_the_run_share(tmp_path):
+    """decide.cell_sigma (a percentage or a fraction) reaches run_decision through decision_settings, which both the
+    plan's prediction and the run use; a wider cell error makes the fitted intervals wider, so the plan predicts no
+    fewer probes; a negative one is refused with its key."""
+    from servesweep.matrix.planner import decision_settings, plan_experiment
+
+    base = {"tiers": {"t": ["decode_tokens_per_s_p50>=30"]}}
+    assert DecideBlock.model_validate(base).cell_sigma == 0.05
+    assert DecideBlock.model_validate({**base, "cell_sigma": "12%"}).cell_sigma == pytest.approx(0.12)
+    with pytest.raises(ValueError, match="cell_sigma"):
+        DecideBlock.model_validate({**base, "cell_sigma": -0.1})
+    exp = load_experiment(EXAMPLE)
+    assert decision_settings(exp)["cell_sigma"] == exp.decide.cell_sigma == 0.05
+
+    def plan_gpu_s(cell_sigma: str) -> float:
+        text = EXAMPLE.read_text().replace("decide:\n", f"decide:\n  cell_sigma: {cell_sigma}\n", 1)
+        f = tmp_path / f"decide-{cell_sigma.rstrip('%')}.yaml"
+        f.write_text(text)
+        plan = plan_experiment(parse_experiment(text), str(f))
+        assert plan.decision is not None
+        return plan.decision["gpu_s"]
+
+    assert plan_gpu_s("25%") > plan_gpu_s("5%")

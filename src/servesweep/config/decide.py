@@ -18,6 +18,8 @@ decide:
   max_looks: 4                        # (n0, 2 n0, 4 n0, 8 n0 requests); then the point estimates decide
   prior_margin: 2                     # a configuration not yet seen failing is assumed worth at most this many
                                       # times the step model's prediction (racing drops it below that)
+  cell_sigma: 5%                      # a shape not probed keeps this much error of its own (log-sd) beside its
+                                      # configuration's fitted calibration: the fit's intervals widen by it
 ```
 
 A tier is judged on quantiles (pNN) of per-request metrics only: their anytime-valid intervals are distribution-free
@@ -77,13 +79,16 @@ class DecideBlock(BaseModel):
     )
     max_looks: int = Field(4, ge=1, le=20, description="looks at n0, 2 n0, ...: then the estimates decide")
     prior_margin: float = Field(2.0, ge=1.0, description="unfailed value <= margin x the step model's")
+    cell_sigma: float = Field(
+        0.05, ge=0, lt=1, description="an unprobed shape's own error (log-sd) beside its configuration's fit"
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _time(cls, v):
         return seconds_alias(v, "max_probe_time")
 
-    @field_validator("confidence", "resolution", mode="before")
+    @field_validator("confidence", "resolution", "cell_sigma", mode="before")
     @classmethod
     def _percent(cls, v, info):
         return _fraction(v, info.field_name)

@@ -1235,6 +1235,7 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
         "max_probe_s": d.max_probe_time_s,
         "max_looks": d.max_looks,
         "prior_margin": d.prior_margin,
+        "cell_sigma": d.cell_sigma,
         "overhead_s": decision_overhead_s(exp),
     }
 
