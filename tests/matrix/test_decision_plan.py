@@ -61,11 +61,14 @@ def test_the_plan_predicts_time_and_confidence(plan):
     assert sum(d["counts"].values()) == 2
     assert 0 < d["packed_wall_s"] <= d["serial_s"] and d["gpu_s"] >= d["serial_s"]
     assert d["within_budget"] == (d["packed_wall_s"] <= 7200)
+    # what the run takes today: one server at a time, the serial time (its probes are not packed yet)
+    assert d["run_wall_s"] == d["serial_s"] and d["run_within_budget"] == (d["serial_s"] <= 7200)
     assert planner.plan_json(plan)["decision"] is d
     out = io.StringIO()
     planner._print_decision(d, Console(file=out, width=200))
     text = out.getvalue()
     assert "time to decision" in text and "confidence it reaches" in text and "packed" in text
+    assert "servesweep run probes one server at a time" in text
 
 
 def test_the_field_question_is_planned_against_its_budget():
@@ -88,4 +91,10 @@ def test_the_field_question_is_planned_against_its_budget():
         assert d["budget_s"] == 7200 and d["within_budget"] == (d["packed_wall_s"] <= 7200)
         assert d["packed_wall_s"] < d["grid_serial_s"] / 10
         assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
-    assert d["within_budget"], d["packed_wall_s"]  # 1-minute probes: inside the 2 hours
+    assert d["within_budget"], d["packed_wall_s"]  # 1-minute probes: inside the 2 hours, packed
+    # ... but `servesweep run` does not pack its decide probes yet: serially it is over the 2 hours, and the plan
+    # says so (the run then stops at the budget with its best answer so far)
+    assert not d["run_within_budget"] and d["run_wall_s"] == d["serial_s"] > 7200
+    out = io.StringIO()
+    planner._print_decision(d, Console(file=out, width=300))
+    assert "over the budget" in out.getvalue(), out.getvalue()

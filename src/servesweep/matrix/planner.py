@@ -1285,6 +1285,10 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         "grid_serial_s": round(plan.total_s, 1),
         "budget_s": plan.budget_s,
         "within_budget": plan.budget_s is None or packed <= plan.budget_s,
+        # what `servesweep run` takes today: its decide probes run one server at a time (decision_run.py), not
+        # packed over the hosts' GPUs, so the serial time; over the budget it stops with the best answer so far
+        "run_wall_s": round(sum(run.config_seconds.values()), 1),
+        "run_within_budget": plan.budget_s is None or sum(run.config_seconds.values()) <= plan.budget_s,
         "confidence": d.confidence,
         "resolution": d.resolution,
         "counts": run.answer.counts(),
@@ -1316,6 +1320,13 @@ def _print_decision(dec: dict[str, Any], console) -> None:
     )
     if dec.get("at_budget"):
         console.print(f"  at the budget: {dec['at_budget']['label']}")
+    if "run_wall_s" in dec:
+        over = dec["budget_s"] and not dec["run_within_budget"]
+        console.print(
+            f"  servesweep run probes one server at a time (its decide probes are not packed yet): "
+            f"{_fmt_s(dec['run_wall_s'])}"
+            + (" [red]over the budget[/]: it stops there with the best answer so far, labelled" if over else "")
+        )
 
 
 def plan_experiment(exp: Experiment, file: str, max_parallel: int | None = None) -> Plan:
