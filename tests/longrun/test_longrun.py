@@ -311,7 +311,9 @@ def test_plain_locust_fds_sockets_and_rss_stay_flat(tier):
     n = len(samples)
     early = samples[n // 4 : n // 2]  # streaming, past start-up
     late = samples[3 * n // 4 :]
-    assert max(s[1] for s in late) <= max(s[1] for s in early) + 1, (early, late)
+    # a leak of one per request would add ~40 in the late half; the end itself opens a few files (the records, the
+    # progress file: a cold run saw 8 -> 10 descriptors, sockets 3 -> 3), so descriptors get 4, sockets 1
+    assert max(s[1] for s in late) <= max(s[1] for s in early) + 4, (early, late)
     assert max(s[2] for s in late) <= max(s[2] for s in early) + 1, (early, late)
     assert max(s[3] for s in late) - min(s[3] for s in early) < 16_000, (early, late)  # kB
 
