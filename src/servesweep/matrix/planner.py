@@ -1268,6 +1268,7 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         noise=noise,
         on_probe=watch,
     )
+    serial = sum(run.config_seconds.values())
     jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
     packed = schedule(jobs, list(hosts)).makespan_s if jobs else 0.0
     gpu_s = sum(v * run.config_gpus[k] for k, v in run.config_seconds.items())
@@ -1279,7 +1280,7 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         "tiers": list(d.tiers),
         "probes": len(run.records),
         "requests": sum(r.requests for r in run.records),
-        "serial_s": round(sum(run.config_seconds.values()), 1),
+        "serial_s": round(serial, 1),
         "packed_wall_s": round(packed, 1),
         "gpu_s": round(gpu_s, 1),
         "grid_serial_s": round(plan.total_s, 1),
@@ -1287,8 +1288,8 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         "within_budget": plan.budget_s is None or packed <= plan.budget_s,
         # what `servesweep run` takes today: its decide probes run one server at a time (decision_run.py), not
         # packed over the hosts' GPUs, so the serial time; over the budget it stops with the best answer so far
-        "run_wall_s": round(sum(run.config_seconds.values()), 1),
-        "run_within_budget": plan.budget_s is None or sum(run.config_seconds.values()) <= plan.budget_s,
+        "run_wall_s": round(serial, 1),
+        "run_within_budget": plan.budget_s is None or serial <= plan.budget_s,
         "confidence": d.confidence,
         "resolution": d.resolution,
         "counts": run.answer.counts(),
@@ -1320,13 +1321,12 @@ def _print_decision(dec: dict[str, Any], console) -> None:
     )
     if dec.get("at_budget"):
         console.print(f"  at the budget: {dec['at_budget']['label']}")
-    if "run_wall_s" in dec:
-        over = dec["budget_s"] and not dec["run_within_budget"]
-        console.print(
-            f"  servesweep run probes one server at a time (its decide probes are not packed yet): "
-            f"{_fmt_s(dec['run_wall_s'])}"
-            + (" [red]over the budget[/]: it stops there with the best answer so far, labelled" if over else "")
-        )
+    over = dec["budget_s"] and not dec["run_within_budget"]
+    console.print(
+        f"  servesweep run probes one server at a time (its decide probes are not packed yet): "
+        f"{_fmt_s(dec['run_wall_s'])}"
+        + (" [red]over the budget[/]: it stops there with the best answer so far, labelled" if over else "")
+    )
 
 
 def plan_experiment(exp: Experiment, file: str, max_parallel: int | None = None) -> Plan:

@@ -691,8 +691,8 @@ class ServerRun:
         """None when /health answers 200, retried for a few seconds (a server may answer 503 briefly without being
         dead); else (what happened to the server, the detail): it hung (it took the connection and answered nothing
         within launcher.health_timeout_s: its process is up), it died (no connection), or it answered another
-        status. Bounded: 3 tries of at most health_timeout_s (default 10 s), 1 + 2 s apart; the load has stopped when this runs, so a
-        live server answers at once."""
+        status. Bounded: 3 tries of at most health_timeout_s (default 10 s), 1 + 2 s apart; the load has stopped
+        when this runs, so a live server answers at once."""
         health_path = self.exp.launcher.health_path
         assert health_path is not None  # filled with its default by Launcher._server_kind_defaults
         url = self.base_url() + health_path
@@ -809,8 +809,6 @@ def _get_json(url: str) -> Any:
 
 
 _HEALTH_RETRY = http.Retry(attempts=3, first_delay_s=1.0)  # 1 + 2 s
-
-
 
 
 # SGLang's /flush_cache answers 400 while requests still run: up to 20 tries 0.5 s apart
