@@ -61,40 +61,37 @@ def test_the_plan_predicts_time_and_confidence(plan):
     assert sum(d["counts"].values()) == 2
     assert 0 < d["packed_wall_s"] <= d["serial_s"] and d["gpu_s"] >= d["serial_s"]
     assert d["within_budget"] == (d["packed_wall_s"] <= 7200)
-    # what the run takes today: one server at a time, the serial time (its probes are not packed yet)
-    assert d["run_wall_s"] == d["serial_s"] and d["run_within_budget"] == (d["serial_s"] <= 7200)
+    # the run packs as the plan does (matrix/decision_packed.py): every configuration probed had a lane
+    assert (
+        d["lanes"] >= len({c for c in (q["best"] for q in d["answer"]) if c}) and d["restarts"] < d["lanes"]
+    )
     assert planner.plan_json(plan)["decision"] is d
     out = io.StringIO()
     planner._print_decision(d, Console(file=out, width=200))
     text = out.getvalue()
     assert "time to decision" in text and "confidence it reaches" in text and "packed" in text
-    assert "servesweep run probes one server at a time" in text
+    assert "servesweep run packs it so" in text
 
 
 def test_the_field_question_is_planned_against_its_budget():
     """Issue 33's target: `servesweep plan examples/qwen36-27b-rtxpro6000-decide.yaml` predicts the whole 8-GPU
-    question answered within its 2-hour budget. With the fitted bounds honest (decision.CELL_SIGMA: an unprobed
-    cell's own error, so the fit's interval holds ~95 % of the bench's probes) 2-minute probes take 2.29 h packed,
-    over the budget, and the plan says so; the example's 1-minute probes bring it inside (1.89 h; the bench's
-    agreement within resolution 89.8 % against 90.2 %, 20 seeds)."""
+    question's time to decision against its 2-hour budget, as `servesweep run` packs it (matrix/decision_packed.py:
+    the same loop on virtual time). Honest: packed lanes probe before their rivals' probes land, so they race less
+    than one-at-a-time (more GPU-hours than the serial decision's), and 8-GPU servers hold the whole host; the
+    prediction is over the 2 hours, and the plan says so with the answer at the budget."""
     from pathlib import Path
 
     from servesweep.config.experiment import load_experiment
 
     path = Path(__file__).resolve().parents[2] / "examples/qwen36-27b-rtxpro6000-decide.yaml"
     exp = load_experiment(path)
-    assert exp.decide.max_probe_time_s == 60.0
-    for probe_s in (120.0, 60.0):
-        exp.decide.max_probe_time_s = probe_s
-        d = planner.plan_experiment(exp, str(path)).decision
-        assert d is not None and d["questions"] == 30 and d["configs"] == 15
-        assert d["budget_s"] == 7200 and d["within_budget"] == (d["packed_wall_s"] <= 7200)
-        assert d["packed_wall_s"] < d["grid_serial_s"] / 10
-        assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
-    assert d["within_budget"], d["packed_wall_s"]  # 1-minute probes: inside the 2 hours, packed
-    # ... but `servesweep run` does not pack its decide probes yet: serially it is over the 2 hours, and the plan
-    # says so (the run then stops at the budget with its best answer so far)
-    assert not d["run_within_budget"] and d["run_wall_s"] == d["serial_s"] > 7200
+    d = planner.plan_experiment(exp, str(path)).decision
+    assert d is not None and d["questions"] == 30 and d["configs"] == 15
+    assert d["budget_s"] == 7200 and d["within_budget"] == (d["packed_wall_s"] <= 7200)
+    assert d["packed_wall_s"] < d["serial_s"] / 2 and d["packed_wall_s"] < d["grid_serial_s"] / 10
+    assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
     out = io.StringIO()
     planner._print_decision(d, Console(file=out, width=300))
-    assert "over the budget" in out.getvalue(), out.getvalue()
+    text = out.getvalue()
+    if not d["within_budget"]:
+        assert "exceeded" in text and d["at_budget"]["label"].startswith("best so far"), text

@@ -101,6 +101,23 @@ def test_decide_run_names_the_step_models_best_configuration(tmp_path):
         assert (run_dir / pid / "summary.json").is_file()
     assert {r["config"] for r in doc["probe_log"]} == {"s01-fast", "s02-slow"}
     assert all(c.get("restarts", 0) == 0 for c in m["configs"].values()), m["configs"]
+    # packed (the default, as `servesweep plan` prices it): each configuration's server on a GPU of its own, both up
+    # at once, each probe measured on its lane's server (its address and GPU in the point), every server stopped
+    assert m["decision"]["packed"] is True
+    lanes = {ln["config"]: ln for ln in doc["lanes"]}
+    assert set(lanes) == {"s01-fast", "s02-slow"} and lanes["s01-fast"]["gpus"] != lanes["s02-slow"]["gpus"]
+    placements = {pl["config"]: pl for pl in m["packing"]["placements"]}
+    assert placements["s01-fast"]["port"] != placements["s02-slow"]["port"]
+    first = {}
+    for p in m["points"].values():
+        pl = placements[p["config_id"]]
+        assert (
+            p["point"]["base_url"].endswith(f":{pl['port']}") and p["point"]["labels"]["gpus"] == pl["gpus"]
+        )
+        first.setdefault(p["config_id"], (p["started"], p["finished"]))
+    (a0, a1), (b0, b1) = first["s01-fast"], first["s02-slow"]
+    assert a0 < b1 and b0 < a1, first  # the two configurations' first probes ran at the same time
+    assert all(c["server_stopped"] for c in m["configs"].values()), m["configs"]
     assert "decision: probe 1 " in out  # the one-line progress after each probe
     md = (run_dir / "report.md").read_text()
     assert "## Decision" in md and doc["label"] in md
@@ -109,8 +126,11 @@ def test_decide_run_names_the_step_models_best_configuration(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path):
+    # one server at a time (--max-parallel 1): one probe in flight when the budget stops it
     exp = _experiment(tmp_path, "decide-budget", "budget: {wall_time: 1s}\n")
-    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=120)
+    rc, out = run_servesweep(
+        "run", str(exp), "--out", str(tmp_path / "runs"), "--max-parallel", "1", timeout=120
+    )
     assert rc == 2, out[-5000:]
     assert "budget.wall_time" in out
     run_dir = next((tmp_path / "runs").iterdir())
@@ -137,12 +157,15 @@ def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path
 
 
 @pytest.mark.timeout(240)
-def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(tmp_path):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "one-server"])
+def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(tmp_path, packed):
     """One configuration's emulator refuses its --sim-calibration at start: the decision stops when it must probe
-    it, exit 2, decision.json says failed with the answer so far, the manifest says why."""
+    it, exit 2, decision.json says failed with the answer so far, the manifest says why. Packed, the other
+    configuration's probe in flight finishes and counts (nothing measured is lost)."""
     exp = _experiment(tmp_path, "decide-broken")
     exp.write_text(exp.read_text().replace('speedup=10"}', 'no_such_key=1"}'))
-    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=120)
+    args = [] if packed else ["--max-parallel", "1"]
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), *args, timeout=120)
     assert rc == 2, out[-5000:]
     run_dir = next((tmp_path / "runs").iterdir())
     doc = json.loads((run_dir / "decision.json").read_text())
@@ -150,7 +173,13 @@ def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(
     assert doc["status"] == "failed" and not doc["complete"], doc["label"]
     assert m["decision"]["status"] == "failed" and "s02-slow did not start" in m["decision"]["reason"]
     assert m["configs"]["s02-slow"]["status"] == "failed"
-    (probe,) = [p for p in m["points"].values() if p["config_id"] == "s02-slow"]
-    assert probe["status"] == "server_failed" and "did not start" in probe["reason"]
+    slow = [p for p in m["points"].values() if p["config_id"] == "s02-slow"]
+    if packed:  # the server failed before its first probe's point was made
+        assert slow == [] and doc["probes"] >= 1
+        assert all(p["status"] == "done" for p in m["points"].values()), m["points"]
+        assert m["configs"]["s01-fast"]["server_stopped"] is True
+    else:
+        (probe,) = slow
+        assert probe["status"] == "server_failed" and "did not start" in probe["reason"]
     assert all(r["config"] == "s01-fast" for r in doc["probe_log"])
     assert "## Decision" in (run_dir / "report.md").read_text()

@@ -789,193 +789,285 @@ class DecisionRun:
 Measure = Callable[[Cell, int], Callable[[int], Measured]]
 
 
-def run_decision(
-    cells: Sequence[Cell],
-    tier_texts: Mapping[str, Sequence[str]],
-    measure: Measure,
-    *,
-    confidence: float = 0.95,
-    resolution: float = 0.05,
-    max_requests: int = 800,
-    max_probe_s: float | None = 900.0,
-    max_looks: int = 4,
-    prior_margin: float = 2.0,
-    min_rounds: float = 2.0,
-    overhead_s: float = 6.0,
-    noise: Noise | None = None,
-    budget_gpu_s: float | None = None,
-    max_rounds: int = 5000,
-    use_prior: bool = True,
-    calibrate_prior: bool = True,
-    fit_prior: bool = True,
-    fit_min_probes: int = 1,
-    prior_sigma: float = 0.05,
-    cell_sigma: float = CELL_SIGMA,
-    guess_extend: float = 1.0,
-    check_guesses: float = 1.0,
-    race: bool = True,
-    on_probe: Callable[[Answer], None] | None = None,
-    on_record: Callable[[ProbeRecord, Answer], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    one_server: bool = False,
-) -> DecisionRun:
-    """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
-    the one with the most chance of being an answer (its upper bound over the question's best lower bound, summed
-    over its open tiers) per predicted GPU-second; `measure(cell, load)` gives the probe's request stream. Unfailed
-    cells are bounded by the step model's prior times `prior_margin` (`use_prior`); once a configuration is
-    measured, by its calibrated model times a margin that shrinks with its probes (`calibrate_prior`). Stops when every question is settled
-    or nothing more can be learned, or at `budget_gpu_s` or once `stop()` says so, checked before each probe (the
-    answer is then labelled best-so-far); `on_record(record, answer)` sees each probe and the answer after it. `race=False`
-    (for measuring what racing saves): every cell is searched until its brackets are resolved. `one_server`: one
-    server at a time (a serial run): a cell of another configuration than the last probe's costs its server's start
-    again (`Cell.start_s`), so the order prefers the running server."""
-    noise = noise or Noise()
-    tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
-    names = list(tiers)
-    records: list[ProbeRecord] = []
-    starts: dict[tuple[tuple[str, str], str], int] = {}
-    seconds: dict[str, float] = {}
-    gpus = {c.config: c.gpus for c in cells}
-    budget_hit = False
-    rounds = 0
-    kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
-    if use_prior:
-        kw["prior_high"] = prior_bounds(cells, tiers, noise, prior_margin)
-        kw["prior_value"] = {k: v / prior_margin for k, v in kw["prior_high"].items()}
-    stuck: set[tuple[tuple[str, str], str]] = set()  # (cell, tier) whose next load was probed already
-    by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
-    prompt_of = {c.shape.key: c.shape.prompt for c in cells}  # a fit's group: the shapes of one prompt length
-    checked: set[tuple[tuple[str, str], int]] = set()
-    cell_of = {c.key: c for c in cells}
-    while rounds < max_rounds:
-        ans = derive(cells, names, records, **kw)
-        target = _guess_to_check(ans, cell_of, by_cell, kw.get("prior_value", {}), checked)
-        if check_guesses > 1 and target is not None:
-            # a settled answer leans on a guessed verdict that could change it: that probe goes on to
-            # check_guesses x its requests (its stream extended: a real run's top-up)
-            c, old = target
-            checked.add((c.key, old.load))
-            rec = sequential_probe(
-                c,
-                old.load,
-                tiers,
-                [t for t in old.guessed],
-                measure(c, old.load),
-                confidence=confidence,
-                resolution=resolution,
-                max_requests=int(old.requests * check_guesses),
-                overhead_s=overhead_s,
-                max_probe_s=None,
-                max_looks=max_looks + math.ceil(math.log2(check_guesses)),
-                min_rounds=min_rounds,
-            )
-            rec.order = old.order
-            records[records.index(old)] = rec
-            by_cell[c.key][by_cell[c.key].index(old)] = rec
-            seconds[c.config] += rec.seconds - old.seconds
-            rounds += 1
-            continue
+@dataclass
+class Work:
+    """A cell that may be probed next: its open tiers and its chance to be an answer per predicted GPU-second."""
+
+    score: float
+    cell: Cell
+    want: list[str]
+
+
+class Decider:
+    """The decision's state between probes: the probe records, the step model's bounds (prior, calibrated, fitted),
+    where each (cell, tier) search started and which ones cannot move. `run_decision` drives it one probe at a time;
+    matrix/decision_packed.py drives it with probes of several configurations in flight. Its methods are called from
+    one thread; `probe` alone reads nothing that changes, so it may run in another (a real probe's thread)."""
+
+    def __init__(
+        self,
+        cells: Sequence[Cell],
+        tier_texts: Mapping[str, Sequence[str]],
+        *,
+        confidence: float = 0.95,
+        resolution: float = 0.05,
+        max_requests: int = 800,
+        max_probe_s: float | None = 900.0,
+        max_looks: int = 4,
+        prior_margin: float = 2.0,
+        min_rounds: float = 2.0,
+        overhead_s: float = 6.0,
+        noise: Noise | None = None,
+        use_prior: bool = True,
+        calibrate_prior: bool = True,
+        fit_prior: bool = True,
+        fit_min_probes: int = 1,
+        prior_sigma: float = 0.05,
+        cell_sigma: float = CELL_SIGMA,
+        guess_extend: float = 1.0,
+        race: bool = True,
+    ):
+        self.cells = list(cells)
+        self.noise = noise or Noise()
+        self.tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
+        self.names = list(self.tiers)
+        self.confidence, self.resolution = confidence, resolution
+        self.max_requests, self.max_probe_s, self.max_looks = max_requests, max_probe_s, max_looks
+        self.prior_margin, self.min_rounds, self.overhead_s = prior_margin, min_rounds, overhead_s
+        self.use_prior, self.calibrate_prior, self.fit_prior = use_prior, calibrate_prior, fit_prior
+        self.fit_min_probes, self.prior_sigma, self.cell_sigma = fit_min_probes, prior_sigma, cell_sigma
+        self.guess_extend, self.race = guess_extend, race
+        self.records: list[ProbeRecord] = []
+        self.starts: dict[tuple[tuple[str, str], str], int] = {}
+        self.seconds: dict[str, float] = {}  # per configuration: its server's start and its probes
+        self.gpus = {c.config: c.gpus for c in cells}
+        self.kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
+        if use_prior:
+            self.kw["prior_high"] = prior_bounds(self.cells, self.tiers, self.noise, prior_margin)
+            self.kw["prior_value"] = {k: v / prior_margin for k, v in self.kw["prior_high"].items()}
+        self.stuck: set[tuple[tuple[str, str], str]] = (
+            set()
+        )  # (cell, tier) whose next load was probed already
+        self.by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
+        self.prompt_of = {
+            c.shape.key: c.shape.prompt for c in cells
+        }  # a fit's group: one prompt length's shapes
+        self.checked: set[tuple[tuple[str, str], int]] = set()
+        self.cell_of = {c.key: c for c in cells}
+
+    def answer(self, *, complete: bool = True) -> Answer:
+        return derive(self.cells, self.names, self.records, complete=complete, **self.kw)
+
+    def work(
+        self, ans: Answer, *, running: str | None = None, configs: Iterable[str] | None = None
+    ) -> list[Work]:
+        """The cells still worth a probe (contending in an open question, bracket not resolved), each scored by its
+        chance to be an answer (its upper bound over the question's best lower bound, summed over its open tiers) per
+        predicted GPU-second; `running`: the configuration whose server is up (one server at a time: another's costs
+        its server's start again); `configs`: only these configurations' cells. Empty: nothing more to learn."""
         open_q = {(q.shape, q.tier): q for q in ans.questions if q.status in ("leading", "open")}
-        if not open_q and race:
-            break
+        if not open_q and self.race:
+            return []
+        only = None if configs is None else set(configs)
         top = {k: max((x for x in (_high(q),) if math.isfinite(x)), default=1.0) for k, q in open_q.items()}
-        work = []
-        for c in cells:
-            mine = by_cell.get(c.key, [])
+        out = []
+        for c in self.cells:
+            if only is not None and c.config not in only:
+                continue
+            mine = self.by_cell.get(c.key, [])
             want = []
             score = 0.0
-            for t in names:
+            for t in self.names:
                 q = open_q.get((c.shape.key, t))
-                if (c.key, t) in stuck or (race and (q is None or c.config not in q.alive)):
+                if (c.key, t) in self.stuck or (self.race and (q is None or c.config not in q.alive)):
                     continue
                 bt = cell_bounds(
                     c,
                     t,
                     mine,
-                    resolution,
-                    kw.get("prior_high", {}).get((c.key, t), math.inf),
-                    kw.get("prior_fit", {}).get((c.key, t)),
+                    self.resolution,
+                    self.kw.get("prior_high", {}).get((c.key, t), math.inf),
+                    self.kw.get("prior_fit", {}).get((c.key, t)),
                 )
                 if bt.resolved:
                     continue
                 want.append(t)
-                # the chance to be the answer: its upper bound against the question's best lower bound
                 best = top.get((c.shape.key, t), 1.0)
                 score += min(bt.high, 10 * best) / max(best, 1e-9)
             if not want:
                 continue
-            cost = _predicted_probe_s(c, mine, overhead_s) * c.gpus
-            if one_server and records and records[-1].config != c.config:
+            cost = _predicted_probe_s(c, mine, self.overhead_s) * c.gpus
+            if running is not None and running != c.config:
                 cost += c.start_s * c.gpus
-            work.append((score / max(cost, 1e-9), c, want, mine))
+            out.append(Work(score / max(cost, 1e-9), c, want))
+        return out
+
+    def load_for(self, w: Work) -> int | None:
+        """The load to probe `w`'s cell at: its widest (relative) open tier's next load (a probe serves every tier
+        all the same); None when that bracket cannot move (the (cell, tier) is then left out of `work`)."""
+        c, mine = w.cell, self.by_cell.get(w.cell.key, [])
+        tb = {t: cell_bounds(c, t, mine, self.resolution) for t in w.want}
+        tier = max(w.want, key=lambda t: _width(tb[t], c))
+        key = (c.key, tier)
+        if key not in self.starts:
+            self.starts[key] = prior_capacity(
+                c, self.tiers[tier], self.noise, calibration(c.config, self.records)
+            )
+        load = next_load(c, tb[tier], self.starts[key], mine, tier)
+        if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
+            self.stuck.add(key)
+            return None
+        return load
+
+    def probe(self, cell: Cell, load: int, want: Sequence[str], measure: Measure) -> ProbeRecord:
+        """One sequential probe (reads only the settings: may run outside the deciding thread)."""
+        return sequential_probe(
+            cell,
+            load,
+            self.tiers,
+            want,
+            measure(cell, load),
+            confidence=self.confidence,
+            resolution=self.resolution,
+            max_requests=self.max_requests,
+            overhead_s=self.overhead_s,
+            max_probe_s=self.max_probe_s,
+            max_looks=self.max_looks,
+            min_rounds=self.min_rounds,
+            guess_extend=self.guess_extend,
+        )
+
+    def add(self, rec: ProbeRecord, cell: Cell, *, start_s: float | None = None) -> None:
+        """A probe's record: kept, its configuration's cells re-bounded by its fitted and calibrated model.
+        `start_s`: the server start it paid (default: the cell's, once per configuration)."""
+        c = cell
+        rec.order = len(self.records) + 1
+        if c.config not in self.seconds:
+            self.seconds[c.config] = c.start_s if start_s is None else 0.0
+        self.seconds[c.config] += rec.seconds + (start_s or 0.0)
+        self.records.append(rec)
+        self.by_cell.setdefault(c.key, []).append(rec)
+        n_c = sum(1 for r in self.records if r.config == c.config)
+        mine_cells = [x for x in self.cells if x.config == c.config]
+        if (
+            self.fit_prior and n_c >= self.fit_min_probes
+        ):  # both bounds of its cells from its fitted calibration
+            fits = fit_calibration(
+                c.config, self.records, self.prior_sigma, group=self.prompt_of.get, cell_sigma=self.cell_sigma
+            )
+            for g, fit in fits.items():
+                self.kw.setdefault("prior_fit", {}).update(
+                    fitted_prior(
+                        [x for x in mine_cells if x.shape.prompt == g],
+                        self.tiers,
+                        self.noise,
+                        fit,
+                        _z(1 - self.confidence),
+                    )
+                )
+        if (
+            self.use_prior and self.calibrate_prior
+        ):  # the configuration's cells re-bounded by its calibrated model
+            self.kw["prior_high"].update(
+                prior_bounds(
+                    mine_cells,
+                    self.tiers,
+                    self.noise,
+                    calibrated_margin(self.prior_margin, n_c),
+                    {c.config: calibration(c.config, self.records)},
+                )
+            )
+
+    def check_guess(self, ans: Answer, measure: Measure, check_guesses: float) -> bool:
+        """A settled answer that leans on a guessed verdict that could change it: that probe goes on to
+        check_guesses x its requests (its stream extended: a real run's top-up); False when there is none."""
+        target = _guess_to_check(
+            ans, self.cell_of, self.by_cell, self.kw.get("prior_value", {}), self.checked
+        )
+        if target is None:
+            return False
+        c, old = target
+        self.checked.add((c.key, old.load))
+        rec = sequential_probe(
+            c,
+            old.load,
+            self.tiers,
+            list(old.guessed),
+            measure(c, old.load),
+            confidence=self.confidence,
+            resolution=self.resolution,
+            max_requests=int(old.requests * check_guesses),
+            overhead_s=self.overhead_s,
+            max_probe_s=None,
+            max_looks=self.max_looks + math.ceil(math.log2(check_guesses)),
+            min_rounds=self.min_rounds,
+        )
+        rec.order = old.order
+        self.records[self.records.index(old)] = rec
+        self.by_cell[c.key][self.by_cell[c.key].index(old)] = rec
+        self.seconds[c.config] += rec.seconds - old.seconds
+        return True
+
+    def result(self, rounds: int, budget_hit: bool) -> DecisionRun:
+        final = self.answer(complete=not budget_hit)
+        return DecisionRun(
+            final, self.records, self.seconds, {k: self.gpus[k] for k in self.seconds}, rounds, budget_hit
+        )
+
+
+def run_decision(
+    cells: Sequence[Cell],
+    tier_texts: Mapping[str, Sequence[str]],
+    measure: Measure,
+    *,
+    budget_gpu_s: float | None = None,
+    max_rounds: int = 5000,
+    check_guesses: float = 1.0,
+    on_probe: Callable[[Answer], None] | None = None,
+    on_record: Callable[[ProbeRecord, Answer], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+    one_server: bool = False,
+    **settings: Any,
+) -> DecisionRun:
+    """Decide every (shape, tier) question, one probe at a time: of the cells still contending in an open question,
+    the one with the most chance of being an answer per predicted GPU-second (`Decider.work`); `measure(cell, load)`
+    gives the probe's request stream; `settings`: the Decider's (confidence, resolution, the probe caps, the priors'
+    switches: `use_prior`, `calibrate_prior`, `fit_prior`; `race=False` for measuring what racing saves). Stops
+    when every question is settled or nothing more can be learned, or at `budget_gpu_s` or once `stop()` says so,
+    checked before each probe (the answer is then labelled best-so-far); `on_record(record, answer)` sees each probe
+    and the answer after it. `one_server`: one server at a time (a serial run): a cell of another configuration than
+    the last probe's costs its server's start again (`Cell.start_s`), so the order prefers the running server."""
+    dec = Decider(cells, tier_texts, **settings)
+    budget_hit = False
+    rounds = 0
+    while rounds < max_rounds:
+        ans = dec.answer()
+        if check_guesses > 1 and dec.check_guess(ans, measure, check_guesses):
+            rounds += 1
+            continue
+        running = dec.records[-1].config if one_server and dec.records else None
+        work = dec.work(ans, running=running)
         if not work:
             break
-        if (budget_gpu_s is not None and sum(r.seconds * r.gpus for r in records) >= budget_gpu_s) or (
+        if (budget_gpu_s is not None and sum(r.seconds * r.gpus for r in dec.records) >= budget_gpu_s) or (
             stop is not None and stop()
         ):
             budget_hit = True
             break
         rounds += 1
-        _, c, want, mine = max(work, key=lambda w: w[0])
-        # refine the tier whose bracket is widest (relative); a probe serves every tier all the same
-        tb = {t: cell_bounds(c, t, mine, resolution) for t in want}
-        tier = max(want, key=lambda t: _width(tb[t], c))
-        key = (c.key, tier)
-        if key not in starts:
-            starts[key] = prior_capacity(c, tiers[tier], noise, calibration(c.config, records))
-        load = next_load(c, tb[tier], starts[key], mine, tier)
-        if any(r.load == load for r in mine):  # the bracket cannot move: nothing more to learn here
-            stuck.add(key)
+        w = max(work, key=lambda x: x.score)
+        load = dec.load_for(w)
+        if load is None:
             continue
-        rec = sequential_probe(
-            c,
-            load,
-            tiers,
-            want,
-            measure(c, load),
-            confidence=confidence,
-            resolution=resolution,
-            max_requests=max_requests,
-            overhead_s=overhead_s,
-            max_probe_s=max_probe_s,
-            max_looks=max_looks,
-            min_rounds=min_rounds,
-            guess_extend=guess_extend,
-        )
-        rec.order = len(records) + 1
-        if c.config not in seconds:
-            seconds[c.config] = c.start_s
-        seconds[c.config] += rec.seconds
-        records.append(rec)
-        by_cell.setdefault(c.key, []).append(rec)
-        n_c = sum(1 for r in records if r.config == c.config)
-        mine_cells = [x for x in cells if x.config == c.config]
-        if fit_prior and n_c >= fit_min_probes:  # both bounds of its cells from its fitted calibration
-            fits = fit_calibration(c.config, records, prior_sigma, group=prompt_of.get, cell_sigma=cell_sigma)
-            for g, fit in fits.items():
-                kw.setdefault("prior_fit", {}).update(
-                    fitted_prior(
-                        [x for x in mine_cells if x.shape.prompt == g], tiers, noise, fit, _z(1 - confidence)
-                    )
-                )
-        if use_prior and calibrate_prior:  # the configuration's cells re-bounded by its calibrated model
-            kw["prior_high"].update(
-                prior_bounds(
-                    mine_cells,
-                    tiers,
-                    noise,
-                    calibrated_margin(prior_margin, n_c),
-                    {c.config: calibration(c.config, records)},
-                )
-            )
+        rec = dec.probe(w.cell, load, w.want, measure)
+        dec.add(rec, w.cell)
         if on_probe is not None or on_record is not None:
-            now = derive(cells, names, records, **kw)
+            now = dec.answer()
             if on_probe is not None:
                 on_probe(now)
             if on_record is not None:
                 on_record(rec, now)
-    final = derive(cells, names, records, complete=not budget_hit, **kw)
-    return DecisionRun(final, records, seconds, {k: gpus[k] for k in seconds}, rounds, budget_hit)
+    return dec.result(rounds, budget_hit)
 
 
 def _guess_to_check(

@@ -18,23 +18,30 @@ Resume: the decision is deterministic given its probes' records, so a resumed ru
 done is read back from its folder instead of measured, and the decision goes on from where it stopped.
 
 The runner (matrix/orchestrator.Runner) is passed in: this module uses its manifest, plan, `_start_server`,
-`_run_point`, `event`, `console`.
+`_run_point`, `event`, `console`; a packed decision's lanes are orchestrator.Lane, handed in too.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from servesweep.matrix.capacity_search import ProbeResult
 from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
+from servesweep.matrix.decision_packed import DecisionLane, LaneEvent, run_decision_packed
+from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.store import write_json_atomic
+
+if TYPE_CHECKING:
+    from servesweep.matrix.packed import LaneFactory, PlacementRecord
 
 DECISION_JSON = "decision.json"
 # a question's state as decision.json says it (matrix/decision.py's status)
@@ -92,7 +99,7 @@ class _Servers:
         if self.first_at is None:
             self.first_at = time.monotonic()
         if self.current is not None:
-            r.m.configs[self.current]["status"] = "done"
+            r.m.update_config(self.current, status="done")
         t0 = time.monotonic()
         cfg = next(cp.config for cp in r.plan.configs if cp.config.id == cid)
         if not r.open_config(cfg, [], restart=cid in self.seconds):
@@ -103,11 +110,12 @@ class _Servers:
 
 
 class _Probes:
-    """measure(cell, load) for run_decision: each look of a probe one point of the manifest, run by the runner, or
-    read back from its folder when a previous attempt finished it (resume)."""
+    """measure(cell, load) for run_decision: each look of a probe one point of the manifest, run by the ServerRun
+    that serves the cell's configuration now (`serve(config)`: the run itself one server at a time, or the lane of a
+    packed decision), or read back from its folder when a previous attempt finished it (resume)."""
 
-    def __init__(self, runner, servers: _Servers):
-        self.runner, self.servers = runner, servers
+    def __init__(self, runner, serve: Callable[[str], Any]):
+        self.runner, self.serve = runner, serve
         self.point_of: dict[
             tuple[str, str, int], list[str]
         ] = {}  # (config, shape, load) -> its looks' points
@@ -134,25 +142,36 @@ class _Probes:
         r = self.runner
         p = r.m.points.get(pid)
         if p is None or p["status"] != mf.DONE or p.get("asked") != ask:
-            p = self._new_point(cell, load, pid, look, ask)
+            self._new_point(cell, load, pid, look, ask)
             try:
-                self.servers.ensure(cell.config)
+                srv = self.serve(cell.config)
             except ProbeFailed as e:
-                p.update(status=mf.SERVER_FAILED, reason=str(e))
+                r.m.update_point(pid, status=mf.SERVER_FAILED, reason=str(e))
                 r.m.save()
                 raise
+            self._aim(srv, pid)
             t0 = time.monotonic()
-            r._run_point(cell.config, pid)
-            p["probe_wall_s"] = round(time.monotonic() - t0, 3)
+            srv._run_point(cell.config, pid)
+            done = r.m.update_point(pid, probe_wall_s=round(time.monotonic() - t0, 3))
             r.m.save()
-            if p["status"] != mf.DONE:
-                raise ProbeFailed(f"probe {pid}: {p['status']}: {(p.get('reason') or '')[:500]}")
+            if done.status != mf.DONE:
+                raise ProbeFailed(f"probe {pid}: {done.status}: {(done.reason or '')[:500]}")
         else:
             r.console.print(f"  ↺ {pid}: finished before, read back", markup=False, highlight=False)
+        p = r.m.points[pid]
         table = read_parquet(r.run_dir / p["dir"] / "records.parquet")
         return ProbeResult.from_records(table), float(p.get("probe_wall_s") or 0.0)
 
-    def _new_point(self, cell: Cell, load: int, pid: str, look: int, ask: int) -> dict[str, Any]:
+    def _aim(self, srv, pid: str) -> None:
+        """The point at the server that measures it: a lane's address, host and GPUs (labels)."""
+        placement = getattr(srv, "placement", None)
+        if placement is None:
+            return
+        point = self.runner.m.points[pid]["point"]
+        labels = {**point.get("labels", {}), "host": placement["host"], "gpus": placement["gpus"]}
+        self.runner.m.update_point(pid, point={**point, "base_url": srv.base_url(), "labels": labels})
+
+    def _new_point(self, cell: Cell, load: int, pid: str, look: int, ask: int) -> None:
         r = self.runner
         t = r.m.data["decision"]["templates"][cell_key(cell.config, cell.shape.key)]
         p = copy.deepcopy(t)
@@ -162,8 +181,7 @@ class _Probes:
             concurrency=load, status=mf.PENDING, attempts=0, dir=None, result=None, reason=None, est_s=None,
             decide=cell_key(cell.config, cell.shape.key), look=look, load=load, asked=ask,
         )  # fmt: skip
-        r.m.points[pid] = p
-        return p
+        r.m.add_point(pid, p)
 
 
 def _measured(parts: Sequence[ProbeResult], output: int, seconds: float) -> Measured:
@@ -270,25 +288,172 @@ def _r(x: float) -> float | None:
     return round(x, 3) if math.isfinite(x) else None
 
 
-def run_decision_phase(runner) -> None:
-    """The decision of the run's `decide:` block, probe by probe, with decision.json after each."""
+class _LaneExecutor:
+    """matrix/decision_packed.py's Executor on real servers: each lane a placement of the run (orchestrator.Lane: its
+    host, GPUs and port, the server's CUDA_VISIBLE_DEVICES), kept in the manifest's `packing` so that a stop or a
+    resume stops exactly the servers the decision started; each probe, server start and stop in a thread of its own;
+    events come back to the deciding (main) thread through a queue."""
+
+    def __init__(self, runner, hosts, lane_cls: LaneFactory, interrupted: type[BaseException]):
+        self.runner, self.Lane, self.Interrupted = runner, lane_cls, interrupted
+        self.address = {h.name: h.address or h.name for h in hosts}
+        self.t0 = time.monotonic()
+        self.first_at: float | None = None  # when the first server start began (the budget counts from there)
+        self.events: queue.Queue = queue.Queue()
+        self.threads: list[threading.Thread] = []
+        self.server: dict[str, Any] = {}  # configuration -> the orchestrator.Lane serving it now
+        self.started: set[str] = set()  # configurations whose server this attempt started
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def serve(self, config: str):
+        return self.server[config]
+
+    def _spawn(self, name: str, fn: Callable[[], LaneEvent | None], lane: DecisionLane) -> None:
+        def body() -> None:
+            try:
+                ev = fn()
+            except ProbeFailed as e:
+                ev = LaneEvent("failed", lane, error=str(e))
+            except BaseException as e:  # noqa: BLE001 - raised again in the deciding thread (next_event)
+                self.events.put(e)
+                return
+            if ev is not None:
+                self.events.put(ev)
+
+        t = threading.Thread(target=body, name=name, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def _placement(self, lane: DecisionLane) -> PlacementRecord:
+        r = self.runner
+        local = r.exp.target.inventory == "local"
+        packing = r.m.packing or {"decision": True, "placements": []}
+        slot = len(packing["placements"])
+        pl: PlacementRecord = {
+            "config": lane.config,
+            "host": lane.host,
+            "address": self.address.get(lane.host, lane.host),
+            "gpus": lane.cuda_visible_devices,
+            "port": (r.port if slot == 0 else free_port()) if local else r.port + slot,
+            "slot": slot,
+            "planned_start_s": round(lane.opened_s, 1),
+            "planned_end_s": round(lane.opened_s, 1),
+        }
+        packing["placements"].append(pl)
+        r.m.packing = packing
+        return pl
+
+    def probe(self, lane: DecisionLane, cell: Cell, job: Callable[[], ProbeRecord]) -> None:
+        r = self.runner
+        if not lane.started and lane.config not in self.server:
+            pl = self._placement(lane)
+            srv = self.Lane(r, pl, self.Interrupted)
+            self.server[lane.config] = srv
+            r.m.update_config(lane.config, placement=dict(pl), server_stopped=None)
+            r.m.save()
+            path = r.exp.launcher.metrics_path
+            if path is not None:
+                r.run_targets().server(
+                    f"{pl['address']}:{pl['port']}", config=lane.config, metrics_path=path,
+                    role=f"server-{pl['slot']}", labels={"host": pl["host"], "gpus": pl["gpus"]},
+                )  # fmt: skip
+        srv = self.server[lane.config]
+        first = not lane.started
+
+        def run() -> LaneEvent:
+            start = 0.0
+            if first:
+                if self.first_at is None:
+                    self.first_at = time.monotonic()
+                t0 = time.monotonic()
+                cfg = next(cp.config for cp in r.plan.configs if cp.config.id == lane.config)
+                if not srv.open_config(cfg, [], restart=lane.config in self.started):
+                    why = (r.m.configs[lane.config].get("error") or "")[:500]
+                    return LaneEvent("failed", lane, cell, error=f"server {lane.config} did not start: {why}")
+                self.started.add(lane.config)
+                start = time.monotonic() - t0
+            return LaneEvent("probe", lane, cell, job(), start)
+
+        self._spawn(f"decide-{lane.slot}", run, lane)
+
+    def close(self, lane: DecisionLane) -> None:
+        r = self.runner
+        srv = self.server.pop(lane.config, None)
+
+        def run() -> LaneEvent:
+            if srv is not None:
+                if r.exp.target.managed and not r.keep_server and not r.stop_requested:
+                    srv.stop_server()
+                r.m.update_config(lane.config, status="done" if lane.failed is None else "failed")
+                r.m.save()
+            return LaneEvent("closed", lane)
+
+        self._spawn(f"decide-{lane.slot}-stop", run, lane)
+
+    def next_event(self) -> LaneEvent:
+        while True:  # polled: the main thread's signal handler may raise here
+            try:
+                ev = self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if isinstance(ev, BaseException):
+                raise ev
+            return ev
+
+    def join(self) -> None:
+        """Every lane's thread ended (a stop reaches their Locust points and Ansible runs within a second)."""
+        for t in self.threads:
+            while t.is_alive():
+                t.join(timeout=0.2)
+
+
+def decision_packs(runner) -> bool:
+    """Whether the decision packs its probes over the hosts' GPUs (the default, as `servesweep plan` prices it):
+    not with `parallel: false`, `--max-parallel 1` or an unmanaged target (one server the run does not start)."""
+    exp = runner.exp
+    return bool(exp.decide and exp.target.managed and exp.parallel and (runner.m.max_parallel or 2) > 1)
+
+
+def run_decision_phase(runner, lane_cls: LaneFactory, interrupted: type[BaseException]) -> None:
+    """The decision of the run's `decide:` block, with decision.json after each probe: packed over the hosts' GPUs
+    (decision_packs; each lane an orchestrator.Lane, handed in as `lane_cls` with the run's `interrupted`: this
+    module may not import the orchestrator) or one server at a time."""
     from servesweep.matrix.planner import decision_cells, decision_settings
 
     exp, m = runner.exp, runner.m
     d = exp.decide
     entry = m.data["decision"]
     cells = [c for c in decision_cells(runner.plan) if cell_key(c.config, c.shape.key) in entry["templates"]]
+    packed = decision_packs(runner)
     servers = _Servers(runner)
-    probes = _Probes(runner, servers)
+    executor: _LaneExecutor | None = None
+    if packed:
+        from servesweep.matrix.gpu_hosts import gpu_hosts
+
+        hosts = gpu_hosts(exp, m.experiment_file)
+        executor = _LaneExecutor(runner, hosts, lane_cls, interrupted)
+        probes = _Probes(runner, executor.serve)
+    else:
+
+        def serve(cid: str):
+            servers.ensure(cid)
+            return runner
+
+        probes = _Probes(runner, serve)
     records: list[ProbeRecord] = []
     budget = exp.budget.wall_time_s
     before = float(entry.get("elapsed_s") or 0.0)
     t0 = time.monotonic()
-    entry.update(status="running", started=entry.get("started") or mf.now_iso(), reason=None)
+    entry.update(status="running", started=entry.get("started") or mf.now_iso(), reason=None, packed=packed)
     m.save()
     gpus = {c.config: c.gpus for c in cells}
+    lanes: list[DecisionLane] = []
 
     def server_gpu_s() -> float:
+        if executor is not None:
+            return sum(lane.start_s * gpus.get(lane.config, 1) for lane in lanes)
         return sum(s * gpus.get(k, 1) for k, s in servers.seconds.items())
 
     def write(ans: Answer, status: str) -> None:
@@ -296,55 +461,93 @@ def run_decision_phase(runner) -> None:
         doc = decision_document(
             runner, cells, ans, records, probes, status=status, elapsed_s=elapsed, server_gpu_s=server_gpu_s()
         )
+        if executor is not None:
+            doc["lanes"] = [lane.as_dict() for lane in lanes]
         write_json_atomic(runner.run_dir / DECISION_JSON, doc)
         entry.update(probes=len(records), label=doc["label"], elapsed_s=round(elapsed, 1))
         m.save()
 
-    def on_record(rec: ProbeRecord, ans: Answer) -> None:
+    def on_record(rec: ProbeRecord, ans: Answer, lane: DecisionLane | None = None) -> None:
         records.append(rec)
         write(ans, "running")
         verdicts = " ".join(f"{k}:{v}" for k, v in rec.verdicts.items())
+        where = f" on {lane.host}:{lane.cuda_visible_devices}" if lane is not None else ""
         runner.console.print(
-            f"decision: probe {rec.order} {rec.config} {rec.shape} c{rec.load} ({rec.requests} requests, {verdicts},"
-            f" {rec.tput[1]:.1f} tok/s/GPU) -> {ans.label}",
+            f"decision: probe {rec.order} {rec.config} {rec.shape} c{rec.load}{where} ({rec.requests} requests, "
+            f"{verdicts}, {rec.tput[1]:.1f} tok/s/GPU) -> {ans.label}",
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
 
+    def first_at() -> float | None:
+        return executor.first_at if executor is not None else servers.first_at
+
     def stop() -> bool:  # this attempt's measuring time (a resume's read-back probes cost nothing)
-        return (
-            budget is not None
-            and servers.first_at is not None
-            and time.monotonic() - servers.first_at >= budget
-        )
+        started = first_at()
+        return budget is not None and started is not None and time.monotonic() - started >= budget
 
     kw: dict[str, Any] = {"resolution": d.resolution, "confidence": d.confidence}
     runner.console.rule(
         f"decision: {len({c.shape.key for c in cells}) * len(d.tiers)} questions over "
         f"{len({c.config for c in cells})} configurations"
+        + (f", packed on {sum(h.gpus for h in hosts)} GPUs" if packed else ", one server at a time")
     )
-    try:
-        run = run_decision(
-            cells,
-            d.tiers,
-            probes,
-            **decision_settings(exp),
-            on_record=on_record,
-            stop=stop,
-            one_server=True,
-        )
-    except ProbeFailed as e:
+    error: str | None = None
+    if executor is not None:
+        from servesweep.matrix.packed import holding, stop_placements
+
+        if m.packing and exp.target.managed and not runner.keep_server:
+            # a killed attempt's servers: stopped before this one starts its own
+            stop_placements(runner, executor.Interrupted, executor.Lane, holding(runner, m.packing))
+
+        def on_lane(lane: DecisionLane, what: str) -> None:
+            if what == "opened":
+                lanes.append(lane)
+
+        try:
+            res = run_decision_packed(
+                cells,
+                d.tiers,
+                probes,
+                hosts,
+                executor,
+                max_parallel=m.max_parallel,
+                stop=stop,
+                on_record=on_record,
+                on_lane=on_lane,
+                **decision_settings(exp),
+            )
+        except BaseException:
+            runner.stop_requested = True
+            executor.join()
+            raise
+        run, error = res.run, res.error
+    else:
+        try:
+            run = run_decision(
+                cells,
+                d.tiers,
+                probes,
+                **decision_settings(exp),
+                on_record=on_record,
+                stop=stop,
+                one_server=True,
+            )
+        except ProbeFailed as e:
+            error = str(e)
+            run = None
+    if error is not None or run is None:
         ans = derive(cells, list(d.tiers), records, **kw)
-        entry.update(status="failed", reason=str(e), finished=mf.now_iso())
+        entry.update(status="failed", reason=error or "stopped", finished=mf.now_iso())
         write(ans, "failed")
-        runner.event(f"[red]✗ decision stopped[/]: {e}")
+        runner.event(f"[red]✗ decision stopped[/]: {error}")
         return
     status = "budget" if run.budget_hit else "finished"
     entry.update(status=status, finished=mf.now_iso())
     write(run.answer, status)
     if servers.current is not None:
-        m.configs[servers.current]["status"] = "done"
+        m.update_config(servers.current, status="done")
         m.save()
     runner.event(f"decision: {entry['label']}")
     for q in run.answer.questions:

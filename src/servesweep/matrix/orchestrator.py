@@ -89,8 +89,10 @@ class Runner(ServerRun):
         super().__init__(shared, port=m.port, console=console)
         # placed configurations side by side (servesweep.matrix.packed) when --max-parallel N > 1 asked for it
         self.packed = bool(m.packing or (exp.target.managed and exp.parallel and (m.max_parallel or 1) > 1))
-        if exp.decide is not None:  # a decision probes one server at a time (docs/decision.md)
-            self.packed = False
+        if exp.decide is not None:  # a decision packs its own probes (matrix/decision_run.py, docs/decision.md)
+            from servesweep.matrix.decision_run import decision_packs
+
+            self.packed = decision_packs(self)
 
     @property
     def stop_requested(self) -> bool:
@@ -121,14 +123,14 @@ class Runner(ServerRun):
             self.m.data.setdefault("resumed", [])
             self.event(f"run {self.m.run_id}: results in {self.run_dir}")
             self.m.save()
-            if self.packed:
+            if self.exp.decide is not None:
+                from servesweep.matrix.decision_run import run_decision_phase
+
+                run_decision_phase(self, Lane, Interrupted)
+            elif self.packed:
                 from servesweep.matrix.packed import PackedRun, packing_of
 
                 PackedRun(self, packing_of(self, self.m.max_parallel), Interrupted, Lane).run()
-            elif self.exp.decide is not None:
-                from servesweep.matrix.decision_run import run_decision_phase
-
-                run_decision_phase(self)
             else:
                 for cp in self.plan.configs:
                     if self.stop_requested:

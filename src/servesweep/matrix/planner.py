@@ -1240,40 +1240,52 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
+def attach_decision(plan: Plan, hosts, seed: int = 0, max_parallel: int | None = None) -> dict[str, Any]:
     """The predicted time to decision: the decision procedure run on the step model with the measurement noise of
-    matrix/decision.py (seeded), its per-configuration time packed onto the hosts, and the answer's confidence at
-    the end and at the budget (the anytime answer then). Kept on the plan as `plan.decision`."""
-    from servesweep.matrix.decision import Noise, run_decision, simulated_measure
-    from servesweep.matrix.placement import Job, schedule
+    matrix/decision.py (seeded), its probes packed onto the hosts' GPUs as `servesweep run` packs them
+    (matrix/decision_packed.py, on virtual time: the same loop, the simulated executor), and the answer's
+    confidence at the end and at the budget (the anytime answer then). Kept on the plan as `plan.decision`."""
+    from servesweep.matrix.decision import Noise, simulated_measure
+    from servesweep.matrix.decision_packed import SimulatedExecutor, run_decision_packed
 
     exp = plan.experiment
     d = exp.decide
     assert d is not None
     cells = decision_cells(plan)
     noise = Noise()
-    gpus_total = sum(h.gpus for h in hosts) or exp.launcher.gpus_per_host
-    budget_gpu_s = plan.budget_s * gpus_total if plan.budget_s else None
-    at_budget: dict[str, Any] = {}
-
-    def watch(ans) -> None:
-        if budget_gpu_s is not None and not at_budget and ans.gpu_seconds >= budget_gpu_s:
-            at_budget.update(label=ans.label, counts=ans.counts())
-
-    run = run_decision(
+    limit = 1 if not exp.parallel else max_parallel
+    packed = run_decision_packed(
         cells,
         d.tiers,
         simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
+        list(hosts),
+        SimulatedExecutor({cp.config.id: cp.stop_s for cp in plan.configs}),
+        max_parallel=limit,
+        budget_s=None,
         **decision_settings(exp),
         noise=noise,
-        on_probe=watch,
     )
+    run = packed.run
+    at_budget = None
+    if plan.budget_s is not None and packed.wall_s > plan.budget_s:
+        # the anytime answer at the budget: the same decision stopped there
+        cut = run_decision_packed(
+            cells,
+            d.tiers,
+            simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
+            list(hosts),
+            SimulatedExecutor({cp.config.id: cp.stop_s for cp in plan.configs}),
+            max_parallel=limit,
+            budget_s=plan.budget_s,
+            **decision_settings(exp),
+            noise=noise,
+        )
+        at_budget = {"label": cut.run.answer.label, "counts": cut.run.answer.counts()}
     serial = sum(run.config_seconds.values())
-    jobs = [Job(k, run.config_gpus[k], v) for k, v in run.config_seconds.items()]
-    packed = schedule(jobs, list(hosts)).makespan_s if jobs else 0.0
     gpu_s = sum(v * run.config_gpus[k] for k, v in run.config_seconds.items())
     plan.decision = {
-        "method": "racing with sequential probes on the step model (matrix/decision.py), seeded noise",
+        "method": "racing with sequential probes on the step model (matrix/decision.py), seeded noise, packed onto "
+        "the hosts' GPUs as the run packs them (matrix/decision_packed.py)",
         "questions": len(run.answer.questions),
         "configs": len({c.config for c in cells}),
         "shapes": len({c.shape.key for c in cells}),
@@ -1281,20 +1293,19 @@ def attach_decision(plan: Plan, hosts, seed: int = 0) -> dict[str, Any]:
         "probes": len(run.records),
         "requests": sum(r.requests for r in run.records),
         "serial_s": round(serial, 1),
-        "packed_wall_s": round(packed, 1),
+        "packed_wall_s": round(packed.wall_s, 1),
+        "max_parallel": limit,
+        "lanes": len(packed.lanes),
+        "restarts": sum(packed.restarts.values()),
         "gpu_s": round(gpu_s, 1),
         "grid_serial_s": round(plan.total_s, 1),
         "budget_s": plan.budget_s,
-        "within_budget": plan.budget_s is None or packed <= plan.budget_s,
-        # what `servesweep run` takes today: its decide probes run one server at a time (decision_run.py), not
-        # packed over the hosts' GPUs, so the serial time; over the budget it stops with the best answer so far
-        "run_wall_s": round(serial, 1),
-        "run_within_budget": plan.budget_s is None or serial <= plan.budget_s,
+        "within_budget": plan.budget_s is None or packed.wall_s <= plan.budget_s,
         "confidence": d.confidence,
         "resolution": d.resolution,
         "counts": run.answer.counts(),
         "label": run.answer.label,
-        "at_budget": at_budget or None,
+        "at_budget": at_budget,
         "answer": [q.as_dict() for q in run.answer.questions],
     }
     return plan.decision
@@ -1321,11 +1332,11 @@ def _print_decision(dec: dict[str, Any], console) -> None:
     )
     if dec.get("at_budget"):
         console.print(f"  at the budget: {dec['at_budget']['label']}")
-    over = dec["budget_s"] and not dec["run_within_budget"]
     console.print(
-        f"  servesweep run probes one server at a time (its decide probes are not packed yet): "
-        f"{_fmt_s(dec['run_wall_s'])}"
-        + (" [red]over the budget[/]: it stops there with the best answer so far, labelled" if over else "")
+        f"  servesweep run packs it so: {dec['lanes']} server starts on the hosts' GPUs"
+        + (f" (at most {dec['max_parallel']} at once)" if dec["max_parallel"] else "")
+        + (f", {dec['restarts']} of them a configuration started again" if dec["restarts"] else "")
+        + "; over the budget it stops there with the best answer so far, labelled"
     )
 
 
@@ -1335,5 +1346,5 @@ def plan_experiment(exp: Experiment, file: str, max_parallel: int | None = None)
     plan = make_plan(exp)
     schedule = attach_schedule(plan, file, max_parallel)
     if exp.decide is not None:
-        attach_decision(plan, schedule.hosts)
+        attach_decision(plan, schedule.hosts, max_parallel=max_parallel)
     return plan

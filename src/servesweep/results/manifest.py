@@ -173,6 +173,7 @@ class DecisionEntry(_Entry):
     elapsed_s: float = 0.0  # the decision's wall time over every attempt
     probes: int = 0
     label: str | None = None  # the anytime answer's label after the last probe
+    packed: bool = False  # its probes packed over the hosts' GPUs (its lanes are the manifest's `packing`)
 
 
 class Event(_Entry):
