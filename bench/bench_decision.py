@@ -38,6 +38,7 @@ from servesweep.config.search_block import SearchBlock  # noqa: E402
 from servesweep.matrix import decision as D  # noqa: E402
 from servesweep.matrix import planner  # noqa: E402
 from servesweep.matrix.capacity_plan import price_search  # noqa: E402
+from servesweep.matrix.decision_packed import SimulatedExecutor, run_decision_packed  # noqa: E402
 from servesweep.matrix.placement import Job, schedule  # noqa: E402
 from servesweep.matrix.timeline import attach_schedule  # noqa: E402
 from servesweep.results.pergpu import flags_gpus  # noqa: E402
@@ -216,6 +217,9 @@ def main(argv=None) -> int:
                     help="a guessed probe a settled answer leans on is extended to this many times its requests")
     ap.add_argument("--decide-from", default=str(ROOT / "examples/qwen36-27b-rtxpro6000-decide.yaml"),
                     help="an experiment without a decide block takes this one's (seed B)")
+    ap.add_argument("--packed", action="store_true",
+                    help="the decision as `servesweep run` packs it (matrix/decision_packed.py on virtual time): its "
+                    "wall time is the packed figure; default: one probe at a time, its per-configuration time packed")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -249,10 +253,21 @@ def main(argv=None) -> int:
                   max_looks=d.max_looks, prior_margin=margin, guess_extend=a.guess_extend,
                   check_guesses=a.check_guesses, cell_sigma=a.cell_sigma)
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
-        run = D.run_decision(prior, d.tiers, measure, **kw)
+        if a.packed:
+            stop_s = {cp.config.id: cp.stop_s for cp in plan.configs}
+            pkw = {k: v for k, v in kw.items() if k != "check_guesses"}
+            pk = run_decision_packed(prior, d.tiers, measure, hosts, SimulatedExecutor(stop_s), **pkw)
+            run, wall = pk.run, pk.wall_s
+            half = run_decision_packed(
+                prior, d.tiers, measure, hosts, SimulatedExecutor(stop_s), budget_s=wall / 2, **pkw
+            ).run
+        else:
+            run = D.run_decision(prior, d.tiers, measure, **kw)
+            wall = packed(run, hosts)
         agree = D.agreement(run.answer.best(), answer, d.resolution)
         gpu_s = run.as_dict()["gpu_seconds"]
-        half = D.run_decision(prior, d.tiers, measure, budget_gpu_s=gpu_s / 2, **kw)
+        if not a.packed:
+            half = D.run_decision(prior, d.tiers, measure, budget_gpu_s=gpu_s / 2, **kw)
         half_label = half.answer.label
         half_agree = D.agreement(half.answer.best(), answer, d.resolution)
         grid_agree = D.agreement(grid_answer(exp, truth, noise), answer, d.resolution)
@@ -285,7 +300,7 @@ def main(argv=None) -> int:
             "probes": len(run.records),
             "requests": sum(r.requests for r in run.records),
             "gpu_s": gpu_s,
-            "packed_s": packed(run, hosts),
+            "packed_s": wall,
             "serial_s": sum(run.config_seconds.values()),
             "counts": run.answer.counts(),
             "on_guess": len(on_guess),
