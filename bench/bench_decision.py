@@ -220,6 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--packed", action="store_true",
                     help="the decision as `servesweep run` packs it (matrix/decision_packed.py on virtual time): its "
                     "wall time is the packed figure; default: one probe at a time, its per-configuration time packed")
+    ap.add_argument("--policy", default=None, choices=["greedy", "lookahead"],
+                    help="with --packed: how lanes choose their probes (matrix/decision_packed.py; default: its own)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -256,6 +258,8 @@ def main(argv=None) -> int:
         if a.packed:
             stop_s = {cp.config.id: cp.stop_s for cp in plan.configs}
             pkw = {k: v for k, v in kw.items() if k != "check_guesses"}
+            if a.policy:
+                pkw["policy"] = a.policy
             pk = run_decision_packed(prior, d.tiers, measure, hosts, SimulatedExecutor(stop_s), **pkw)
             run, wall = pk.run, pk.wall_s
             half = run_decision_packed(

@@ -28,6 +28,7 @@ does, flat above the running-request cap): value ∈ [tput_low(last pass), tput_
 
 from __future__ import annotations
 
+import copy
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -857,6 +858,21 @@ class Decider:
 
     def answer(self, *, complete: bool = True) -> Answer:
         return derive(self.cells, self.names, self.records, complete=complete, **self.kw)
+
+    def fork(self) -> Decider:
+        """A copy whose records and bounds change apart from this one's (the cells and settings are shared): for
+        looking ahead at what the decision would probe next if the step model's calibrated predictions held."""
+        other = copy.copy(self)
+        other.records = list(self.records)
+        other.starts, other.seconds = dict(self.starts), dict(self.seconds)
+        other.kw = {k: dict(v) if isinstance(v, dict) else v for k, v in self.kw.items()}
+        other.stuck, other.checked = set(self.stuck), set(self.checked)
+        other.by_cell = {k: list(v) for k, v in self.by_cell.items()}
+        return other
+
+    def expected(self, cell: Cell) -> Callable[[int], Prediction]:
+        """The cell's prediction calibrated to its configuration's probes so far."""
+        return _calibrated(cell, calibration(cell.config, self.records))
 
     def work(
         self, ans: Answer, *, running: str | None = None, configs: Iterable[str] | None = None

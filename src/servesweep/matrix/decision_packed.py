@@ -26,7 +26,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from servesweep.matrix.decision import Answer, Cell, Decider, DecisionRun, Measure, ProbeRecord, Work
+from servesweep.matrix.decision import (
+    Answer,
+    Cell,
+    Decider,
+    DecisionRun,
+    Measure,
+    Noise,
+    ProbeRecord,
+    Work,
+    simulated_measure,
+)
 from servesweep.matrix.placement import GpuHost, fits_host, pick_gpus
 
 
@@ -96,7 +106,7 @@ class PackedDecision:
     lanes: list[DecisionLane]
     wall_s: float  # the executor's clock at the end: the time to decision, packed
     error: str | None = None  # why it halted, when a lane failed
-    at_budget: Answer | None = None  # the answer when the clock passed `budget_s`
+    at_budget: Answer | None = None  # the answer when the clock passed `snapshot_s` (default `budget_s`)
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -148,11 +158,14 @@ def run_decision_packed(
     max_parallel: int | None = None,
     stop: Callable[[], bool] | None = None,
     budget_s: float | None = None,
+    snapshot_s: float | None = None,
     on_record: Callable[[ProbeRecord, Answer, DecisionLane], None] | None = None,
     on_lane: Callable[[DecisionLane, str], None] | None = None,
     max_rounds: int = 5000,
     threshold: float = 0.9,
     backfill: bool = True,
+    policy: str = "lookahead",
+    lookahead_steps: int = 60,
     **settings: Any,
 ) -> PackedDecision:
     """Decide every question with lanes side by side on `hosts` (module docstring). `stop()` (checked before each
@@ -164,6 +177,8 @@ def run_decision_packed(
     active: dict[str, DecisionLane] = {}  # configuration -> its open lane
     lanes: list[DecisionLane] = []
     cell_of = {c.key: c for c in cells}
+    flying: dict[int, tuple[Cell, int, list[str]]] = {}  # lane slot -> the probe in flight there
+    spec_noise = settings.get("noise") or Noise()
     halted = budget_hit = False
     error: str | None = None
     at_budget: Answer | None = None
@@ -179,6 +194,7 @@ def run_decision_packed(
                 rounds += 1
                 lane.busy = True
                 lane.probes += 1
+                flying[lane.slot] = (w.cell, load, list(w.want))
                 job = partial(dec.probe, w.cell, load, list(w.want), measure)
                 executor.probe(lane, w.cell, job)
                 return True
@@ -206,27 +222,21 @@ def run_decision_packed(
         lane.busy = lane.closing = True
         executor.close(lane)
 
-    while True:
-        if not halted and (
-            (stop is not None and stop()) or (budget_s is not None and executor.now() >= budget_s)
-        ):
-            halted = budget_hit = True
-        if not halted and rounds >= max_rounds:
-            halted = True
+    def greedy_pass() -> None:
+        """Each idle lane its configuration's best cell; a configuration whose best is at least `threshold` x the
+        best of all gets a lane where GPUs are free; idle lanes worth less give theirs back while it waits for GPUs;
+        with none waiting, free GPUs take lesser work (backfilling)."""
         ans = dec.answer()
-        work: list[Work] = []
-        if not halted:  # every cell's score; a configuration without a lane pays its server's start
-            work = dec.work(ans, configs=[c for c in placeable if c in active]) + dec.work(
-                ans, running="", configs=[c for c in placeable if c not in active]
-            )
+        # every cell's score; a configuration without a lane pays its server's start
+        work = dec.work(ans, configs=[c for c in placeable if c in active]) + dec.work(
+            ans, running="", configs=[c for c in placeable if c not in active]
+        )
         bar = threshold * max((w.score for w in work), default=0.0)
         best: dict[str, float] = {}
         for w in work:
             best[w.cell.config] = max(best.get(w.cell.config, 0.0), w.score)
         ranked = [c for c in sorted(best, key=lambda k: (-best[k], k)) if c not in active]
         eligible = [c for c in ranked if best[c] >= bar]
-        # a configuration worth a probe (at least `threshold` x the best score) that waits for GPUs: idle lanes worth
-        # less give theirs back; with none waiting, GPUs left free take lesser work (backfilling)
         blocked = False
         for config in eligible:
             if max_parallel is not None and len(active) >= max_parallel:
@@ -238,7 +248,7 @@ def run_decision_packed(
             if lane.busy:
                 continue
             mine = best.get(lane.config)
-            if halted or mine is None or (mine < bar and blocked):
+            if mine is None or (mine < bar and blocked):
                 close(lane)
             elif not start_probe(lane, [w for w in work if w.cell.config == lane.config]):
                 close(lane)
@@ -249,11 +259,82 @@ def run_decision_packed(
                 if max_parallel is not None and len(active) >= max_parallel:
                     break
                 place(config)
+
+    def lookahead_pass() -> None:
+        """What the one-at-a-time decision would probe next if every probe in flight, and every probe it would make
+        before, measured the step model's calibrated prediction: the first such probes of configurations whose
+        lane is idle or that fit free GPUs start now; idle lanes it does not name give their GPUs back."""
+        spec = dec.fork()
+        measure_spec = simulated_measure(spec_noise, _Expected(spec), 0)
+        for lane in active.values():
+            if lane.busy and not lane.closing and lane.slot in flying:
+                c, ld, want = flying[lane.slot]
+                spec.add(spec.probe(c, ld, want, measure_spec), c)
+        busy = {lane.config for lane in active.values() if lane.busy}
+        picks: list[str] = []
+        trial = {h: set(f) for h, f in free.items()}
+        steps = 0
+        smallest = min(dec.gpus.values(), default=1)
+        while steps < lookahead_steps:
+            idle = [x for x in active.values() if not x.busy and x.config not in picks]
+            if not idle and all(len(f) < smallest for f in trial.values()):
+                break  # every slot that could start a probe now has its pick
+            steps += 1
+            work = spec.work(spec.answer())
+            if not work:
+                break
+            w = max(work, key=lambda x: x.score)
+            load = spec.load_for(w)
+            if load is None:
+                continue
+            config = w.cell.config
+            if config not in busy and config not in picks:
+                have = active.get(config)
+                if have is not None and not have.busy:
+                    picks.append(config)
+                elif have is None:
+                    fit = next(((h, i) for h in hosts if (i := pick_gpus(h, trial[h.name], dec.gpus[config]))), None)
+                    if fit is not None:
+                        trial[fit[0].name] -= set(fit[1])
+                        picks.append(config)
+                    elif not any(x.busy for x in active.values()) and not picks:
+                        picks.append(config)  # nothing runs: the idle lanes make room for it
+            spec.add(spec.probe(w.cell, load, w.want, measure_spec), w.cell)
+        real = dec.work(dec.answer())
+        for lane in sorted(active.values(), key=lambda x: x.slot):
+            if not lane.busy and lane.config not in picks:
+                close(lane)
+        for config in picks:
+            mine = [w for w in real if w.cell.config == config]
+            have = active.get(config)
+            if have is not None and not have.busy:
+                if not mine or not start_probe(have, mine):
+                    close(have)
+            elif have is None and mine and (max_parallel is None or len(active) < max_parallel):
+                place(config)
+
+    while True:
+        if not halted and (
+            (stop is not None and stop()) or (budget_s is not None and executor.now() >= budget_s)
+        ):
+            halted = budget_hit = True
+        if not halted and rounds >= max_rounds:
+            halted = True
+        if halted:
+            for lane in list(active.values()):
+                if not lane.busy:
+                    close(lane)
+        else:
+            if policy == "lookahead":
+                lookahead_pass()
+            if policy != "lookahead" or not any(lane.busy for lane in active.values()):
+                greedy_pass()  # (after the lookahead: its picks had nothing left to probe, the greedy choice instead)
         if not any(lane.busy for lane in active.values()):
             break
         ev = executor.next_event()
         lane = ev.lane
         lane.busy = False
+        flying.pop(lane.slot, None)
         if ev.kind == "closed":
             lane.closed_s = executor.now()
             free[lane.host] |= set(lane.gpu_ids)
@@ -269,10 +350,23 @@ def run_decision_packed(
         assert ev.record is not None and ev.cell is not None
         if not lane.started:
             lane.started, lane.start_s = True, ev.start_s
-        if budget_s is not None and at_budget is None and executor.now() >= budget_s:
+        snap = snapshot_s if snapshot_s is not None else budget_s
+        if snap is not None and at_budget is None and executor.now() >= snap:
             at_budget = dec.answer(complete=False)
         dec.add(ev.record, cell_of[ev.cell.key], start_s=ev.start_s)
         if on_record is not None:
             on_record(ev.record, dec.answer(), lane)
     run = dec.result(rounds, budget_hit)
     return PackedDecision(run, lanes, executor.now(), error, at_budget)
+
+
+class _Expected(dict):
+    """truth[(config, shape)] for simulated_measure: each cell's prediction calibrated to the decider's probes."""
+
+    def __init__(self, dec: Decider):
+        super().__init__()
+        self.dec = dec
+        self.of = {c.key: c for c in dec.cells}
+
+    def __missing__(self, key):
+        return self.dec.expected(self.of[key])

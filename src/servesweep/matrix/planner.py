@@ -1261,26 +1261,14 @@ def attach_decision(plan: Plan, hosts, seed: int = 0, max_parallel: int | None =
         list(hosts),
         SimulatedExecutor({cp.config.id: cp.stop_s for cp in plan.configs}),
         max_parallel=limit,
-        budget_s=None,
+        snapshot_s=plan.budget_s,  # the anytime answer at the budget, if it runs past it
         **decision_settings(exp),
         noise=noise,
     )
     run = packed.run
     at_budget = None
-    if plan.budget_s is not None and packed.wall_s > plan.budget_s:
-        # the anytime answer at the budget: the same decision stopped there
-        cut = run_decision_packed(
-            cells,
-            d.tiers,
-            simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
-            list(hosts),
-            SimulatedExecutor({cp.config.id: cp.stop_s for cp in plan.configs}),
-            max_parallel=limit,
-            budget_s=plan.budget_s,
-            **decision_settings(exp),
-            noise=noise,
-        )
-        at_budget = {"label": cut.run.answer.label, "counts": cut.run.answer.counts()}
+    if packed.at_budget is not None:
+        at_budget = {"label": packed.at_budget.label, "counts": packed.at_budget.counts()}
     serial = sum(run.config_seconds.values())
     gpu_s = sum(v * run.config_gpus[k] for k, v in run.config_seconds.items())
     plan.decision = {
