@@ -10,6 +10,9 @@ not a name written here."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,55 @@ def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(
         assert probe["status"] == "server_failed" and "did not start" in probe["reason"]
     assert all(r["config"] == "s01-fast" for r in doc["probe_log"])
     assert "## Decision" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_every_lanes_server_and_resume_finishes_the_decision(tmp_path):
+    """A packed decision stopped by SIGTERM while both lanes stream: exit 143, every lane's server stopped (not only
+    one), the probes finished before kept; `--resume` stops nothing it did not start, reads them back and finishes
+    with the step model's answer, no server left."""
+    from test_packed_kills import _servers_alive
+    from test_reliability_server import cleanup, manifest, run_dir_of, start
+
+    exp = _experiment(tmp_path, "decide-sigterm")
+    exp.write_text(exp.read_text().replace("output_tokens: 16", "output_tokens: 128"))
+    runs, srv = tmp_path / "runs", tmp_path / "srv"
+    proc = start(["run", str(exp), "--out", str(runs)], tmp_path, tmp_path / "run.log")
+    run_dir = None
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            run_dir = run_dir_of(runs)
+            m = manifest(run_dir) if run_dir else None
+            if m and len({p["config_id"] for p in m["points"].values() if p["status"] == "running"}) >= 2:
+                break
+            time.sleep(0.05)
+        else:
+            log = (tmp_path / "run.log").read_text()[-3000:]
+            raise AssertionError(f"the two lanes never streamed at the same time: {log}")
+        assert len(_servers_alive(srv)) == 2
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=120)
+        out = (tmp_path / "run.log").read_text()
+        assert rc == 128 + signal.SIGTERM, out[-3000:]
+        assert "stopped the servers of 2 of 2 placement(s)" in out, out[-3000:]
+        assert _servers_alive(srv) == [], "a lane's server outlived the SIGTERM"
+        m = manifest(run_dir)
+        assert m["status"] == "interrupted" and "running" not in {p["status"] for p in m["points"].values()}
+        done = {pid: p["finished"] for pid, p in m["points"].items() if p["status"] == "done"}
+        proc = start(["run", "--resume", str(run_dir)], tmp_path, tmp_path / "resume.log")
+        rc = proc.wait(timeout=200)
+        out = (tmp_path / "resume.log").read_text()
+        assert rc == 0, out[-3000:]
+        if done:  # the resumed decision starts as the first did: its first probes are read back, not measured
+            assert any(f"↺ {pid}: finished before, read back" in out for pid in done), out[-3000:]
+        m = manifest(run_dir)
+        doc = json.loads((run_dir / "decision.json").read_text())
+        assert doc["status"] == "finished" and m["decision"]["status"] == "finished"
+        for pid, finished in done.items():  # nothing measured twice
+            assert m["points"][pid]["finished"] == finished and m["points"][pid]["attempts"] == 1
+        best, _ = _truth(exp)
+        assert {(q["shape"], q["tier"]): q["best"] for q in doc["questions"]} == best
+        assert _servers_alive(srv) == []
+    finally:
+        cleanup(proc, run_dir, srv)
