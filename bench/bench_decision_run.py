@@ -397,7 +397,9 @@ def one_run(a, work: Path, tag: str, budget_s: float | None) -> dict:
     f = work / f"{tag}.yaml"
     f.write_text(yaml.safe_dump(d, sort_keys=False))
     out_dir = work / f"runs-{tag}"
-    rc, wall = run_servesweep(["run", str(f), "--out", str(out_dir)], work / f"{tag}.log", a.timeout)
+    rc, wall = run_servesweep(
+        ["run", str(f), "--out", str(out_dir), "--max-parallel", str(a.max_parallel)], work / f"{tag}.log", a.timeout
+    )
     run_dir = next(out_dir.iterdir())
     doc = json.loads((run_dir / "decision.json").read_text())
     return {"rc": rc, "wall_s": wall, "doc": doc, "run_dir": run_dir, "d": d, "hidden": hidden, "file": f}
@@ -418,6 +420,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--jobs", type=int, default=1, help="processes for the engine's exhaustive answer")
+    ap.add_argument("--max-parallel", type=int, default=1,
+                    help="lanes of the packed decision at once (1: one server at a time; each lane is an emulator "
+                    "and a Locust at --speedup: on a small machine more lanes measure the machine, not the engine)")
     ap.add_argument("--real-probes", type=int, default=3)
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--skip-half", action="store_true")

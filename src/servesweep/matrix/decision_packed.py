@@ -2,12 +2,17 @@
 own cells, the answer re-derived as each probe lands (docs/decision.md, "Packed").
 
 A *lane* is one configuration's server on GPUs of one host (matrix/placement.py picks them: best-fit within the
-host's topology). It probes one cell at a time, the one of its configuration with the most chance of being an
-answer per GPU-second (matrix/decision.py `Decider.work`, judged on every probe landed so far, whichever lane
-measured it), and closes (its server stopped, its GPUs freed) once its configuration has nothing left worth a probe.
-Whenever GPUs are free, the configuration with the best such score that has no lane and fits gets one (backfilling:
-a smaller one takes GPUs a larger one cannot use yet). A configuration closed and needed again gets a new lane (its
-server started again). At most `max_parallel` lanes at once.
+host's topology). It probes one cell at a time and closes (its server stopped, its GPUs freed) once its
+configuration has nothing left worth a probe; a configuration closed and needed again gets a new lane (its server
+started again). At most `max_parallel` lanes at once. What each idle lane and free GPUs take next:
+- `lookahead` (the default): the one-at-a-time decision (matrix/decision.py `Decider.work`, its order) run forward on
+  a fork of the decision, every probe in flight and every probe it names assumed to measure its configuration's
+  calibrated step model; the first probes it names of configurations whose lane is idle, or that fit free GPUs,
+  start now (their loads from the real decision); idle lanes it does not name give their GPUs back. So the lanes do
+  what one-at-a-time would do next, as far as the model can tell, instead of each probing its own best.
+- `greedy` (and the lookahead's fallback when it names nothing that can start): a configuration whose best score is
+  at least `threshold` x the best of all gets a lane where GPUs are free; idle lanes worth less give theirs back
+  while it waits; with none waiting, free GPUs take lesser work (backfilling).
 
 The loop is the same for the plan and the run; only the executor differs: `SimulatedExecutor` (here: virtual time,
 each probe drawn at once from the caller's measure and finished at now + its seconds) gives `servesweep plan` its
