@@ -29,7 +29,8 @@ from servesweep.matrix.orchestrator import run_matrix
     type=click.IntRange(min=1),
     default=None,
     help="Run up to N placed server configurations at once on free GPUs of the inventory's hosts (servesweep plan "
-    "shows the timeline); default 1: one after another.",
+    "shows the timeline); default 1: one after another. A decide: block packs its probes by default (as many "
+    "as fit, as plan prices it); 1 there: one server at a time.",
 )
 @click.option(
     "--isolation-sample/--no-isolation-sample",
