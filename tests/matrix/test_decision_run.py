@@ -160,6 +160,26 @@ def test_budget_stops_with_best_so_far_and_resume_reads_back_its_probes(tmp_path
 
 
 @pytest.mark.timeout(240)
+def test_a_packed_decision_at_its_budget_lets_the_probes_in_flight_finish_and_stops_every_lane(tmp_path):
+    """budget.wall_time while both lanes probe: no new probe starts, the two in flight finish and count, both lanes'
+    servers are stopped, decision.json says best so far (budget) with both lanes, exit 2."""
+    from test_packed_kills import _servers_alive
+
+    exp = _experiment(tmp_path, "decide-packed-budget", "budget: {wall_time: 1s}\n")
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=120)
+    assert rc == 2, out[-5000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert doc["status"] == "budget" and doc["label"].startswith("best so far"), doc["label"]
+    assert {r["config"] for r in doc["probe_log"]} == {"s01-fast", "s02-slow"} and doc["probes"] == 2
+    assert all(ln["closed_s"] is not None and ln["probes"] == 1 for ln in doc["lanes"]), doc["lanes"]
+    assert all(p["status"] == "done" for p in m["points"].values()), m["points"]
+    assert all(c["server_stopped"] for c in m["configs"].values()), m["configs"]
+    assert _servers_alive(tmp_path / "srv") == []
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "one-server"])
 def test_a_server_that_does_not_start_stops_the_decision_with_its_answer_so_far(tmp_path, packed):
     """One configuration's emulator refuses its --sim-calibration at start: the decision stops when it must probe

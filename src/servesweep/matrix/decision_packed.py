@@ -279,7 +279,9 @@ def run_decision_packed(
         picks: list[str] = []
         trial = {h: set(f) for h, f in free.items()}
         steps = 0
-        smallest = min(dec.gpus.values(), default=1)
+        real = dec.work(dec.answer())
+        # the smallest server any configuration with work left needs: free GPUs fewer than that take no pick
+        smallest = min((dec.gpus[w.cell.config] for w in real), default=1)
         while steps < lookahead_steps:
             idle = [x for x in active.values() if not x.busy and x.config not in picks]
             if not idle and all(len(f) < smallest for f in trial.values()):
@@ -305,7 +307,6 @@ def run_decision_packed(
                     elif not any(x.busy for x in active.values()) and not picks:
                         picks.append(config)  # nothing runs: the idle lanes make room for it
             spec.add(spec.probe(w.cell, load, w.want, measure_spec), w.cell)
-        real = dec.work(dec.answer())
         for lane in sorted(active.values(), key=lambda x: x.slot):
             if not lane.busy and lane.config not in picks:
                 close(lane)
