@@ -701,7 +701,8 @@ def soak(minutes: float, seed: int, out: Path, hosts: int = 2, force: list[str] 
         "minutes": round((time.monotonic() - t0) / 60, 1), "seed": seed, "hosts": hosts, "rounds": len(played),
         "points": points, "injected": dict(injected), "missed": dict(missed), "injection_errors": len(errors),
         "outcomes": dict(total), "final_resumes": len(resumes),
-        "final_resumes_finished": sum(r["finished"] for r in resumes), "silently_wrong": len(wrong),
+        "final_resumes_finished": sum(r["finished"] for r in resumes), "final_resume_runs": resumes,
+        "silently_wrong": len(wrong),
         "rounds_hung": hung, "out": str(out), "wrong": wrong, "runs": [str(find_run(r.runs)) for r in played],
     }  # fmt: skip
 

@@ -50,7 +50,11 @@ def test_two_host_soak_marks_every_fault_and_its_judge_catches_a_wrong_number(tm
         "at the end of the soak"
     ]
     assert f["points"] == 2 and f["outcomes"].get("unfinished", 0) == 0, f["outcomes"]
-    assert f["outcomes"].get("degraded", 0) >= 1, "a host's death leaves its point degraded, marked"
+    # a host's death leaves its point degraded (measured on the workers left, marked), or failed with its reason
+    # when the death took the point's requests with it: the final resume then measures it again (seen in a cold
+    # run: {'failed': 1, 'running': 1} before the resume, {'done': 2} after)
+    failed_before = sum(r["before"].get("failed", 0) for r in f["final_resume_runs"])
+    assert f["outcomes"].get("degraded", 0) + failed_before >= 1, (f["outcomes"], f["final_resume_runs"])
     assert f["final_resumes"] == 1 and f["final_resumes_finished"] == 1, f
     (run_dir,) = map(Path, f["runs"])
     m = json.loads((run_dir / "manifest.json").read_text())
