@@ -217,7 +217,7 @@ def test_sigterm_stops_every_lanes_server_and_resume_finishes_the_decision(tmp_p
     from test_reliability_server import cleanup, manifest, run_dir_of, start
 
     exp = _experiment(tmp_path, "decide-sigterm")
-    exp.write_text(exp.read_text().replace("output_tokens: 16", "output_tokens: 128"))
+    exp.write_text(exp.read_text().replace("output_tokens: 16", "output_tokens: 64"))
     runs, srv = tmp_path / "runs", tmp_path / "srv"
     proc = start(["run", str(exp), "--out", str(runs)], tmp_path, tmp_path / "run.log")
     run_dir = None
