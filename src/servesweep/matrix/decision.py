@@ -935,39 +935,35 @@ class Decider:
             return None
         return load
 
-    def probe(self, cell: Cell, load: int, want: Sequence[str], measure: Measure) -> ProbeRecord:
-        """One sequential probe (reads only the settings: may run outside the deciding thread)."""
-        return sequential_probe(
-            cell,
-            load,
-            self.tiers,
-            want,
-            measure(cell, load),
-            confidence=self.confidence,
-            resolution=self.resolution,
-            max_requests=self.max_requests,
-            overhead_s=self.overhead_s,
-            max_probe_s=self.max_probe_s,
-            max_looks=self.max_looks,
-            min_rounds=self.min_rounds,
-            guess_extend=self.guess_extend,
-        )
+    def probe(self, cell: Cell, load: int, want: Sequence[str], measure: Measure, **over: Any) -> ProbeRecord:
+        """One sequential probe on the decision's settings, `over` replacing some (reads only the settings: may run
+        outside the deciding thread)."""
+        kw: dict[str, Any] = {
+            "confidence": self.confidence,
+            "resolution": self.resolution,
+            "max_requests": self.max_requests,
+            "overhead_s": self.overhead_s,
+            "max_probe_s": self.max_probe_s,
+            "max_looks": self.max_looks,
+            "min_rounds": self.min_rounds,
+            "guess_extend": self.guess_extend,
+        }
+        return sequential_probe(cell, load, self.tiers, want, measure(cell, load), **{**kw, **over})
 
     def add(self, rec: ProbeRecord, cell: Cell, *, start_s: float | None = None) -> None:
         """A probe's record: kept, its configuration's cells re-bounded by its fitted and calibrated model.
         `start_s`: the server start it paid (default: the cell's, once per configuration)."""
         c = cell
         rec.order = len(self.records) + 1
-        if c.config not in self.seconds:
-            self.seconds[c.config] = c.start_s if start_s is None else 0.0
-        self.seconds[c.config] += rec.seconds + (start_s or 0.0)
+        if start_s is None:
+            start_s = 0.0 if c.config in self.seconds else c.start_s
+        self.seconds[c.config] = self.seconds.get(c.config, 0.0) + start_s + rec.seconds
         self.records.append(rec)
         self.by_cell.setdefault(c.key, []).append(rec)
         n_c = sum(1 for r in self.records if r.config == c.config)
         mine_cells = [x for x in self.cells if x.config == c.config]
-        if (
-            self.fit_prior and n_c >= self.fit_min_probes
-        ):  # both bounds of its cells from its fitted calibration
+        # both bounds of its cells from its fitted calibration
+        if self.fit_prior and n_c >= self.fit_min_probes:
             fits = fit_calibration(
                 c.config, self.records, self.prior_sigma, group=self.prompt_of.get, cell_sigma=self.cell_sigma
             )
@@ -981,9 +977,8 @@ class Decider:
                         _z(1 - self.confidence),
                     )
                 )
-        if (
-            self.use_prior and self.calibrate_prior
-        ):  # the configuration's cells re-bounded by its calibrated model
+        # the configuration's cells re-bounded by its calibrated model
+        if self.use_prior and self.calibrate_prior:
             self.kw["prior_high"].update(
                 prior_bounds(
                     mine_cells,
@@ -997,26 +992,20 @@ class Decider:
     def check_guess(self, ans: Answer, measure: Measure, check_guesses: float) -> bool:
         """A settled answer that leans on a guessed verdict that could change it: that probe goes on to
         check_guesses x its requests (its stream extended: a real run's top-up); False when there is none."""
-        target = _guess_to_check(
-            ans, self.cell_of, self.by_cell, self.kw.get("prior_value", {}), self.checked
-        )
+        target = _guess_to_check(ans, self.cell_of, self.by_cell, self.kw.get("prior_value", {}), self.checked)
         if target is None:
             return False
         c, old = target
         self.checked.add((c.key, old.load))
-        rec = sequential_probe(
+        rec = self.probe(
             c,
             old.load,
-            self.tiers,
             list(old.guessed),
-            measure(c, old.load),
-            confidence=self.confidence,
-            resolution=self.resolution,
+            measure,
             max_requests=int(old.requests * check_guesses),
-            overhead_s=self.overhead_s,
             max_probe_s=None,
             max_looks=self.max_looks + math.ceil(math.log2(check_guesses)),
-            min_rounds=self.min_rounds,
+            guess_extend=1.0,
         )
         rec.order = old.order
         self.records[self.records.index(old)] = rec

@@ -57,7 +57,6 @@ class DecisionLane:
     closed_s: float | None = None
     started: bool = False  # its server is up (its first probe starts it)
     busy: bool = False  # a probe (or its close) in flight
-    closing: bool = False
     probes: int = 0
     start_s: float = 0.0  # what its server's start took
     failed: str | None = None
@@ -181,7 +180,6 @@ def run_decision_packed(
     free = {h.name: set(range(h.gpus)) for h in hosts}
     active: dict[str, DecisionLane] = {}  # configuration -> its open lane
     lanes: list[DecisionLane] = []
-    cell_of = {c.key: c for c in cells}
     flying: dict[int, tuple[Cell, int, list[str]]] = {}  # lane slot -> the probe in flight there
     spec_noise = settings.get("noise") or Noise()
     halted = budget_hit = False
@@ -206,8 +204,9 @@ def run_decision_packed(
             work = dec.work(dec.answer(), configs=[lane.config])
         return False
 
-    def place(config: str) -> bool:
-        """A lane for `config` on the first host with GPUs free for it, its first probe started; False: none fit."""
+    def place(config: str, work: list[Work]) -> bool:
+        """A lane for `config` on the first host with GPUs free for it, its first probe (the best of `work`, its
+        cells) started; False: none fit."""
         for h in hosts:
             ids = pick_gpus(h, free[h.name], dec.gpus[config])
             if ids is None:
@@ -218,13 +217,13 @@ def run_decision_packed(
             active[config] = lane
             if on_lane is not None:
                 on_lane(lane, "opened")
-            if not start_probe(lane, dec.work(dec.answer(), configs=[config])):
+            if not start_probe(lane, work):
                 close(lane)
             return True
         return False
 
     def close(lane: DecisionLane) -> None:
-        lane.busy = lane.closing = True
+        lane.busy = True
         executor.close(lane)
 
     def greedy_pass() -> None:
@@ -232,10 +231,11 @@ def run_decision_packed(
         best of all gets a lane where GPUs are free; idle lanes worth less give theirs back while it waits for GPUs;
         with none waiting, free GPUs take lesser work (backfilling)."""
         ans = dec.answer()
-        # every cell's score; a configuration without a lane pays its server's start
-        work = dec.work(ans, configs=[c for c in placeable if c in active]) + dec.work(
-            ans, running="", configs=[c for c in placeable if c not in active]
-        )
+        fresh = [c for c in placeable if c not in active]
+        # every cell's score; a configuration without a lane pays its server's start (to rank configurations; a new
+        # lane then picks among its own cells as a running one does, without it)
+        work = dec.work(ans, configs=[c for c in placeable if c in active]) + dec.work(ans, running="", configs=fresh)
+        own = dec.work(ans, configs=fresh)
         bar = threshold * max((w.score for w in work), default=0.0)
         best: dict[str, float] = {}
         for w in work:
@@ -247,7 +247,7 @@ def run_decision_packed(
             if max_parallel is not None and len(active) >= max_parallel:
                 blocked = True
                 break
-            if not place(config):
+            if not place(config, [w for w in own if w.cell.config == config]):
                 blocked = True
         for lane in sorted(active.values(), key=lambda x: x.slot):
             if lane.busy:
@@ -263,7 +263,7 @@ def run_decision_packed(
                     continue
                 if max_parallel is not None and len(active) >= max_parallel:
                     break
-                place(config)
+                place(config, [w for w in own if w.cell.config == config])
 
     def lookahead_pass() -> None:
         """What the one-at-a-time decision would probe next if every probe in flight, and every probe it would make
@@ -272,7 +272,7 @@ def run_decision_packed(
         spec = dec.fork()
         measure_spec = simulated_measure(spec_noise, _Expected(spec), 0)
         for lane in active.values():
-            if lane.busy and not lane.closing and lane.slot in flying:
+            if lane.slot in flying:  # (a closing lane has no probe in flight)
                 c, ld, want = flying[lane.slot]
                 spec.add(spec.probe(c, ld, want, measure_spec), c)
         busy = {lane.config for lane in active.values() if lane.busy}
@@ -317,7 +317,7 @@ def run_decision_packed(
                 if not mine or not start_probe(have, mine):
                     close(have)
             elif have is None and mine and (max_parallel is None or len(active) < max_parallel):
-                place(config)
+                place(config, mine)
 
     while True:
         if not halted and (
@@ -359,7 +359,7 @@ def run_decision_packed(
         snap = snapshot_s if snapshot_s is not None else budget_s
         if snap is not None and at_budget is None and executor.now() >= snap:
             at_budget = dec.answer(complete=False)
-        dec.add(ev.record, cell_of[ev.cell.key], start_s=ev.start_s)
+        dec.add(ev.record, ev.cell, start_s=ev.start_s)
         if on_record is not None:
             on_record(ev.record, dec.answer(), lane)
     run = dec.result(rounds, budget_hit)

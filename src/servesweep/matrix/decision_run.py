@@ -36,7 +36,6 @@ import numpy as np
 from servesweep.matrix.capacity_search import ProbeResult
 from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
 from servesweep.matrix.decision_packed import DecisionLane, LaneEvent, run_decision_packed
-from servesweep.net import free_port
 from servesweep.results import manifest as mf
 from servesweep.results.store import write_json_atomic
 
@@ -327,40 +326,32 @@ class _LaneExecutor:
         t.start()
 
     def _placement(self, lane: DecisionLane) -> PlacementRecord:
+        from servesweep.matrix.packed import placement_record
+
         r = self.runner
-        local = r.exp.target.inventory == "local"
         packing = r.m.packing or {"decision": True, "placements": []}
         slot = len(packing["placements"])
-        pl: PlacementRecord = {
-            "config": lane.config,
-            "host": lane.host,
-            "address": self.address.get(lane.host, lane.host),
-            "gpus": lane.cuda_visible_devices,
-            "port": (r.port if slot == 0 else free_port()) if local else r.port + slot,
-            "slot": slot,
-            "planned_start_s": round(lane.opened_s, 1),
-            "planned_end_s": round(lane.opened_s, 1),
-        }
+        address = self.address.get(lane.host, lane.host)
+        pl = placement_record(
+            r, lane.config, lane.host, address, lane.cuda_visible_devices, slot, r.port + slot, lane.opened_s,
+            lane.opened_s,
+        )  # fmt: skip
         packing["placements"].append(pl)
         r.m.packing = packing
         return pl
 
     def probe(self, lane: DecisionLane, cell: Cell, job: Callable[[], ProbeRecord]) -> None:
+        from servesweep.matrix.packed import register_server
+
         r = self.runner
-        if not lane.started and lane.config not in self.server:
+        first = not lane.started
+        if first:  # the lane's placement, recorded before its server starts (a stop then finds it)
             pl = self._placement(lane)
-            srv = self.Lane(r, pl, self.Interrupted)
-            self.server[lane.config] = srv
+            self.server[lane.config] = self.Lane(r, pl, self.Interrupted)
             r.m.update_config(lane.config, placement=dict(pl), server_stopped=None)
             r.m.save()
-            path = r.exp.launcher.metrics_path
-            if path is not None:
-                r.run_targets().server(
-                    f"{pl['address']}:{pl['port']}", config=lane.config, metrics_path=path,
-                    role=f"server-{pl['slot']}", labels={"host": pl["host"], "gpus": pl["gpus"]},
-                )  # fmt: skip
+            register_server(r, pl)
         srv = self.server[lane.config]
-        first = not lane.started
 
         def run() -> LaneEvent:
             start = 0.0

@@ -98,25 +98,51 @@ class PlacementLane(Protocol):
 LaneFactory = Callable[..., PlacementLane]
 
 
+def placement_record(
+    runner: RunView, config: str, host: str, address: str, gpus: str, slot: int, port: int,
+    start_s: float, end_s: float,
+) -> PlacementRecord:  # fmt: skip
+    """One placement as the manifest keeps it. Its port: on this machine the run's port for the first placement
+    and a free one for the others; on a remote host `port` (the schedule's: base port + slot)."""
+    local = runner.exp.target.inventory == "local"
+    return {
+        "config": config,
+        "host": host,
+        "address": address,
+        "gpus": gpus,
+        "port": (runner.port if slot == 0 else free_port()) if local else port,
+        "slot": slot,
+        "planned_start_s": round(start_s, 1),
+        "planned_end_s": round(end_s, 1),
+    }
+
+
+def register_server(runner: RunView, pl: PlacementRecord) -> None:
+    """The placement's server /metrics among the observe stack's targets (observe/targets.py), labelled host and
+    gpus; removed when the run closes."""
+    path = runner.exp.launcher.metrics_path
+    if path is None:
+        return
+    runner.run_targets().server(
+        f"{pl['address']}:{pl['port']}",
+        config=pl["config"],
+        metrics_path=path,
+        role=f"server-{pl['slot']}",
+        labels={"host": pl["host"], "gpus": pl["gpus"]},
+    )
+
+
 def packing_of(runner: RunView, max_parallel: int | None) -> dict[str, Any]:
     """The run's placements, from the manifest when a previous run stored them, else planned now and stored."""
     kept = runner.m.packing
     if kept:
         return kept
-    local = runner.exp.target.inventory == "local"
     s = attach_schedule(runner.plan, runner.m.experiment_file, max_parallel, base_port=runner.port)
     hosts = {h.name: h.address or h.name for h in s.hosts}
-    placements: list[PlacementRecord] = [
-        {
-            "config": p.config_id,
-            "host": p.host,
-            "address": hosts[p.host],
-            "gpus": p.cuda_visible_devices,
-            "port": (runner.port if p.slot == 0 else free_port()) if local else p.port,
-            "slot": p.slot,
-            "planned_start_s": round(p.start_s, 1),
-            "planned_end_s": round(p.end_s, 1),
-        }
+    placements = [
+        placement_record(
+            runner, p.config_id, p.host, hosts[p.host], p.cuda_visible_devices, p.slot, p.port, p.start_s, p.end_s
+        )
         for p in s.placements
     ]
     packing = {
@@ -286,16 +312,6 @@ class PackedRun:
     def _write_targets(self) -> None:
         """The observe stack's targets (observe/targets.py, as a serial run registers them): the run's exporter and
         every placed server's /metrics, labelled host and gpus; removed when the run closes."""
-        r = self.runner
-        targets = r.run_targets()
-        path = r.exp.launcher.metrics_path
-        if path is None:
-            return
+        self.runner.run_targets()  # the run's exporter, even with no server /metrics path
         for pl in self.packing["placements"]:
-            targets.server(
-                f"{pl['address']}:{pl['port']}",
-                config=pl["config"],
-                metrics_path=path,
-                role=f"server-{pl['slot']}",
-                labels={"host": pl["host"], "gpus": pl["gpus"]},
-            )
+            register_server(self.runner, pl)

@@ -1242,7 +1242,8 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
 
 def attach_decision(plan: Plan, hosts, seed: int = 0, max_parallel: int | None = None) -> dict[str, Any]:
     """The predicted time to decision: the decision procedure run on the step model with the measurement noise of
-    matrix/decision.py (seeded), its probes packed onto the hosts' GPUs as `servesweep run` packs them
+    matrix/decision.py (seeded), its probes packed onto the hosts' GPUs (at most `max_parallel` servers at once:
+    the schedule's, which says 1 for `parallel: false`) as `servesweep run` packs them
     (matrix/decision_packed.py, on virtual time: the same loop, the simulated executor), and the answer's
     confidence at the end and at the budget (the anytime answer then). Kept on the plan as `plan.decision`."""
     from servesweep.matrix.decision import Noise, simulated_measure
@@ -1253,14 +1254,13 @@ def attach_decision(plan: Plan, hosts, seed: int = 0, max_parallel: int | None =
     assert d is not None
     cells = decision_cells(plan)
     noise = Noise()
-    limit = 1 if not exp.parallel else max_parallel
     packed = run_decision_packed(
         cells,
         d.tiers,
         simulated_measure(noise, {c.key: c.predicted for c in cells}, seed),
         list(hosts),
         SimulatedExecutor({cp.config.id: cp.stop_s for cp in plan.configs}),
-        max_parallel=limit,
+        max_parallel=max_parallel,
         snapshot_s=plan.budget_s,  # the anytime answer at the budget, if it runs past it
         **decision_settings(exp),
         noise=noise,
@@ -1282,7 +1282,7 @@ def attach_decision(plan: Plan, hosts, seed: int = 0, max_parallel: int | None =
         "requests": sum(r.requests for r in run.records),
         "serial_s": round(serial, 1),
         "packed_wall_s": round(packed.wall_s, 1),
-        "max_parallel": limit,
+        "max_parallel": max_parallel,
         "lanes": len(packed.lanes),
         "restarts": sum(packed.restarts.values()),
         "gpu_s": round(gpu_s, 1),
@@ -1324,7 +1324,7 @@ def _print_decision(dec: dict[str, Any], console) -> None:
         f"  servesweep run packs it so: {dec['lanes']} server starts on the hosts' GPUs"
         + (f" (at most {dec['max_parallel']} at once)" if dec["max_parallel"] else "")
         + (f", {dec['restarts']} of them a configuration started again" if dec["restarts"] else "")
-        + "; over the budget it stops there with the best answer so far, labelled"
+        + ("; over the budget it stops there with the best answer so far, labelled" if not dec["within_budget"] else "")
     )
 
 
@@ -1334,5 +1334,5 @@ def plan_experiment(exp: Experiment, file: str, max_parallel: int | None = None)
     plan = make_plan(exp)
     schedule = attach_schedule(plan, file, max_parallel)
     if exp.decide is not None:
-        attach_decision(plan, schedule.hosts, max_parallel=max_parallel)
+        attach_decision(plan, schedule.hosts, max_parallel=schedule.max_parallel)
     return plan
