@@ -316,7 +316,13 @@ def test_report_server_state_from_the_real_metrics(serial_run):
     assert len(rows) == 6, sections
     assert all(int(r[-1]) > 0 for r in rows), rows  # samples of the real /metrics during every point
     # SGLang sets its gauges when it logs (each prefill batch, every 40 decode steps), so one point's samples may
-    # all read an idle state; over the run the KV pool's use shows (800-token prompts in a 16,384-token pool)
+    # all read an idle state; over the run the KV pool's use shows (800-token prompts in a 16,384-token pool). The
+    # report hides the gauges of a point with fewer than 5 samples (a 3-5 s point under a loaded suite: every row
+    # said so once), so the usage is read from the points' own server_state where the table has none.
+    if not usage:
+        m = _manifest(run_dir)
+        states = [json.loads((run_dir / pid / "summary.json").read_text()).get("server_state") for pid in m["points"]]
+        usage = [st["gauges"]["token_usage"]["max"] for st in states if st and st.get("gauges", {}).get("token_usage")]
     assert usage and max(usage) >= 0.04, rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -186,6 +187,7 @@ def test_endpoint_metrics_match_ground_truth(sim, tmp_path, endpoint):
     assert summary["requests"]["ok"] == 6, summary["failures"]
     gt = ground_truth_for(sim, {r["request_id"] for r in records})
     assert len(gt) == 6
+    first_lags_ms = []
     for r in records:
         g = gt[r["request_id"]]
         assert g["endpoint"] == PATHS[endpoint], g["endpoint"]
@@ -198,9 +200,15 @@ def test_endpoint_metrics_match_ground_truth(sim, tmp_path, endpoint):
         assert len(r["chunk_ns"]) == len(writes), "one arrival per chunk the emulator wrote"
         if r["chunk_tokens"] is not None:
             assert r["chunk_tokens"] == [c[1] for c in g["chunks"]]
-        # TTFT as measured vs as written: the arrival follows the write by little on one host
-        lag_ms = (r["first_token_ns"] - writes[0]) / 1e6
-        assert -10 < lag_ms < 50, lag_ms
+        # TTFT as measured vs as written: on one host each arrival follows its write, and the first token is
+        # timed at its own chunk (not the headers, not a later chunk)
+        assert r["first_token_ns"] == r["chunk_ns"][0]
+        lags_ms = [(a - w) / 1e6 for a, w in zip(r["chunk_ns"], writes, strict=True)]
+        assert all(-10 < lag < 250 for lag in lags_ms), lags_ms
+        first_lags_ms.append(lags_ms[0])
+    # by little: one scheduling hiccup of the shared 2 cores may delay one arrival (61 ms seen in CI), a systematic
+    # error moves them all
+    assert statistics.median(first_lags_ms) < 50, first_lags_ms
     assert summary["ttft_ms"]["n"] == 6 and summary["itl_ms"] is not None
 
 
