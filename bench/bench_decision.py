@@ -67,18 +67,24 @@ def perturbed_timer(exp, err: float, seed: int):
     return make
 
 
-def with_shape_error(cells, err: float, seed: int):
+def with_shape_error(cells, err: float, seed: int, ttft_per_prompt: bool = False):
     """Each cell's truth off by its own seeded factor on TTFT, TPOT and E2E (log-sd `err`): the part of the model's
-    error one configuration's calibration cannot carry to its other shapes."""
+    error one configuration's calibration cannot carry to its other shapes. `ttft_per_prompt`: the TTFT's factor
+    is one per (configuration, workload, prompt length) instead, shared by its output lengths (a prompt's prefill
+    does not know how long its answer will be); TPOT and E2E keep a factor per cell."""
     for c in cells:
         rng = np.random.default_rng([seed, 7, zlib.crc32("/".join(c.key).encode())])
         f = float(np.exp(err * rng.standard_normal()))
+        ft = f
+        if ttft_per_prompt:
+            k = f"{c.config}/{c.shape.workload}-p{c.shape.prompt}"
+            ft = float(np.exp(err * np.random.default_rng([seed, 8, zlib.crc32(k.encode())]).standard_normal()))
         base = c.predict
 
-        def predict(load, base=base, f=f):
+        def predict(load, base=base, f=f, ft=ft):
             p = dict(base(load))
             for m in ("ttft", "tpot", "e2e", "itl"):
-                p[m] *= f
+                p[m] *= ft if m == "ttft" else f
             p["throughput"] /= f
             return p
 
@@ -222,6 +228,13 @@ def main(argv=None) -> int:
                     "wall time is the packed figure; default: one probe at a time, its per-configuration time packed")
     ap.add_argument("--policy", default=None, choices=["greedy", "lookahead"],
                     help="with --packed: how lanes choose their probes (matrix/decision_packed.py; default: its own)")
+    ap.add_argument("--ttft-error-per-prompt", action="store_true",
+                    help="each cell's own TTFT error shared by the output lengths of its prompt (its prefill)")
+    ap.add_argument("--no-share-one-user", action="store_true",
+                    help="each output length's load-1 probe on its own stream (default: the experiment's setting)")
+    ap.add_argument("--knee-margin", type=float, default=None,
+                    help="loads searched up to this x the step model's throughput knee; 0: every load "
+                    "(default: the experiment's)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
@@ -248,12 +261,14 @@ def main(argv=None) -> int:
     for seed in range(a.seeds):
         truth = planner.decision_cells(plan, timer_for=perturbed_timer(exp, a.model_error, seed))
         if a.shape_error > 0:
-            with_shape_error(truth, a.shape_error, seed)
+            with_shape_error(truth, a.shape_error, seed, a.ttft_error_per_prompt)
         answer = D.exhaustive(truth, d.tiers, noise)
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
                   max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
                   max_looks=d.max_looks, prior_margin=margin, guess_extend=a.guess_extend,
-                  check_guesses=a.check_guesses, cell_sigma=a.cell_sigma)
+                  check_guesses=a.check_guesses, cell_sigma=a.cell_sigma,
+                  share_one_user=d.share_one_user and not a.no_share_one_user,
+                  knee_margin=d.knee_margin if a.knee_margin is None else (a.knee_margin or None))
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
         if a.packed:
             stop_s = {cp.config.id: cp.stop_s for cp in plan.configs}
@@ -318,6 +333,8 @@ def main(argv=None) -> int:
         "model_error": a.model_error,
         "shape_error": a.shape_error,
         "cell_sigma": a.cell_sigma,
+        "share_one_user": d.share_one_user and not a.no_share_one_user,
+        "knee_margin": d.knee_margin if a.knee_margin is None else (a.knee_margin or None),
         "max_probe_s": max_probe_s,
         "prior_margin": margin,
         "noise": D.Noise().__dict__,

@@ -288,3 +288,132 @@ def test_check_guesses_extends_the_guessed_probe_an_answer_leans_on():
     assert "fast" not in again.guessed  # proven on the longer stream
     assert checked.answer.gpu_seconds > fast.answer.gpu_seconds
     assert checked.answer.best() == fast.answer.best()
+
+
+# ---------------------------------------------------------------- one user's stream shared by a prompt's outputs
+
+
+def _one_user_cells(outputs=(256, 1024, 2048), config="a"):
+    return [_cell(config, 0.01, 40, shape=D.Shape("single", 1000, o)) for o in outputs]
+
+
+def test_one_user_sources_are_the_shortest_output_of_each_configuration_and_prompt():
+    cells = [*_one_user_cells(), *_one_user_cells(config="b"), _cell("a", 0.01, 40, shape=D.Shape("single", 3000, 512))]
+    agent = _cell("a", 0.01, 40, shape=D.Shape("agent", 1000, 128, kind="agent"))
+    src = D.one_user_sources([*cells, agent])
+    assert {k: v.key for k, v in src.items() if k[0] == "a"} == {
+        ("a", "single-p1000-o256"): ("a", "single-p1000-o256"),
+        ("a", "single-p1000-o1024"): ("a", "single-p1000-o256"),
+        ("a", "single-p1000-o2048"): ("a", "single-p1000-o256"),
+        ("a", "single-p3000-o512"): ("a", "single-p3000-o512"),  # alone at its prompt: its own stream
+    }
+    assert src[("b", "single-p1000-o2048")].key == ("b", "single-p1000-o256")  # never another configuration's
+    assert agent.key not in src  # a session's turns are not one user's single requests
+
+
+def test_a_derived_request_keeps_its_ttft_and_takes_the_longer_decode():
+    short, long_ = _one_user_cells((256, 2048))
+    m = D.Measured(
+        ttft=D.np.array([0.3, 0.31, math.inf]), tpot=D.np.array([0.0101, 0.0099, math.inf]),
+        e2e=D.np.array([2.9, 2.85]), output=256,
+    )  # fmt: skip
+    out = D.one_user_derived(m, short, long_)
+    assert list(out.ttft) == list(m.ttft) and out.output == 2048
+    ratio = long_.predicted(1)["tpot"] / short.predicted(1)["tpot"]
+    assert out.tpot[0] == pytest.approx(0.0101 * ratio) and math.isinf(out.tpot[2])  # a failed request stays failed
+    # each E2E: its TTFT plus the long output's predicted decode, scaled by the request's TPOT against the model's
+    decode, tpot1 = long_.predicted(1)["e2e"] - long_.predicted(1)["ttft"], short.predicted(1)["tpot"]
+    assert list(out.e2e) == pytest.approx([0.3 + decode * 0.0101 / tpot1, 0.31 + decode * 0.0099 / tpot1])
+    assert len(out.e2e) == 2  # the failed request has none
+    assert D.one_user_derived(m, short, short).e2e is m.e2e
+
+
+def test_one_user_probes_share_one_stream_and_pay_only_for_new_requests():
+    cells = _one_user_cells()
+    asked = []
+    truth = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, 3)
+
+    def measure(cell, load):
+        asked.append((cell.shape.key, load))
+        return truth(cell, load)
+
+    dec = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE)
+    first = dec.probe(cells[2], 1, ["slow", "fast"], measure)  # the 2048-token output, at one user
+    again = dec.probe(cells[1], 1, ["slow", "fast"], measure)  # the 1024-token one: the same requests
+    own = dec.probe(cells[0], 1, ["slow", "fast"], measure)
+    assert asked == [("single-p1000-o256", 1)], "one stream, of the shortest output"
+    assert first.measured_as == again.measured_as == own.measured_as == "single-p1000-o256"
+    assert first.seconds == pytest.approx(5.0 + first.requests / cells[0].predicted(1)["throughput"])
+    assert first.seconds < 5.0 + first.requests / cells[2].predicted(1)["throughput"] / 4  # priced as the short
+    assert again.seconds == own.seconds == 0.0 and again.requests == first.requests
+    # the calibration counts the stream once
+    for r in (first, again, own):
+        dec.add(r, dec.cell_of[(r.config, r.shape)])
+    assert D.independent(dec.records) == [first]
+    # above one user the outputs interleave differently: every load > 1 is its own stream
+    dec.probe(cells[2], 4, ["fast"], measure)
+    assert asked[-1] == ("single-p1000-o2048", 4)
+    # and the fork the packed lookahead plans on never touches the run's streams
+    assert dec.fork().streams == {} and len(dec.streams) == 1
+    # switched off, each output measures itself
+    off = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE, share_one_user=False)
+    assert off.probe(cells[2], 1, ["slow"], measure).measured_as is None and asked[-1] == ("single-p1000-o2048", 1)
+
+
+def test_decisions_with_one_user_shared_still_match_the_exhaustive_answer():
+    # long prompts: one user is every tier's capacity (its first token within 30 s only alone on the server)
+    cells = [
+        _queueing_cell(1, config=name, ttft=ttft, tpot=tpot, gpus=gpus, output=o)
+        for o in (256, 1024, 2048)
+        for name, ttft, tpot, gpus in (("tp1", 26, 0.02, 1), ("tp4", 6, 0.008, 4), ("tp1-spec", 30, 0.012, 1))
+    ]
+    tiers = {"slow": ["decode_tokens_per_s_p50>=30", "ttft_p95<=30s"], "fast": ["decode_tokens_per_s_p50>=70"]}
+    truth = D.exhaustive(cells, tiers, NOISE)
+    kw = {"overhead_s": 5.0, "noise": NOISE}
+    runs = {}
+    for seed in range(3):
+        measure = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, seed)
+        shared = D.run_decision(cells, tiers, measure, **kw)
+        alone = D.run_decision(cells, tiers, measure, share_one_user=False, **kw)
+        for run in (shared, alone):
+            assert D.agreement(run.answer.best(), truth, 0.05)["within_resolution"] == 1.0
+        runs[seed] = (shared, alone)
+    # the shared stream served other outputs' questions (what it saves is the plan's and bench_decision's figure:
+    # a load-1 probe of a 2048-token answer priced as the 256-token one's)
+    assert any(r.measured_as not in (None, r.shape) for run, _ in runs.values() for r in run.records)
+
+
+# ---------------------------------------------------------------- the throughput knee
+
+
+def _queueing_cell(
+    running: int, upper: int = 8, *, config="tp1", ttft=20.0, tpot=0.01, gpus=1, output=1024
+) -> D.Cell:
+    """A long-context cell whose server runs `running` requests at once: above that the load only queues (each
+    round of requests waits for the one before); the decode slows a little with the output's context."""
+
+    def predict(c: int) -> D.Prediction:
+        rounds = math.ceil(c / running)
+        t = tpot * (1 + output / 100_000)
+        e2e = ttft + t * output
+        return {"ttft": ttft + (rounds - 1) * e2e, "tpot": t, "e2e": rounds * e2e, "itl": t, "throughput": c / (rounds * e2e)}
+
+    return D.Cell(config, D.Shape("single", 100_000, output), gpus, 1, upper, predict)
+
+
+def test_loads_above_the_throughput_knee_are_not_searched():
+    tiers = {"speed": ["decode_tokens_per_s_p50>=30"]}  # decode speed only: it holds at every load
+    one = _queueing_cell(1)
+    assert D.knee_capped(one, 2.0).upper == 2  # the knee is 1 (one request at once): searched up to 2
+    assert D.knee_capped(_queueing_cell(3), 2.0).upper == 6
+    rising = _cell("a", 0.01, 40)
+    assert D.knee_capped(rising, 2.0) is rising  # throughput still rising at its highest load: every load
+    measure = D.simulated_measure(NOISE, {one.key: one.predicted}, 0)
+    capped = D.run_decision([one], tiers, measure, overhead_s=5.0, noise=NOISE)
+    every = D.run_decision([one], tiers, measure, overhead_s=5.0, noise=NOISE, knee_margin=None)
+    assert max(r.load for r in capped.records) <= 2 < max(r.load for r in every.records)
+    truth = D.exhaustive([one], tiers, NOISE)  # at load 8: the same tok/s as at the knee
+    for run in (capped, every):
+        low, _, high = (getattr(run.answer.questions[0].value, k) for k in ("low", "estimate", "high"))
+        assert low <= truth[(one.shape.key, "speed")]["tp1"] <= high * 1.05
+    # (what it saves where rivals make the search climb: the plan's figure, docs/decision.md)

@@ -75,10 +75,9 @@ def test_the_plan_predicts_time_and_confidence(plan):
 
 def test_the_field_question_is_planned_against_its_budget():
     """Issue 33's target: `servesweep plan examples/qwen36-27b-rtxpro6000-decide.yaml` predicts the whole 8-GPU
-    question's time to decision against its 2-hour budget, as `servesweep run` packs it (matrix/decision_packed.py:
-    the same loop on virtual time). Honest: packed lanes probe before their rivals' probes land, so they race less
-    than one-at-a-time (more GPU-hours than the serial decision's), and 8-GPU servers hold the whole host; the
-    prediction is over the 2 hours, and the plan says so with the answer at the budget."""
+    question's time to decision within its 2-hour budget, as `servesweep run` packs it (matrix/decision_packed.py:
+    the same loop on virtual time). It was 2.51 h before one user's load-1 stream was shared by a prompt's output
+    lengths and the loads above a cell's throughput knee were left unsearched (1.50 h with both, 2026-12-05)."""
     from pathlib import Path
 
     from servesweep.config.experiment import load_experiment
@@ -87,11 +86,11 @@ def test_the_field_question_is_planned_against_its_budget():
     exp = load_experiment(path)
     d = planner.plan_experiment(exp, str(path)).decision
     assert d is not None and d["questions"] == 30 and d["configs"] == 15
-    assert d["budget_s"] == 7200 and d["within_budget"] == (d["packed_wall_s"] <= 7200)
+    assert d["budget_s"] == 7200 and d["within_budget"] and d["packed_wall_s"] <= 7200, d["packed_wall_s"]
     assert d["packed_wall_s"] < d["serial_s"] / 2 and d["packed_wall_s"] < d["grid_serial_s"] / 10
     assert d["counts"].get("open", 0) + d["counts"].get("leading", 0) == 0  # every question settled
+    assert d["at_budget"] is None  # it ends before the budget: no answer cut short there
     out = io.StringIO()
     planner._print_decision(d, Console(file=out, width=300))
     text = out.getvalue()
-    if not d["within_budget"]:
-        assert "exceeded" in text and d["at_budget"]["label"].startswith("best so far"), text
+    assert "budget 2.00h" in text and "exceeded" not in text, text

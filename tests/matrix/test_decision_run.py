@@ -258,3 +258,38 @@ def test_sigterm_stops_every_lanes_server_and_resume_finishes_the_decision(tmp_p
         assert _servers_alive(srv) == []
     finally:
         cleanup(proc, run_dir, srv)
+
+
+@pytest.mark.timeout(240)
+def test_one_users_stream_of_the_short_output_judges_the_long_one_at_load_1(tmp_path):
+    """Two output lengths; a tier the slow configuration holds only alone on the server: its load-1 cells of both
+    outputs are judged on one stream of 16-token answers (a real point each look), the 64-token cell's record says
+    `measured_as` and lists those points, no 64-token point runs at load 1 for it, and the answer is the step
+    model's exhaustive one."""
+    exp = _experiment(tmp_path, "decide-one-user")
+    text = exp.read_text().replace("output_tokens: 16", "output_tokens: [16, 64]")
+    exp.write_text(text.replace("fast: [tpot_p50<=20ms]\n    relaxed: [tpot_p50<=40ms]", "one: [tpot_p50<=15ms]"))
+    rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), "--max-parallel", "1", timeout=200)
+    assert rc == 0, out[-5000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    doc = json.loads((run_dir / "decision.json").read_text())
+    best, caps = _truth(exp)
+    assert caps[("s02-slow", "chat-p64-o64", "one")] == 1  # the step model's: alone on the server only
+    assert {(q["shape"], q["tier"]): q["best"] for q in doc["questions"]} == best, doc["questions"]
+    shared = [r for r in doc["probe_log"] if r["measured_as"] not in (None, r["shape"])]
+    assert shared, doc["probe_log"]
+    m = json.loads((run_dir / "manifest.json").read_text())
+    for r in shared:
+        assert r["load"] == 1 and r["measured_as"] == "chat-p64-o16" and r["shape"] == "chat-p64-o64", r
+        assert r["points"] and all(m["points"][pid]["output_tokens"] == 16 for pid in r["points"]), r
+        # its verdict from the 16-token stream: measured TPOT times the model's ratio, here about 1 (64 tokens of
+        # context more): the same verdict as the 16-token cell's own load-1 probe where that one was made
+        own = [x for x in doc["probe_log"] if (x["config"], x["shape"], x["load"]) == (r["config"], "chat-p64-o16", 1)]
+        for x in own:
+            assert x["verdicts"] == r["verdicts"] and x["points"] == r["points"], (x, r)
+        assert not [
+            p for p in m["points"].values()
+            if p["config_id"] == r["config"] and p["output_tokens"] == 64 and p["concurrency"] == 1
+        ]  # fmt: skip
+    assert "measured as chat-p64-o16" in out
+    assert set(m["points"]) == {pid for r in doc["probe_log"] for pid in r["points"]}

@@ -29,6 +29,7 @@ does, flat above the running-request cap): value ∈ [tput_low(last pass), tput_
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -47,9 +48,10 @@ PER_METRIC = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "decode_tokens_per_s
 
 @dataclass(frozen=True)
 class Shape:
-    workload: str
+    workload: str  # the workload's name in the experiment (load.workload)
     prompt: int
     output: int
+    kind: str = "synthetic"  # what its requests are (LoadPoint.workload): agent sessions, shared prefixes, ...
 
     @property
     def key(self) -> str:
@@ -156,9 +158,27 @@ class ProbeRecord:
     at_cap: bool = False
     order: int = 0
     guessed: tuple[str, ...] = ()  # tiers whose verdict the point estimate gave at the cap (not proven)
+    # the shape whose one-user stream measured it (`Decider` shares a load-1 probe among a prompt length's output
+    # lengths); None: measured as itself, on its own stream
+    measured_as: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def independent(records: Iterable[ProbeRecord]) -> list[ProbeRecord]:
+    """The records that measured apart: of those one shared one-user stream gave (`measured_as`), the one that saw
+    most of it (the others repeat its requests: a fit counting them would claim more than was measured)."""
+    out: list[ProbeRecord] = []
+    shared: dict[tuple[str, str], ProbeRecord] = {}
+    for r in records:
+        if r.measured_as is None:
+            out.append(r)
+            continue
+        k = (r.config, r.measured_as)
+        if k not in shared or r.requests > shared[k].requests:
+            shared[k] = r
+    return out + list(shared.values())
 
 
 def _z(alpha: float) -> float:
@@ -205,21 +225,24 @@ def sequential_probe(
     max_looks: int = 4,
     min_rounds: float = 2.0,
     guess_extend: float = 1.0,
+    measured: Cell | None = None,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
     max_requests (or once its requests would take max_probe_s) the point estimates decide (`at_cap`). `draw(n)` gives the first n requests of the probe (a run
-    that keeps going: later looks see a longer prefix of the same stream)."""
+    that keeps going: later looks see a longer prefix of the same stream). `measured`: the cell whose requests
+    `draw` runs when it is not `cell` (a shared one-user stream): its throughput prices the probe."""
     alpha = 1.0 - confidence
     need = max(_first_look(s, look_alpha(alpha, 1)) for slos in tiers.values() for s in slos)
     n = min(max_requests, max(need, int(math.ceil(min_rounds * load))))
     most_looks = max(1, int(max_looks))
     want = set(open_tiers) or set(tiers)
     p = cell.predicted(load)
+    cost = (measured or cell).predicted(load)
     most = max_requests
-    if max_probe_s is not None and p["throughput"] > 0:  # the requests that fit the probe's time
+    if max_probe_s is not None and cost["throughput"] > 0:  # the requests that fit the probe's time
         floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
-        most = max(floor, min(max_requests, int(max_probe_s * p["throughput"])))
+        most = max(floor, min(max_requests, int(max_probe_s * cost["throughput"])))
         n = min(
             n, max(most, floor)
         )  # the first look fits the time too (a pass it cannot prove: estimates decide)
@@ -263,7 +286,7 @@ def sequential_probe(
         if cap or (narrow and not guessing):
             break
         n = min(hard_most if soft_cap else most, 2 * n)
-    window = n / p["throughput"] if p["throughput"] > 0 else 0.0
+    window = n / cost["throughput"] if cost["throughput"] > 0 else 0.0
     ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
     took = overhead_s + window if m.seconds is None else m.seconds
     guessed = tuple(t for t in tiers if cap and proven[t] == "undecided")
@@ -279,6 +302,7 @@ def sequential_probe(
         ratios,
         at_cap=cap,
         guessed=guessed,
+        measured_as=None if measured is None else measured.shape.key,
     )
 
 
@@ -634,7 +658,7 @@ def _capacity_bisect(
 def calibration(config: str, records: Sequence[ProbeRecord]) -> dict[str, float]:
     """The configuration's measured / predicted medians (geometric mean over its probes): the step model's error
     for it, applied to its shapes not yet measured."""
-    mine = [r for r in records if r.config == config]
+    mine = [r for r in independent(records) if r.config == config]
     if not mine:
         return {"ttft": 1.0, "tpot": 1.0, "e2e": 1.0}
     return {m: float(np.exp(np.mean([math.log(r.ratios[m]) for r in mine]))) for m in ("ttft", "tpot", "e2e")}
@@ -678,7 +702,7 @@ def fit_calibration(
     fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
     unprobed cell's own error, which the probes' scatter under-shows: the bounds' interval is then honest at its
     confidence, so a configuration is not dropped, nor a question decided, on a bound that is too tight)."""
-    mine = [r for r in records if r.config == config]
+    mine = [r for r in independent(records) if r.config == config]
     key = group or (lambda shape: None)
     groups: dict[Any, list[ProbeRecord]] = {}
     for r in mine:
@@ -827,8 +851,10 @@ class Decider:
         cell_sigma: float = CELL_SIGMA,
         guess_extend: float = 1.0,
         race: bool = True,
+        share_one_user: bool = True,
+        knee_margin: float | None = 2.0,
     ):
-        self.cells = list(cells)
+        self.cells = [knee_capped(c, knee_margin) for c in cells] if knee_margin else list(cells)
         self.noise = noise or Noise()
         self.tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
         self.names = list(self.tiers)
@@ -854,7 +880,10 @@ class Decider:
             c.shape.key: c.shape.prompt for c in cells
         }  # a fit's group: one prompt length's shapes
         self.checked: set[tuple[tuple[str, str], int]] = set()
-        self.cell_of = {c.key: c for c in cells}
+        self.cell_of = {c.key: c for c in self.cells}
+        # a load-1 cell -> the cell whose one-user stream measures it (shared by its prompt length's outputs)
+        self.one_user = one_user_sources(self.cells) if share_one_user else {}
+        self.streams: dict[tuple[str, str], _Stream] = {}  # per source cell: the one-user stream so far
 
     def answer(self, *, complete: bool = True) -> Answer:
         return derive(self.cells, self.names, self.records, complete=complete, **self.kw)
@@ -868,6 +897,7 @@ class Decider:
         other.kw = {k: dict(v) if isinstance(v, dict) else v for k, v in self.kw.items()}
         other.stuck, other.checked = set(self.stuck), set(self.checked)
         other.by_cell = {k: list(v) for k, v in self.by_cell.items()}
+        other.streams = {}  # a fork measures on its own (the model's) streams, never the run's
         return other
 
     def expected(self, cell: Cell) -> Callable[[int], Prediction]:
@@ -912,7 +942,7 @@ class Decider:
                 score += min(bt.high, 10 * best) / max(best, 1e-9)
             if not want:
                 continue
-            cost = _predicted_probe_s(c, mine, self.overhead_s) * c.gpus
+            cost = _predicted_probe_s(c, mine, self.overhead_s, self._one_user_cost(c, mine)) * c.gpus
             if running is not None and running != c.config:
                 cost += c.start_s * c.gpus
             out.append(Work(score / max(cost, 1e-9), c, want))
@@ -948,7 +978,45 @@ class Decider:
             "min_rounds": self.min_rounds,
             "guess_extend": self.guess_extend,
         }
-        return sequential_probe(cell, load, self.tiers, want, measure(cell, load), **{**kw, **over})
+        src = self.one_user.get(cell.key) if load == 1 else None
+        if src is None:
+            return sequential_probe(cell, load, self.tiers, want, measure(cell, load), **{**kw, **over})
+        return sequential_probe(
+            cell, load, self.tiers, want, self._one_user_draw(cell, src, measure), measured=src, **{**kw, **over}
+        )
+
+    def _one_user_draw(self, cell: Cell, src: Cell, measure: Measure) -> Callable[[int], Measured]:
+        """`cell` at load 1 from `src`'s one-user stream (started on first use, extended as looks need more
+        requests, its requests already measured reused at no cost): the probe costs only what it adds."""
+        st = self.streams.get(src.key)
+        if st is None:
+            st = self.streams[src.key] = _Stream(measure(src, 1))
+        base_s = st.seconds
+        thr = src.predicted(1)["throughput"]
+        charged = False
+
+        def draw(n: int) -> Measured:
+            nonlocal charged
+            m = st.draw(n)
+            if n > st.n:
+                if m.seconds is not None:  # a real run: what its looks took
+                    st.seconds = m.seconds
+                else:  # priced as sequential_probe prices a probe: its overhead once, its new requests' window
+                    st.seconds += (0.0 if charged else self.overhead_s) + (n - st.n) / max(thr, 1e-9)
+                    charged = True
+                st.n = n
+            out = one_user_derived(m, src, cell)
+            out.seconds = st.seconds - base_s
+            return out
+
+        return draw
+
+    def _one_user_cost(self, cell: Cell, mine: Sequence[ProbeRecord]) -> Cell | None:
+        """The cell that prices `cell`'s next probe when it will be at load 1 on a shared stream (None: itself)."""
+        src = self.one_user.get(cell.key)
+        if src is None or any(r.load > 1 for r in mine):
+            return None
+        return src
 
     def add(self, rec: ProbeRecord, cell: Cell, *, start_s: float | None = None) -> None:
         """A probe's record: kept, its configuration's cells re-bounded by its fitted and calibrated model.
@@ -960,7 +1028,7 @@ class Decider:
         self.seconds[c.config] = self.seconds.get(c.config, 0.0) + start_s + rec.seconds
         self.records.append(rec)
         self.by_cell.setdefault(c.key, []).append(rec)
-        n_c = sum(1 for r in self.records if r.config == c.config)
+        n_c = sum(1 for r in independent(self.records) if r.config == c.config)
         mine_cells = [x for x in self.cells if x.config == c.config]
         # both bounds of its cells from its fitted calibration
         if self.fit_prior and n_c >= self.fit_min_probes:
@@ -1008,6 +1076,8 @@ class Decider:
             guess_extend=1.0,
         )
         rec.order = old.order
+        if rec.measured_as is not None:  # a shared stream's probe costs what it added: the old one's and that
+            rec.seconds += old.seconds
         self.records[self.records.index(old)] = rec
         self.by_cell[c.key][self.by_cell[c.key].index(old)] = rec
         self.seconds[c.config] += rec.seconds - old.seconds
@@ -1111,10 +1181,82 @@ def _width(b: Bounds, cell: Cell) -> float:
     return math.log(max(hi_v, lo_v + 1) / max(lo_v, 1))
 
 
-def _predicted_probe_s(cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float) -> float:
+def _predicted_probe_s(
+    cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float, measured: Cell | None = None
+) -> float:
     load = max((r.load for r in mine), default=cell.lower)
-    p = cell.predicted(load)
+    p = (measured or cell).predicted(load)
     return overhead_s + max(40, 2 * load) / max(p["throughput"], 1e-9)
+
+
+# ---------------------------------------------------------------- where the value stops rising
+
+
+def knee_capped(cell: Cell, margin: float, flat: float = 0.02) -> Cell:
+    """The cell with its search's highest load at `margin` x its knee: the lowest load whose predicted throughput is
+    within `flat` of the throughput at its highest load. Above the knee the server runs no more requests at once
+    (its KV pool holds no more: a 100k-token prompt on one GPU runs alone) and the load only queues, so a tier that
+    only bounds decode speed holds at every load while the value (output tok/s at the capacity) stays the knee's:
+    probing those loads costs a long-context probe each (12 min at 100k on one GPU) and cannot change the answer.
+    The margin keeps room for a step model that puts the knee too low (its KV pool estimate too small); the
+    exhaustive answer is unchanged (the same value above the knee)."""
+    top = cell.predicted(cell.upper)["throughput"]
+    if top <= 0:
+        return cell
+    knee = next(
+        (ld for ld in range(cell.lower, cell.upper + 1) if cell.predicted(ld)["throughput"] >= (1 - flat) * top),
+        cell.upper,
+    )
+    upper = min(cell.upper, max(cell.lower, int(math.ceil(margin * knee))))
+    if upper == cell.upper:
+        return cell
+    return dataclasses.replace(cell, upper=upper, _cache=cell._cache)
+
+
+# ---------------------------------------------------------------- one user: a load-1 probe shared by output lengths
+
+
+@dataclass
+class _Stream:
+    """A source cell's one-user stream: its draw, the requests it has and what they cost."""
+
+    draw: Callable[[int], Measured]
+    n: int = 0
+    seconds: float = 0.0
+
+
+def one_user_sources(cells: Sequence[Cell]) -> dict[tuple[str, str], Cell]:
+    """Each single-shot cell (synthetic prompts of one length) whose lowest load is 1 -> its configuration's cell of
+    the same workload and prompt length with the shortest output (itself when it is that one): with one user on the
+    server, a request's TTFT does not depend on how many tokens it will generate and its decode runs alone, so one
+    stream of the cheapest output measures every output length at load 1 (the step model carries the decode over
+    the longer context)."""
+    groups: dict[tuple[str, str, int], list[Cell]] = {}
+    for c in cells:
+        if c.shape.kind == "synthetic" and c.lower == 1:
+            groups.setdefault((c.config, c.shape.workload, c.shape.prompt), []).append(c)
+    out = {}
+    for group in groups.values():
+        src = min(group, key=lambda c: c.shape.output)
+        for c in group:
+            out[c.key] = src
+    return out
+
+
+def one_user_derived(m: Measured, src: Cell, cell: Cell) -> Measured:
+    """`src`'s one-user requests as `cell`'s: the same TTFTs, TPOT times the step model's ratio at load 1 (the
+    longer output decodes over a longer context), each request's E2E its TTFT plus its TPOT over the target's
+    decode (the model's decode time per TPOT: E2E - TTFT over TPOT); a failed request stays failed."""
+    if src is cell:
+        return Measured(m.ttft, m.tpot, m.e2e, m.output, m.seconds)
+    ps, pt = src.predicted(1), cell.predicted(1)
+    tpot = m.tpot * (pt["tpot"] / ps["tpot"])
+    with np.errstate(invalid="ignore"):
+        e2e = m.ttft + tpot * ((pt["e2e"] - pt["ttft"]) / pt["tpot"])
+    e2e = e2e[np.isfinite(e2e)]
+    if e2e.size < 2:  # nothing served (as matrix/decision_run.py's streams say it)
+        e2e = np.full(2, 1e6)
+    return Measured(m.ttft, tpot, e2e, cell.shape.output, m.seconds)
 
 
 # ---------------------------------------------------------------- ground truth and the simulated measurement

@@ -276,7 +276,9 @@ def decision_document(
                 "tput_per_gpu": [_r(x) for x in r.tput],
                 "at_cap": r.at_cap,
                 "guessed": list(r.guessed),
-                "points": probes.point_of.get((r.config, r.shape, r.load), []),
+                # one user's requests of the shape measured_as (its points): shared by the prompt's outputs
+                "measured_as": r.measured_as,
+                "points": probes.point_of.get((r.config, r.measured_as or r.shape, r.load), []),
             }
             for r in records
         ],
@@ -463,6 +465,8 @@ def run_decision_phase(runner, lane_cls: LaneFactory, interrupted: type[BaseExce
         write(ans, "running")
         verdicts = " ".join(f"{k}:{v}" for k, v in rec.verdicts.items())
         where = f" on {lane.host}:{lane.cuda_visible_devices}" if lane is not None else ""
+        if rec.measured_as not in (None, rec.shape):
+            where += f" measured as {rec.measured_as}"
         runner.console.print(
             f"decision: probe {rec.order} {rec.config} {rec.shape} c{rec.load}{where} ({rec.requests} requests, "
             f"{verdicts}, {rec.tput[1]:.1f} tok/s/GPU) -> {ans.label}",

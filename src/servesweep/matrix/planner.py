@@ -1165,15 +1165,17 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
         if not timer_for:
             _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
+        kinds: dict[Any, str] = {}
         for pp in cp.feasible_points:
             key = (pp.workload, pp.point.prompt_tokens, pp.point.output_tokens)
             shapes[key] = max(shapes.get(key, 0), pp.point.concurrency)
+            kinds[key] = pp.point.workload
         for (wl, p, o), most in shapes.items():
             upper = min(top, most) if most >= d.lower else d.lower
             cells.append(
                 Cell(
                     cp.config.id,
-                    Shape(wl, p, o),
+                    Shape(wl, p, o, kinds[(wl, p, o)]),
                     flags_gpus(cp.config.flags, exp.launcher.gpus),
                     d.lower,
                     upper,
@@ -1236,6 +1238,8 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
         "max_looks": d.max_looks,
         "prior_margin": d.prior_margin,
         "cell_sigma": d.cell_sigma,
+        "share_one_user": d.share_one_user,
+        "knee_margin": d.knee_margin,
         "overhead_s": decision_overhead_s(exp),
     }
 
