@@ -34,7 +34,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from servesweep.matrix.capacity_search import ProbeResult
-from servesweep.matrix.decision import Answer, Cell, Measured, ProbeRecord, Shape, derive, run_decision
+from servesweep.matrix.decision import (
+    Answer,
+    Cell,
+    Measured,
+    ProbeRecord,
+    Shape,
+    derive,
+    knee_capped,
+    run_decision,
+)
 from servesweep.matrix.decision_packed import DecisionLane, LaneEvent, run_decision_packed
 from servesweep.results import manifest as mf
 from servesweep.results.store import write_json_atomic
@@ -532,8 +541,9 @@ def run_decision_phase(runner, lane_cls: LaneFactory, interrupted: type[BaseExce
         except ProbeFailed as e:
             error = str(e)
             run = None
-    if error is not None or run is None:
-        ans = derive(cells, list(d.tiers), records, **kw)
+    if error is not None or run is None:  # the answer so far, on the cells the decision searched
+        searched = [knee_capped(c, d.knee_margin) for c in cells] if d.knee_margin else cells
+        ans = derive(searched, list(d.tiers), records, **kw)
         entry.update(status="failed", reason=error or "stopped", finished=mf.now_iso())
         write(ans, "failed")
         runner.event(f"[red]✗ decision stopped[/]: {error}")
