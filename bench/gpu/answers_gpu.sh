@@ -27,65 +27,22 @@ M=$W/model
 HERE=bench/gpu
 DEADLINE_S=${DEADLINE_S:-540}
 DRY=${DRY:-0}
-rm -rf "$R"
-mkdir -p "$OUT" "$R" "$M"
-exec > >(tee -a "$OUT/run.log") 2>&1
-t0=$(date +%s)
-step() { echo "== +$(($(date +%s) - t0))s $*"; }
-
-if [ "$DRY" = 1 ]; then
-  PY=$PWD/.venv/bin/python
-  # the architecture build_model.py builds (the emulator sizes its step model from it; no weights)
-  [ -f "$M/config.json" ] || cat > "$M/config.json" <<'EOF'
-{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,
- "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
- "vocab_size": 248320, "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": true,
- "eos_token_id": 248046, "pad_token_id": 248044, "torch_dtype": "bfloat16"}
-EOF
-else
-  PY=python3
-  step "install carried wheels"
-  extra=()
+. $HERE/serve_lib.sh
+serve_begin
+extra=()  # orjson and tenacity from .peer/ where .whl/ lacks them
+if [ "$DRY" != 1 ]; then
   for w in .peer/whl/orjson-*.whl .peer/whl/tenacity-*.whl; do
     n=$(basename "$w" | cut -d- -f1)
     ls .whl/"$n"-*.whl > /dev/null 2>&1 || extra+=("$w")
   done
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl "${extra[@]}" || exit 1
-  export PATH=/tmp/site/bin:$PATH
 fi
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/$HERE LC_ALL=C.UTF-8 LANG=C.UTF-8
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-mkdir -p ~/.cache/huggingface/hub
-
-if [ "$DRY" = 1 ]; then
-  step "emulator in place of transformers serve"
-elif [ -f "$M/config.json" ] && [ -f "$M/tokenizer.json" ]; then
-  step "model and tokenizer already built (warm machine)"
-else
+serve_python "${extra[@]}" || exit 1
+if [ "$DRY" != 1 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $PY -c "import torch, transformers, tenacity, orjson, servesweep; print('torch', torch.__version__, 'transformers', transformers.__version__)" || exit 1
-  step "tokenizer (Qwen3.6 vocabulary) and model (Qwen3 architecture, random weights)"
-  $PY $HERE/build_tokenizer.py "$W/tokenizer" || exit 1
-  $PY $HERE/build_model.py "$W/tokenizer" "$M" || exit 1
 fi
-
-step "start the server"
-if [ "$DRY" = 1 ]; then
-  setsid $PY -m servesweep.sim --model-path "$M" --host 127.0.0.1 --port $PORT --sim-gpu H200 --sim-load-time 1 \
-    --sim-calibration speedup=20 > "$R/server.log" 2>&1 &
-else
-  setsid $PY -c "from transformers.cli.transformers import app; app()" serve "$M" --host 127.0.0.1 --port $PORT \
-    --continuous-batching --cb-max-batch-tokens 8192 --cb-max-memory-percent 0.6 --cb-use-cuda-graph \
-    > "$R/server.log" 2>&1 &
-fi
-srv=$!
-for i in $(seq 1 180); do
-  curl -sf "$URL/health" > /dev/null && break
-  kill -0 $srv 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; exit 1; }
-  sleep 1
-done
-step "server ready"
+serve_model || exit 1
+serve_start || exit 1
 echo "--- one greedy non-streaming answer (the probes' request shape), 40 tokens:"
 curl -s -m 60 -H 'Content-Type: application/json' "$URL/v1/chat/completions" -d \
   "{\"model\":\"$M\",\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}],\"max_tokens\":40,\"temperature\":0,\"stream\":false}" \
@@ -121,11 +78,7 @@ timeout 120 $PY $HERE/answer_samples.py --probe "$EXP" "$URL" 3000=128 30000=128
 echo "probes exited $?"
 $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['lengths']))" "$OUT/probes-direct.json"
 
-step "stop the server"
-kill -- -$srv 2>/dev/null || kill $srv 2>/dev/null
-for i in $(seq 1 60); do kill -0 $srv 2>/dev/null || break; sleep 1; done
-kill -0 $srv 2>/dev/null && { kill -9 -- -$srv 2>/dev/null; sleep 3; }
-tail -60 "$R/server.log" > "$R/server-log-tail.txt"
+serve_stop
 [ "$DRY" = 1 ] || nvidia-smi --query-gpu=memory.used --format=csv,noheader
 
 step "servesweep run $EXP (probes on by default)"

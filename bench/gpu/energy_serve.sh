@@ -29,62 +29,16 @@ DUR=${DUR:-40s}
 IDLE_S=${IDLE_S:-12}
 PROMPT=${PROMPT:-3000}
 OUTPUT=${OUTPUT:-128}
-rm -rf "$R"
-mkdir -p "$OUT" "$R" "$M"
-exec > >(tee -a "$OUT/run.log") 2>&1
-t0=$(date +%s)
-step() { echo "== +$(($(date +%s) - t0))s $*"; }
-left() { echo $((DEADLINE_S - ($(date +%s) - t0))); }
-
-if [ "$DRY" = 1 ]; then
-  PY=$PWD/.venv/bin/python
-  [ -f "$M/config.json" ] || cat > "$M/config.json" <<'EOF'
-{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,
- "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
- "vocab_size": 248320, "max_position_embeddings": 131072, "rope_theta": 1000000.0, "tie_word_embeddings": true,
- "eos_token_id": 248046, "pad_token_id": 248044, "torch_dtype": "bfloat16"}
-EOF
-else
-  PY=python3
-  step "install carried wheels"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PATH=/tmp/site/bin:$PATH
-fi
-export PYTHONPATH=/tmp/site:$PWD/src LC_ALL=C.UTF-8 LANG=C.UTF-8
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-mkdir -p ~/.cache/huggingface/hub
-
-if [ "$DRY" = 1 ]; then
-  step "emulator in place of transformers serve"
-else
+. $HERE/serve_lib.sh
+serve_begin
+serve_python || exit 1
+if [ "$DRY" != 1 ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,power.min_limit,power.max_limit \
     --format=csv,noheader
   $PY -c "import torch, transformers, servesweep, pynvml; from importlib.metadata import version as v; print('torch', torch.__version__, 'transformers', transformers.__version__, 'nvidia-ml-py', v('nvidia-ml-py'), 'locust', v('locust'))" || exit 1
-  if [ -f "$M/config.json" ] && [ -f "$M/tokenizer.json" ]; then
-    step "model and tokenizer already built (warm machine)"
-  else
-    step "tokenizer (Qwen3.6 vocabulary) and model (Qwen3 architecture, random weights)"
-    $PY $HERE/build_tokenizer.py "$W/tokenizer" || exit 1
-    $PY $HERE/build_model.py "$W/tokenizer" "$M" || exit 1
-  fi
 fi
-
-step "start the server"
-if [ "$DRY" = 1 ]; then
-  setsid $PY -m servesweep.sim --model-path "$M" --host 127.0.0.1 --port $PORT --sim-gpu H200 --sim-load-time 1 \
-    --sim-calibration speedup=20 > "$R/server.log" 2>&1 &
-else
-  setsid $PY -c "from transformers.cli.transformers import app; app()" serve "$M" --host 127.0.0.1 --port $PORT \
-    --continuous-batching --cb-max-batch-tokens 8192 --cb-max-memory-percent 0.6 --cb-use-cuda-graph \
-    > "$R/server.log" 2>&1 &
-fi
-srv=$!
-for i in $(seq 1 180); do
-  curl -sf "$URL/health" > /dev/null && break
-  kill -0 $srv 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; exit 1; }
-  sleep 1
-done
-step "server ready"
+serve_model || exit 1
+serve_start || exit 1
 
 step "the role's GPU sampler beside the server (NVML; 4 Hz; exits with the server's pid)"
 if [ "$DRY" = 1 ]; then SRC=$URL/sim/gpu; else SRC=nvml; fi
@@ -125,12 +79,9 @@ sleep 2
 step "analysis: counter vs integrated power vs nvidia-smi, per point"
 $PY $HERE/energy_serve_analyze.py "$R" --out "$OUT" --dry "$DRY"
 
-step "stop the sampler and the server"
+step "stop the sampler"
 $PY ansible/roles/sglang_server/files/gpu_sampler.py --state stopped --workdir "$R/sampler"
-kill -- -$srv 2>/dev/null || kill $srv 2>/dev/null
-for i in $(seq 1 30); do kill -0 $srv 2>/dev/null || break; sleep 1; done
-kill -0 $srv 2>/dev/null && kill -9 -- -$srv 2>/dev/null
-tail -40 "$R/server.log" > "$R/server-log-tail.txt"
+serve_stop
 tar -czf "$OUT/results.tar.gz" -C "$R" --exclude=locust-report.html --exclude=server.log .
 ls -la "$OUT"
 step "done"

@@ -22,7 +22,7 @@ RUNS=${RUNS:-"ss32a sg32a ss32b sg32b sg64 ss64"}
 mkdir -p "$OUT" "$R"
 exec > >(tee -a "$OUT/run.log") 2>&1
 t0=$(date +%s)
-step() { echo "== +$(($(date +%s) - t0))s $*"; }
+. $HERE/serve_lib.sh  # step, serve_wait
 mono() { python3 -c 'import time; print(time.monotonic_ns())'; }
 
 step "install carried wheels"
@@ -56,12 +56,7 @@ import ttft_middleware; ttft_middleware.install(); from transformers.cli.transfo
   serve "$W/model" --host 127.0.0.1 --port $PORT --continuous-batching --cb-max-batch-tokens 8192 \
   --cb-max-memory-percent 0.6 --cb-use-cuda-graph > "$R/server.log" 2>&1 &
 srv=$!
-for i in $(seq 1 120); do
-  curl -sf "$URL/health" > /dev/null && break
-  kill -0 $srv 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; exit 1; }
-  sleep 1
-done
-step "server ready"
+serve_wait || exit 1
 
 step "what the server answers to each client's body as sent (X-MW-Raw: no rewrite)"
 M=$W/model
