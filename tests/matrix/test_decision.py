@@ -337,7 +337,7 @@ def test_one_user_probes_share_one_stream_and_pay_only_for_new_requests():
         asked.append((cell.shape.key, load))
         return truth(cell, load)
 
-    dec = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE)
+    dec = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE, share_one_user=True)
     first = dec.probe(cells[2], 1, ["slow", "fast"], measure)  # the 2048-token output, at one user
     again = dec.probe(cells[1], 1, ["slow", "fast"], measure)  # the 1024-token one: the same requests
     own = dec.probe(cells[0], 1, ["slow", "fast"], measure)
@@ -356,7 +356,7 @@ def test_one_user_probes_share_one_stream_and_pay_only_for_new_requests():
     # and the fork the packed lookahead plans on never touches the run's streams
     assert dec.fork().streams == {} and len(dec.streams) == 1
     # switched off, each output measures itself
-    off = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE, share_one_user=False)
+    off = D.Decider(cells, TIERS, overhead_s=5.0, noise=NOISE)  # the default: each output on its own stream
     assert off.probe(cells[2], 1, ["slow"], measure).measured_as is None and asked[-1] == ("single-p1000-o2048", 1)
 
 
@@ -373,8 +373,8 @@ def test_decisions_with_one_user_shared_still_match_the_exhaustive_answer():
     runs = {}
     for seed in range(3):
         measure = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, seed)
-        shared = D.run_decision(cells, tiers, measure, **kw)
-        alone = D.run_decision(cells, tiers, measure, share_one_user=False, **kw)
+        shared = D.run_decision(cells, tiers, measure, share_one_user=True, **kw)
+        alone = D.run_decision(cells, tiers, measure, **kw)
         for run in (shared, alone):
             assert D.agreement(run.answer.best(), truth, 0.05)["within_resolution"] == 1.0
         runs[seed] = (shared, alone)

@@ -268,7 +268,8 @@ def test_one_users_stream_of_the_short_output_judges_the_long_one_at_load_1(tmp_
     model's exhaustive one."""
     exp = _experiment(tmp_path, "decide-one-user")
     text = exp.read_text().replace("output_tokens: 16", "output_tokens: [16, 64]")
-    exp.write_text(text.replace("fast: [tpot_p50<=20ms]\n    relaxed: [tpot_p50<=40ms]", "one: [tpot_p50<=15ms]"))
+    text = text.replace("fast: [tpot_p50<=20ms]\n    relaxed: [tpot_p50<=40ms]", "one: [tpot_p50<=15ms]")
+    exp.write_text(text.replace("decide:\n", "decide:\n  share_one_user: true\n"))
     rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), "--max-parallel", "1", timeout=200)
     assert rc == 0, out[-5000:]
     run_dir = next((tmp_path / "runs").iterdir())

@@ -20,7 +20,7 @@ decide:
                                       # times the step model's prediction (racing drops it below that)
   cell_sigma: 5%                      # a shape not probed keeps this much error of its own (log-sd) beside its
                                       # configuration's fitted calibration: the fit's intervals widen by it
-  share_one_user: true                # one load-1 stream of a prompt length's shortest output measures its
+  share_one_user: false               # true: one load-1 stream of a prompt length's shortest output measures its
                                       # other outputs at load 1 (one user: same TTFT, decode carried by the model)
   knee_margin: 2                      # loads searched up to 2 x the step model's throughput knee (null: all)
 ```
@@ -86,7 +86,9 @@ class DecideBlock(BaseModel):
         0.05, ge=0, lt=1, description="an unprobed shape's own error (log-sd) beside its configuration's fit"
     )
     share_one_user: bool = Field(
-        True, description="a load-1 probe of a prompt length's shortest output measures its other outputs at load 1"
+        False,
+        description="a load-1 probe of a prompt length's shortest output measures its other outputs at load 1 "
+        "(cheaper; its guesses are shared too: docs/decision.md)",
     )
     knee_margin: float | None = Field(
         2.0, ge=1.0, description="loads searched up to this x the step model's throughput knee (None: every load)"

@@ -851,7 +851,7 @@ class Decider:
         cell_sigma: float = CELL_SIGMA,
         guess_extend: float = 1.0,
         race: bool = True,
-        share_one_user: bool = True,
+        share_one_user: bool = False,
         knee_margin: float | None = 2.0,
     ):
         self.cells = [knee_capped(c, knee_margin) for c in cells] if knee_margin else list(cells)
