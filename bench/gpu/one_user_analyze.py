@@ -7,8 +7,8 @@ model's ratio carries: the longer context).
 
   python3 bench/gpu/one_user_analyze.py DIR --short 256 --long 2048 --out OUTDIR
 
-DIR holds o<N>/<run>/<point>/{summary.json,records.parquet} (servesweep load --out DIR/o<N>). Writes
-OUTDIR/one_user.json and prints a table."""
+DIR holds o<N>/<run>/<point>/records.parquet (servesweep load --out DIR/o<N>; an interrupted point's
+records.partial.parquet will do). Writes OUTDIR/one_user.json and prints a table."""
 
 from __future__ import annotations
 
@@ -20,29 +20,33 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-def point_dir(root: Path) -> Path:
-    (summary,) = list(root.rglob("summary.json"))
-    return summary.parent
+def records_of(root: Path) -> list[dict]:
+    """The measured requests (no warm-up, no error) of the one point under `root`: its records.parquet, or the
+    records.partial.parquet an interrupted point kept (the requests that finished before the deadline)."""
+    files = list(root.rglob("records.parquet")) or list(root.rglob("records.partial.parquet"))
+    if len(files) != 1:
+        raise SystemExit(f"{root}: expected one point's records, found {[str(f) for f in files]}")
+    rows = pq.read_table(files[0]).to_pylist()
+    return [r for r in rows if not r.get("warmup") and not r.get("error_class") and r.get("chunk_ns")]
 
 
-def figures(d: Path) -> dict:
-    s = json.loads((d / "summary.json").read_text())
+def figures(rows: list[dict]) -> dict:
+    """Per request TTFT (send to first token) and TPOT (first to last token over the tokens after the first), ms;
+    their medians and largest (too few requests for a p95)."""
+    ttft = [(r["first_token_ns"] - r["sent_ns"]) / 1e6 for r in rows]
+    tpot = [(r["chunk_ns"][-1] - r["chunk_ns"][0]) / 1e6 / max(1, r["completion_tokens"] - 1) for r in rows]
     return {
-        "requests": s["requests"],
-        "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p95", "n")},
-        "tpot_ms": {k: s["tpot_ms"][k] for k in ("p50", "p95", "n")},
-        "decode_tokens_per_s_p50": s["decode_tokens_per_s"]["p50"],
-        "prompt_tokens": s.get("prompt_tokens"),
+        "requests": len(rows),
+        "prompt_tokens": statistics.median(r["prompt_tokens"] for r in rows) if rows else None,
+        "ttft_ms": {"p50": statistics.median(ttft), "max": max(ttft)} if rows else None,
+        "tpot_ms": {"p50": statistics.median(tpot), "max": max(tpot)} if rows else None,
     }
 
 
-def head_tpot(d: Path, head: int) -> list[tuple[float, float]]:
-    """Per request (not warm-up, no error): (TPOT over its first `head` tokens, TPOT over all), ms."""
-    rows = pq.read_table(d / "records.parquet").to_pylist()
+def head_tpot(rows: list[dict], head: int) -> list[tuple[float, float]]:
+    """Per request: (TPOT over its first `head` tokens, TPOT over all), ms."""
     out = []
     for r in rows:
-        if r.get("warmup") or r.get("error_class") or not r.get("chunk_ns"):
-            continue
         ns = r["chunk_ns"]
         toks = r.get("chunk_tokens") or [1] * len(ns)
         cum, k_head = 0, None
@@ -66,15 +70,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     root = Path(a.dir)
-    short, long_ = point_dir(root / f"o{a.short}"), point_dir(root / f"o{a.long}")
-    fs, fl = figures(short), figures(long_)
-    pairs = head_tpot(long_, a.short)
+    rs, rl = records_of(root / f"o{a.short}"), records_of(root / f"o{a.long}")
+    fs, fl = figures(rs), figures(rl)
+    pairs = head_tpot(rl, a.short)
     doc = {
         "short": a.short,
         "long": a.long,
         "figures": {str(a.short): fs, str(a.long): fl},
         "ttft_p50_ratio": fl["ttft_ms"]["p50"] / fs["ttft_ms"]["p50"],
-        "ttft_p95_ratio": fl["ttft_ms"]["p95"] / fs["ttft_ms"]["p95"],
         "tpot_p50_ratio": fl["tpot_ms"]["p50"] / fs["tpot_ms"]["p50"],
         "within_long": {
             "requests": len(pairs),
@@ -83,16 +86,14 @@ def main(argv=None) -> int:
             "all_over_head": [round(p[1] / p[0], 4) for p in pairs],
         },
     }
-    pt = fs["prompt_tokens"] or {}
-    print(f"one user, {pt.get('mean', '?')}-token prompts (as the server counted them): {a.short}- vs {a.long}-token "
+    print(f"one user, {fs['prompt_tokens']}-token prompts (as the server counted them): {a.short}- vs {a.long}-token "
           "answers")
-    print("| output | requests | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | decode tok/s p50 |")
+    print("| output | requests | TTFT p50 ms | TTFT max ms | TPOT p50 ms | TPOT max ms |")
     print("|---|---|---|---|---|---|")
     for o, f in ((a.short, fs), (a.long, fl)):
-        print(f"| {o} | {f['ttft_ms']['n']} | {f['ttft_ms']['p50']:.1f} | {f['ttft_ms']['p95']:.1f} | "
-              f"{f['tpot_ms']['p50']:.2f} | {f['decode_tokens_per_s_p50']:.1f} |")
-    print(f"TTFT long/short: p50 {doc['ttft_p50_ratio']:.3f}, p95 {doc['ttft_p95_ratio']:.3f}; "
-          f"TPOT p50 long/short {doc['tpot_p50_ratio']:.3f}")
+        print(f"| {o} | {f['requests']} | {f['ttft_ms']['p50']:.1f} | {f['ttft_ms']['max']:.1f} | "
+              f"{f['tpot_ms']['p50']:.2f} | {f['tpot_ms']['max']:.2f} |")
+    print(f"long/short: TTFT p50 {doc['ttft_p50_ratio']:.3f}, TPOT p50 {doc['tpot_p50_ratio']:.3f}")
     w = doc["within_long"]
     if pairs:
         print(f"within the {a.long}-token answers ({w['requests']} requests): TPOT over the first {a.short} tokens "
