@@ -658,7 +658,7 @@ def _capacity_bisect(
 def calibration(config: str, records: Sequence[ProbeRecord]) -> dict[str, float]:
     """The configuration's measured / predicted medians (geometric mean over its probes): the step model's error
     for it, applied to its shapes not yet measured."""
-    mine = [r for r in independent(records) if r.config == config]
+    mine = independent(r for r in records if r.config == config)
     if not mine:
         return {"ttft": 1.0, "tpot": 1.0, "e2e": 1.0}
     return {m: float(np.exp(np.mean([math.log(r.ratios[m]) for r in mine]))) for m in ("ttft", "tpot", "e2e")}
@@ -702,7 +702,7 @@ def fit_calibration(
     fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
     unprobed cell's own error, which the probes' scatter under-shows: the bounds' interval is then honest at its
     confidence, so a configuration is not dropped, nor a question decided, on a bound that is too tight)."""
-    mine = [r for r in independent(records) if r.config == config]
+    mine = independent(r for r in records if r.config == config)
     key = group or (lambda shape: None)
     groups: dict[Any, list[ProbeRecord]] = {}
     for r in mine:
@@ -854,7 +854,7 @@ class Decider:
         share_one_user: bool = False,
         knee_margin: float | None = 2.0,
     ):
-        self.cells = [knee_capped(c, knee_margin) for c in cells] if knee_margin else list(cells)
+        self.cells = searched_cells(cells, knee_margin)
         self.noise = noise or Noise()
         self.tiers = {k: parse_tier(list(v)) for k, v in tier_texts.items()}
         self.names = list(self.tiers)
@@ -942,7 +942,7 @@ class Decider:
                 score += min(bt.high, 10 * best) / max(best, 1e-9)
             if not want:
                 continue
-            cost = _predicted_probe_s(c, mine, self.overhead_s, self._one_user_cost(c, mine)) * c.gpus
+            cost = _predicted_probe_s(c, mine, self.overhead_s, self.one_user.get(c.key)) * c.gpus
             if running is not None and running != c.config:
                 cost += c.start_s * c.gpus
             out.append(Work(score / max(cost, 1e-9), c, want))
@@ -1011,13 +1011,6 @@ class Decider:
 
         return draw
 
-    def _one_user_cost(self, cell: Cell, mine: Sequence[ProbeRecord]) -> Cell | None:
-        """The cell that prices `cell`'s next probe when it will be at load 1 on a shared stream (None: itself)."""
-        src = self.one_user.get(cell.key)
-        if src is None or any(r.load > 1 for r in mine):
-            return None
-        return src
-
     def add(self, rec: ProbeRecord, cell: Cell, *, start_s: float | None = None) -> None:
         """A probe's record: kept, its configuration's cells re-bounded by its fitted and calibrated model.
         `start_s`: the server start it paid (default: the cell's, once per configuration)."""
@@ -1028,7 +1021,7 @@ class Decider:
         self.seconds[c.config] = self.seconds.get(c.config, 0.0) + start_s + rec.seconds
         self.records.append(rec)
         self.by_cell.setdefault(c.key, []).append(rec)
-        n_c = sum(1 for r in independent(self.records) if r.config == c.config)
+        n_c = len(independent(r for r in self.records if r.config == c.config))
         mine_cells = [x for x in self.cells if x.config == c.config]
         # both bounds of its cells from its fitted calibration
         if self.fit_prior and n_c >= self.fit_min_probes:
@@ -1182,14 +1175,22 @@ def _width(b: Bounds, cell: Cell) -> float:
 
 
 def _predicted_probe_s(
-    cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float, measured: Cell | None = None
+    cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float, one_user: Cell | None = None
 ) -> float:
+    """A probe's predicted seconds at the cell's highest load probed so far; at load 1, priced as the one-user
+    stream's cell (`one_user`) whose requests it runs."""
     load = max((r.load for r in mine), default=cell.lower)
-    p = (measured or cell).predicted(load)
+    p = (one_user if load == 1 and one_user is not None else cell).predicted(load)
     return overhead_s + max(40, 2 * load) / max(p["throughput"], 1e-9)
 
 
 # ---------------------------------------------------------------- where the value stops rising
+
+
+def searched_cells(cells: Iterable[Cell], knee_margin: float | None) -> list[Cell]:
+    """The cells as the decision searches them: each capped at `knee_margin` x its throughput knee (None: as
+    given)."""
+    return [knee_capped(c, knee_margin) for c in cells] if knee_margin else list(cells)
 
 
 def knee_capped(cell: Cell, margin: float, flat: float = 0.02) -> Cell:

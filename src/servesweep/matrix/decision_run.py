@@ -41,8 +41,8 @@ from servesweep.matrix.decision import (
     ProbeRecord,
     Shape,
     derive,
-    knee_capped,
     run_decision,
+    searched_cells,
 )
 from servesweep.matrix.decision_packed import DecisionLane, LaneEvent, run_decision_packed
 from servesweep.results import manifest as mf
@@ -542,8 +542,7 @@ def run_decision_phase(runner, lane_cls: LaneFactory, interrupted: type[BaseExce
             error = str(e)
             run = None
     if error is not None or run is None:  # the answer so far, on the cells the decision searched
-        searched = [knee_capped(c, d.knee_margin) for c in cells] if d.knee_margin else cells
-        ans = derive(searched, list(d.tiers), records, **kw)
+        ans = derive(searched_cells(cells, d.knee_margin), list(d.tiers), records, **kw)
         entry.update(status="failed", reason=error or "stopped", finished=mf.now_iso())
         write(ans, "failed")
         runner.event(f"[red]✗ decision stopped[/]: {error}")
