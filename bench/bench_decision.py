@@ -216,6 +216,8 @@ def main(argv=None) -> int:
                     help="log-sd added to every fitted sigma for an unprobed cell's own error (0: the fit's alone)")
     ap.add_argument("--max-probe-time", type=float, default=None, help="seconds; default: the experiment's")
     ap.add_argument("--prior-margin", type=float, default=None, help="default: the experiment's")
+    ap.add_argument("--unprobed-margin", type=float, default=None,
+                    help="a configuration's bound before its first probe (inf: none; default: the experiment's)")
     ap.add_argument("--ablate", action="store_true", help="also run with each lever switched off")
     ap.add_argument("--guess-extend", type=float, default=1.0,
                     help="a probe whose verdict would be a guess at its cap goes on to this many times its requests")
@@ -266,6 +268,7 @@ def main(argv=None) -> int:
         kw = dict(confidence=d.confidence, resolution=d.resolution, max_requests=d.max_requests,
                   max_probe_s=max_probe_s, overhead_s=planner.decision_overhead_s(exp), noise=noise,
                   max_looks=d.max_looks, prior_margin=margin, guess_extend=a.guess_extend,
+                  unprobed_margin=d.unprobed_margin if a.unprobed_margin is None else a.unprobed_margin,
                   check_guesses=a.check_guesses, cell_sigma=a.cell_sigma,
                   share_one_user=d.share_one_user and not a.no_share_one_user,
                   knee_margin=d.knee_margin if a.knee_margin is None else (a.knee_margin or None))
@@ -337,6 +340,7 @@ def main(argv=None) -> int:
         "knee_margin": d.knee_margin if a.knee_margin is None else (a.knee_margin or None),
         "max_probe_s": max_probe_s,
         "prior_margin": margin,
+        "unprobed_margin": d.unprobed_margin if a.unprobed_margin is None else a.unprobed_margin,
         "noise": D.Noise().__dict__,
         "questions": rows[0]["agreement"]["questions"] if rows else 0,
         "grid": grid,

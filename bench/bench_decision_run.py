@@ -236,6 +236,63 @@ def engine_truth(exp, hidden: dict, tiers: dict, seed: int, jobs: int = 1) -> tu
     return values, caps
 
 
+def binding_on_engine(rs, cal: dict, prompt: int, output: int, load: int, slos, seed: int) -> tuple[float, str]:
+    """The SLO of a tier closest to failing at a load on the engine: (signed distance past its threshold, its
+    text); > 0 fails, < 0 holds (bench/bench_decision.py's `_binding` on the engine's samples)."""
+    s = engine_samples(rs, cal, prompt, output, load, seed)
+    out = []
+    for x in slos:
+        q = float(x.stat[1:]) if x.stat else 50.0
+        if x.metric == "decode_tokens_per_s":
+            v = float(np.percentile(1.0 / s["tpot"], q))
+        else:
+            v = 1000.0 * float(np.percentile(s[x.metric], q))
+        out.append(((v - x.value) / x.value * (1 if x.upper_limit else -1), x.text))
+    return max(out)
+
+
+def explain_on_engine(
+    misses: list[dict], exp, hidden: dict, tiers: dict, caps: dict, seed: int, probed: set[str],
+    tolerance: float = 0.05,
+) -> None:  # fmt: skip
+    """Each miss's cause on the engine, in place: `engine` (the exhaustive best's and the decided configuration's
+    binding SLO at the loads where their verdict flips), `slo_tie` (one of them within `tolerance` of its
+    threshold there: a cliff no 1-minute probe splits, bench_decision's SLO tie) and `unprobed` (the exhaustive
+    best was never probed: dropped on its prior)."""
+    plan = planner.make_plan(exp)
+    by_id = {cp.config.id: cp for cp in plan.configs}
+    cell_of = {(c.config, c.shape.key): c for c in planner.decision_cells(plan)}
+    for m in misses:
+        shape, tier = m["question"]
+        slos = D.parse_tier(list(tiers[tier]))
+        parts, tie = [], False
+        for role in ("exhaustive", "decided"):
+            name = m[role]
+            if name is None:
+                continue
+            c = cell_of[(name, shape)]
+            cap = caps.get((name, shape, tier))
+            near = []
+            for load in sorted({cap or c.lower, min(c.upper, (cap or 0) + 1)}):
+                d, text = binding_on_engine(
+                    by_id[name].resolved, hidden[name], c.shape.prompt, c.shape.output, load, slos, seed
+                )
+                near.append(abs(d))
+                parts.append(f"{role} {name} (engine capacity {cap}): {text} {d:+.1%} at load {load}")
+            tie = tie or min(near) <= tolerance
+        m["engine"] = "; ".join(parts)
+        m["slo_tie"] = tie
+        m["unprobed"] = m["exhaustive"] is not None and m["exhaustive"] not in probed
+
+
+def explained_share(agree: dict) -> float:
+    """Agreement with the misses explained: exact, ties within resolution, SLO ties."""
+    n = max(1, agree["questions"])
+    return agree["within_resolution"] + sum(
+        1 for m in agree["misses"] if not m["within_resolution"] and m.get("slo_tie")
+    ) / n
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -392,6 +449,19 @@ def real_slice(a, run_dir: Path, doc: dict, d_acc: dict, work: Path, speedup: fl
 # ---------------------------------------------------------------- main
 
 
+def _print_misses(agree: dict) -> None:
+    for m in agree["misses"]:
+        flags = [w for w, on in (("tie within resolution", m["within_resolution"]), ("SLO tie", m.get("slo_tie")),
+                                 ("dropped unprobed", m.get("unprobed"))) if on]  # fmt: skip
+        print(f"  miss {m['question']}: {m['why']}{' (' + ', '.join(flags) + ')' if flags else ''}")
+        if m.get("engine"):
+            print(f"    on the engine: {m['engine']}")
+    print(
+        f"  with the misses explained (ties within resolution, SLO ties within 5 % of a threshold on the engine): "
+        f"{explained_share(agree):.1%}"
+    )
+
+
 def one_run(a, work: Path, tag: str, budget_s: float | None) -> dict:
     d, hidden = cut_experiment(a, work, speedup=a.speedup, budget_s=budget_s, name=f"bdr-{tag}")
     f = work / f"{tag}.yaml"
@@ -431,6 +501,10 @@ def main(argv=None) -> int:
         "--truth-only", action="store_true", help="compute (and keep in --out) the engine's exhaustive answer, stop"
     )
     ap.add_argument("--out", default="/tmp/bench_decision_run")
+    ap.add_argument("--explain", action="store_true",
+                    help="explain the misses of the report kept in --out on the engine (SLO ties), and stop")
+    ap.add_argument("--explain-probed", type=lambda s: s.split(","), default=[],
+                    help="with --explain on a report that does not list them: the configurations the run probed")
     a = ap.parse_args(argv)
     work = Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -483,10 +557,23 @@ def main(argv=None) -> int:
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
     if a.truth_only:
         return 0
+    if a.explain:  # a kept report's misses explained on the engine (its run folder may be gone)
+        rep = json.loads((work / "report.json").read_text())
+        agree = rep["full"]["agreement"]
+        for m in agree["misses"]:
+            m["question"] = tuple(m["question"])
+        probed = set(rep["full"].get("probed") or a.explain_probed)
+        explain_on_engine(agree["misses"], exp_real, hidden, tiers, caps, a.seed, probed)
+        _print_misses(agree)
+        rep["full"]["agreement"] = agree
+        (work / "report.json").write_text(json.dumps(rep, indent=2, default=str))
+        return 0
     full = one_run(a, work, "full", None)
     doc = full["doc"]
     res = exp_real.decide.resolution  # type: ignore[union-attr]
     agree = agreement_of(doc, truth, res, caps, tiers)
+    probed = sorted({r["config"] for r in doc["probe_log"]})
+    explain_on_engine(agree["misses"], exp_real, hidden, tiers, caps, a.seed, set(probed))
     probe_real_s = sum(r["seconds"] for r in doc["probe_log"]) * a.speedup
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -511,6 +598,8 @@ def main(argv=None) -> int:
             "probe_s_accelerated": round(sum(r["seconds"] for r in doc["probe_log"]), 1),
             "probe_s_at_real_speed": round(probe_real_s, 1),
             "agreement": agree,
+            "explained": explained_share(agree),
+            "probed": probed,
             "run_dir": str(full["run_dir"]),
         },
     }
@@ -523,10 +612,7 @@ def main(argv=None) -> int:
         f"  probes' request time {report['full']['probe_s_accelerated']} s accelerated = "
         f"{probe_real_s / 3600:.2f} h at real speed (+ {doc['probes']} x the point overhead)"
     )
-    for m in agree["misses"]:
-        print(
-            f"  miss {m['question']}: {m['why']}{' (tie within resolution)' if m['within_resolution'] else ''}"
-        )
+    _print_misses(agree)
     if not a.skip_half:
         half_s = max(1.0, doc["elapsed_s"] / 2)
         half = one_run(a, work, "half", half_s)

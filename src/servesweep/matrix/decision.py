@@ -840,6 +840,7 @@ class Decider:
         max_probe_s: float | None = 900.0,
         max_looks: int = 4,
         prior_margin: float = 2.0,
+        unprobed_margin: float | None = None,
         min_rounds: float = 2.0,
         overhead_s: float = 6.0,
         noise: Noise | None = None,
@@ -870,8 +871,12 @@ class Decider:
         self.gpus = {c.config: c.gpus for c in cells}
         self.kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
         if use_prior:
-            self.kw["prior_high"] = prior_bounds(self.cells, self.tiers, self.noise, prior_margin)
-            self.kw["prior_value"] = {k: v / prior_margin for k, v in self.kw["prior_high"].items()}
+            # the step model's value, and the bound of a configuration with no probe of its own: `unprobed_margin`
+            # x it (None: prior_margin; inf: never dropped before its first probe, whose calibration then bounds
+            # its cells by prior_margin, shrunk with its probes)
+            self.kw["prior_value"] = prior_bounds(self.cells, self.tiers, self.noise, 1.0)
+            first = prior_margin if unprobed_margin is None else unprobed_margin
+            self.kw["prior_high"] = {k: first * v if v > 0 else v for k, v in self.kw["prior_value"].items()}
         self.stuck: set[tuple[tuple[str, str], str]] = (
             set()
         )  # (cell, tier) whose next load was probed already

@@ -1237,6 +1237,7 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
         "max_probe_s": d.max_probe_time_s,
         "max_looks": d.max_looks,
         "prior_margin": d.prior_margin,
+        "unprobed_margin": d.unprobed_margin,
         "cell_sigma": d.cell_sigma,
         "share_one_user": d.share_one_user,
         "knee_margin": d.knee_margin,
