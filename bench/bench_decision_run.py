@@ -286,10 +286,11 @@ def explain_on_engine(
 
 
 def explained_share(agree: dict) -> float:
-    """Agreement with the misses explained: exact, ties within resolution, SLO ties."""
+    """Agreement with the misses explained: exact, ties within resolution, SLO ties (not where the exhaustive best
+    was never probed: then the prior dropped it, whatever its SLO's cliff)."""
     n = max(1, agree["questions"])
     return agree["within_resolution"] + sum(
-        1 for m in agree["misses"] if not m["within_resolution"] and m.get("slo_tie")
+        1 for m in agree["misses"] if not m["within_resolution"] and m.get("slo_tie") and not m.get("unprobed")
     ) / n
 
 
@@ -457,7 +458,8 @@ def _print_misses(agree: dict) -> None:
         if m.get("engine"):
             print(f"    on the engine: {m['engine']}")
     print(
-        f"  with the misses explained (ties within resolution, SLO ties within 5 % of a threshold on the engine): "
+        f"  with the misses explained (ties within resolution, SLO ties within 5 % of a threshold on the engine, "
+        f"the best probed): "
         f"{explained_share(agree):.1%}"
     )
 

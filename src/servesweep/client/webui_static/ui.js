@@ -4,7 +4,8 @@
 // - the start form's custom parameters under one heading per group, in the locustfile's order (the ramp first;
 //   /servesweep/form.json names the groups), with whole labels above their fields instead of cut ones inside;
 // - the users field relabelled (read-only) while the step ramp, a load shape, drives the users;
-// - the page brought back to Locust's state after a stop (Locust's page stays at the stop otherwise, below).
+// - the page brought back to Locust's state when it shows one Locust has left (after a stop, or a start it read
+//   as "ready" or the last test's "stopped": Locust's page stays there otherwise, below).
 // Locust's page is React's: this only adds nodes beside React's own and re-adds them when React renders anew.
 "use strict";
 (function () {
@@ -37,12 +38,18 @@
   button.id = "servesweep-charts-button";
   button.type = "button";
   button.textContent = "LLM charts";
-  button.onclick = () => {
-    const open = panel.style.display === "none";
+  function showCharts(open) {
     if (open && !frame.src) frame.src = base + "/servesweep/charts";
     panel.style.display = open ? "block" : "none";
     button.textContent = open ? "close LLM charts" : "LLM charts";
-  };
+  }
+  button.onclick = () => showCharts(panel.style.display === "none");
+  // open again after this script's own reload (followLocust, below)
+  const CHARTS_OPEN = "servesweep-charts-open";
+  if (sessionStorage.getItem(CHARTS_OPEN)) {
+    sessionStorage.removeItem(CHARTS_OPEN);
+    showCharts(true);
+  }
 
   // The button sits in the top bar right after Locust's logo (the bar spreads its items apart).
   function placeButton() {
@@ -90,18 +97,48 @@
     }
   }
 
-  // Locust's page polls its stats only while a test spawns or runs (locust issues 2046, 2400): once a poll has seen
-  // the stop ("cleanup" on a local runner, "stopping" on a master, while the users finish within --stop-timeout),
-  // the page shows it for good, without NEW, after the test has stopped. While the page shows a stop, ask Locust;
-  // once it has stopped, reload: the charts come back from Locust's history, the form with the last start's values.
-  const STOP_SHOWN = new Set(["cleanup", "stopping"]);
+  // Locust's page asks Locust for its state (/stats/requests) only while a test spawns or runs (locust issues 2046,
+  // 2400): any other state it shows stays until a click or a reload, also when Locust has left it.
+  // - A stop ("cleanup" on a local runner, "stopping" on a master, while the users finish within --stop-timeout)
+  //   seen by its last poll stays after the test has stopped, without NEW.
+  // - A start it read as "ready" or as the last test's "stopped": Locust answers /stats/requests from a cache of
+  //   2 s or more (memoize in locust/web.py), shared by every client, and a start with a load shape (the step ramp)
+  //   passes through "ready" until the shape's first tick spawns the users (start_shape). Another client's request
+  //   at that moment (a second tab, a script polling Locust, this function) makes the page's first poll, 2 s after
+  //   the start, read "ready": the page shows the start form while the test runs, and asks no more.
+  // While the page shows one of these, ask Locust every 2 s; when the page is behind, reload: the charts come back
+  // from Locust's history, the form with the last start's values, the LLM charts open if they were. A start shown
+  // as "ready"/"stopped" reloads once two answers in a row found the test going (not an answer that raced the
+  // page's own Start).
+  const STATES = new Set(["ready", "spawning", "running", "cleanup", "stopping", "stopped"]);
+  const GOING = new Set(["spawning", "running", "cleanup", "stopping"]);
+  function behind(shown, locust) {
+    if (shown === "cleanup" || shown === "stopping") return locust === "stopped" || locust === "ready";
+    if (shown === "ready") return locust === "stopped" || GOING.has(locust);
+    if (shown === "stopped") return GOING.has(locust);  // its "ready": a start's moment (start_shape)
+    return false;  // spawning, running: the page asks Locust itself
+  }
+  function shownState() {
+    const e = [...document.querySelectorAll("header .MuiTypography-button")].find(e => STATES.has(e.textContent));
+    return e ? e.textContent : null;
+  }
   let asking = false;
-  function followStop() {
-    const shown = [...document.querySelectorAll("header .MuiTypography-button")].some(e => STOP_SHOWN.has(e.textContent));
-    if (!shown || asking) return;
+  let suspect = null;  // a "ready"/"stopped" shown while the last answer found a test going
+  function followLocust() {
+    const shown = shownState();
+    if (shown === "spawning" || shown === "running") suspect = null;
+    if (!shown || asking || !behind(shown, "stopped") && !behind(shown, "running")) return;
     asking = true;
     fetch(base + "/stats/requests", {cache: "no-store"}).then(r => r.json()).then(d => {
-      if (d.state === "stopped" || d.state === "ready") location.reload();
+      if (shownState() !== shown) return;  // the page moved meanwhile (its own poll, a click)
+      if (!behind(shown, d.state)) {
+        suspect = null;
+      } else if (shown === "cleanup" || shown === "stopping" || suspect === shown) {
+        if (panel.style.display !== "none") sessionStorage.setItem(CHARTS_OPEN, "1");
+        location.reload();
+      } else {
+        suspect = shown;
+      }
     }).catch(() => {}).finally(() => { setTimeout(() => { asking = false; }, 2000); });
   }
 
@@ -109,7 +146,7 @@
     placeButton();
     usersField();
     groupHeadings();
-    followStop();
+    followLocust();
   }
   decorate();
   setInterval(decorate, 300);
