@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -248,26 +249,67 @@ def test_form_settings_survive_new_and_reload(ui, page, tmp_path):
     assert settings() == want
 
 
+STATUS = re.compile("^(ready|spawning|running|cleanup|stopping|stopped)$")
+GOING = re.compile("^(spawning|running|cleanup|stopping)$")  # a test's states: not at rest
+
+
+def header_status(page: Page):
+    """The state Locust's page shows in its top bar ("Status")."""
+    return page.locator("header .MuiTypography-button").filter(has_text=STATUS)
+
+
 def test_page_leaves_the_stop_once_the_test_has_stopped(ui, page, tmp_path):
     """Locust's page polls its stats only while a test spawns or runs (locust issues 2046, 2400): a poll that saw the
     stop ("cleanup" on a local runner, "stopping" on a master: the users finishing their streams within
     --stop-timeout) left the page there, without NEW, after the test had stopped (a CI run failed on it). A ramp
     whose streams outlast its step makes the stop last the stop timeout (10 s), five of the page's 2-second polls:
-    the page shows the stop, then the stopped test and NEW."""
+    the page shows the stop, then the stopped test and NEW.
+
+    Between Start and the page's first poll this test asks Locust nothing: Locust answers /stats/requests from a
+    2-second cache shared by every client (memoize in locust/web.py), and a step ramp's start passes through "ready"
+    until the shape's first tick spawns the users (start_shape). This test polled Locust right after Start; under
+    load its request fell in that moment, and the page's first poll, 2 s after Start, read the cached "ready": the
+    page showed the start form for good, Locust's "cleanup" and "stopped" unseen (it failed 2 in ~10 loaded runs).
+    ui.js now brings such a page back (test_page_follows_a_start_it_did_not_see); here the page sees the test
+    itself, through its own polls. And the start check is for a state of this test: "not ready" also held for the
+    last test's "stopped", still shown before the page took the start."""
     open_form(page, ui, after_test=_state(ui) == "stopped")
     page.select_option("select[name=loadShape]", "step-ramp")
     page.fill("input[name=rampSteps]", "1")
     page.fill("input[name=rampHold]", "1")
     page.fill("input[name=outputTokens]", "8000")  # streams longer than the step: the stop waits on them
     page.get_by_role("button", name="Start").click()
-    status = page.locator("header .MuiTypography-button").filter(
-        has_text=re.compile("^(ready|spawning|running|cleanup|stopping|stopped)$")
-    )
-    expect(status).not_to_have_text("ready")  # the page took the start
-    _wait_state(ui, "cleanup", 30)  # a local runner's stop (a master's: "stopping")
-    expect(status).to_have_text("cleanup")  # the page saw the stop: what left it stuck
+    status = header_status(page)
+    expect(status).to_have_text(GOING)  # the page took the start (neither "ready" nor the last test's "stopped")
+    # the page saw the stop (a local runner's; a master's: "stopping"), what left it stuck; its states are Locust's
+    expect(status).to_have_text("cleanup")
     page.screenshot(path=str(tmp_path / "stopping.png"))
     _wait_state(ui, "stopped", 30)
     expect(status).to_have_text("stopped")
     page.get_by_role("button", name="New").click()
     page.screenshot(path=str(tmp_path / "after-stop.png"))
+
+
+def test_page_follows_a_start_it_did_not_see(ui, page, tmp_path):
+    """A page at rest ("ready", or "stopped" after a test) asks Locust nothing: a test it did not see start stays
+    unseen. It is the page that read a start as "ready" or as the last test's "stopped" (Locust's cached answer of
+    the start's moment, test_page_leaves_the_stop_once_the_test_has_stopped): it showed the start form while the
+    test ran. ui.js asks Locust while the page is at rest and reloads it when a test is going; the LLM charts stay
+    open. A test started by another client (a POST to /swarm) is the same page, deterministically."""
+    page.goto(ui + "/")
+    status = header_status(page)
+    expect(status).to_have_text(_state(ui))  # at rest (the tests before stopped theirs)
+    page.locator("#servesweep-charts-button").click()
+    charts = page.locator("#servesweep-charts-panel")
+    expect(charts).to_be_visible()
+    form = {"user_count": "1", "spawn_rate": "1", "host": "", "load_shape": "step-ramp", "ramp_steps": "1",
+            "ramp_hold": "3", "output_tokens": "8000"}  # fmt: skip
+    req = urllib.request.Request(ui + "/swarm", data=urllib.parse.urlencode(form).encode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.load(r)["success"] is True
+    expect(status).to_have_text(GOING)  # ~3 s of the step, then the 10 s stop: the page follows within 5 s
+    expect(charts).to_be_visible()  # the reload kept the LLM charts open
+    page.screenshot(path=str(tmp_path / "followed.png"))
+    _wait_state(ui, "stopped", 30)
+    expect(status).to_have_text("stopped")
+    expect(page.get_by_role("button", name="New")).to_be_visible()

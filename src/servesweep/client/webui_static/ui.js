@@ -112,11 +112,11 @@
   // page's own Start).
   const STATES = new Set(["ready", "spawning", "running", "cleanup", "stopping", "stopped"]);
   const GOING = new Set(["spawning", "running", "cleanup", "stopping"]);
+  const UNASKED = new Set(["ready", "stopped", "cleanup", "stopping"]);  // shown: Locust's page asks no more
   function behind(shown, locust) {
     if (shown === "cleanup" || shown === "stopping") return locust === "stopped" || locust === "ready";
     if (shown === "ready") return locust === "stopped" || GOING.has(locust);
-    if (shown === "stopped") return GOING.has(locust);  // its "ready": a start's moment (start_shape)
-    return false;  // spawning, running: the page asks Locust itself
+    return shown === "stopped" && GOING.has(locust);  // Locust's "ready" here: a start's moment (start_shape)
   }
   function shownState() {
     const e = [...document.querySelectorAll("header .MuiTypography-button")].find(e => STATES.has(e.textContent));
@@ -127,7 +127,7 @@
   function followLocust() {
     const shown = shownState();
     if (shown === "spawning" || shown === "running") suspect = null;
-    if (!shown || asking || !behind(shown, "stopped") && !behind(shown, "running")) return;
+    if (!UNASKED.has(shown) || asking) return;
     asking = true;
     fetch(base + "/stats/requests", {cache: "no-store"}).then(r => r.json()).then(d => {
       if (shownState() !== shown) return;  // the page moved meanwhile (its own poll, a click)
