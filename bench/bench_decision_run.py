@@ -252,13 +252,13 @@ def binding_on_engine(rs, cal: dict, prompt: int, output: int, load: int, slos, 
 
 
 def explain_on_engine(
-    misses: list[dict], exp, hidden: dict, tiers: dict, caps: dict, seed: int, probed: set[str],
+    misses: list[dict], exp, hidden: dict, tiers: dict, caps: dict, seed: int, probed: set[tuple[str, str]],
     tolerance: float = 0.05,
 ) -> None:  # fmt: skip
     """Each miss's cause on the engine, in place: `engine` (the exhaustive best's and the decided configuration's
     binding SLO at the loads where their verdict flips), `slo_tie` (one of them within `tolerance` of its
     threshold there: a cliff no 1-minute probe splits, bench_decision's SLO tie) and `unprobed` (the exhaustive
-    best was never probed: dropped on its prior)."""
+    best's cell was never probed: dropped on its prior, or on its calibration from other shapes)."""
     plan = planner.make_plan(exp)
     by_id = {cp.config.id: cp for cp in plan.configs}
     cell_of = {(c.config, c.shape.key): c for c in planner.decision_cells(plan)}
@@ -282,12 +282,12 @@ def explain_on_engine(
             tie = tie or min(near) <= tolerance
         m["engine"] = "; ".join(parts)
         m["slo_tie"] = tie
-        m["unprobed"] = m["exhaustive"] is not None and m["exhaustive"] not in probed
+        m["unprobed"] = m["exhaustive"] is not None and (m["exhaustive"], shape) not in probed
 
 
 def explained_share(agree: dict) -> float:
-    """Agreement with the misses explained: exact, ties within resolution, SLO ties (not where the exhaustive best
-    was never probed: then the prior dropped it, whatever its SLO's cliff)."""
+    """Agreement with the misses explained: exact, ties within resolution, SLO ties (not where the exhaustive best's
+    cell was never probed: then a prior dropped it, whatever its SLO's cliff)."""
     n = max(1, agree["questions"])
     return agree["within_resolution"] + sum(
         1 for m in agree["misses"] if not m["within_resolution"] and m.get("slo_tie") and not m.get("unprobed")
@@ -459,7 +459,7 @@ def _print_misses(agree: dict) -> None:
             print(f"    on the engine: {m['engine']}")
     print(
         f"  with the misses explained (ties within resolution, SLO ties within 5 % of a threshold on the engine, "
-        f"the best probed): "
+        f"the best's cell probed): "
         f"{explained_share(agree):.1%}"
     )
 
@@ -505,8 +505,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="/tmp/bench_decision_run")
     ap.add_argument("--explain", action="store_true",
                     help="explain the misses of the report kept in --out on the engine (SLO ties), and stop")
-    ap.add_argument("--explain-probed", type=lambda s: s.split(","), default=[],
-                    help="with --explain on a report that does not list them: the configurations the run probed")
     a = ap.parse_args(argv)
     work = Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
@@ -564,7 +562,7 @@ def main(argv=None) -> int:
         agree = rep["full"]["agreement"]
         for m in agree["misses"]:
             m["question"] = tuple(m["question"])
-        probed = set(rep["full"].get("probed") or a.explain_probed)
+        probed = {tuple(x) for x in rep["full"]["probed"]}
         explain_on_engine(agree["misses"], exp_real, hidden, tiers, caps, a.seed, probed)
         _print_misses(agree)
         rep["full"]["agreement"] = agree
@@ -574,7 +572,7 @@ def main(argv=None) -> int:
     doc = full["doc"]
     res = exp_real.decide.resolution  # type: ignore[union-attr]
     agree = agreement_of(doc, truth, res, caps, tiers)
-    probed = sorted({r["config"] for r in doc["probe_log"]})
+    probed = sorted({(r["config"], r["shape"]) for r in doc["probe_log"]})
     explain_on_engine(agree["misses"], exp_real, hidden, tiers, caps, a.seed, set(probed))
     probe_real_s = sum(r["seconds"] for r in doc["probe_log"]) * a.speedup
     report: dict[str, Any] = {

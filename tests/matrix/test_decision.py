@@ -176,6 +176,27 @@ def test_a_configuration_the_model_underrates_is_measured_before_it_is_dropped()
         assert D.agreement(kept.answer.best(), truth, 0.05)["exact"] == 1.0
 
 
+def test_a_probe_of_one_prompt_length_leaves_the_others_at_the_unprobed_bound():
+    """The bench's whole-question run probed TP4 autoregressive once, at 100k tokens and load 1, and its calibration
+    from there (x prior_margin 1.1, shrunk) dropped it at 3k tokens and 51 users, where the model's error is its
+    own and the configuration was the best: with unprobed_margin set, a prompt length a configuration has not
+    probed keeps the unprobed bound."""
+    short, long_ = D.Shape("single", 1000, 200), D.Shape("single", 30000, 200)
+    cells = [_cell(n, 0.005, 60, shape=sh) for n in ("c0", "c1") for sh in (short, long_)]
+    dec = D.Decider(cells, TIERS, prior_margin=1.1, unprobed_margin=1.5, noise=NOISE, overhead_s=5.0)
+    first = dict(dec.kw["prior_high"])
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, 0)
+    probed = next(c for c in cells if c.config == "c1" and c.shape == long_)
+    dec.add(dec.probe(probed, 1, list(TIERS), measure), probed)
+    for c in cells:
+        for tier in TIERS:
+            now, before = dec.kw["prior_high"][(c.key, tier)], first[(c.key, tier)]
+            if c.config == "c1" and c.shape == long_:
+                assert now < before / 1.3  # calibrated: 1.1 shrunk, the model measured right
+            else:
+                assert now == before  # c0 unprobed; c1's short prompt: not probed, so not bounded by the long one
+
+
 def test_the_calibration_fit_recovers_a_perturbed_calibration():
     tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
     shapes = [D.Shape("single", 1000, o) for o in (200, 400, 800)]

@@ -18,8 +18,8 @@ decide:
   max_looks: 4                        # (n0, 2 n0, 4 n0, 8 n0 requests); then the point estimates decide
   prior_margin: 2                     # a configuration not yet seen failing is assumed worth at most this many
                                       # times the step model's prediction (racing drops it below that)
-  unprobed_margin: null               # the same for a configuration with no probe of its own yet (null:
-                                      # prior_margin; .inf: every contender measured once before it is dropped)
+  unprobed_margin: null               # the same for a prompt length a configuration has not probed yet (null:
+                                      # prior_margin, calibrated by any probe; .inf: measured before it is dropped)
   cell_sigma: 5%                      # a shape not probed keeps this much error of its own (log-sd) beside its
                                       # configuration's fitted calibration: the fit's intervals widen by it
   share_one_user: false               # true: one load-1 stream of a prompt length's shortest output measures its
@@ -87,8 +87,8 @@ class DecideBlock(BaseModel):
     unprobed_margin: float | None = Field(
         None,
         ge=1.0,
-        description="a configuration with no probe of its own yet: its value <= this x the step model's (None: "
-        "prior_margin; .inf: none, dropped only once measured)",
+        description="a prompt length a configuration has not probed: its value <= this x the uncalibrated step "
+        "model's (None: prior_margin, and any probe calibrates every prompt length; .inf: dropped only once measured)",
     )
     cell_sigma: float = Field(
         0.05, ge=0, lt=1, description="an unprobed shape's own error (log-sd) beside its configuration's fit"

@@ -862,6 +862,7 @@ class Decider:
         self.confidence, self.resolution = confidence, resolution
         self.max_requests, self.max_probe_s, self.max_looks = max_requests, max_probe_s, max_looks
         self.prior_margin, self.min_rounds, self.overhead_s = prior_margin, min_rounds, overhead_s
+        self.unprobed_margin = unprobed_margin
         self.use_prior, self.calibrate_prior, self.fit_prior = use_prior, calibrate_prior, fit_prior
         self.fit_min_probes, self.prior_sigma, self.cell_sigma = fit_min_probes, prior_sigma, cell_sigma
         self.guess_extend, self.race = guess_extend, race
@@ -1043,8 +1044,13 @@ class Decider:
                         _z(1 - self.confidence),
                     )
                 )
-        # the configuration's cells re-bounded by its calibrated model
+        # the configuration's cells re-bounded by its calibrated model; with unprobed_margin set, only those of a
+        # prompt length it has probed (a 100k load-1 probe's calibration says little of a 3k prompt at 50 users:
+        # the model's error there is its own), the others keep the unprobed bound
         if self.use_prior and self.calibrate_prior:
+            if self.unprobed_margin is not None:
+                probed = {self.prompt_of.get(r.shape) for r in self.records if r.config == c.config}
+                mine_cells = [x for x in mine_cells if x.shape.prompt in probed]
             self.kw["prior_high"].update(
                 prior_bounds(
                     mine_cells,
