@@ -285,6 +285,38 @@ def explain_on_engine(
         m["unprobed"] = m["exhaustive"] is not None and (m["exhaustive"], shape) not in probed
 
 
+def model_against_engine(exp, truth: dict, tiers: dict) -> dict[str, Any]:
+    """The step model's value of every (cell, tier) against the engine's (both > 0): the ratio engine / model,
+    with each configuration's hidden calibration given to the model and blind to it as the run's planner is
+    (`child_run`); geometric mean and log-sd over the cells, and per configuration the blind geometric mean."""
+    parsed = {k: D.parse_tier(list(v)) for k, v in tiers.items()}
+    original = planner.sim_calibration
+    out: dict[str, Any] = {}
+    for label in ("given", "blind"):
+        if label == "blind":
+            planner.sim_calibration = lambda e, c: (  # type: ignore[assignment]
+                None if (g := original(e, c)) is None else {k: v for k, v in g.items() if k not in HIDDEN}
+            )
+        try:
+            cells = planner.decision_cells(planner.make_plan(exp))
+        finally:
+            planner.sim_calibration = original  # type: ignore[assignment]
+        model = D.prior_bounds(cells, parsed, D.Noise(), 1.0)
+        logs: dict[str, list[float]] = {}
+        for (key, tier), v in model.items():
+            t = truth[(key[1], tier)][key[0]]
+            if v > 0 and t > 0:
+                logs.setdefault(key[0], []).append(math.log(t / v))
+        every = [x for xs in logs.values() for x in xs]
+        out[label] = {
+            "n": len(every),
+            "ratio": float(np.exp(np.mean(every))),
+            "log_sd": float(np.std(every)),
+            "per_config": {k: round(float(np.exp(np.mean(xs))), 3) for k, xs in sorted(logs.items())},
+        }
+    return out
+
+
 def explained_share(agree: dict) -> float:
     """Agreement with the misses explained: exact, ties within resolution, SLO ties (not where the exhaustive best's
     cell was never probed: then a prior dropped it, whatever its SLO's cliff)."""
@@ -503,6 +535,8 @@ def main(argv=None) -> int:
         "--truth-only", action="store_true", help="compute (and keep in --out) the engine's exhaustive answer, stop"
     )
     ap.add_argument("--out", default="/tmp/bench_decision_run")
+    ap.add_argument("--model-report", action="store_true",
+                    help="the step model's values against the engine's exhaustive ones (kept in --out), and stop")
     ap.add_argument("--explain", action="store_true",
                     help="explain the misses of the report kept in --out on the engine (SLO ties), and stop")
     a = ap.parse_args(argv)
@@ -556,6 +590,13 @@ def main(argv=None) -> int:
     truth_s = time.monotonic() - t0
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
     if a.truth_only:
+        return 0
+    if a.model_report:
+        got = model_against_engine(exp_real, truth, tiers)
+        for label, r in got.items():
+            print(f"engine / step model ({label} the hidden calibration): x {r['ratio']:.3f} over {r['n']} (cell, tier) "
+                  f"values, log-sd {r['log_sd']:.3f}; per configuration: "
+                  + ", ".join(f"{k} {v}" for k, v in r["per_config"].items()))  # fmt: skip
         return 0
     if a.explain:  # a kept report's misses explained on the engine (its run folder may be gone)
         rep = json.loads((work / "report.json").read_text())
