@@ -242,7 +242,9 @@ def sequential_probe(
     most = max_requests
     if max_probe_s is not None and cost["throughput"] > 0:  # the requests that fit the probe's time
         floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
-        most = max(floor, min(max_requests, int(max_probe_s * cost["throughput"])))
+        # and past the opening burst: a closed loop's first `load` requests start together, before any user
+        # waited for a running request to finish, so a probe cut within them measures the burst, not the load
+        most = max(floor + load, min(max_requests, int(max_probe_s * cost["throughput"])))
         n = min(
             n, max(most, floor)
         )  # the first look fits the time too (a pass it cannot prove: estimates decide)
