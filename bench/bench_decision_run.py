@@ -166,16 +166,16 @@ def engine_samples(rs, cal: dict, prompt: int, output: int, conc: int, seed: int
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 
+def slo_statistic(x, s: dict[str, np.ndarray]) -> float:
+    """An SLO's statistic (its percentile; decode tok/s or ms) over engine samples (seconds)."""
+    q = float(x.stat[1:]) if x.stat else 50.0
+    if x.metric == "decode_tokens_per_s":
+        return float(np.percentile(1.0 / s["tpot"], q))
+    return 1000.0 * float(np.percentile(s[x.metric], q))
+
+
 def holds(slos, s: dict[str, np.ndarray]) -> bool:
-    for x in slos:
-        q = float(x.stat[1:]) if x.stat else 50.0
-        if x.metric == "decode_tokens_per_s":
-            v = float(np.percentile(1.0 / s["tpot"], q))
-        else:
-            v = 1000.0 * float(np.percentile(s[x.metric], q))
-        if not x.holds(v):
-            return False
-    return True
+    return all(x.holds(slo_statistic(x, s)) for x in slos)
 
 
 def cell_truth(
@@ -240,15 +240,9 @@ def binding_on_engine(rs, cal: dict, prompt: int, output: int, load: int, slos, 
     """The SLO of a tier closest to failing at a load on the engine: (signed distance past its threshold, its
     text); > 0 fails, < 0 holds (bench/bench_decision.py's `_binding` on the engine's samples)."""
     s = engine_samples(rs, cal, prompt, output, load, seed)
-    out = []
-    for x in slos:
-        q = float(x.stat[1:]) if x.stat else 50.0
-        if x.metric == "decode_tokens_per_s":
-            v = float(np.percentile(1.0 / s["tpot"], q))
-        else:
-            v = 1000.0 * float(np.percentile(s[x.metric], q))
-        out.append(((v - x.value) / x.value * (1 if x.upper_limit else -1), x.text))
-    return max(out)
+    return max(
+        ((slo_statistic(x, s) - x.value) / x.value * (1 if x.upper_limit else -1), x.text) for x in slos
+    )
 
 
 def explain_on_engine(
