@@ -288,9 +288,7 @@ def model_against_engine(exp, truth: dict, tiers: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label in ("given", "blind"):
         if label == "blind":
-            planner.sim_calibration = lambda e, c: (  # type: ignore[assignment]
-                None if (g := original(e, c)) is None else {k: v for k, v in g.items() if k not in HIDDEN}
-            )
+            planner.sim_calibration = blind_calibration(original)  # type: ignore[assignment]
         try:
             cells = planner.decision_cells(planner.make_plan(exp))
         finally:
@@ -323,16 +321,20 @@ def explained_share(agree: dict) -> float:
 # ---------------------------------------------------------------- the run
 
 
-def child_run(argv: list[str]) -> int:
-    """`servesweep run ARGV` with the planner blind to the hidden calibration keys (the priors: the unperturbed
-    step model at the emulator's speed-up)."""
-    original = planner.sim_calibration
+def blind_calibration(original):
+    """planner.sim_calibration without the hidden keys: the priors the run's planner sees (the unperturbed step
+    model at the emulator's speed-up)."""
 
     def seen(exp, cfg):
         got = original(exp, cfg)
         return None if got is None else {k: v for k, v in got.items() if k not in HIDDEN}
 
-    planner.sim_calibration = seen  # type: ignore[assignment]
+    return seen
+
+
+def child_run(argv: list[str]) -> int:
+    """`servesweep run ARGV` with the planner blind to the hidden calibration keys (`blind_calibration`)."""
+    planner.sim_calibration = blind_calibration(planner.sim_calibration)  # type: ignore[assignment]
     from servesweep.cli import main
 
     try:

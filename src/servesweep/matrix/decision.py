@@ -245,9 +245,7 @@ def sequential_probe(
         # and past the opening burst: a closed loop's first `load` requests start together, before any user
         # waited for a running request to finish, so a probe cut within them measures the burst, not the load
         most = max(floor + load, min(max_requests, int(max_probe_s * cost["throughput"])))
-        n = min(
-            n, max(most, floor)
-        )  # the first look fits the time too (a pass it cannot prove: estimates decide)
+        n = min(n, most)  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     # past the cap, a probe whose open verdict would be a guess may go on to guess_extend x its requests
     hard_most = max(most, int(most * guess_extend))
@@ -874,9 +872,9 @@ class Decider:
         self.gpus = {c.config: c.gpus for c in cells}
         self.kw: dict[str, Any] = {"resolution": resolution, "confidence": confidence}
         if use_prior:
-            # the step model's value, and the bound of a configuration with no probe of its own: `unprobed_margin`
-            # x it (None: prior_margin; inf: never dropped before its first probe, whose calibration then bounds
-            # its cells by prior_margin, shrunk with its probes)
+            # the step model's value, and the bound before a probe: `unprobed_margin` x it (None: prior_margin;
+            # inf: never dropped unmeasured); a probe then bounds its cells by prior_margin x the calibrated model
+            # (`add`: with unprobed_margin set, only its own prompt length's)
             self.kw["prior_value"] = prior_bounds(self.cells, self.tiers, self.noise, 1.0)
             first = prior_margin if unprobed_margin is None else unprobed_margin
             self.kw["prior_high"] = {k: first * v if v > 0 else v for k, v in self.kw["prior_value"].items()}
