@@ -467,7 +467,8 @@ def test_worker_host_that_dies_mid_point_marks_the_open_loop_point_with_the_rate
     """Open loop, Poisson 16/s over two hosts; 1 s into the load w2 loses power (link down, every process of the
     host SIGKILLed, no connection closed). The master marks it missing and carries on; the stop cannot reach w2 and
     says so instead of failing the point; the records that reached the master are kept; the point is degraded with
-    the rate asked and the rate got. Bounded: the shared SSH connection notices the dead host in 9 s."""
+    the rate asked and the rate got. Bounded: the shared SSH connection notices the dead host in 9 s; the retries
+    that follow end as unreachable or, on a loaded machine, as the stop task's timeout: both count w2's workers lost."""
     point = LoadPoint(
         base_url=lab.base_url,
         model=MODEL,
@@ -508,7 +509,8 @@ def test_worker_host_that_dies_mid_point_marks_the_open_loop_point_with_the_rate
     assert s["degraded"] and s["requests"]["ok"] > 0, s["problems"]
     rows = {r["host"]: r for r in s["workers"]["workers"]}
     assert rows["w2"]["exit_code"] is None and rows["w2"]["heartbeat_missing"], rows["w2"]
-    assert "could not be reached" in (rows["w2"]["note"] or ""), rows["w2"]
+    note = rows["w2"]["note"] or ""
+    assert "could not be reached" in note or "did not answer the stop within" in note, rows["w2"]
     assert rows["w1"]["exit_code"] == 0 and rows["w1"]["lost"] == 0
     [problem] = s["problems"]
     assert "on w2" in problem and "unknown" in problem and "heartbeat went missing" in problem, problem

@@ -53,6 +53,8 @@ class PlaybookResult:
     rc: int
     duration_s: float
     failures: list[str] = field(default_factory=list)  # "host: task: message" for each failed task
+    # host -> the task timeout (s) its task ran past (a task's `timeout:`): the host did not answer in time
+    timed_out: dict[str, int] = field(default_factory=dict)
     artifact_data: dict[str, Any] = field(default_factory=dict)  # what the playbook handed back via set_stats
     stats: dict[str, Any] | None = None
     artifact_dir: Path | None = None
@@ -238,6 +240,7 @@ class _Events:
         self.tracker = tracker
         self.on_event = on_event
         self.failures: list[str] = []
+        self.timed_out: dict[str, int] = {}
         self.artifact: dict[str, Any] = {}
 
     def handle(self, ev: dict) -> bool:
@@ -247,6 +250,9 @@ class _Events:
             res = data.get("res") or {}
             msg = res.get("msg") or res.get("stderr") or res.get("stdout") or "failed"
             self.failures.append(f"{data.get('host', '?')}: {data.get('task', '?')}: {str(msg).strip()}")
+            timedout = res.get("timedout")  # a task that ran past its `timeout:` ({"period": s, ...})
+            if isinstance(timedout, dict) and timedout.get("period"):
+                self.timed_out[str(data.get("host", "?"))] = int(timedout["period"])
         if ev.get("event") == "playbook_on_stats":
             self.artifact.update(data.get("artifact_data") or {})
         if self.on_event is not None:
@@ -263,6 +269,7 @@ def _result(r: Any, duration_s: float, events: _Events) -> PlaybookResult:
         rc=r.rc if r.rc is not None else -1,
         duration_s=duration_s,
         failures=events.failures,
+        timed_out=events.timed_out,
         artifact_data=events.artifact,
         stats=r.stats,
         artifact_dir=Path(r.config.artifact_dir),

@@ -111,7 +111,10 @@ class RemoteWorkers:
         """Stop every worker and return each one's state. A host that cannot be reached any more (it died, or
         dropped off the network) does not fail the stop: its started workers come back with exit_code None and a
         note saying so, and `account` makes the point degraded (its records that reached the master are kept). A
-        task that fails on a host that answers still raises RemoteWorkersError."""
+        stop task that ran past its timeout counts the same: the role's own kill is bounded
+        (locust_worker_stop_timeout), so the time past it went to reaching a host that did not answer (a dead host
+        with SSH retries takes about 50 s to be called unreachable). A task that fails on a host that answers still
+        raises RemoteWorkersError."""
         if self.states is not None:
             return self.states
         results = self.run_dir / "workers"
@@ -131,14 +134,16 @@ class RemoteWorkers:
         stats = res.stats or {}
         dark = {h for h, n in (stats.get("dark") or {}).items() if n}
         failed = {h for h, n in (stats.get("failures") or {}).items() if n}
+        lost = dark | set(res.timed_out)
         reported = {w.host for w in states}
         for w in self.started:
             if w.host not in reported:
-                why = (
-                    "could not be reached after the point"
-                    if w.host in dark
-                    else "did not report after the point"
-                )
+                if w.host in dark:
+                    why = "could not be reached after the point"
+                elif w.host in res.timed_out:
+                    why = f"did not answer the stop within {res.timed_out[w.host]} s"
+                else:
+                    why = "did not report after the point"
                 states.append(
                     dataclasses.replace(
                         w,
@@ -150,7 +155,7 @@ class RemoteWorkers:
                     )
                 )
         self.states = states
-        if not res.ok and (failed or not dark or res.status == "timeout"):
+        if not res.ok and (failed - set(res.timed_out) or not lost or res.status == "timeout"):
             raise RemoteWorkersError(f"stopping the Locust workers: {res.error()}")
         return self.states
 
