@@ -234,6 +234,8 @@ def main(argv=None) -> int:
                     help="each cell's own TTFT error shared by the output lengths of its prompt (its prefill)")
     ap.add_argument("--no-share-one-user", action="store_true",
                     help="each output length's load-1 probe on its own stream (default: the experiment's setting)")
+    ap.add_argument("--no-skip-first-round", action="store_true",
+                    help="judge each probe's first round too (default: the experiment's setting)")
     ap.add_argument("--knee-margin", type=float, default=None,
                     help="loads searched up to this x the step model's throughput knee; 0: every load "
                     "(default: the experiment's)")
@@ -271,6 +273,7 @@ def main(argv=None) -> int:
                   unprobed_margin=d.unprobed_margin if a.unprobed_margin is None else a.unprobed_margin,
                   check_guesses=a.check_guesses, cell_sigma=a.cell_sigma,
                   share_one_user=d.share_one_user and not a.no_share_one_user,
+                  skip_first_round=d.skip_first_round and not a.no_skip_first_round,
                   knee_margin=d.knee_margin if a.knee_margin is None else (a.knee_margin or None))
         measure = D.simulated_measure(noise, {c.key: c.predicted for c in truth}, seed)
         if a.packed:
@@ -337,6 +340,7 @@ def main(argv=None) -> int:
         "shape_error": a.shape_error,
         "cell_sigma": a.cell_sigma,
         "share_one_user": d.share_one_user and not a.no_share_one_user,
+        "skip_first_round": d.skip_first_round and not a.no_skip_first_round,
         "knee_margin": d.knee_margin if a.knee_margin is None else (a.knee_margin or None),
         "max_probe_s": max_probe_s,
         "prior_margin": margin,

@@ -68,6 +68,11 @@ def _truth(exp_file: Path) -> tuple[dict, dict]:
 @pytest.mark.timeout(240)
 def test_decide_run_names_the_step_models_best_configuration(tmp_path):
     exp = _experiment(tmp_path, "decide-two")
+    # with a first-token bound no probe here comes near (64-token prompts): each probe above load 1 skips its
+    # opening burst
+    text = exp.read_text().replace("decide:\n", "decide:\n  skip_first_round: true\n")
+    exp.write_text(text.replace("tpot_p50<=20ms]", "tpot_p50<=20ms, ttft_p95<=5s]").replace(
+        "tpot_p50<=40ms]", "tpot_p50<=40ms, ttft_p95<=5s]"))
     rc, out = run_servesweep("run", str(exp), "--out", str(tmp_path / "runs"), timeout=200)
     assert rc == 0, out[-5000:]
     run_dir = next((tmp_path / "runs").iterdir())
@@ -102,6 +107,12 @@ def test_decide_run_names_the_step_models_best_configuration(tmp_path):
     for pid, p in m["points"].items():
         assert p["status"] == "done" and p["decide"] and p["look"] >= 1, (pid, p)
         assert (run_dir / pid / "summary.json").is_file()
+    # skip_first_round: above load 1 each look ran its users' first requests on top of those judged
+    for r in doc["probe_log"]:
+        asked = sum(m["points"][pid]["asked"] for pid in r["points"])
+        extra = r["load"] * len(r["points"]) if r["load"] > 1 else 0
+        assert asked == r["requests"] + extra and r["first_round_skipped"] == extra, (r, asked)
+    assert any(r["load"] > 1 for r in doc["probe_log"]), doc["probe_log"]
     assert {r["config"] for r in doc["probe_log"]} == {"s01-fast", "s02-slow"}
     assert all(c.get("restarts", 0) == 0 for c in m["configs"].values()), m["configs"]
     # packed (the default, as `servesweep plan` prices it): each configuration's server on a GPU of its own, both up

@@ -98,6 +98,11 @@ class DecideBlock(BaseModel):
         description="a load-1 probe of a prompt length's shortest output measures its other outputs at load 1 "
         "(cheaper; its guesses are shared too: docs/decision.md)",
     )
+    skip_first_round: bool = Field(
+        False,
+        description="a probe's verdicts and throughput leave out each user's first request (above load 1: they start "
+        "together, a burst whose prefills queue, not the load); each look asks `load` more requests",
+    )
     knee_margin: float | None = Field(
         2.0, ge=1.0, description="loads searched up to this x the step model's throughput knee (None: every load)"
     )

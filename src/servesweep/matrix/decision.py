@@ -161,6 +161,7 @@ class ProbeRecord:
     # the shape whose one-user stream measured it (`Decider` shares a load-1 probe among a prompt length's output
     # lengths); None: measured as itself, on its own stream
     measured_as: str | None = None
+    skipped: int = 0  # requests run and not judged: each look's first round (`skip_first_round`)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -226,15 +227,21 @@ def sequential_probe(
     min_rounds: float = 2.0,
     guess_extend: float = 1.0,
     measured: Cell | None = None,
+    skip_first_round: bool = False,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
     max_requests (or once its requests would take max_probe_s) the point estimates decide (`at_cap`). `draw(n)` gives the first n requests of the probe (a run
     that keeps going: later looks see a longer prefix of the same stream). `measured`: the cell whose requests
-    `draw` runs when it is not `cell` (a shared one-user stream): its throughput prices the probe."""
+    `draw` runs when it is not `cell` (a shared one-user stream): its throughput prices the probe.
+    `skip_first_round`: above load 1, `draw(n)` judges n requests past each look's first round (each user's first
+    request) and runs `load` more per look (a real run's look is a Locust start of its own): priced here, and the
+    first look's rounds count the skipped one."""
     alpha = 1.0 - confidence
+    burst = load if skip_first_round and load > 1 else 0  # requests run and not judged, per look
     need = max(_first_look(s, look_alpha(alpha, 1)) for slos in tiers.values() for s in slos)
-    n = min(max_requests, max(need, int(math.ceil(min_rounds * load))))
+    rounds = min_rounds - 1 if burst else min_rounds
+    n = min(max_requests, max(need, int(math.ceil(rounds * load))))
     most_looks = max(1, int(max_looks))
     want = set(open_tiers) or set(tiers)
     p = cell.predicted(load)
@@ -244,7 +251,8 @@ def sequential_probe(
         floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
         # and past the opening burst: a closed loop's first `load` requests start together, before any user
         # waited for a running request to finish, so a probe cut within them measures the burst, not the load
-        most = max(floor + load, min(max_requests, int(max_probe_s * cost["throughput"])))
+        # (skipped, they are run on top: `burst`)
+        most = max(floor + load - burst, min(max_requests, int(max_probe_s * cost["throughput"]) - burst))
         n = min(n, most)  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     # past the cap, a probe whose open verdict would be a guess may go on to guess_extend x its requests
@@ -286,7 +294,7 @@ def sequential_probe(
         if cap or (narrow and not guessing):
             break
         n = min(hard_most if soft_cap else most, 2 * n)
-    window = n / cost["throughput"] if cost["throughput"] > 0 else 0.0
+    window = (n + burst * k) / cost["throughput"] if cost["throughput"] > 0 else 0.0
     ratios = {x: float(np.median(getattr(m, x)) / p[x]) for x in ("ttft", "tpot", "e2e")}
     took = overhead_s + window if m.seconds is None else m.seconds
     guessed = tuple(t for t in tiers if cap and proven[t] == "undecided")
@@ -303,6 +311,7 @@ def sequential_probe(
         at_cap=cap,
         guessed=guessed,
         measured_as=None if measured is None else measured.shape.key,
+        skipped=burst * k,
     )
 
 
@@ -811,7 +820,15 @@ class DecisionRun:
         }
 
 
-Measure = Callable[[Cell, int], Callable[[int], Measured]]
+# measure(cell, load) -> draw(n); measure(cell, load, skip_first_round=True): draw's n requests are past each look's
+# first round, which it runs on top (a real run; simulated draws have no opening burst)
+Measure = Callable[..., Callable[[int], Measured]]
+
+
+def bounds_first_tokens(tiers: Mapping[str, Sequence[Slo]], want: Iterable[str]) -> bool:
+    """Whether an open tier bounds TTFT or E2E: the statistics a closed loop's opening burst inflates (its users'
+    prefills queue behind each other); a decode-speed tier's TPOT is measured past the first token."""
+    return any(PER_METRIC[s.metric] in ("ttft", "e2e") for t in want for s in tiers[t])
 
 
 @dataclass
@@ -854,6 +871,7 @@ class Decider:
         race: bool = True,
         share_one_user: bool = False,
         knee_margin: float | None = 2.0,
+        skip_first_round: bool = False,
     ):
         self.cells = searched_cells(cells, knee_margin)
         self.noise = noise or Noise()
@@ -866,6 +884,7 @@ class Decider:
         self.use_prior, self.calibrate_prior, self.fit_prior = use_prior, calibrate_prior, fit_prior
         self.fit_min_probes, self.prior_sigma, self.cell_sigma = fit_min_probes, prior_sigma, cell_sigma
         self.guess_extend, self.race = guess_extend, race
+        self.skip_first_round = skip_first_round
         self.records: list[ProbeRecord] = []
         self.starts: dict[tuple[tuple[str, str], str], int] = {}
         self.seconds: dict[str, float] = {}  # per configuration: its server's start and its probes
@@ -948,7 +967,9 @@ class Decider:
                 score += min(bt.high, 10 * best) / max(best, 1e-9)
             if not want:
                 continue
-            cost = _predicted_probe_s(c, mine, self.overhead_s, self.one_user.get(c.key)) * c.gpus
+            skip = self.skip_first_round and bounds_first_tokens(self.tiers, want)
+            cost = _predicted_probe_s(c, mine, self.overhead_s, self.one_user.get(c.key), skip)
+            cost *= c.gpus
             if running is not None and running != c.config:
                 cost += c.start_s * c.gpus
             out.append(Work(score / max(cost, 1e-9), c, want))
@@ -986,7 +1007,10 @@ class Decider:
         }
         src = self.one_user.get(cell.key) if load == 1 else None
         if src is None:
-            return sequential_probe(cell, load, self.tiers, want, measure(cell, load), **{**kw, **over})
+            # the opening burst left out where it matters: above load 1, for a tier on first tokens
+            skip = self.skip_first_round and load > 1 and bounds_first_tokens(self.tiers, want)
+            draw = measure(cell, load, skip_first_round=True) if skip else measure(cell, load)
+            return sequential_probe(cell, load, self.tiers, want, draw, skip_first_round=skip, **{**kw, **over})
         return sequential_probe(
             cell, load, self.tiers, want, self._one_user_draw(cell, src, measure), measured=src, **{**kw, **over}
         )
@@ -1186,13 +1210,18 @@ def _width(b: Bounds, cell: Cell) -> float:
 
 
 def _predicted_probe_s(
-    cell: Cell, mine: Sequence[ProbeRecord], overhead_s: float, one_user: Cell | None = None
+    cell: Cell,
+    mine: Sequence[ProbeRecord],
+    overhead_s: float,
+    one_user: Cell | None = None,
+    skip_first_round: bool = False,
 ) -> float:
     """A probe's predicted seconds at the cell's highest load probed so far; at load 1, priced as the one-user
-    stream's cell (`one_user`) whose requests it runs."""
+    stream's cell (`one_user`) whose requests it runs; a skipped first round runs on top."""
     load = max((r.load for r in mine), default=cell.lower)
     p = (one_user if load == 1 and one_user is not None else cell).predicted(load)
-    return overhead_s + max(40, 2 * load) / max(p["throughput"], 1e-9)
+    burst = load if skip_first_round and load > 1 else 0
+    return overhead_s + (max(40, 2 * load - burst) + burst) / max(p["throughput"], 1e-9)
 
 
 # ---------------------------------------------------------------- where the value stops rising
@@ -1295,8 +1324,8 @@ def simulated_measure(
     """Probes drawn from a known model (seeded): `truth[(config, shape)](load)` is the population's prediction;
     each probe's stream is one seeded draw that later looks extend."""
 
-    def measure(cell: Cell, load: int) -> Callable[[int], Measured]:
-        p = truth[cell.key](load)
+    def measure(cell: Cell, load: int, skip_first_round: bool = False) -> Callable[[int], Measured]:
+        p = truth[cell.key](load)  # drawn from the steady population: no opening burst to skip
         rng = np.random.default_rng([seed, zlib.crc32("/".join(cell.key).encode()), load])
         stream: dict[str, np.ndarray] = {m: np.zeros(0) for m in ("ttft", "tpot", "e2e")}
 

@@ -128,15 +128,18 @@ class _Probes:
             tuple[str, str, int], list[str]
         ] = {}  # (config, shape, load) -> its looks' points
 
-    def __call__(self, cell: Cell, load: int) -> Callable[[int], Measured]:
+    def __call__(self, cell: Cell, load: int, skip_first_round: bool = False) -> Callable[[int], Measured]:
+        """`skip_first_round`: each look runs `load` more requests and is judged without each user's first."""
         parts: list[ProbeResult] = []
         state = {"have": 0, "took": 0.0}
         looks = self.point_of.setdefault((cell.config, cell.shape.key, load), [])
+        burst = load if skip_first_round else 0
 
         def draw(n: int) -> Measured:
             if n > state["have"]:
                 pid = f"d-{cell.config}-{cell.shape.key}-c{load}-l{len(parts) + 1}"
-                res, wall = self._look(cell, load, pid, len(parts) + 1, n - int(state["have"]))
+                ask = n - int(state["have"]) + burst
+                res, wall = self._look(cell, load, pid, len(parts) + 1, ask, skip=bool(burst))
                 parts.append(res)
                 looks.append(pid)
                 state["have"], state["took"] = n, state["took"] + wall
@@ -144,7 +147,9 @@ class _Probes:
 
         return draw
 
-    def _look(self, cell: Cell, load: int, pid: str, look: int, ask: int) -> tuple[ProbeResult, float]:
+    def _look(
+        self, cell: Cell, load: int, pid: str, look: int, ask: int, skip: bool = False
+    ) -> tuple[ProbeResult, float]:
         from servesweep.results.records import read_parquet
 
         r = self.runner
@@ -168,6 +173,8 @@ class _Probes:
             r.console.print(f"  ↺ {pid}: finished before, read back", markup=False, highlight=False)
         p = r.m.points[pid]
         table = read_parquet(r.run_dir / p["dir"] / "records.parquet")
+        if skip:
+            table = after_first_round(table)
         return ProbeResult.from_records(table), float(p.get("probe_wall_s") or 0.0)
 
     def _aim(self, srv, pid: str) -> None:
@@ -190,6 +197,23 @@ class _Probes:
             decide=cell_key(cell.config, cell.shape.key), look=look, load=load, asked=ask,
         )  # fmt: skip
         r.m.add_point(pid, p)
+
+
+def after_first_round(table):
+    """A closed-loop point's records without each user's first request (the earliest it scheduled; users are
+    (worker, user)): those start together, so at a long prompt their prefills queue behind each other, a TTFT tail
+    the running load does not have. Counted per user, no clock is compared across processes or hosts."""
+    import pyarrow as pa
+
+    users = list(zip(table.column("worker").to_pylist(), table.column("user").to_pylist(), strict=True))
+    sched = table.column("scheduled_ns").to_pylist()
+    first: dict[tuple[str, int], int] = {}
+    for i, (u, t) in enumerate(zip(users, sched, strict=True)):
+        if u not in first or t < sched[first[u]]:
+            first[u] = i
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[list(first.values())] = False
+    return table.filter(pa.array(keep))
 
 
 def _measured(parts: Sequence[ProbeResult], output: int, seconds: float) -> Measured:
@@ -287,6 +311,7 @@ def decision_document(
                 "guessed": list(r.guessed),
                 # one user's requests of the shape measured_as (its points): shared by the prompt's outputs
                 "measured_as": r.measured_as,
+                "first_round_skipped": r.skipped,  # requests run on top of `requests`, not judged
                 "points": probes.point_of.get((r.config, r.measured_as or r.shape, r.load), []),
             }
             for r in records

@@ -1240,6 +1240,7 @@ def decision_settings(exp: Experiment) -> dict[str, Any]:
         "unprobed_margin": d.unprobed_margin,
         "cell_sigma": d.cell_sigma,
         "share_one_user": d.share_one_user,
+        "skip_first_round": d.skip_first_round,
         "knee_margin": d.knee_margin,
         "overhead_s": decision_overhead_s(exp),
     }
