@@ -217,6 +217,25 @@ def test_a_probe_cut_by_its_time_still_measures_past_the_opening_burst():
     assert short.requests <= floor + 4  # a low load: the cap stays the tiers' minimum past its first round
 
 
+def test_a_probe_that_skips_its_first_round_judges_a_whole_round_past_it():
+    """skip_first_round: the first round is run on top and not judged, and the time cap leaves at least one whole
+    round past it: the first completions after the burst are the round's shortest requests (the emulator's run judged
+    20 of 42 users' second requests and read 2x the throughput of its neighbouring loads, dropping the best)."""
+    c = _cell("c0", 0.005, 60)
+    tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
+    floor = max(D._min_samples(x) for slos in tiers.values() for x in slos)
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted}, 0)
+    kw = dict(confidence=0.95, resolution=0.05, max_requests=800, overhead_s=0, max_probe_s=1.0)
+    load = 200
+    rec = D.sequential_probe(c, load, tiers, TIERS, measure(c, load), skip_first_round=True, **kw)
+    assert rec.at_cap and rec.requests >= load and rec.skipped == load  # one look: one burst on top
+    plain = D.sequential_probe(c, load, tiers, TIERS, measure(c, load), **kw)
+    # what it costs: priced with the burst it runs on top
+    assert rec.seconds > plain.seconds * (rec.requests + rec.skipped) / plain.requests * 0.99
+    one = D.sequential_probe(c, 1, tiers, TIERS, measure(c, 1), skip_first_round=True, **kw)
+    assert one.skipped == 0 and one.requests >= floor  # load 1: one request is no burst
+
+
 def test_the_calibration_fit_recovers_a_perturbed_calibration():
     tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
     shapes = [D.Shape("single", 1000, o) for o in (200, 400, 800)]

@@ -251,8 +251,9 @@ def sequential_probe(
         floor = max(_min_samples(s) for slos in tiers.values() for s in slos)
         # and past the opening burst: a closed loop's first `load` requests start together, before any user
         # waited for a running request to finish, so a probe cut within them measures the burst, not the load
-        # (skipped, they are run on top: `burst`)
-        most = max(floor + load - burst, min(max_requests, int(max_probe_s * cost["throughput"]) - burst))
+        # (skipped, they are run on top: `burst`, and then a whole round past them: the first completions after
+        # the burst are the round's shortest requests, whose mean E2E alone overstates the throughput, 2x seen)
+        most = max(floor + load - burst, burst, min(max_requests, int(max_probe_s * cost["throughput"]) - burst))
         n = min(n, most)  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     # past the cap, a probe whose open verdict would be a guess may go on to guess_extend x its requests
