@@ -58,6 +58,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -339,12 +340,20 @@ class Chaos(threading.Thread):
             time.sleep(0.05)
         return []
 
-    def remote_worker_sending(self, host: str, since: float, within_s: float = 60.0) -> int | None:
+    def remote_worker_sending(
+        self, host: str, since: float, attempt: Callable[[], bool] | None = None, within_s: float = 240.0
+    ) -> int | None:
         """The pid of worker 1 on `host` once it sent a request of this attempt (its files are newer than the
-        attempt's start; the role starts it over SSH, seconds into the attempt), else None."""
+        attempt's start; the role starts it over SSH, seconds into the attempt), else None: the attempt ended
+        (`attempt()` false) or `within_s` passed. The bound is generous: on a loaded 2-core machine the workers'
+        start over SSH took over a minute, and a 60 s bound missed a forced fault whose attempt was still running."""
         d = self.mode.out / "hosts" / host
         deadline = time.monotonic() + within_s
+        polls = 0
         while time.monotonic() < deadline and self.running():
+            polls += 1
+            if attempt is not None and polls % 10 == 0 and not attempt():
+                return None
             try:
                 st = d / "1.status.json"
                 if st.stat().st_mtime >= since and json.loads(st.read_text()).get("issued", 0) > 0:
@@ -384,7 +393,7 @@ class Chaos(threading.Thread):
                 os.kill(int(files[0].stem), signal.SIGKILL)
             elif kind in ("worker_kill", "host_death", "cut_short", "cut_long"):
                 host = self.rng.choice(WORKER_HOSTS)
-                pid = self.remote_worker_sending(host, since)
+                pid = self.remote_worker_sending(host, since, lambda: self.attempt_running(run_dir, key))
                 if pid is None or not self.attempt_running(run_dir, key):
                     return self.miss({**ev, "target": host, "t": time.time()})
                 if kind == "worker_kill":
@@ -406,7 +415,9 @@ class Chaos(threading.Thread):
                 if (
                     net is not None and self.rng.random() < 0.7
                 ):  # mostly mid-load, else wherever the attempt is
-                    self.remote_worker_sending(self.rng.choice(WORKER_HOSTS), since)
+                    self.remote_worker_sending(
+                        self.rng.choice(WORKER_HOSTS), since, lambda: self.attempt_running(run_dir, key)
+                    )
                     if not self.attempt_running(run_dir, key):
                         return self.miss({**ev, "t": time.time()})
                 ev["target"] = f"servesweep run pid {self.proc.pid}"

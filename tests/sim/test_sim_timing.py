@@ -52,7 +52,11 @@ def test_itl_grows_with_batch_size(sim):
         # ITL during the phase where every request decodes: drop each request's first gaps (others still prefill)
         return statistics.median(x for r in res for x in r.itls_s()[10:])
 
-    single, batched = median_itl(1), median_itl(32)
+    # alternate, keep the best of three: a loaded machine adds noise, never removes it (a cold run with 5 test
+    # workers on 2 cores once read a single request's median ITL at 5.5 ms against the batch's 3.4 ms)
+    single = batched = 1e9
+    for _ in range(3):
+        single, batched = min(single, median_itl(1)), min(batched, median_itl(32))
     assert batched > 1.25 * single, (single, batched)
 
 
