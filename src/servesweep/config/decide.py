@@ -100,8 +100,8 @@ class DecideBlock(BaseModel):
     )
     skip_first_round: bool = Field(
         False,
-        description="a probe's verdicts and throughput leave out each user's first request (above load 1: they start "
-        "together, a burst whose prefills queue, not the load); each look asks `load` more requests",
+        description="a probe above load 1 whose open tiers bound TTFT or E2E is judged without each user's first "
+        "request (they start together, a burst whose prefills queue, not the load); each look runs `load` more",
     )
     knee_margin: float | None = Field(
         2.0, ge=1.0, description="loads searched up to this x the step model's throughput knee (None: every load)"

@@ -238,7 +238,7 @@ def sequential_probe(
     request) and runs `load` more per look (a real run's look is a Locust start of its own): priced here, and the
     first look's rounds count the skipped one."""
     alpha = 1.0 - confidence
-    burst = load if skip_first_round and load > 1 else 0  # requests run and not judged, per look
+    burst = first_round(load, skip_first_round)  # requests run and not judged, per look
     need = max(_first_look(s, look_alpha(alpha, 1)) for slos in tiers.values() for s in slos)
     rounds = min_rounds - 1 if burst else min_rounds
     n = min(max_requests, max(need, int(math.ceil(rounds * load))))
@@ -826,6 +826,11 @@ class DecisionRun:
 Measure = Callable[..., Callable[[int], Measured]]
 
 
+def first_round(load: int, skip_first_round: bool) -> int:
+    """The requests a look runs on top and does not judge: its users' first ones (none at load 1: no burst)."""
+    return load if skip_first_round and load > 1 else 0
+
+
 def bounds_first_tokens(tiers: Mapping[str, Sequence[Slo]], want: Iterable[str]) -> bool:
     """Whether an open tier bounds TTFT or E2E: the statistics a closed loop's opening burst inflates (its users'
     prefills queue behind each other); a decode-speed tier's TPOT is measured past the first token."""
@@ -1221,7 +1226,7 @@ def _predicted_probe_s(
     stream's cell (`one_user`) whose requests it runs; a skipped first round runs on top."""
     load = max((r.load for r in mine), default=cell.lower)
     p = (one_user if load == 1 and one_user is not None else cell).predicted(load)
-    burst = load if skip_first_round and load > 1 else 0
+    burst = first_round(load, skip_first_round)
     return overhead_s + (max(40, 2 * load - burst) + burst) / max(p["throughput"], 1e-9)
 
 
