@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 SERVESWEEP = [sys.executable, "-m", "servesweep.cli"]
+
+
+@contextlib.contextmanager
+def refused_port(host: str = "127.0.0.1"):
+    """A port of `host` that refuses every connection for as long as the block runs: a socket bound to it that never
+    listens holds it (connect() gets a reset), so no other process can take it meanwhile. A port that was merely free
+    a moment ago is not dead: under xdist another test's server or Locust web UI binds it and answers (CI: the "dead"
+    run's second point read `/v1/models did not answer JSON` and was failed, not server_failed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        yield s.getsockname()[1]
 
 
 def emulator_experiment_head(tmp: Path, name: str, *, load_time: float = 0.2, needle_probes: bool = False) -> str:

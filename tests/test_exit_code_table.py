@@ -14,16 +14,18 @@ import sys
 import textwrap
 from pathlib import Path
 
-from support import emulator_experiment_head, run_servesweep
+import pytest
+from support import emulator_experiment_head, refused_port, run_servesweep
 
 from servesweep import exit_codes
-from servesweep.net import free_port
 
 LOCUSTFILE = Path(__file__).resolve().parents[1] / "locustfiles" / "llm.py"
 
 
-def _closed_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+@pytest.fixture
+def closed_url():
+    with refused_port() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _locust(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -80,8 +82,8 @@ def test_the_docs_table_gives_a_degraded_point_2():
     assert "a degraded point (measured at a lower load than asked" in row, row
 
 
-def test_load_against_an_unreachable_server_is_2(tmp_path):
-    url = _closed_url()
+def test_load_against_an_unreachable_server_is_2(tmp_path, closed_url):
+    url = closed_url
     rc, out = run_servesweep(
         "load", "--base-url", url, "--requests", "2", "--out", str(tmp_path / "runs"), timeout=120
     )
@@ -90,20 +92,20 @@ def test_load_against_an_unreachable_server_is_2(tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing measured, no empty run folder
 
 
-def test_headless_locust_against_an_unreachable_server_is_2(tmp_path):
+def test_headless_locust_against_an_unreachable_server_is_2(tmp_path, closed_url):
     """Caught at start, where the locustfile lists the server's models (a server that stops answering later: every
     request failed before a response, tests/inlocust/test_headless.py)."""
-    url = _closed_url()
+    url = closed_url
     r = _locust(tmp_path, "--host", url)
     assert r.returncode == 2, r.stderr[-3000:]
     assert f"servesweep: COULD NOT RUN: listing models (attempt 4 of 4): GET {url}/v1/models: cannot reach" in r.stderr
 
 
-def test_headless_locust_without_a_host_or_with_bad_options_is_2(tmp_path):
+def test_headless_locust_without_a_host_or_with_bad_options_is_2(tmp_path, closed_url):
     r = _locust(tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "servesweep: COULD NOT RUN: give the server with --host http://HOST:PORT" in r.stderr, r.stderr[-3000:]
-    r = _locust(tmp_path, "--host", _closed_url(), "--first-token-timeout", "soon")
+    r = _locust(tmp_path, "--host", closed_url, "--first-token-timeout", "soon")
     assert r.returncode == 2, r.stderr[-3000:]
 
 

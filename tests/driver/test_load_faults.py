@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import pytest
+from support import refused_port
 
 from servesweep.config.point import LoadPoint
 from servesweep.driver.point_run import run_point
@@ -90,9 +91,8 @@ def test_context_length_400_keeps_the_servers_message(tmp_path):
 
 @pytest.fixture
 def closed_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again on return: nothing listens there
+    with refused_port() as port:
+        yield port
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support import refused_port
 
-from servesweep.net import free_port
 from servesweep.results.compare import DEFAULT_METRICS, compare_runs, load_run, metric, weighted_percentile
 from servesweep.sim.launch import start_sim
 
@@ -91,8 +91,9 @@ def run_experiment(root: Path, name: str, sim_args: list[str] | None, **load) ->
     out = root / f"{name}-runs"
     t0 = time.monotonic()
     if sim_args is None:
-        url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-        r = servesweep("run", experiment_yaml(root / f"{name}.yaml", name, url, **load), "--out", out)
+        with refused_port() as port:  # held: nothing else can listen there meanwhile
+            url = f"http://127.0.0.1:{port}"
+            r = servesweep("run", experiment_yaml(root / f"{name}.yaml", name, url, **load), "--out", out)
     else:
         with start_sim(SIM_BASE + sim_args, log_path=root / f"{name}-sim.log") as sim:
             r = servesweep(
@@ -129,7 +130,7 @@ def all_runs(tmp_path_factory) -> dict[str, Path]:
 
     fast: `servesweep run`, concurrency 1 and 4 × prompt 256 and 1024 (+ 4096, infeasible at the 2048 context);
     slow: the same server on a slower step model, concurrency 4 only (its points match two of fast's);
-    dead: `servesweep run` against a port where nothing listens (a failed and a server_failed point);
+    dead: `servesweep run` against a port that refuses connections (a failed and a server_failed point);
     load: `servesweep load`, one point, a quarter of the requests stalled past the client's first-token timeout.
     """
 
