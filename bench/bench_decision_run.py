@@ -96,11 +96,23 @@ def cut_experiment(
             new_bundles.append({"name": f"tp{tp}-{b}", "flags": {**bundles[b], "tp_size": tp}})
     d["server"] = {"base": src["server"]["base"], "bundles": new_bundles}
     load = dict(src["load"])
-    load.pop("workloads", None)
-    load.update(workload=["single"], prompt_tokens=a.prompts, output_tokens=a.outputs)
+    load.update(prompt_tokens=a.prompts, output_tokens=a.outputs)
+    d["exclude"] = []
+    if a.agent:  # the example's agent sessions, at the shapes the example asks them for (its excludes)
+        load["workload"] = ["single", "agent"]
+        for ex in src.get("exclude") or []:
+            if ex.get("workload") != "agent":
+                continue
+            kept = {k: [x for x in v if x in (a.prompts if k == "prompt_tokens" else a.outputs)]
+                    for k, v in ex.items() if k != "workload"}  # fmt: skip
+            if all(kept.values()):
+                d["exclude"].append({"workload": "agent", **kept})
+    else:
+        load.pop("workloads", None)
+        load["workload"] = ["single"]
     d["load"] = load
     if 100000 in a.prompts:
-        d["exclude"] = [{"prompt_tokens": 100000, "concurrency": [16, 32, 64, 100]}]
+        d["exclude"].append({"prompt_tokens": 100000, "concurrency": [16, 32, 64, 100]})
     dec = dict(src["decide"])
     from servesweep.config.search_block import SearchBlock
 
@@ -133,11 +145,16 @@ def _validate(d: dict):
 # ---------------------------------------------------------------- the exhaustive answer: the engine itself
 
 
-def engine_samples(rs, cal: dict, prompt: int, output: int, conc: int, seed: int) -> dict[str, np.ndarray]:
+def engine_samples(
+    rs, cal: dict, prompt: int, output: int, conc: int, seed: int, agent: tuple[int, int, int] | None = None
+) -> dict[str, np.ndarray]:
     """A closed loop of `conc` users on the emulator's engine in virtual time: per-request TTFT, TPOT, E2E (s) of
-    the requests after the first round (the start's burst of prefills is the warm-up)."""
+    the requests after the first round (the start's burst of prefills is the warm-up). `agent`: the users run
+    agent sessions instead (`agent_samples`)."""
     from servesweep.sim.engine import Engine, EngineRequest
 
+    if agent is not None:
+        return agent_samples(rs, cal, prompt, output, conc, seed, agent)
     eng = Engine(rs, seed=seed, calibration=cal)
     total = conc + max(4 * conc, 200)
     sent = 0
@@ -166,6 +183,58 @@ def engine_samples(rs, cal: dict, prompt: int, output: int, conc: int, seed: int
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 
+def agent_samples(
+    rs, cal: dict, prompt: int, output: int, conc: int, seed: int, agent: tuple[int, int, int]
+) -> dict[str, np.ndarray]:
+    """`conc` users each running agent sessions one after another on the engine in virtual time (workload/build.py's
+    `AgentSession` as the emulator sees it): a session's first turn is `prompt` tokens, its first `shared` the tools
+    description every session shares; each later turn is the last turn's prompt plus the answer, a tool result of
+    `tool` tokens and the template's tokens around them (new ids: the emulator caches prompts, and the answer comes
+    back as text, tokenized anew), so the radix cache serves the last prompt and the shared tools. Per-turn TTFT,
+    TPOT, E2E (s) of every turn after each user's first session (the start's burst of first turns is the warm-up),
+    at least max(200, 4 x conc) turns."""
+    from servesweep.sim.engine import Engine, EngineRequest
+
+    turns, tool, shared = agent
+    eng = Engine(rs, seed=seed, calibration=cal)
+    sessions = 1 + max(1, math.ceil(max(200, 4 * conc) / (conc * turns)))  # per user, the first one the warm-up
+    shared_ids = list(range(shared))
+    top = [shared]  # the next fresh token id: ids of their own, no prefix shared but the tools'
+
+    def fresh(n: int) -> list[int]:
+        top[0] += n
+        return list(range(top[0] - n, top[0]))
+
+    state: dict[str, tuple[int, int, int, list[int]]] = {}  # rid -> (user, session, turn, prompt ids)
+    done: list = []
+
+    def send(user: int, session: int, turn: int, ids: list[int]):
+        rid = f"u{user}-s{session}-t{turn}"
+        state[rid] = (user, session, turn, ids)
+        return EngineRequest(rid, ids, output, on_emit, ignore_eos=True)
+
+    def first(user: int, session: int):
+        return send(user, session, 1, shared_ids + fresh(prompt - shared))
+
+    def on_emit(req, n, finished):
+        if not finished:
+            return
+        user, session, turn, ids = state.pop(req.rid)
+        if session > 0:
+            done.append(req)
+        if turn < turns:
+            eng.submit(send(user, session, turn + 1, ids + fresh(output + tool + 16)))
+        elif session + 1 < sessions:
+            eng.submit(first(user, session + 1))
+
+    eng.run_simulated([first(u, 0) for u in range(conc)])
+    rows = [r for r in done if r.first_token_time is not None and r.finish_time is not None]
+    ttft = np.array([r.first_token_time - r.queue_start for r in rows])
+    e2e = np.array([r.finish_time - r.queue_start for r in rows])
+    tpot = (e2e - ttft) / np.maximum(1, np.array([r.completion_tokens for r in rows]) - 1)
+    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+
+
 def slo_statistic(x, s: dict[str, np.ndarray]) -> float:
     """An SLO's statistic (its percentile; decode tok/s or ms) over engine samples (seconds)."""
     q = float(x.stat[1:]) if x.stat else 50.0
@@ -179,15 +248,16 @@ def holds(slos, s: dict[str, np.ndarray]) -> bool:
 
 
 def cell_truth(
-    rs, cal: dict, prompt: int, output: int, lower: int, upper: int, tiers: dict, seed: int, gpus: int
-) -> tuple[dict, dict]:
+    rs, cal: dict, prompt: int, output: int, lower: int, upper: int, tiers: dict, seed: int, gpus: int,
+    agent: tuple[int, int, int] | None = None,
+) -> tuple[dict, dict]:  # fmt: skip
     """One cell's ({tier: capacity}, {tier: tok/s per GPU at it}) on the engine: bisection over [lower, upper] (a
     tier's verdict falls with concurrency), each concurrency's closed loop simulated once and shared by the tiers."""
     cache: dict[int, dict[str, np.ndarray]] = {}
 
     def at(load: int) -> dict[str, np.ndarray]:
         if load not in cache:
-            cache[load] = engine_samples(rs, cal, prompt, output, load, seed)
+            cache[load] = engine_samples(rs, cal, prompt, output, load, seed, agent)
         return cache[load]
 
     caps: dict = {}
@@ -209,17 +279,33 @@ def cell_truth(
     return caps, values
 
 
-def engine_truth(exp, hidden: dict, tiers: dict, seed: int, jobs: int = 1) -> tuple[dict, dict]:
+def agent_sessions(cp, shape) -> tuple[int, int, int] | None:
+    """(turns, tool-result tokens, shared tools tokens) of an agent shape's sessions as its points ask for them
+    (workload/build.py: the tools description is half the first turn unless given); None for single-shot."""
+    if shape.kind != "agent":
+        return None
+    for pp in cp.feasible_points:
+        pt = pp.point
+        if (pp.workload, pt.prompt_tokens, pt.output_tokens) == (shape.workload, shape.prompt, shape.output):
+            shared = pt.shared_prefix_tokens or max(1, pt.prompt_tokens // 2)
+            return int(pt.session_turns), int(pt.tool_result_tokens), int(shared)
+    raise KeyError(f"no point of {cp.config.id} at {shape.key}")
+
+
+def engine_truth(
+    exp, hidden: dict, tiers: dict, seed: int, jobs: int = 1, kinds: tuple[str, ...] | None = None
+) -> tuple[dict, dict]:
     """{(shape, tier): {config: tok/s per GPU at its capacity}} and {(config, shape, tier): capacity} on the engine
-    at real speed (the unscaled tiers), each cell by `cell_truth`, `jobs` cells at a time (processes)."""
+    at real speed (the unscaled tiers), each cell by `cell_truth`, `jobs` cells at a time (processes); `kinds`:
+    only the cells whose workload is one of them (single-shot "synthetic", "agent")."""
     from concurrent.futures import ProcessPoolExecutor
 
     plan = planner.make_plan(exp)
     by_id = {cp.config.id: cp for cp in plan.configs}
-    cells = planner.decision_cells(plan)
+    cells = [c for c in planner.decision_cells(plan) if kinds is None or c.shape.kind in kinds]
     args = [
         (by_id[c.config].resolved, hidden[c.config], c.shape.prompt, c.shape.output, c.lower, c.upper,
-         dict(tiers), seed, c.gpus)
+         dict(tiers), seed, c.gpus, agent_sessions(by_id[c.config], c.shape))
         for c in cells
     ]  # fmt: skip
     if jobs > 1:
@@ -236,10 +322,12 @@ def engine_truth(exp, hidden: dict, tiers: dict, seed: int, jobs: int = 1) -> tu
     return values, caps
 
 
-def binding_on_engine(rs, cal: dict, prompt: int, output: int, load: int, slos, seed: int) -> tuple[float, str]:
+def binding_on_engine(
+    rs, cal: dict, prompt: int, output: int, load: int, slos, seed: int, agent: tuple[int, int, int] | None = None
+) -> tuple[float, str]:
     """The SLO of a tier closest to failing at a load on the engine: (signed distance past its threshold, its
     text); > 0 fails, < 0 holds (bench/bench_decision.py's `_binding` on the engine's samples)."""
-    s = engine_samples(rs, cal, prompt, output, load, seed)
+    s = engine_samples(rs, cal, prompt, output, load, seed, agent)
     return max(
         ((slo_statistic(x, s) - x.value) / x.value * (1 if x.upper_limit else -1), x.text) for x in slos
     )
@@ -269,7 +357,8 @@ def explain_on_engine(
             near = []
             for load in sorted({cap or c.lower, min(c.upper, (cap or 0) + 1)}):
                 d, text = binding_on_engine(
-                    by_id[name].resolved, hidden[name], c.shape.prompt, c.shape.output, load, slos, seed
+                    by_id[name].resolved, hidden[name], c.shape.prompt, c.shape.output, load, slos, seed,
+                    agent_sessions(by_id[name], c.shape),
                 )
                 near.append(abs(d))
                 parts.append(f"{role} {name} (engine capacity {cap}): {text} {d:+.1%} at load {load}")
@@ -515,6 +604,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bundles", type=lambda s: s.split(","), default=["ar", "dflash", "ddtree32"])
     ap.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[3000, 30000])
     ap.add_argument("--outputs", type=lambda s: [int(x) for x in s.split(",")], default=[256, 1024])
+    ap.add_argument("--agent", action="store_true",
+                    help="the example's agent sessions too (3k prompts, 256-token answers, 8 turns)")
     ap.add_argument("--speedup", type=float, default=20.0)
     ap.add_argument("--model-error", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=0)
@@ -554,9 +645,9 @@ def main(argv=None) -> int:
     )
     pd = pred.as_dict()
     print(
-        f"cut: TP {a.tp} x {a.bundles}, single, prompts {a.prompts}, outputs {a.outputs}: "
-        f"{len(plan.configs)} configurations, {len(cells)} cells, "
-        f"{len(cells) // max(1, len(plan.configs)) * len(exp_real.decide.tiers)} questions; "  # type: ignore[union-attr]
+        f"cut: TP {a.tp} x {a.bundles}, {'single + agent' if a.agent else 'single'}, prompts {a.prompts}, "
+        f"outputs {a.outputs}: {len(plan.configs)} configurations, {len(cells)} cells, "
+        f"{len({c.shape.key for c in cells}) * len(exp_real.decide.tiers)} questions; "  # type: ignore[union-attr]
         f"plan at real speed: {len(pred.records)} probes, {sum(pred.config_seconds.values()) / 3600:.2f} h serial, "
         f"{pd['gpu_seconds'] / 3600:.2f} GPU-h"
     )
@@ -566,23 +657,32 @@ def main(argv=None) -> int:
     tiers = exp_real.decide.tiers  # type: ignore[union-attr]
     # the engine's answer depends on the cut, the hidden calibrations and the seed only: kept in the out folder
     # (a re-run on another decision algorithm reuses it: 10 minutes of virtual-time closed loops here)
-    key = json.dumps([a.tp, a.bundles, a.prompts, a.outputs, hidden, tiers, a.seed], sort_keys=True)
-    cache_file = work / "engine_truth.json"
-    cached = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
-    if cached.get("key") == key:
-        truth = {tuple(k.split("|")): v for k, v in cached["truth"].items()}
-        caps = {tuple(k.split("|")): v for k, v in cached["caps"].items()}
-    else:
-        truth, caps = engine_truth(exp_real, hidden, tiers, a.seed, a.jobs)
-        cache_file.write_text(
-            json.dumps(
-                {
-                    "key": key,
-                    "truth": {"|".join(k): v for k, v in truth.items()},
-                    "caps": {"|".join(k): v for k, v in caps.items()},
-                }
+    # (single-shot and agent cells kept apart: a cut with --agent reuses the single-shot answer of one without)
+    truth, caps = {}, {}
+    for kind, name in (("synthetic", "engine_truth.json"), ("agent", "engine_truth_agent.json")):
+        if kind == "agent" and not a.agent:
+            continue
+        key = json.dumps([a.tp, a.bundles, a.prompts, a.outputs, hidden, tiers, a.seed], sort_keys=True)
+        cache_file = work / name
+        cached = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+        if cached.get("key") == key:
+            got = (
+                {tuple(k.split("|")): v for k, v in cached["truth"].items()},
+                {tuple(k.split("|")): v for k, v in cached["caps"].items()},
             )
-        )
+        else:
+            got = engine_truth(exp_real, hidden, tiers, a.seed, a.jobs, kinds=(kind,))
+            cache_file.write_text(
+                json.dumps(
+                    {
+                        "key": key,
+                        "truth": {"|".join(k): v for k, v in got[0].items()},
+                        "caps": {"|".join(k): v for k, v in got[1].items()},
+                    }
+                )
+            )
+        truth.update(got[0])
+        caps.update(got[1])
     truth_s = time.monotonic() - t0
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
     if a.truth_only:
@@ -614,7 +714,7 @@ def main(argv=None) -> int:
     probe_real_s = sum(r["seconds"] for r in doc["probe_log"]) * a.speedup
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cut": {"tp": a.tp, "bundles": a.bundles, "prompts": a.prompts, "outputs": a.outputs},
+        "cut": {"tp": a.tp, "bundles": a.bundles, "prompts": a.prompts, "outputs": a.outputs, "agent": a.agent},
         "speedup": a.speedup,
         "model_error": a.model_error,
         "seed": a.seed,

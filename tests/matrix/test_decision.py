@@ -236,6 +236,23 @@ def test_a_probe_that_skips_its_first_round_judges_a_whole_round_past_it():
     assert one.skipped == 0 and one.requests >= floor  # load 1: one request is no burst
 
 
+def test_a_probe_of_agent_sessions_runs_every_users_session_whole():
+    """An agent shape's requests are turns: each look has every user run a whole session and a turn of the next
+    (capacity_agent's rule), past max_requests and the time cap that cut a single-shot probe of the same load, and
+    its first turns are never skipped as a burst: a session's first turn is part of its mix."""
+    agent = _cell("c0", 0.005, 60, shape=D.Shape("agent", 1000, 200, kind="agent", turns=8))
+    single = _cell("c0", 0.005, 60)
+    measure = D.simulated_measure(NOISE, {agent.key: agent.predicted, single.key: single.predicted}, 0)
+    dec = D.Decider([agent, single], TIERS, max_requests=100, max_probe_s=1.0, overhead_s=0, skip_first_round=True)
+    load = 20
+    rec = dec.probe(agent, load, list(TIERS), measure)
+    assert rec.requests >= 9 * load and rec.skipped == 0, rec  # 8 turns and one more per user
+    cut = dec.probe(single, load, list(TIERS), measure)
+    assert cut.requests < 9 * load and cut.skipped == load  # the same load single-shot: capped, its burst skipped
+    # priced for the turns it runs: the cost of a probe is its requests' time, whole sessions included
+    assert rec.seconds > cut.seconds
+
+
 def test_the_calibration_fit_recovers_a_perturbed_calibration():
     tiers = {k: D.parse_tier(v) for k, v in TIERS.items()}
     shapes = [D.Shape("single", 1000, o) for o in (200, 400, 800)]

@@ -52,6 +52,7 @@ class Shape:
     prompt: int
     output: int
     kind: str = "synthetic"  # what its requests are (LoadPoint.workload): agent sessions, shared prefixes, ...
+    turns: int = 1  # requests per session of an agent shape (session_turns): a probe runs its users' sessions whole
 
     @property
     def key(self) -> str:
@@ -228,6 +229,7 @@ def sequential_probe(
     guess_extend: float = 1.0,
     measured: Cell | None = None,
     skip_first_round: bool = False,
+    session_turns: int = 1,
 ) -> ProbeRecord:
     """Measure one load with looks at n0, 2 n0, ... (n0: enough for the tiers' percentiles and two rounds of the
     load) until every open tier's verdict is clear and the throughput's half-width is within resolution / 2; at
@@ -236,12 +238,16 @@ def sequential_probe(
     `draw` runs when it is not `cell` (a shared one-user stream): its throughput prices the probe.
     `skip_first_round`: above load 1, `draw(n)` judges n requests past each look's first round (each user's first
     request) and runs `load` more per look (a real run's look is a Locust start of its own): priced here, and the
-    first look's rounds count the skipped one."""
+    first look's rounds count the skipped one.
+    `session_turns` > 1 (agent sessions, a request a turn): every look has each user run a whole session and one
+    turn of the next (capacity_agent's rule: the judged turns are the session's mix, early and late, cache hits
+    included), past `max_requests` and `max_probe_s` where those would cut the sessions."""
     alpha = 1.0 - confidence
     burst = first_round(load, skip_first_round)  # requests run and not judged, per look
     need = max(_first_look(s, look_alpha(alpha, 1)) for slos in tiers.values() for s in slos)
     rounds = min_rounds - 1 if burst else min_rounds
-    n = min(max_requests, max(need, int(math.ceil(rounds * load))))
+    whole = int(math.ceil(max(min_rounds, session_turns + 1) * load)) if session_turns > 1 else 0
+    n = max(whole, min(max_requests, max(need, int(math.ceil(rounds * load)))))
     most_looks = max(1, int(max_looks))
     want = set(open_tiers) or set(tiers)
     p = cell.predicted(load)
@@ -254,7 +260,8 @@ def sequential_probe(
         # (skipped, they are run on top: `burst`, and then a whole round past them: the first completions after
         # the burst are the round's shortest requests, whose mean E2E alone overstates the throughput, 2x seen)
         most = max(floor + load - burst, burst, min(max_requests, int(max_probe_s * cost["throughput"]) - burst))
-        n = min(n, most)  # the first look fits the time too (a pass it cannot prove: estimates decide)
+    most = max(most, whole)  # an agent probe's sessions whole, however long they take
+    n = min(n, most)  # the first look fits the time too (a pass it cannot prove: estimates decide)
     tol = {s.text: slo_tolerance(cell, s, load, resolution) for slos in tiers.values() for s in slos}
     # past the cap, a probe whose open verdict would be a guess may go on to guess_extend x its requests
     hard_most = max(most, int(most * guess_extend))
@@ -1013,10 +1020,14 @@ class Decider:
         }
         src = self.one_user.get(cell.key) if load == 1 else None
         if src is None:
-            # the opening burst left out where it matters: above load 1, for a tier on first tokens
-            skip = self.skip_first_round and load > 1 and bounds_first_tokens(self.tiers, want)
+            # the opening burst left out where it matters: above load 1, for a tier on first tokens (an agent
+            # session's first turn is part of its workload's mix, never skipped)
+            sessions = cell.shape.turns if cell.shape.kind == "agent" else 1
+            skip = self.skip_first_round and load > 1 and sessions == 1 and bounds_first_tokens(self.tiers, want)
             draw = measure(cell, load, skip_first_round=True) if skip else measure(cell, load)
-            return sequential_probe(cell, load, self.tiers, want, draw, skip_first_round=skip, **{**kw, **over})
+            return sequential_probe(
+                cell, load, self.tiers, want, draw, skip_first_round=skip, session_turns=sessions, **{**kw, **over}
+            )
         return sequential_probe(
             cell, load, self.tiers, want, self._one_user_draw(cell, src, measure), measured=src, **{**kw, **over}
         )

@@ -1165,17 +1165,18 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
         if not timer_for:
             _price_under_limit(timer, cp.config)
         shapes: dict[Any, int] = {}
-        kinds: dict[Any, str] = {}
+        kinds: dict[Any, tuple[str, int]] = {}
         for pp in cp.feasible_points:
             key = (pp.workload, pp.point.prompt_tokens, pp.point.output_tokens)
             shapes[key] = max(shapes.get(key, 0), pp.point.concurrency)
-            kinds[key] = pp.point.workload
+            turns = int(pp.point.session_turns or 1) if pp.point.workload == "agent" else 1
+            kinds[key] = (pp.point.workload, turns)
         for (wl, p, o), most in shapes.items():
             upper = min(top, most) if most >= d.lower else d.lower
             cells.append(
                 Cell(
                     cp.config.id,
-                    Shape(wl, p, o, kinds[(wl, p, o)]),
+                    Shape(wl, p, o, *kinds[(wl, p, o)]),
                     flags_gpus(cp.config.flags, exp.launcher.gpus),
                     d.lower,
                     upper,
