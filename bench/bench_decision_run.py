@@ -48,6 +48,9 @@ from servesweep.matrix import decision as D  # noqa: E402
 from servesweep.matrix import planner  # noqa: E402
 
 HIDDEN = ("bw_eff", "flops_eff", "decode_flops_eff", "spec_accept_mean")  # the error the priors do not see
+# an agent turn's tokens besides the answer and the tool result (the chat template around the two messages): on the
+# emulator a 3k/256 session's prompts grow by 2,270 tokens a turn with 2,000-token tool results (3,005, 5,275, ...)
+TURN_TEMPLATE = 14
 
 
 # ---------------------------------------------------------------- the cut experiment
@@ -189,8 +192,9 @@ def agent_samples(
     """`conc` users each running agent sessions one after another on the engine in virtual time (workload/build.py's
     `AgentSession` as the emulator sees it): a session's first turn is `prompt` tokens, its first `shared` the tools
     description every session shares; each later turn is the last turn's prompt plus the answer, a tool result of
-    `tool` tokens and the template's tokens around them (new ids: the emulator caches prompts, and the answer comes
-    back as text, tokenized anew), so the radix cache serves the last prompt and the shared tools. Per-turn TTFT,
+    `tool` tokens and the template's tokens around them (`TURN_TEMPLATE`), new ids (the emulator caches prompts,
+    and the answer comes back as text, tokenized anew), so the radix cache serves the last prompt and the shared
+    tools. Per-turn TTFT,
     TPOT, E2E (s) of every turn after each user's first session (the start's burst of first turns is the warm-up),
     at least max(200, 4 x conc) turns."""
     from servesweep.sim.engine import Engine, EngineRequest
@@ -223,7 +227,7 @@ def agent_samples(
         if session > 0:
             done.append(req)
         if turn < turns:
-            eng.submit(send(user, session, turn + 1, ids + fresh(output + tool + 16)))
+            eng.submit(send(user, session, turn + 1, ids + fresh(output + tool + TURN_TEMPLATE)))
         elif session + 1 < sessions:
             eng.submit(first(user, session + 1))
 
@@ -584,8 +588,13 @@ def _print_misses(agree: dict) -> None:
 def one_run(a, work: Path, tag: str, budget_s: float | None) -> dict:
     d, hidden = cut_experiment(a, work, speedup=a.speedup, budget_s=budget_s, name=f"bdr-{tag}")
     f = work / f"{tag}.yaml"
-    f.write_text(yaml.safe_dump(d, sort_keys=False))
     out_dir = work / f"runs-{tag}"
+    if getattr(a, "rescore", False) and out_dir.is_dir():  # the kept run, scored again (its decision.json)
+        run_dir = next(out_dir.iterdir())
+        doc = json.loads((run_dir / "decision.json").read_text())
+        rc, wall = (0 if doc.get("status") == "finished" else 2), float(doc["elapsed_s"])
+        return {"rc": rc, "wall_s": wall, "doc": doc, "run_dir": run_dir, "d": d, "hidden": hidden, "file": f}
+    f.write_text(yaml.safe_dump(d, sort_keys=False))
     rc, wall = run_servesweep(
         ["run", str(f), "--out", str(out_dir), "--max-parallel", str(a.max_parallel)], work / f"{tag}.log", a.timeout
     )
@@ -624,6 +633,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="/tmp/bench_decision_run")
     ap.add_argument("--model-report", action="store_true",
                     help="the step model's values against the engine's exhaustive ones (kept in --out), and stop")
+    ap.add_argument("--rescore", action="store_true",
+                    help="score the run kept in --out again (its decision.json) instead of running it")
     ap.add_argument("--explain", action="store_true",
                     help="explain the misses of the report kept in --out on the engine (SLO ties), and stop")
     a = ap.parse_args(argv)
@@ -681,8 +692,18 @@ def main(argv=None) -> int:
                     }
                 )
             )
-        truth.update(got[0])
-        caps.update(got[1])
+        # a shape's key names its workload ("chat" in a cut without the agent's workloads, "single" with them): the
+        # cached answer's keys are renamed to this cut's by prompt and output length
+        name_of = {
+            (c.shape.prompt, c.shape.output): c.shape.key.split("-p")[0] for c in cells if c.shape.kind == kind
+        }
+
+        def renamed(key: str, name_of: dict = name_of) -> str:
+            p, o = key.rsplit("-p", 1)[1].split("-o")
+            return f"{name_of.get((int(p), int(o)), key.rsplit('-p', 1)[0])}-p{p}-o{o}"
+
+        truth.update({(renamed(k[0]), *k[1:]): v for k, v in got[0].items()})
+        caps.update({(k[0], renamed(k[1]), *k[2:]): v for k, v in got[1].items()})
     truth_s = time.monotonic() - t0
     print(f"exhaustive answer on the engine: {len(truth)} questions, {len(caps)} capacities, {truth_s:.0f} s")
     if a.truth_only:

@@ -197,6 +197,24 @@ def test_a_probe_of_one_prompt_length_leaves_the_others_at_the_unprobed_bound():
                 assert now == before  # c0 unprobed; c1's short prompt: not probed, so not bounded by the long one
 
 
+def test_a_single_shot_probe_leaves_the_agent_sessions_of_its_prompt_length_at_the_unprobed_bound():
+    """The whole question on the emulator (agent sessions included) dropped TP1 DDTREE 32's agent cell unprobed: its
+    3k single-shot probes' calibration bounded the agent sessions that start at 3k, which on the emulator's engine
+    are worth 1.13x what that calibration says (log-sd 0.16, up to 1.75x at a capacity cliff: a session's context
+    grows on a warm cache), and the engine's best was that cell, 7.8 % above the answer. A fit's group is a prompt
+    length of one kind of workload: the agent cell keeps its unprobed bound, calibrated by no single-shot fit."""
+    single, agent = D.Shape("single", 1000, 200), D.Shape("agent", 1000, 200, kind="agent", turns=4)
+    cells = [_cell("c1", 0.005, 60, shape=sh) for sh in (single, agent)]
+    dec = D.Decider(cells, TIERS, prior_margin=1.1, unprobed_margin=1.5, noise=NOISE, overhead_s=5.0)
+    first = dict(dec.kw["prior_high"])
+    measure = D.simulated_measure(NOISE, {c.key: c.predicted for c in cells}, 0)
+    dec.add(dec.probe(cells[0], 1, list(TIERS), measure), cells[0])
+    for tier in TIERS:
+        assert dec.kw["prior_high"][(cells[0].key, tier)] < first[(cells[0].key, tier)] / 1.3  # calibrated
+        assert dec.kw["prior_high"][(cells[1].key, tier)] == first[(cells[1].key, tier)]  # not by that probe
+        assert (cells[0].key, tier) in dec.kw["prior_fit"] and (cells[1].key, tier) not in dec.kw["prior_fit"]
+
+
 def test_a_probe_cut_by_its_time_still_measures_past_the_opening_burst():
     """A closed loop's first `load` requests start together, before any user has waited for a running request to
     finish: the whole-question run on the emulator capped a 3k/2048 probe at 90 users after 41 requests (its

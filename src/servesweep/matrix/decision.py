@@ -703,6 +703,11 @@ class Fit:
 CELL_SIGMA = 0.05
 
 
+def _fit_group(shape: Shape) -> tuple[str, int]:
+    """The shapes one calibration fit serves: a prompt length of one kind of workload."""
+    return (shape.kind, shape.prompt)
+
+
 def fit_calibration(
     config: str,
     records: Sequence[ProbeRecord],
@@ -711,9 +716,9 @@ def fit_calibration(
     group: Callable[[str], Any] | None = None,
     cell_sigma: float = CELL_SIGMA,
 ) -> dict[Any, Fit]:
-    """The configuration's fits from its probes, one per group of shapes (`group(shape_key)`: the prompt length, so
-    one long-context probe informs every output length of that context, while a 3k probe says little of a 100k
-    prompt's attention time): per group, log factor = mean of its probes' log(measured / predicted median); the
+    """The configuration's fits from its probes, one per group of shapes (`group(shape_key)`: the prompt length and
+    kind of workload, so one long-context probe informs every output length of that context, while a 3k probe says
+    little of a 100k prompt's attention time, nor a single-shot one of an agent session's): per group, log factor = mean of its probes' log(measured / predicted median); the
     residual variance is pooled over the configuration's groups and shrunk toward `prior_sigma`:
     (prior_weight · prior_sigma² + Σ residual²) / (prior_weight + n - groups) (a few probes cannot claim a tight
     fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
@@ -914,9 +919,9 @@ class Decider:
             set()
         )  # (cell, tier) whose next load was probed already
         self.by_cell: dict[tuple[str, str], list[ProbeRecord]] = {}
-        self.prompt_of = {
-            c.shape.key: c.shape.prompt for c in cells
-        }  # a fit's group: one prompt length's shapes
+        # a fit's group: one prompt length's shapes of one kind of workload (an agent session starting at 3k tokens
+        # grows its context turn by turn on a warm cache: a single-shot 3k probe's calibration says little of it)
+        self.group_of = {c.shape.key: _fit_group(c.shape) for c in cells}
         self.checked: set[tuple[tuple[str, str], int]] = set()
         self.cell_of = {c.key: c for c in self.cells}
         # a load-1 cell -> the cell whose one-user stream measures it (shared by its prompt length's outputs)
@@ -1073,12 +1078,12 @@ class Decider:
         # both bounds of its cells from its fitted calibration
         if self.fit_prior and n_c >= self.fit_min_probes:
             fits = fit_calibration(
-                c.config, self.records, self.prior_sigma, group=self.prompt_of.get, cell_sigma=self.cell_sigma
+                c.config, self.records, self.prior_sigma, group=self.group_of.get, cell_sigma=self.cell_sigma
             )
             for g, fit in fits.items():
                 self.kw.setdefault("prior_fit", {}).update(
                     fitted_prior(
-                        [x for x in mine_cells if x.shape.prompt == g],
+                        [x for x in mine_cells if _fit_group(x.shape) == g],
                         self.tiers,
                         self.noise,
                         fit,
@@ -1090,8 +1095,8 @@ class Decider:
         # the model's error there is its own), the others keep the unprobed bound
         if self.use_prior and self.calibrate_prior:
             if self.unprobed_margin is not None:
-                probed = {self.prompt_of.get(r.shape) for r in self.records if r.config == c.config}
-                mine_cells = [x for x in mine_cells if x.shape.prompt in probed]
+                probed = {self.group_of.get(r.shape) for r in self.records if r.config == c.config}
+                mine_cells = [x for x in mine_cells if _fit_group(x.shape) in probed]
             self.kw["prior_high"].update(
                 prior_bounds(
                     mine_cells,
