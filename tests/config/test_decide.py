@@ -39,7 +39,7 @@ def test_example_asks_the_whole_question():
     assert d is not None
     assert list(d.tiers) == ["tier1", "tier2", "tier3"]
     assert d.confidence == pytest.approx(0.95) and d.resolution == pytest.approx(0.05)
-    assert d.max_probe_time_s == 60 and d.prior_margin == 1.1
+    assert d.max_probe_time_s == 50 and d.prior_margin == 1.1
 
 
 def test_percentages_and_times_read_as_numbers():
