@@ -179,7 +179,12 @@ def engine_samples(
                 eng.submit(make())
 
     eng.run_simulated([make() for _ in range(conc)])
-    rows = [r for r in done[conc:] if r.first_token_time is not None and r.finish_time is not None]
+    return _samples(done[conc:])
+
+
+def _samples(done: list) -> dict[str, np.ndarray]:
+    """Finished engine requests as per-request TTFT, TPOT and E2E (s)."""
+    rows = [r for r in done if r.first_token_time is not None and r.finish_time is not None]
     ttft = np.array([r.first_token_time - r.queue_start for r in rows])
     e2e = np.array([r.finish_time - r.queue_start for r in rows])
     tpot = (e2e - ttft) / np.maximum(1, np.array([r.completion_tokens for r in rows]) - 1)
@@ -232,11 +237,7 @@ def agent_samples(
             eng.submit(first(user, session + 1))
 
     eng.run_simulated([first(u, 0) for u in range(conc)])
-    rows = [r for r in done if r.first_token_time is not None and r.finish_time is not None]
-    ttft = np.array([r.first_token_time - r.queue_start for r in rows])
-    e2e = np.array([r.finish_time - r.queue_start for r in rows])
-    tpot = (e2e - ttft) / np.maximum(1, np.array([r.completion_tokens for r in rows]) - 1)
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+    return _samples(done)
 
 
 def slo_statistic(x, s: dict[str, np.ndarray]) -> float:
@@ -285,14 +286,15 @@ def cell_truth(
 
 def agent_sessions(cp, shape) -> tuple[int, int, int] | None:
     """(turns, tool-result tokens, shared tools tokens) of an agent shape's sessions as its points ask for them
-    (workload/build.py: the tools description is half the first turn unless given); None for single-shot."""
+    (the tools description's length as workload/build.py builds it); None for single-shot."""
+    from servesweep.workload.build import agent_shared_tokens
+
     if shape.kind != "agent":
         return None
     for pp in cp.feasible_points:
         pt = pp.point
         if (pp.workload, pt.prompt_tokens, pt.output_tokens) == (shape.workload, shape.prompt, shape.output):
-            shared = pt.shared_prefix_tokens or max(1, pt.prompt_tokens // 2)
-            return int(pt.session_turns), int(pt.tool_result_tokens), int(shared)
+            return int(pt.session_turns), int(pt.tool_result_tokens), agent_shared_tokens(pt)
     raise KeyError(f"no point of {cp.config.id} at {shape.key}")
 
 

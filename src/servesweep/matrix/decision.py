@@ -718,8 +718,8 @@ def fit_calibration(
 ) -> dict[Any, Fit]:
     """The configuration's fits from its probes, one per group of shapes (`group(shape_key)`: the prompt length and
     kind of workload, so one long-context probe informs every output length of that context, while a 3k probe says
-    little of a 100k prompt's attention time, nor a single-shot one of an agent session's): per group, log factor = mean of its probes' log(measured / predicted median); the
-    residual variance is pooled over the configuration's groups and shrunk toward `prior_sigma`:
+    little of a 100k prompt's attention time, nor a single-shot one of an agent session's): per group, log factor =
+    mean of its probes' log(measured / predicted median); the residual variance is pooled over the configuration's groups and shrunk toward `prior_sigma`:
     (prior_weight · prior_sigma² + Σ residual²) / (prior_weight + n - groups) (a few probes cannot claim a tight
     fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
     unprobed cell's own error, which the probes' scatter under-shows: the bounds' interval is then honest at its
@@ -1027,7 +1027,7 @@ class Decider:
         if src is None:
             # the opening burst left out where it matters: above load 1, for a tier on first tokens (an agent
             # session's first turn is part of its workload's mix, never skipped)
-            sessions = cell.shape.turns if cell.shape.kind == "agent" else 1
+            sessions = cell.shape.turns
             skip = self.skip_first_round and load > 1 and sessions == 1 and bounds_first_tokens(self.tiers, want)
             draw = measure(cell, load, skip_first_round=True) if skip else measure(cell, load)
             return sequential_probe(

@@ -1149,6 +1149,7 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
     """One decision cell per (startable configuration, workload shape) with feasible points: the concurrencies
     it may be probed at (decide.lower to the largest feasible point, capped by decide.upper) and the step model's
     prediction there. `timer_for(config_plan)` gives the timer (default: the emulator's step model as planned)."""
+    from servesweep.matrix.capacity_agent import AGENT
     from servesweep.matrix.capacity_plan import predicted
     from servesweep.matrix.decision import Cell, Shape
     from servesweep.results.pergpu import flags_gpus
@@ -1169,7 +1170,7 @@ def decision_cells(plan: Plan, timer_for=None) -> list:
         for pp in cp.feasible_points:
             key = (pp.workload, pp.point.prompt_tokens, pp.point.output_tokens)
             shapes[key] = max(shapes.get(key, 0), pp.point.concurrency)
-            turns = int(pp.point.session_turns or 1) if pp.point.workload == "agent" else 1
+            turns = int(pp.point.session_turns or 1) if pp.point.workload == AGENT else 1
             kinds[key] = (pp.point.workload, turns)
         for (wl, p, o), most in shapes.items():
             upper = min(top, most) if most >= d.lower else d.lower

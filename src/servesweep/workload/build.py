@@ -214,12 +214,17 @@ def _build_trace(point: LoadPoint, model: str) -> Workload:
 # ---------------------------------------------------------------- agent sessions
 
 
+def agent_shared_tokens(point: LoadPoint) -> int:
+    """The tools description of an agent point: a system prompt every session shares (half the first turn unless
+    given)."""
+    return point.shared_prefix_tokens or max(1, point.prompt_tokens // 2)
+
+
 def _build_agent(point: LoadPoint, model: str) -> Workload:
     from servesweep.workload.prompts import build_pool
 
     sessions = max(1, min(64, point.concurrency * 2))
-    # The tools description: a system prompt every session shares (half the first turn unless given).
-    shared = point.shared_prefix_tokens or max(1, point.prompt_tokens // 2)
+    shared = agent_shared_tokens(point)
     if shared >= point.prompt_tokens:
         raise ValueError(
             f"shared_prefix_tokens={shared}: the tools description must be shorter than prompt_tokens"
