@@ -11,6 +11,9 @@ other side is this checkout's ansible/.
 
     cp -a ansible /tmp/ansible-before   # before editing the role
     .venv/bin/python bench/bench_role.py --before /tmp/ansible-before --rounds 3
+
+An environment setting of run_playbook's (ANSIBLE_PIPELINING) is compared the same way: `--before ansible
+--before-env ANSIBLE_PIPELINING=False`.
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gather-facts", action="store_true", help="as the first configuration of a run does")
     ap.add_argument("--list", action="store_true", help="print each run's module tasks")
+    ap.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment of the before side's runs only (e.g. ANSIBLE_PIPELINING=False)")
     a = ap.parse_args()
     res: dict[str, dict[str, list]] = {k: {"start": [], "stop": []} for k in ("before", "after")}
     with tempfile.TemporaryDirectory(prefix="bench-role-") as d:
@@ -117,6 +122,12 @@ def main() -> None:
         for _ in range(a.rounds):
             for side, adir in (("before", a.before), ("after", a.after)):
                 tmp = Path(d) / side
+                for kv in a.before_env:
+                    name, value = kv.split("=", 1)
+                    if side == "before":
+                        os.environ[name] = value
+                    else:
+                        os.environ.pop(name, None)
                 port = _free_port()
                 for state in ("started", "stopped"):
                     n += 1

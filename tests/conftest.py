@@ -109,3 +109,31 @@ SLOWEST_FIRST = [
 def pytest_collection_modifyitems(session, config, items):
     rank = {f: i for i, f in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable for the rest
+
+
+# ------------------------------------------------------------------------------- where the suite's CPU goes, per test
+# `SERVESWEEP_TEST_CPU_LOG=/path pytest ...` appends one JSON line per test: its wall time and the CPU seconds of the
+# pytest worker and of the children it reaped meanwhile (Locust, the emulator, Ansible and what they waited for).
+# The suite is CPU-bound on 2 cores, so a test's CPU, not its wall time under five workers, is what it costs the
+# suite. Processes that outlive their test (a module fixture's server) count where they are reaped.
+CPU_LOG = os.environ.get("SERVESWEEP_TEST_CPU_LOG")
+
+
+if CPU_LOG:
+    import json
+    import resource
+    import time
+
+    def _cpu() -> tuple[float, float]:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0, (own0, kids0) = time.monotonic(), _cpu()
+        yield
+        own1, kids1 = _cpu()
+        row = {"test": item.nodeid, "wall_s": round(time.monotonic() - t0, 2),
+               "cpu_s": round(own1 - own0, 2), "children_cpu_s": round(kids1 - kids0, 2)}  # fmt: skip
+        with open(CPU_LOG, "a") as f:
+            f.write(json.dumps(row) + "\n")

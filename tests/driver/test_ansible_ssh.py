@@ -62,6 +62,33 @@ def test_an_ssh_connection_lost_as_it_is_made_is_retried_and_the_play_goes_on(tm
         assert strict.error().startswith("h1: ") and "ssh" in strict.error().lower(), strict.error()
 
 
+def test_a_module_task_takes_one_ssh_connection_pipelined_unless_the_user_turns_it_off(tmp_path, monkeypatch):
+    """Each module task is pipelined (one SSH connection: the module on the interpreter's stdin) instead of Ansible's
+    default of a connection each to make a temporary folder, copy the module, run it and remove the folder: a night's
+    matrix makes thousands. The user's own ANSIBLE_PIPELINING=False still wins (sudoers with `requiretty`)."""
+    monkeypatch.delenv("ANSIBLE_PIPELINING", raising=False)
+    drop = tmp_path / "drop"
+    drop.write_text("")
+    with netns.hosts(["ctl", "h1"], ssh=["h1"]) as net:
+        inv = (
+            f"[loadgen]\nh1 ansible_host={net['h1'].addr}\n"
+            f"[loadgen:vars]\nlocust_worker_dir={tmp_path}/h1\n"
+            + net.inventory_vars("ctl", drop=drop, control_master=False)  # every SSH operation connects anew
+        )
+        piped = _stop_workers(inv, tmp_path, "piped")
+        assert piped.ok, piped.error()
+        n_piped = _connections(drop)
+
+        monkeypatch.setenv("ANSIBLE_PIPELINING", "False")
+        drop.unlink()
+        drop.write_text("")
+        (tmp_path / "drop.count").unlink()
+        plain = _stop_workers(inv, tmp_path, "plain")
+        assert plain.ok, plain.error()
+        n_plain = _connections(drop)
+        assert n_plain >= 2 * n_piped, f"SSH connections: pipelined {n_piped}, not pipelined {n_plain}"  # 4, 21
+
+
 def test_a_host_that_never_answers_the_stop_loses_its_workers_and_fails_nothing(tmp_path, monkeypatch):
     """A worker host that died without closing anything: each SSH attempt waits for a banner that never comes (about
     50 s to be called unreachable with Ansible's retries), so the stop task runs past its timeout instead. The stop

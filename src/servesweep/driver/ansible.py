@@ -178,6 +178,11 @@ def _playbook_path(playbook: str | Path, adir: Path) -> Path:
 
 
 SSH_RETRIES = "3"  # Ansible's default is 0: one SSH connection lost as it is made fails the host for the play
+# Ansible's default is off: each module task then makes a temporary folder on the host, copies the module there,
+# makes it executable, runs it and removes the folder, each its own shell (its own SSH round trip on a remote host);
+# pipelined, the module goes to the interpreter's stdin in one. The default is off for sudoers with `requiretty`
+# (no longer a distribution's default): such hosts set ANSIBLE_PIPELINING=False in servesweep's environment.
+PIPELINING = "True"
 
 
 def _envvars(pd: Path, adir: Path) -> dict[str, str]:
@@ -188,9 +193,11 @@ def _envvars(pd: Path, adir: Path) -> dict[str, str]:
     master exiting as a task reuses it, an sshd past MaxStartups, a link that drops a SYN) made ssh exit 255 and
     Ansible mark the host unreachable, failing a whole configuration's start (seen under load in a packed run).
     Ansible retries exactly those (exit 255, back-off 1 s, 3 s, 7 s), the task itself never:
-    ANSIBLE_SSH_RETRIES=3 unless the environment sets its own."""
+    ANSIBLE_SSH_RETRIES=3 unless the environment sets its own. Modules are pipelined (PIPELINING) unless the
+    environment sets ANSIBLE_PIPELINING."""
     return {
         "ANSIBLE_SSH_RETRIES": os.environ.get("ANSIBLE_SSH_RETRIES", SSH_RETRIES),
+        "ANSIBLE_PIPELINING": os.environ.get("ANSIBLE_PIPELINING", PIPELINING),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
         "ANSIBLE_ROLES_PATH": str(adir / "roles"),
         "ANSIBLE_NOCOLOR": "1",
