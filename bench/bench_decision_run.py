@@ -536,6 +536,8 @@ def real_slice(a, run_dir: Path, doc: dict, d_acc: dict, work: Path, speedup: fl
         d["load"].update(
             prompt_tokens=[prompt], output_tokens=[output], concurrency=[r["load"]], requests=requests
         )
+        if isinstance(d["load"].get("workload"), list):  # a cut with --agent: the shape's own workload only
+            d["load"]["workload"] = [shape.split("-p")[0]]
         d.pop("budget", None)
         f = work / f"{d['name']}.yaml"
         f.write_text(yaml.safe_dump(d, sort_keys=False))
