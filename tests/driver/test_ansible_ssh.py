@@ -32,16 +32,22 @@ def _connections(drop: Path) -> int:
     return len(count.read_text()) if count.exists() else 0
 
 
+def _relayed(net, tmp: Path, drop: Path) -> str:
+    """An inventory of host h1 reached through the relay that counts (and drops) connections: every SSH operation
+    connects anew, so the count is the play's connections."""
+    return (
+        f"[loadgen]\nh1 ansible_host={net['h1'].addr}\n"
+        f"[loadgen:vars]\nlocust_worker_dir={tmp}/h1\n"
+        + net.inventory_vars("ctl", drop=drop, control_master=False)
+    )
+
+
 def test_an_ssh_connection_lost_as_it_is_made_is_retried_and_the_play_goes_on(tmp_path, monkeypatch):
     monkeypatch.delenv("ANSIBLE_SSH_RETRIES", raising=False)
     drop = tmp_path / "drop"
     drop.write_text("")
     with netns.hosts(["ctl", "h1"], ssh=["h1"]) as net:
-        inv = (
-            f"[loadgen]\nh1 ansible_host={net['h1'].addr}\n"
-            f"[loadgen:vars]\nlocust_worker_dir={tmp_path}/h1\n"
-            + net.inventory_vars("ctl", drop=drop, control_master=False)  # every task connects anew
-        )
+        inv = _relayed(net, tmp_path, drop)
         clean = _stop_workers(inv, tmp_path, "clean")
         assert clean.ok, clean.error()
         n = _connections(drop)
@@ -70,19 +76,13 @@ def test_a_module_task_takes_one_ssh_connection_pipelined_unless_the_user_turns_
     drop = tmp_path / "drop"
     drop.write_text("")
     with netns.hosts(["ctl", "h1"], ssh=["h1"]) as net:
-        inv = (
-            f"[loadgen]\nh1 ansible_host={net['h1'].addr}\n"
-            f"[loadgen:vars]\nlocust_worker_dir={tmp_path}/h1\n"
-            + net.inventory_vars("ctl", drop=drop, control_master=False)  # every SSH operation connects anew
-        )
+        inv = _relayed(net, tmp_path, drop)
         piped = _stop_workers(inv, tmp_path, "piped")
         assert piped.ok, piped.error()
         n_piped = _connections(drop)
 
         monkeypatch.setenv("ANSIBLE_PIPELINING", "False")
-        drop.unlink()
-        drop.write_text("")
-        (tmp_path / "drop.count").unlink()
+        (tmp_path / "drop.count").unlink()  # counted afresh
         plain = _stop_workers(inv, tmp_path, "plain")
         assert plain.ok, plain.error()
         n_plain = _connections(drop)
