@@ -505,6 +505,13 @@ def ratio_interval(acc: np.ndarray, real: np.ndarray, stat, rng, n: int = 2000) 
     return est, float(np.quantile(bs, 0.025)), float(np.quantile(bs, 0.975))
 
 
+def shape_parts(key: str) -> tuple[str, int, int]:
+    """A shape's key (decision.Shape.key: `<workload>-p<prompt>-o<output>`) as workload, prompt and output."""
+    workload, rest = key.rsplit("-p", 1)
+    prompt, output = rest.split("-o")
+    return workload, int(prompt), int(output)
+
+
 def real_slice(a, run_dir: Path, doc: dict, d_acc: dict, work: Path, speedup: float) -> list[dict]:
     """The run's probes of the smallest shape repeated at speed-up 1, one grid point each (same flags, same load,
     same request count), accelerated figures × S against real."""
@@ -532,12 +539,12 @@ def real_slice(a, run_dir: Path, doc: dict, d_acc: dict, work: Path, speedup: fl
         d.pop("decide")
         d["name"] = f"real-{r['config']}-c{r['load']}"[:60]
         d["server"]["bundles"] = [b]
-        prompt, output = (int(x[1:]) for x in shape.split("-")[1:3])
+        workload, prompt, output = shape_parts(shape)
         d["load"].update(
             prompt_tokens=[prompt], output_tokens=[output], concurrency=[r["load"]], requests=requests
         )
         if isinstance(d["load"].get("workload"), list):  # a cut with --agent: the shape's own workload only
-            d["load"]["workload"] = [shape.split("-p")[0]]
+            d["load"]["workload"] = [workload]
         d.pop("budget", None)
         f = work / f"{d['name']}.yaml"
         f.write_text(yaml.safe_dump(d, sort_keys=False))
@@ -698,13 +705,11 @@ def main(argv=None) -> int:
             )
         # a shape's key names its workload ("chat" in a cut without the agent's workloads, "single" with them): the
         # cached answer's keys are renamed to this cut's by prompt and output length
-        name_of = {
-            (c.shape.prompt, c.shape.output): c.shape.key.split("-p")[0] for c in cells if c.shape.kind == kind
-        }
+        name_of = {(c.shape.prompt, c.shape.output): c.shape.workload for c in cells if c.shape.kind == kind}
 
         def renamed(key: str, name_of: dict = name_of) -> str:
-            p, o = key.rsplit("-p", 1)[1].split("-o")
-            return f"{name_of.get((int(p), int(o)), key.rsplit('-p', 1)[0])}-p{p}-o{o}"
+            workload, p, o = shape_parts(key)
+            return f"{name_of.get((p, o), workload)}-p{p}-o{o}"
 
         truth.update({(renamed(k[0]), *k[1:]): v for k, v in got[0].items()})
         caps.update({(k[0], renamed(k[1]), *k[2:]): v for k, v in got[1].items()})

@@ -117,17 +117,18 @@ def main() -> None:
                     help="environment of the before side's runs only (e.g. ANSIBLE_PIPELINING=False)")
     a = ap.parse_args()
     res: dict[str, dict[str, list]] = {k: {"start": [], "stop": []} for k in ("before", "after")}
+    env = {"before": dict(kv.split("=", 1) for kv in a.before_env)}
+    env["after"] = {name: os.environ.get(name) for name in env["before"]}  # the environment as it was
     with tempfile.TemporaryDirectory(prefix="bench-role-") as d:
         n = 0
         for _ in range(a.rounds):
             for side, adir in (("before", a.before), ("after", a.after)):
                 tmp = Path(d) / side
-                for kv in a.before_env:
-                    name, value = kv.split("=", 1)
-                    if side == "before":
-                        os.environ[name] = value
-                    else:
+                for name, value in env[side].items():
+                    if value is None:
                         os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
                 port = _free_port()
                 for state in ("started", "stopped"):
                     n += 1

@@ -131,15 +131,17 @@ if CPU_LOG:
     _outcome: dict[str, str] = {}
 
     def pytest_runtest_logreport(report):
-        if report.failed or report.when == "call" or report.skipped:  # a setup/teardown failure or skip counts too
-            _outcome.setdefault(report.nodeid, report.outcome)
+        # the call's outcome, unless a phase failed (setup, call or teardown) or the test was skipped
+        if (report.failed or report.skipped or report.when == "call") and _outcome.get(report.nodeid) != "failed":
+            _outcome[report.nodeid] = report.outcome
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         t0, (own0, kids0) = time.monotonic(), _cpu()
         yield
         own1, kids1 = _cpu()
-        row = {"test": item.nodeid, "outcome": _outcome.pop(item.nodeid, "?"), "wall_s": round(time.monotonic() - t0, 2),
-               "cpu_s": round(own1 - own0, 2), "children_cpu_s": round(kids1 - kids0, 2)}  # fmt: skip
+        row = {"test": item.nodeid, "outcome": _outcome.pop(item.nodeid, "?"),
+               "wall_s": round(time.monotonic() - t0, 2), "cpu_s": round(own1 - own0, 2),
+               "children_cpu_s": round(kids1 - kids0, 2)}  # fmt: skip
         with open(CPU_LOG, "a") as f:
             f.write(json.dumps(row) + "\n")

@@ -32,22 +32,23 @@ def _connections(drop: Path) -> int:
     return len(count.read_text()) if count.exists() else 0
 
 
-def _relayed(net, tmp: Path, drop: Path) -> str:
-    """An inventory of host h1 reached through the relay that counts (and drops) connections: every SSH operation
-    connects anew, so the count is the play's connections."""
-    return (
+def _relayed(net, tmp: Path) -> tuple[str, Path]:
+    """An inventory of host h1 reached through the relay that counts (and drops) connections, and the relay's drop
+    file (empty: none dropped): every SSH operation connects anew, so the count is the play's connections."""
+    drop = tmp / "drop"
+    drop.write_text("")
+    inv = (
         f"[loadgen]\nh1 ansible_host={net['h1'].addr}\n"
         f"[loadgen:vars]\nlocust_worker_dir={tmp}/h1\n"
         + net.inventory_vars("ctl", drop=drop, control_master=False)
     )
+    return inv, drop
 
 
 def test_an_ssh_connection_lost_as_it_is_made_is_retried_and_the_play_goes_on(tmp_path, monkeypatch):
     monkeypatch.delenv("ANSIBLE_SSH_RETRIES", raising=False)
-    drop = tmp_path / "drop"
-    drop.write_text("")
     with netns.hosts(["ctl", "h1"], ssh=["h1"]) as net:
-        inv = _relayed(net, tmp_path, drop)
+        inv, drop = _relayed(net, tmp_path)
         clean = _stop_workers(inv, tmp_path, "clean")
         assert clean.ok, clean.error()
         n = _connections(drop)
@@ -73,16 +74,14 @@ def test_a_module_task_takes_one_ssh_connection_pipelined_unless_the_user_turns_
     default of a connection each to make a temporary folder, copy the module, run it and remove the folder: a night's
     matrix makes thousands. The user's own ANSIBLE_PIPELINING=False still wins (sudoers with `requiretty`)."""
     monkeypatch.delenv("ANSIBLE_PIPELINING", raising=False)
-    drop = tmp_path / "drop"
-    drop.write_text("")
     with netns.hosts(["ctl", "h1"], ssh=["h1"]) as net:
-        inv = _relayed(net, tmp_path, drop)
+        inv, drop = _relayed(net, tmp_path)
         piped = _stop_workers(inv, tmp_path, "piped")
         assert piped.ok, piped.error()
         n_piped = _connections(drop)
 
         monkeypatch.setenv("ANSIBLE_PIPELINING", "False")
-        (tmp_path / "drop.count").unlink()  # counted afresh
+        drop.with_name(drop.name + ".count").unlink()  # counted afresh
         plain = _stop_workers(inv, tmp_path, "plain")
         assert plain.ok, plain.error()
         n_plain = _connections(drop)

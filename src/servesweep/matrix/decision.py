@@ -719,9 +719,9 @@ def fit_calibration(
     """The configuration's fits from its probes, one per group of shapes (`group(shape_key)`: the prompt length and
     kind of workload, so one long-context probe informs every output length of that context, while a 3k probe says
     little of a 100k prompt's attention time, nor a single-shot one of an agent session's): per group, log factor =
-    mean of its probes' log(measured / predicted median); the residual variance is pooled over the configuration's groups and shrunk toward `prior_sigma`:
-    (prior_weight · prior_sigma² + Σ residual²) / (prior_weight + n - groups) (a few probes cannot claim a tight
-    fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
+    mean of its probes' log(measured / predicted median); the residual variance is pooled over the configuration's
+    groups and shrunk toward `prior_sigma`: (prior_weight · prior_sigma² + Σ residual²) / (prior_weight + n -
+    groups) (a few probes cannot claim a tight fit); an unprobed shape's log-sd = sqrt(residual var · (1 + 1/n_group) + cell_sigma²) (`cell_sigma`: the
     unprobed cell's own error, which the probes' scatter under-shows: the bounds' interval is then honest at its
     confidence, so a configuration is not dropped, nor a question decided, on a bound that is too tight)."""
     mine = independent(r for r in records if r.config == config)
